@@ -1,0 +1,210 @@
+//! `ClusterBinding` and `Binding`: which exported APIs to sync (REFERENCE-BEHAVIOUR §3.2).
+//! Both kinds share [`BindingSpec`] and [`BindingStatus`]; only their scope differs.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::schema;
+
+/// Activates synchronization of the listed APIs in this Binding's namespace only. Cluster-scoped
+/// APIs cannot be bound by a Binding; use a ClusterBinding.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "core.kbind.io",
+    version = "v1alpha1",
+    kind = "Binding",
+    doc = "A Binding activates synchronization of the listed exported APIs in its own namespace.",
+    namespaced,
+    status = "BindingStatus",
+    category = "kbind",
+    printcolumn(
+        name = "Connection",
+        type_ = "string",
+        json_path = ".spec.connectionRef.name"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BindingSpec {
+    /// The Connection (cluster-scoped) whose provider serves the APIs.
+    pub connection_ref: ConnectionRef,
+
+    /// The APIs to sync, each named `<plural>.<group>` exactly as the provider exports it
+    /// (for example `widgets.example.org`). Names are unique.
+    #[schemars(length(min = 1), transform = schema::list_map_by_name)]
+    pub apis: Vec<ApiRef>,
+
+    /// What to do when a provider object with the same namespace and name exists without kbind's
+    /// ownership markers: `Fail` reports a conflict and leaves it alone, `Adopt` takes it over.
+    /// An object owned by another consumer is never taken.
+    #[serde(default)]
+    pub conflict_policy: ConflictPolicy,
+
+    /// Secrets and ConfigMaps copied alongside the bound APIs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::atomic_list)]
+    pub related_resources: Vec<RelatedResource>,
+}
+
+/// Activates synchronization of the listed APIs in every namespace (or cluster-wide for
+/// cluster-scoped APIs).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "core.kbind.io",
+    version = "v1alpha1",
+    kind = "ClusterBinding",
+    doc = "A ClusterBinding activates synchronization of the listed exported APIs in every namespace, or cluster-wide for cluster-scoped APIs.",
+    status = "BindingStatus",
+    category = "kbind",
+    printcolumn(
+        name = "Connection",
+        type_ = "string",
+        json_path = ".spec.connectionRef.name"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct ClusterBindingSpec {
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub binding: BindingSpec,
+}
+
+impl std::ops::Deref for ClusterBindingSpec {
+    type Target = BindingSpec;
+    fn deref(&self) -> &BindingSpec {
+        &self.binding
+    }
+}
+
+impl From<BindingSpec> for ClusterBindingSpec {
+    fn from(binding: BindingSpec) -> Self {
+        Self { binding }
+    }
+}
+
+/// Names a Connection.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct ConnectionRef {
+    /// Name of the Connection.
+    #[schemars(transform = schema::non_empty)]
+    pub name: String,
+}
+
+/// One API to sync.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct ApiRef {
+    /// `<plural>.<group>`, for example `widgets.example.org`.
+    #[schemars(transform = schema::api_name)]
+    pub name: String,
+}
+
+/// What to do with a provider object that exists without kbind's ownership markers.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ConflictPolicy {
+    /// Report the conflict and leave the provider object alone.
+    #[default]
+    Fail,
+    /// Take over the unmarked provider object.
+    Adopt,
+}
+
+/// Secrets or ConfigMaps to copy between the clusters.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelatedResource {
+    /// API group; only the core group (`""`) is supported.
+    #[serde(default)]
+    pub group: String,
+    /// `secrets` or `configmaps`.
+    pub resource: RelatedResourceKind,
+    /// Which side is the source.
+    pub direction: RelatedDirection,
+    /// Which objects to copy. Label selector and names must both match when both are given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<RelatedSelector>,
+}
+
+/// A kind of related object.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RelatedResourceKind {
+    /// Secrets.
+    Secrets,
+    /// ConfigMaps.
+    Configmaps,
+}
+
+/// Which side is the source of related objects.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum RelatedDirection {
+    /// Copy from the provider to the consumer.
+    FromProvider,
+    /// Copy from the consumer to the provider.
+    FromConsumer,
+}
+
+/// Selects related objects by labels and/or exact names.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelatedSelector {
+    /// Standard label selector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = schema::atomic_map)]
+    pub label_selector: Option<LabelSelector>,
+    /// Exact object names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::set_list)]
+    pub names: Vec<String>,
+}
+
+/// What kbind observed about a binding.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BindingStatus {
+    /// The bound APIs, sorted by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "boundAPIs")]
+    #[schemars(transform = schema::atomic_list)]
+    pub bound_apis: Vec<BoundApi>,
+    /// Ready, Synced, Conflicts, PermissionDenied, SchemaInSync.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_type)]
+    pub conditions: Vec<Condition>,
+}
+
+/// One bound API.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BoundApi {
+    /// `<plural>.<group>`.
+    pub name: String,
+    /// The consumer CRD's schema hash.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub crd_hash: String,
+    /// Instances with a recorded conflict.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub conflict_count: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}

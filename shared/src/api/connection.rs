@@ -1,0 +1,210 @@
+//! `Connection`: the provider link (REFERENCE-BEHAVIOUR §3.1).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::schema;
+use crate::keys;
+
+/// A Connection links this (consumer) cluster to one provider cluster: it names the Secret that
+/// holds the provider kubeconfig, pins both clusters' identities, lists the APIs the provider
+/// exports and chooses how their schemas are installed here.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "core.kbind.io",
+    version = "v1alpha1",
+    kind = "Connection",
+    doc = "A Connection links this consumer cluster to one provider cluster: credentials, pinned cluster identities, the APIs the provider exports, and the schema policy.",
+    status = "ConnectionStatus",
+    category = "kbind",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Secret",
+        type_ = "string",
+        json_path = ".spec.kubeconfigSecretRef.name"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectionSpec {
+    /// The Secret holding a kubeconfig for the provider cluster. Immutable; the Secret's data may
+    /// change (credential rotation). The kubeconfig must be self-contained: inline certificates
+    /// and tokens, no file references, no exec or auth-provider plugins.
+    #[schemars(transform = schema::immutable_secret_ref)]
+    pub kubeconfig_secret_ref: KubeconfigSecretRef,
+
+    /// How the provider's API schemas are discovered and installed on this cluster.
+    #[serde(default)]
+    pub schema: SchemaPolicy,
+
+    /// When true, kbind maintains a ClusterBinding named after this Connection that lists every
+    /// exported API, so newly exported APIs start syncing without another step.
+    #[serde(default)]
+    pub auto_bind: bool,
+}
+
+/// Where the provider kubeconfig lives.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeconfigSecretRef {
+    /// Namespace of the Secret. Any namespace kbind may read.
+    #[schemars(transform = schema::non_empty)]
+    pub namespace: String,
+    /// Name of the Secret.
+    #[schemars(transform = schema::non_empty)]
+    pub name: String,
+    /// Data key holding the kubeconfig. Empty means `kubeconfig`.
+    #[serde(default = "default_kubeconfig_key")]
+    pub key: String,
+}
+
+fn default_kubeconfig_key() -> String {
+    keys::DEFAULT_KUBECONFIG_KEY.to_owned()
+}
+
+impl KubeconfigSecretRef {
+    /// The data key to read, treating an empty key as the default (API-C3).
+    pub fn effective_key(&self) -> &str {
+        if self.key.is_empty() {
+            keys::DEFAULT_KUBECONFIG_KEY
+        } else {
+            &self.key
+        }
+    }
+}
+
+/// Schema policy: which source describes the provider's APIs, which schemas are installed, and
+/// whether installed schemas follow provider changes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaPolicy {
+    /// Where exported APIs and their schemas come from.
+    #[serde(default)]
+    pub source: SchemaSource,
+    /// Which exported APIs get a CRD on this cluster.
+    #[serde(default)]
+    pub pull_policy: PullPolicy,
+    /// Whether installed CRDs follow later provider schema changes.
+    #[serde(default)]
+    pub update_policy: UpdatePolicy,
+}
+
+/// Where exported APIs and their schemas come from.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum SchemaSource {
+    /// Try labelled provider CRDs first; a successful list with no exports falls through to
+    /// OpenAPI. A failed list is an error, not a fall-through.
+    #[default]
+    Auto,
+    /// Provider CRDs labelled `core.kbind.io/exported=true`.
+    #[serde(rename = "CRD")]
+    Crd,
+    /// Non-built-in APIs found through the provider's `/openapi/v3`, synthesized into CRDs.
+    #[serde(rename = "OpenAPI")]
+    OpenApi,
+}
+
+/// Which exported APIs get a CRD on this cluster.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum PullPolicy {
+    /// Only APIs named by a Binding or ClusterBinding.
+    #[default]
+    Bound,
+    /// Every exported API, bound or not.
+    All,
+    /// None: CRDs are supplied by someone else.
+    None,
+}
+
+/// Whether installed CRDs follow later provider schema changes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum UpdatePolicy {
+    /// Follow every provider schema change.
+    #[default]
+    Always,
+    /// Install once, never update.
+    Once,
+}
+
+/// What kbind observed about the Connection.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = schema::pinned_uids_immutable)]
+pub struct ConnectionStatus {
+    /// The provider cluster's identity, pinned on first successful connection.
+    #[serde(
+        default,
+        skip_serializing_if = "String::is_empty",
+        rename = "remoteClusterUID"
+    )]
+    pub remote_cluster_uid: String,
+    /// This cluster's identity, pinned on first successful connection.
+    #[serde(
+        default,
+        skip_serializing_if = "String::is_empty",
+        rename = "localClusterUID"
+    )]
+    pub local_cluster_uid: String,
+    /// The schema source in use: `CRD` or `OpenAPI` (what `Auto` resolved to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_schema_source: Option<ActiveSchemaSource>,
+    /// The APIs the provider exports.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        rename = "exportedAPIs"
+    )]
+    #[schemars(transform = schema::atomic_list)]
+    pub exported_apis: Vec<ExportedApi>,
+    /// Ready, SecretValid, Connected, PermissionDenied, SchemaInSync.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_type)]
+    pub conditions: Vec<Condition>,
+}
+
+/// The schema source in use.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ActiveSchemaSource {
+    /// Labelled provider CRDs.
+    #[serde(rename = "CRD")]
+    Crd,
+    /// The provider's OpenAPI v3 document.
+    #[serde(rename = "OpenAPI")]
+    OpenApi,
+}
+
+/// One API the provider exports.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportedApi {
+    /// `<plural>.<group>`, the name bindings use.
+    pub name: String,
+    /// API group.
+    pub group: String,
+    /// Plural resource name.
+    pub resource: String,
+    /// Whether instances live in namespaces.
+    pub scope: ApiScope,
+    /// Served versions.
+    #[schemars(transform = schema::set_list)]
+    pub versions: Vec<String>,
+}
+
+/// Whether instances of an API live in namespaces.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ApiScope {
+    /// Instances live in namespaces.
+    Namespaced,
+    /// Instances are cluster-scoped.
+    Cluster,
+}

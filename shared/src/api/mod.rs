@@ -1,0 +1,30 @@
+//! kbind's API, `core.kbind.io/v1alpha1`: Connection, ClusterBinding and Binding
+//! (REFERENCE-BEHAVIOUR §3). The CRD manifests under `deploy/crds/` are generated from these
+//! types by `cargo run -p kbind-shared --bin kbind-crdgen`.
+
+mod binding;
+mod connection;
+pub mod schema;
+
+pub use binding::*;
+pub use connection::*;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// The three CRDs of kbind's API, with the file name each is written to under `deploy/crds/`.
+pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
+    vec![
+        ("core.kbind.io_connections.yaml", Connection::crd()),
+        ("core.kbind.io_clusterbindings.yaml", ClusterBinding::crd()),
+        ("core.kbind.io_bindings.yaml", Binding::crd()),
+    ]
+}
+
+/// A CRD as the YAML document checked in under `deploy/crds/`.
+pub fn crd_yaml(crd: &CustomResourceDefinition) -> String {
+    let body = serde_yaml::to_string(crd).expect("a CRD always serializes");
+    format!(
+        "# Generated from shared/src/api by `cargo run -p kbind-shared --bin kbind-crdgen`. Do not edit.\n{body}"
+    )
+}

@@ -1,0 +1,87 @@
+//! Schema adjustments that `schemars` cannot express from Rust types alone: CEL rules,
+//! server-side-apply list semantics and string formats. Each is a `schemars` transform used with
+//! `#[schemars(transform = …)]` beside the field it shapes.
+
+use schemars::Schema;
+use serde_json::{Value, json};
+
+/// `<plural>.<group>`: lowercase DNS labels, at least one dot (API-B3, QRK-2).
+pub const API_NAME_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$";
+
+fn set(schema: &mut Schema, key: &str, value: Value) {
+    schema.ensure_object().insert(key.to_owned(), value);
+}
+
+fn add_rule(schema: &mut Schema, rule: &str, message: &str) {
+    let object = schema.ensure_object();
+    let rules = object
+        .entry("x-kubernetes-validations")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Value::Array(rules) = rules {
+        rules.push(json!({ "rule": rule, "message": message }));
+    }
+}
+
+/// API-C3: the whole `kubeconfigSecretRef` never changes after creation.
+pub fn immutable_secret_ref(schema: &mut Schema) {
+    add_rule(
+        schema,
+        "self == oldSelf",
+        "kubeconfigSecretRef is immutable",
+    );
+}
+
+/// API-C6: a pinned cluster UID never changes, and cannot be dropped to get around that either
+/// (a transition rule on the field itself would not run when the field is removed).
+pub fn pinned_uids_immutable(schema: &mut Schema) {
+    for field in ["remoteClusterUID", "localClusterUID"] {
+        add_rule(
+            schema,
+            &format!(
+                "!has(oldSelf.{field}) || oldSelf.{field} == '' || \
+                 (has(self.{field}) && self.{field} == oldSelf.{field})"
+            ),
+            &format!("{field} is immutable once set"),
+        );
+    }
+}
+
+/// A list whose items are merged by their `name` (server-side apply) and must be unique by it.
+pub fn list_map_by_name(schema: &mut Schema) {
+    set(schema, "x-kubernetes-list-type", json!("map"));
+    set(schema, "x-kubernetes-list-map-keys", json!(["name"]));
+}
+
+/// A list of `metav1.Condition`s, keyed by `type`.
+pub fn list_map_by_type(schema: &mut Schema) {
+    set(schema, "x-kubernetes-list-type", json!("map"));
+    set(schema, "x-kubernetes-list-map-keys", json!(["type"]));
+}
+
+/// A list replaced as a whole by its single writer.
+pub fn atomic_list(schema: &mut Schema) {
+    set(schema, "x-kubernetes-list-type", json!("atomic"));
+}
+
+/// A list of unique scalars.
+pub fn set_list(schema: &mut Schema) {
+    set(schema, "x-kubernetes-list-type", json!("set"));
+}
+
+/// A map replaced as a whole by its single writer.
+pub fn atomic_map(schema: &mut Schema) {
+    set(schema, "x-kubernetes-map-type", json!("atomic"));
+}
+
+/// An exported API's name: `<plural>.<group>` (API-B3), validated unlike the reference (QRK-2).
+pub fn api_name(schema: &mut Schema) {
+    set(schema, "pattern", json!(API_NAME_PATTERN));
+    set(schema, "minLength", json!(1));
+    set(schema, "maxLength", json!(253));
+}
+
+/// A required, non-empty string.
+pub fn non_empty(schema: &mut Schema) {
+    set(schema, "minLength", json!(1));
+}

@@ -1,0 +1,125 @@
+//! Flags both programs share (INTERFACES.md, "Flags common to both"). Every flag can also be set
+//! through an environment variable `KBIND_<NAME>`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::keys;
+
+/// Flags common to `kbind-schema-manager` and `kbind-syncer`.
+#[derive(Args, Clone, Debug)]
+pub struct CommonArgs {
+    /// Kubeconfig of the consumer cluster [default: in-cluster, else $KUBECONFIG, else ~/.kube/config]
+    #[arg(long, env = "KBIND_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Kubeconfig context [default: the current context]
+    #[arg(long, env = "KBIND_CONTEXT")]
+    pub context: Option<String>,
+
+    /// kbind's own namespace: its Leases and its Events' home [default: $POD_NAMESPACE, else kbind]
+    #[arg(long, env = "KBIND_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Address of the Prometheus endpoint `/metrics`; `0` disables it
+    #[arg(long, env = "KBIND_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:8080", value_parser = parse_bind_address)]
+    pub metrics_bind_address: BindAddress,
+
+    /// Address of `/healthz` and `/readyz`; `0` disables them
+    #[arg(long, env = "KBIND_HEALTH_PROBE_BIND_ADDRESS", default_value = "0.0.0.0:8081", value_parser = parse_bind_address)]
+    pub health_probe_bind_address: BindAddress,
+
+    /// Log format
+    #[arg(long, env = "KBIND_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter in tracing env-filter syntax (RUST_LOG is honoured too)
+    #[arg(long, env = "KBIND_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+impl CommonArgs {
+    /// kbind's own namespace: `--namespace`, else `$POD_NAMESPACE`, else `kbind`.
+    pub fn namespace(&self) -> String {
+        self.namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| keys::DEFAULT_NAMESPACE.to_owned())
+    }
+}
+
+/// A listen address, or disabled (`0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BindAddress {
+    /// Serve on this address.
+    Listen(SocketAddr),
+    /// Do not serve.
+    Disabled,
+}
+
+/// Parses `HOST:PORT`, `:PORT`, or `0` (disabled).
+pub fn parse_bind_address(text: &str) -> Result<BindAddress, String> {
+    if text == "0" {
+        return Ok(BindAddress::Disabled);
+    }
+    let full = if text.starts_with(':') {
+        format!("0.0.0.0{text}")
+    } else {
+        text.to_owned()
+    };
+    full.parse()
+        .map(BindAddress::Listen)
+        .map_err(|_| format!("{text:?} is not HOST:PORT, :PORT or 0"))
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Parses a duration such as `500ms`, `30s`, `10m` or `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 500ms, 30s, 10m or 1h: {e}"))?;
+    if duration.is_zero() {
+        return Err(format!("{text:?} must be longer than zero"));
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_in_the_documented_forms() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
+
+    #[test]
+    fn bind_addresses() {
+        assert_eq!(parse_bind_address("0").unwrap(), BindAddress::Disabled);
+        assert_eq!(
+            parse_bind_address(":8080").unwrap(),
+            BindAddress::Listen("0.0.0.0:8080".parse().unwrap())
+        );
+        assert_eq!(
+            parse_bind_address("127.0.0.1:0").unwrap(),
+            BindAddress::Listen("127.0.0.1:0".parse().unwrap())
+        );
+        assert!(parse_bind_address("localhost").is_err());
+    }
+}

@@ -1,0 +1,121 @@
+//! Every label, annotation, finalizer, field manager and name kbind writes or reads
+//! (REFERENCE-BEHAVIOUR §2, KEY-1 … KEY-15). The values are part of the observable contract:
+//! objects written by the Go konnector are recognised as ours and vice versa.
+
+/// API group of kbind's own kinds.
+pub const GROUP: &str = "core.kbind.io";
+/// API version of kbind's own kinds.
+pub const VERSION: &str = "v1alpha1";
+
+/// KEY-1: label on a provider CRD that opts it in for the CRD schema source. Only [`TRUE`] matches.
+pub const EXPORTED_LABEL: &str = "core.kbind.io/exported";
+/// KEY-2: label on everything kbind manages (consumer CRDs, provider copies, Leases, …).
+pub const MANAGED_LABEL: &str = "core.kbind.io/managed";
+/// KEY-3: annotation on a consumer CRD (and the heartbeat Lease) naming its Connection.
+pub const CONNECTION_ANNOTATION: &str = "core.kbind.io/connection";
+/// KEY-4: ownership marker, part 1: the consumer cluster's identity.
+pub const CONSUMER_CLUSTER_UID_ANNOTATION: &str = "core.kbind.io/consumer-cluster-uid";
+/// KEY-5: ownership marker, part 2: the consumer object's UID.
+pub const CONSUMER_OBJECT_UID_ANNOTATION: &str = "core.kbind.io/consumer-object-uid";
+/// KEY-6: annotation on related Secret/ConfigMap copies: the UID of the binding that made them.
+pub const RELATED_BINDING_ANNOTATION: &str = "core.kbind.io/related-binding";
+/// KEY-7: annotation on a consumer instance recording a conflict, see [`CONFLICT_FOREIGN`] and
+/// [`CONFLICT_OWNED_BY_ANOTHER`].
+pub const CONFLICT_ANNOTATION: &str = "core.kbind.io/conflict";
+/// KEY-8: annotation set by the user: keep the provider copy on delete or unbind.
+pub const DELETION_POLICY_ANNOTATION: &str = "core.kbind.io/deletion-policy";
+/// KEY-9: annotation on a consumer CRD: `sha256:<16 hex>` of the desired CRD spec.
+pub const SCHEMA_HASH_ANNOTATION: &str = "core.kbind.io/schema-hash";
+/// KEY-10: finalizer on a consumer instance, held until its provider copy is gone.
+pub const SYNCER_FINALIZER: &str = "core.kbind.io/syncer";
+/// KEY-11: finalizer on Connections, their Secrets and bindings, held until teardown has run.
+pub const CLEANUP_FINALIZER: &str = "core.kbind.io/cleanup";
+/// KEY-12 and KEY-14: SSA field manager for provider instance copies, and the Event source.
+pub const FIELD_MANAGER: &str = "kbind-konnector";
+/// KEY-13: SSA field manager for related Secret/ConfigMap copies.
+pub const RELATED_FIELD_MANAGER: &str = "kbind-konnector-related";
+/// KEY-14: the component named as the source of kbind's Events.
+pub const EVENT_COMPONENT: &str = FIELD_MANAGER;
+/// KEY-15: the reference's default leader-election Lease name. kbind's schema manager uses
+/// `--leader-election-id` (default [`DEFAULT_LEADER_ELECTION_ID`]) instead.
+pub const REFERENCE_LEADER_ELECTION_LEASE: &str = "konnector.kbind.io";
+
+/// The only value of [`EXPORTED_LABEL`] and [`MANAGED_LABEL`] that counts.
+pub const TRUE: &str = "true";
+/// KEY-7 value: the provider object exists and carries no kbind ownership markers.
+pub const CONFLICT_FOREIGN: &str = "ForeignObjectExists";
+/// KEY-7 value: the provider object is marked as owned by another consumer object or cluster.
+pub const CONFLICT_OWNED_BY_ANOTHER: &str = "OwnedByAnother";
+/// KEY-8 value: the only recognised deletion policy.
+pub const DELETION_POLICY_ORPHAN: &str = "Orphan";
+/// Default data key of a Connection's kubeconfig Secret.
+pub const DEFAULT_KUBECONFIG_KEY: &str = "kubeconfig";
+
+// Keys kbind adds beyond the reference; all under the same `core.kbind.io/` prefix.
+
+/// Annotation on a consumer CRD that kbind created (as opposed to one it only stamped), so that
+/// cleanup never deletes a CRD it did not create (LIM-9).
+pub const CREATED_BY_ANNOTATION: &str = "core.kbind.io/created-by";
+/// Label on each syncer's membership Lease.
+pub const SYNCER_MEMBER_LABEL: &str = "core.kbind.io/syncer-member";
+/// Default Lease name of the schema manager's leader election.
+pub const DEFAULT_LEADER_ELECTION_ID: &str = "kbind-schema-manager";
+/// kbind's own namespace when neither `--namespace` nor `$POD_NAMESPACE` names one.
+pub const DEFAULT_NAMESPACE: &str = "kbind";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_exactly_the_reference_contract() {
+        // KEY-1 … KEY-15, spelled out so that a typo in a constant fails here.
+        assert_eq!(EXPORTED_LABEL, "core.kbind.io/exported");
+        assert_eq!(MANAGED_LABEL, "core.kbind.io/managed");
+        assert_eq!(CONNECTION_ANNOTATION, "core.kbind.io/connection");
+        assert_eq!(
+            CONSUMER_CLUSTER_UID_ANNOTATION,
+            "core.kbind.io/consumer-cluster-uid"
+        );
+        assert_eq!(
+            CONSUMER_OBJECT_UID_ANNOTATION,
+            "core.kbind.io/consumer-object-uid"
+        );
+        assert_eq!(RELATED_BINDING_ANNOTATION, "core.kbind.io/related-binding");
+        assert_eq!(CONFLICT_ANNOTATION, "core.kbind.io/conflict");
+        assert_eq!(DELETION_POLICY_ANNOTATION, "core.kbind.io/deletion-policy");
+        assert_eq!(SCHEMA_HASH_ANNOTATION, "core.kbind.io/schema-hash");
+        assert_eq!(SYNCER_FINALIZER, "core.kbind.io/syncer");
+        assert_eq!(CLEANUP_FINALIZER, "core.kbind.io/cleanup");
+        assert_eq!(FIELD_MANAGER, "kbind-konnector");
+        assert_eq!(RELATED_FIELD_MANAGER, "kbind-konnector-related");
+        assert_eq!(EVENT_COMPONENT, "kbind-konnector");
+        assert_eq!(REFERENCE_LEADER_ELECTION_LEASE, "konnector.kbind.io");
+        assert_eq!(CONFLICT_FOREIGN, "ForeignObjectExists");
+        assert_eq!(CONFLICT_OWNED_BY_ANOTHER, "OwnedByAnother");
+        assert_eq!(DELETION_POLICY_ORPHAN, "Orphan");
+    }
+
+    #[test]
+    fn every_kbind_key_lives_under_the_kbind_prefix() {
+        for key in [
+            EXPORTED_LABEL,
+            MANAGED_LABEL,
+            CONNECTION_ANNOTATION,
+            CONSUMER_CLUSTER_UID_ANNOTATION,
+            CONSUMER_OBJECT_UID_ANNOTATION,
+            RELATED_BINDING_ANNOTATION,
+            CONFLICT_ANNOTATION,
+            DELETION_POLICY_ANNOTATION,
+            SCHEMA_HASH_ANNOTATION,
+            SYNCER_FINALIZER,
+            CLEANUP_FINALIZER,
+            CREATED_BY_ANNOTATION,
+            SYNCER_MEMBER_LABEL,
+        ] {
+            let (prefix, name) = key.split_once('/').expect("qualified key");
+            assert_eq!(prefix, GROUP, "{key}");
+            assert!(!name.is_empty() && name.len() <= 63, "{key}");
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! kbind's shared library: the `core.kbind.io/v1alpha1` API types, every key kbind writes,
+//! condition helpers, provider kubeconfig handling, cluster identity, and the process plumbing
+//! (flags, logging, metrics, probes, shutdown) both programs use.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod cli;
+pub mod conditions;
+pub mod identity;
+pub mod keys;
+pub mod kubeconfig;
+pub mod metrics;
+pub mod process;
+pub mod telemetry;

@@ -1,0 +1,210 @@
+//! kbind's Prometheus metrics (INTERFACES.md, "Metrics"). One [`Metrics`] per process, registered
+//! in its own registry and served at `/metrics`.
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Every metric either program exports. Families a program never touches stay empty.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// `kbind_connection_ready{connection}`
+    pub connection_ready: GaugeVec,
+    /// `kbind_connection_exported_apis{connection}`
+    pub connection_exported_apis: GaugeVec,
+    /// `kbind_binding_ready{namespace,name}`
+    pub binding_ready: GaugeVec,
+    /// `kbind_synced_objects{api}`
+    pub synced_objects: GaugeVec,
+    /// `kbind_conflicts{api}`
+    pub conflicts: GaugeVec,
+    /// `kbind_sync_operations_total{api,op,result}`
+    pub sync_operations_total: IntCounterVec,
+    /// `kbind_sync_latency_seconds{op}`
+    pub sync_latency_seconds: HistogramVec,
+    /// `kbind_work_queue_depth{api}`
+    pub work_queue_depth: GaugeVec,
+    /// `kbind_api_requests_total{cluster,verb,code}`
+    pub api_requests_total: IntCounterVec,
+    /// `kbind_syncer_assigned_apis{identity}`
+    pub syncer_assigned_apis: GaugeVec,
+    /// `kbind_leader`
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every kbind metric in it.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+            let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        }
+        fn counter_vec(
+            registry: &Registry,
+            name: &str,
+            help: &str,
+            labels: &[&str],
+        ) -> IntCounterVec {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        }
+        let sync_latency_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "kbind_sync_latency_seconds",
+                "Time from the watch event that made an object out of date to the write that fixed it",
+            )
+            .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            &["op"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(sync_latency_seconds.clone()))
+            .expect("unique metric");
+        let leader = Gauge::new(
+            "kbind_leader",
+            "1 while this schema manager holds the leader Lease",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(leader.clone()))
+            .expect("unique metric");
+
+        Self {
+            connection_ready: gauge_vec(
+                &registry,
+                "kbind_connection_ready",
+                "1 when the Connection is Ready",
+                &["connection"],
+            ),
+            connection_exported_apis: gauge_vec(
+                &registry,
+                "kbind_connection_exported_apis",
+                "APIs the Connection's provider exports",
+                &["connection"],
+            ),
+            binding_ready: gauge_vec(
+                &registry,
+                "kbind_binding_ready",
+                "1 when the binding is Ready",
+                &["namespace", "name"],
+            ),
+            synced_objects: gauge_vec(
+                &registry,
+                "kbind_synced_objects",
+                "Objects in sync with the provider",
+                &["api"],
+            ),
+            conflicts: gauge_vec(
+                &registry,
+                "kbind_conflicts",
+                "Objects with a recorded conflict",
+                &["api"],
+            ),
+            sync_operations_total: counter_vec(
+                &registry,
+                "kbind_sync_operations_total",
+                "Sync operations by outcome",
+                &["api", "op", "result"],
+            ),
+            sync_latency_seconds,
+            work_queue_depth: gauge_vec(
+                &registry,
+                "kbind_work_queue_depth",
+                "Objects waiting to be synced",
+                &["api"],
+            ),
+            api_requests_total: counter_vec(
+                &registry,
+                "kbind_api_requests_total",
+                "Requests to API servers",
+                &["cluster", "verb", "code"],
+            ),
+            syncer_assigned_apis: gauge_vec(
+                &registry,
+                "kbind_syncer_assigned_apis",
+                "Work units assigned to a syncer",
+                &["identity"],
+            ),
+            leader,
+            registry,
+        }
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding cannot fail");
+        String::from_utf8(out).expect("Prometheus text is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_interface_metric_is_exported() {
+        let m = Metrics::new();
+        m.connection_ready.with_label_values(&["p"]).set(1.0);
+        m.connection_exported_apis
+            .with_label_values(&["p"])
+            .set(2.0);
+        m.binding_ready.with_label_values(&["", "b"]).set(1.0);
+        m.synced_objects
+            .with_label_values(&["widgets.example.org"])
+            .set(1.0);
+        m.conflicts
+            .with_label_values(&["widgets.example.org"])
+            .set(0.0);
+        m.sync_operations_total
+            .with_label_values(&["widgets.example.org", "spec_up", "ok"])
+            .inc();
+        m.sync_latency_seconds
+            .with_label_values(&["spec_up"])
+            .observe(0.1);
+        m.work_queue_depth
+            .with_label_values(&["widgets.example.org"])
+            .set(0.0);
+        m.api_requests_total
+            .with_label_values(&["consumer", "get", "200"])
+            .inc();
+        m.syncer_assigned_apis.with_label_values(&["s-1"]).set(3.0);
+        m.leader.set(1.0);
+        let text = m.render();
+        for name in [
+            "kbind_connection_ready",
+            "kbind_connection_exported_apis",
+            "kbind_binding_ready",
+            "kbind_synced_objects",
+            "kbind_conflicts",
+            "kbind_sync_operations_total",
+            "kbind_sync_latency_seconds_bucket",
+            "kbind_work_queue_depth",
+            "kbind_api_requests_total",
+            "kbind_syncer_assigned_apis",
+            "kbind_leader",
+        ] {
+            assert!(
+                text.contains(&format!("\n{name}")) || text.starts_with(name),
+                "{name} missing"
+            );
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! The CRDs checked in under `deploy/crds/` are exactly what the API types generate.
+
+use std::path::PathBuf;
+
+#[test]
+fn checked_in_crds_match_the_api_types() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    for (file, crd) in kbind_shared::api::crds() {
+        let path = dir.join(file);
+        let checked_in =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            checked_in == kbind_shared::api::crd_yaml(&crd),
+            "{} is stale: run `cargo run -p kbind-shared --bin kbind-crdgen` and commit the result",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn crds_have_status_subresource_category_and_no_short_names() {
+    for (_, crd) in kbind_shared::api::crds() {
+        assert_eq!(crd.spec.group, "core.kbind.io");
+        assert_eq!(
+            crd.spec.names.categories.as_deref(),
+            Some(&["kbind".to_owned()][..])
+        );
+        assert!(crd.spec.names.short_names.is_none());
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+    }
+}

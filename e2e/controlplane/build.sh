@@ -12,6 +12,11 @@ version=$(sed -n "s/^[[:space:]]*k8s.io\/kubernetes \(v[0-9.]*\)\(.*\)\?$/\1/p" 
 key=$(cat "$here/go.mod" "$here/go.sum" "$here/etcd/main.go" | sha256sum | cut -c1-12)
 out=${KBIND_CONTROLPLANE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kbind/controlplane/$version-$key}
 
+# Parallel test processes may all ask at once: one builds, the others wait for it.
+mkdir -p "$(dirname "$out")"
+exec 9>"$out.lock"
+flock 9
+
 if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ] && [ -x "$out/etcd" ]; then
   echo "$out"
   exit 0

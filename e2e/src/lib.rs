@@ -1,1 +1,27 @@
+//! kbind's end-to-end test environment: real, independent Kubernetes clusters (etcd +
+//! kube-apiserver + kube-controller-manager built from the official Go modules) started on this
+//! machine, and kbind's own programs run as real processes against them.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! let env = kbind_e2e::TestEnv::start("my_test", &["consumer", "provider"]).await?;
+//! let consumer = env.cluster("consumer");
+//! let client = consumer.admin_client().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Every process is killed and reaped when the [`TestEnv`] drops, also when the test panics; the
+//! logs of a failed test are kept and their directory printed.
+#![forbid(unsafe_code)]
 
+pub mod cluster;
+pub mod controlplane;
+pub mod env;
+pub mod kbind;
+pub mod process;
+pub mod wait;
+
+pub use cluster::{Cluster, User};
+pub use env::TestEnv;
+pub use process::ChildProcess;
+pub use wait::eventually;

@@ -1,1 +1,90 @@
-fn main() {}
+//! `kbind-schema-manager`: the leader-elected process that owns Connections, identity pinning,
+//! discovery, schema installation, binding reconcile and cleanup, and assigning sync work.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use kbind_shared::cli::{CommonArgs, parse_duration};
+use kbind_shared::keys;
+use kbind_shared::metrics::Metrics;
+use kbind_shared::process::{self, Readiness};
+
+/// kbind's schema manager.
+#[derive(Parser, Debug)]
+#[command(name = "kbind-schema-manager", version, about)]
+struct Args {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    /// Lease-based leader election
+    #[arg(long, env = "KBIND_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+
+    /// Lease name in --namespace
+    #[arg(long, env = "KBIND_LEADER_ELECTION_ID", default_value = keys::DEFAULT_LEADER_ELECTION_ID)]
+    leader_election_id: String,
+
+    /// Connection re-discovery and heartbeat period
+    #[arg(long, env = "KBIND_DISCOVERY_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    discovery_interval: Duration,
+
+    /// Backstop resync of bindings
+    #[arg(long, env = "KBIND_BINDING_RESYNC_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    binding_resync_interval: Duration,
+
+    /// leaseDurationSeconds of the provider heartbeat Lease
+    #[arg(long, env = "KBIND_HEARTBEAT_LEASE_DURATION", default_value = "60s", value_parser = parse_duration)]
+    heartbeat_lease_duration: Duration,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Err(e) =
+        kbind_shared::telemetry::init_logging(args.common.log_format, &args.common.log_level)
+    {
+        eprintln!("kbind-schema-manager: {e}");
+        return ExitCode::FAILURE;
+    }
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kbind-schema-manager: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let shutdown = process::shutdown_on_signals();
+    let client = process::consumer_client(&args.common).await?;
+    process::wait_for_apiserver(&client, Duration::from_secs(30)).await?;
+
+    let metrics = Metrics::new();
+    let readiness = Readiness::default();
+    process::serve_endpoints(
+        args.common.metrics_bind_address,
+        args.common.health_probe_bind_address,
+        metrics,
+        readiness.clone(),
+        shutdown.clone(),
+    )
+    .await?;
+
+    tracing::info!(
+        namespace = %args.common.namespace(),
+        leader_elect = args.leader_elect,
+        leader_election_id = %args.leader_election_id,
+        discovery_interval = ?args.discovery_interval,
+        binding_resync_interval = ?args.binding_resync_interval,
+        heartbeat_lease_duration = ?args.heartbeat_lease_duration,
+        "kbind-schema-manager started"
+    );
+    readiness.set(true);
+    shutdown.cancelled().await;
+    readiness.set(false);
+    tracing::info!("kbind-schema-manager stopped");
+    Ok(())
+}

@@ -1,5 +1,7 @@
 //! `ClusterBinding` and `Binding`: which exported APIs to sync (REFERENCE-BEHAVIOUR §3.2).
 //! Both kinds share [`BindingSpec`] and [`BindingStatus`]; only their scope differs.
+// Several `printcolumn(...)` entries repeat `type_ = ...`; clippy mistakes them for duplicates.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;

@@ -1,4 +1,6 @@
 //! `Connection`: the provider link (REFERENCE-BEHAVIOUR §3.1).
+// Several `printcolumn(...)` entries repeat `type_ = ...`; clippy mistakes them for duplicates.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;

@@ -1,0 +1,417 @@
+//! One real Kubernetes cluster: etcd + kube-apiserver + kube-controller-manager on loopback.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use kbind_shared::kubeconfig::InlineKubeconfig;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use rand::Rng;
+
+use crate::controlplane::Binaries;
+use crate::process::ChildProcess;
+
+/// Namespace holding the ServiceAccounts behind [`Cluster::mint_user`].
+pub const USERS_NAMESPACE: &str = "kbind-e2e-users";
+
+/// A running cluster. Dropping it stops every process it started.
+pub struct Cluster {
+    name: String,
+    dir: PathBuf,
+    server: String,
+    ca_pem: String,
+    admin_token: String,
+    // Dropped in this order: controller manager, API server, etcd.
+    processes: Vec<ChildProcess>,
+}
+
+/// A user of a cluster, authenticated by a bearer token. Starts with no permissions beyond
+/// discovery; grant it RBAC with [`Cluster::grant`].
+#[derive(Clone, Debug)]
+pub struct User {
+    /// `system:serviceaccount:<namespace>:<name>`
+    pub username: String,
+    /// The ServiceAccount's name, in [`USERS_NAMESPACE`] unless minted otherwise.
+    pub service_account: String,
+    /// The ServiceAccount's namespace.
+    pub namespace: String,
+    /// Bearer token.
+    pub token: String,
+    /// A self-contained kubeconfig for this user.
+    pub kubeconfig: String,
+}
+
+/// A free TCP port on 127.0.0.1, chosen by the OS.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("the OS hands out a loopback port")
+}
+
+fn random_token() -> String {
+    let bytes: [u8; 24] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A self-contained kubeconfig (inline CA and token) with one context, `name`.
+pub fn kubeconfig_yaml(
+    name: &str,
+    server: &str,
+    ca_pem: &str,
+    token: &str,
+    namespace: Option<&str>,
+) -> String {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let namespace = namespace
+        .map(|ns| format!("    namespace: {ns}\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: {name}\n\
+         clusters:\n- name: {name}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         contexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {name}\n{namespace}\
+         users:\n- name: {name}\n  user:\n    token: {token}\n"
+    )
+}
+
+async fn wait_for_port(
+    port: u16,
+    process: &mut ChildProcess,
+    limit: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        if let Some(status) = process.try_status() {
+            return Err(format!(
+                "{} exited ({status}):\n{}",
+                process.name(),
+                process.log_tail(30)
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{} did not listen on {port} within {limit:?}:\n{}",
+                process.name(),
+                process.log_tail(30)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Cluster {
+    /// Starts a cluster whose files and logs live in `dir`.
+    pub async fn start(name: &str, dir: &Path, binaries: &Binaries) -> Result<Self, String> {
+        let io = |e: std::io::Error| format!("cluster {name}: {e}");
+        let certs = dir.join("certs");
+        std::fs::create_dir_all(&certs).map_err(io)?;
+
+        // Service account signing key: lets the API server issue tokens for minted users.
+        let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("sa.key"), key.serialize_pem()).map_err(io)?;
+        std::fs::write(dir.join("sa.pub"), key.public_key_pem()).map_err(io)?;
+        let admin_token = random_token();
+        std::fs::write(
+            dir.join("tokens.csv"),
+            format!("{admin_token},admin,admin,\"system:masters\"\n"),
+        )
+        .map_err(io)?;
+
+        let (etcd_port, etcd_peer_port, port) = (free_port(), free_port(), free_port());
+        let mut etcd = ChildProcess::start(
+            "etcd",
+            &binaries.etcd,
+            &[
+                format!("--name={name}"),
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+                "--unsafe-no-fsync".into(),
+            ],
+            &[],
+            &dir.join("etcd.log"),
+        )?;
+        wait_for_port(etcd_port, &mut etcd, Duration::from_secs(30)).await?;
+
+        let d = |file: &str| dir.join(file).display().to_string();
+        let mut apiserver = ChildProcess::start(
+            "kube-apiserver",
+            &binaries.kube_apiserver,
+            &[
+                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+                "--etcd-prefix=/registry".into(),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                format!("--cert-dir={}", certs.display()),
+                format!("--token-auth-file={}", d("tokens.csv")),
+                "--authorization-mode=RBAC".into(),
+                format!("--service-account-issuer=https://{name}.test"),
+                format!("--service-account-key-file={}", d("sa.pub")),
+                format!("--service-account-signing-key-file={}", d("sa.key")),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--endpoint-reconciler-type=none".into(),
+            ],
+            &[],
+            &dir.join("kube-apiserver.log"),
+        )?;
+        wait_for_port(port, &mut apiserver, Duration::from_secs(60)).await?;
+        let ca_pem = std::fs::read_to_string(certs.join("apiserver.crt")).map_err(|e| {
+            format!("cluster {name}: the API server wrote no serving certificate: {e}")
+        })?;
+
+        let mut cluster = Self {
+            name: name.to_owned(),
+            dir: dir.to_path_buf(),
+            server: format!("https://127.0.0.1:{port}"),
+            ca_pem,
+            admin_token,
+            processes: vec![etcd, apiserver],
+        };
+        cluster.wait_ready(Duration::from_secs(60)).await?;
+
+        let admin_kubeconfig = dir.join("admin.kubeconfig");
+        std::fs::write(&admin_kubeconfig, cluster.admin_kubeconfig()).map_err(io)?;
+        let controller_manager = ChildProcess::start(
+            "kube-controller-manager",
+            &binaries.kube_controller_manager,
+            &[
+                format!("--kubeconfig={}", admin_kubeconfig.display()),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={}", free_port()),
+                "--controllers=namespace,garbagecollector,serviceaccount,serviceaccount-token,clusterrole-aggregation".into(),
+                format!("--service-account-private-key-file={}", d("sa.key")),
+                format!("--root-ca-file={}", certs.join("apiserver.crt").display()),
+                "--use-service-account-credentials=false".into(),
+                "--leader-elect=false".into(),
+            ],
+            &[],
+            &dir.join("kube-controller-manager.log"),
+        )?;
+        cluster.processes.insert(0, controller_manager);
+        Ok(cluster)
+    }
+
+    /// Waits for `/readyz` and the `kube-system` Namespace.
+    async fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
+        let client = self.admin_client().await?;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let deadline = Instant::now() + limit;
+        loop {
+            let ready = client
+                .request_text(
+                    http::Request::get("/readyz")
+                        .body(Vec::new())
+                        .expect("static request"),
+                )
+                .await
+                .is_ok_and(|body| body.trim() == "ok");
+            if ready
+                && namespaces
+                    .get_opt("kube-system")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some()
+            {
+                return Ok(());
+            }
+            let apiserver = self.processes.last_mut().expect("the API server runs");
+            if let Some(status) = apiserver.try_status() {
+                return Err(format!(
+                    "kube-apiserver of {} exited ({status}):\n{}",
+                    self.name,
+                    apiserver.log_tail(30)
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "kube-apiserver of {} not ready within {limit:?}:\n{}",
+                    self.name,
+                    apiserver.log_tail(30)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The directory holding its files and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `https://127.0.0.1:<port>`
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The API server's serving certificate (self-signed: it is its own CA).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// A self-contained kubeconfig for the cluster admin (`system:masters`).
+    pub fn admin_kubeconfig(&self) -> String {
+        kubeconfig_yaml(
+            &self.name,
+            &self.server,
+            &self.ca_pem,
+            &self.admin_token,
+            None,
+        )
+    }
+
+    /// The path of the admin kubeconfig file.
+    pub fn admin_kubeconfig_path(&self) -> PathBuf {
+        self.dir.join("admin.kubeconfig")
+    }
+
+    /// A client acting as the cluster admin.
+    pub async fn admin_client(&self) -> Result<Client, String> {
+        client_for(&self.admin_kubeconfig()).await
+    }
+
+    /// Creates a new user with no permissions (a ServiceAccount in [`USERS_NAMESPACE`] and a token
+    /// for it).
+    pub async fn mint_user(&self, name: &str) -> Result<User, String> {
+        self.mint_service_account_user(USERS_NAMESPACE, name).await
+    }
+
+    /// Creates (if needed) the ServiceAccount `namespace/name` and returns a user with a token for
+    /// it — e.g. to act as a component's ServiceAccount.
+    pub async fn mint_service_account_user(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<User, String> {
+        let client = self.admin_client().await?;
+        ensure_namespace(&client, namespace).await?;
+        let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
+        let account = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match accounts.create(&PostParams::default(), &account).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => return Err(format!("create ServiceAccount {namespace}/{name}: {e}")),
+        }
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(24 * 3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let token = accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .map_err(|e| format!("token for ServiceAccount {namespace}/{name}: {e}"))?
+            .status
+            .and_then(|s| s.token)
+            .ok_or("the TokenRequest has no token")?;
+        Ok(User {
+            username: format!("system:serviceaccount:{namespace}:{name}"),
+            service_account: name.to_owned(),
+            namespace: namespace.to_owned(),
+            kubeconfig: kubeconfig_yaml(&self.name, &self.server, &self.ca_pem, &token, None),
+            token,
+        })
+    }
+
+    /// Grants `user` the given cluster-wide rules (a ClusterRole and ClusterRoleBinding named
+    /// `<binding>`).
+    pub async fn grant(
+        &self,
+        user: &User,
+        binding: &str,
+        rules: Vec<PolicyRule>,
+    ) -> Result<(), String> {
+        let client = self.admin_client().await?;
+        let meta = ObjectMeta {
+            name: Some(binding.to_owned()),
+            ..Default::default()
+        };
+        let role = ClusterRole {
+            metadata: meta.clone(),
+            rules: Some(rules),
+            ..Default::default()
+        };
+        Api::<ClusterRole>::all(client.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .map_err(|e| format!("create ClusterRole {binding}: {e}"))?;
+        let role_binding = ClusterRoleBinding {
+            metadata: meta,
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: binding.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: user.service_account.clone(),
+                namespace: Some(user.namespace.clone()),
+                ..Default::default()
+            }]),
+        };
+        Api::<ClusterRoleBinding>::all(client)
+            .create(&PostParams::default(), &role_binding)
+            .await
+            .map_err(|e| format!("create ClusterRoleBinding {binding}: {e}"))?;
+        Ok(())
+    }
+
+    /// Logs of this cluster's processes, for a failure message.
+    pub fn logs(&self) -> Vec<PathBuf> {
+        self.processes
+            .iter()
+            .map(|p| p.log().to_path_buf())
+            .collect()
+    }
+}
+
+/// A client from a self-contained kubeconfig, through kbind's own kubeconfig handling.
+pub async fn client_for(kubeconfig: &str) -> Result<Client, String> {
+    InlineKubeconfig::parse(kubeconfig.as_bytes())
+        .map_err(|e| e.to_string())?
+        .client()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Creates the namespace unless it exists.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), String> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match namespaces.create(&PostParams::default(), &namespace).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
+        Err(e) => Err(format!("create Namespace {name}: {e}")),
+    }
+}

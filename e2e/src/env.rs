@@ -1,0 +1,121 @@
+//! [`TestEnv`]: the clusters of one test and kbind's processes running against them.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::cluster::Cluster;
+use crate::controlplane;
+use crate::process::ChildProcess;
+
+/// The environment of one test. Dropping it stops kbind's processes, then the clusters; the
+/// directory with every log is removed after a passing test and kept (and printed) after a failing
+/// one, or always with `KBIND_E2E_KEEP=1`.
+pub struct TestEnv {
+    dir: PathBuf,
+    // kbind's processes go first so that they never see their clusters vanish under them.
+    processes: Vec<ChildProcess>,
+    clusters: Vec<Cluster>,
+}
+
+/// Where test environments keep their files: `target/e2e-runs/`.
+pub fn runs_dir() -> PathBuf {
+    let mut dir = controlplane::kbind_bin_dir();
+    dir.pop();
+    dir.join("e2e-runs")
+}
+
+impl TestEnv {
+    /// Starts one independent cluster per name, all at once.
+    pub async fn start(test: &str, cluster_names: &[&str]) -> Result<Self, String> {
+        let binaries = tokio::task::spawn_blocking(controlplane::binaries)
+            .await
+            .map_err(|e| e.to_string())??;
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        let dir = runs_dir().join(format!("{test}-{}-{stamp}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut env = Self {
+            dir,
+            processes: Vec::new(),
+            clusters: Vec::new(),
+        };
+        let starts = cluster_names.iter().map(|name| {
+            let cluster_dir = env.dir.join(name);
+            let binaries = binaries.clone();
+            async move { Cluster::start(name, &cluster_dir, &binaries).await }
+        });
+        for result in futures::future::join_all(starts).await {
+            match result {
+                Ok(cluster) => env.clusters.push(cluster),
+                Err(e) => {
+                    env.keep_logs();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(env)
+    }
+
+    /// The directory of this test's files and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The cluster with this name.
+    pub fn cluster(&self, name: &str) -> &Cluster {
+        self.clusters
+            .iter()
+            .find(|c| c.name() == name)
+            .unwrap_or_else(|| panic!("no cluster named {name} in this TestEnv"))
+    }
+
+    /// Starts one of kbind's programs (`kbind-schema-manager`, `kbind-syncer`, …), logging to
+    /// `<dir>/<name>.log`. It is stopped with the environment. Returns its index for
+    /// [`TestEnv::process`].
+    pub fn start_kbind(
+        &mut self,
+        program: &str,
+        name: &str,
+        args: &[String],
+        envs: &[(&str, &str)],
+    ) -> Result<usize, String> {
+        let binary = controlplane::kbind_bin(program)?;
+        let process = ChildProcess::start(
+            name,
+            &binary,
+            args,
+            envs,
+            &self.dir.join(format!("{name}.log")),
+        )?;
+        self.processes.push(process);
+        Ok(self.processes.len() - 1)
+    }
+
+    /// A process started with [`TestEnv::start_kbind`].
+    pub fn process(&mut self, index: usize) -> &mut ChildProcess {
+        &mut self.processes[index]
+    }
+
+    fn keep_logs(&self) {
+        eprintln!(
+            "kbind e2e: logs of this run are kept in {}",
+            self.dir.display()
+        );
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        self.processes.clear();
+        self.clusters.clear();
+        let keep = std::thread::panicking()
+            || std::env::var_os("KBIND_E2E_KEEP").is_some_and(|v| v == "1");
+        if keep {
+            self.keep_logs();
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

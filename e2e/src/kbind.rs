@@ -1,0 +1,99 @@
+//! Helpers that put kbind itself onto a test cluster.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+
+use crate::wait::eventually;
+
+/// The checked-in CRD manifests of kbind's API (`deploy/crds/*.yaml`).
+pub fn crd_manifests() -> Result<Vec<CustomResourceDefinition>, String> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+        })
+        .collect()
+}
+
+/// Applies kbind's CRDs from `deploy/crds/` and waits until each is Established.
+pub async fn install_crds(client: &Client) -> Result<Vec<String>, String> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    for crd in crd_manifests()? {
+        let name = crd
+            .metadata
+            .name
+            .clone()
+            .ok_or("a CRD manifest without a name")?;
+        api.patch(
+            &name,
+            &PatchParams::apply("kbind-e2e").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .map_err(|e| format!("apply CRD {name}: {e}"))?;
+        names.push(name);
+    }
+    for name in &names {
+        wait_established(&api, name).await?;
+    }
+    Ok(names)
+}
+
+/// Waits until the CRD `name` is Established.
+pub async fn wait_established(
+    api: &Api<CustomResourceDefinition>,
+    name: &str,
+) -> Result<(), String> {
+    eventually(
+        &format!("CRD {name} to be Established"),
+        Duration::from_secs(30),
+        || async {
+            let crd = api.get(name).await.map_err(|e| e.to_string())?;
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(established.then_some(()))
+        },
+    )
+    .await
+}
+
+/// A plain HTTP GET against a kbind endpoint on loopback: returns the status code and body.
+pub async fn http_get(address: &str, path: &str) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .map_err(|e| format!("connect {address}: {e}"))?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not an HTTP response from {address}{path}"))?;
+    Ok((code, body.to_owned()))
+}

@@ -1,0 +1,27 @@
+//! Waiting for a condition on a real cluster, with a deadline and a useful failure message.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Polls `check` every 100 ms until it returns `Ok(Some(v))`, for at most `limit`. `Ok(None)` and
+/// `Err` both mean "not yet"; the last reason is reported when time runs out.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, String>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        let last = match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => "condition not met".to_owned(),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "timed out after {limit:?} waiting for {what}: {last}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -3,7 +3,7 @@
 //! machine, and kbind's own programs run as real processes against them.
 //!
 //! ```no_run
-//! # async fn demo() -> anyhow::Result<()> {
+//! # async fn demo() -> Result<(), String> {
 //! let env = kbind_e2e::TestEnv::start("my_test", &["consumer", "provider"]).await?;
 //! let consumer = env.cluster("consumer");
 //! let client = consumer.admin_client().await?;

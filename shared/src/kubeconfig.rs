@@ -7,6 +7,7 @@
 use kube::config::{Cluster, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster};
 use kube::{Client, Config};
 
+
 /// Why a kubeconfig cannot be used. Each message names what is wrong and where, never the
 /// Secret's contents.
 #[derive(Debug, thiserror::Error)]

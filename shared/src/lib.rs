@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod conditions;
 pub mod identity;
 pub mod keys;

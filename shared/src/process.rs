@@ -36,7 +36,7 @@ impl Readiness {
 
 /// A client for the consumer cluster: `--kubeconfig`/`--context` if given, else in-cluster, else
 /// `$KUBECONFIG`, else `~/.kube/config`.
-pub async fn consumer_client(args: &CommonArgs) -> Result<Client, String> {
+pub async fn consumer_client(args: &CommonArgs, metrics: &Metrics) -> Result<Client, String> {
     let options = KubeConfigOptions {
         context: args.context.clone(),
         ..Default::default()
@@ -56,7 +56,7 @@ pub async fn consumer_client(args: &CommonArgs) -> Result<Client, String> {
             .await
             .map_err(|e| format!("cannot find a consumer cluster configuration: {e}"))?,
     };
-    Client::try_from(config)
+    crate::client::build(config, "consumer", Some(&metrics.api_requests_total))
         .map_err(|e| format!("cannot build a client for the consumer cluster: {e}"))
 }
 

@@ -74,10 +74,10 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), String> {
     let identity = args.identity()?;
     let shutdown = process::shutdown_on_signals();
-    let client = process::consumer_client(&args.common).await?;
+    let metrics = Metrics::new();
+    let client = process::consumer_client(&args.common, &metrics).await?;
     process::wait_for_apiserver(&client, Duration::from_secs(30)).await?;
 
-    let metrics = Metrics::new();
     let readiness = Readiness::default();
     process::serve_endpoints(
         args.common.metrics_bind_address,

@@ -5,6 +5,13 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod connection;
+mod context;
+mod discovery;
+mod leader;
+
+use std::sync::Arc;
+
 use clap::Parser;
 use kbind_shared::cli::{CommonArgs, parse_duration};
 use kbind_shared::keys;
@@ -25,6 +32,10 @@ struct Args {
     /// Lease name in --namespace
     #[arg(long, env = "KBIND_LEADER_ELECTION_ID", default_value = keys::DEFAULT_LEADER_ELECTION_ID)]
     leader_election_id: String,
+
+    /// How long a silent leader keeps the leader Lease
+    #[arg(long, env = "KBIND_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    leader_election_lease_duration: Duration,
 
     /// Connection re-discovery and heartbeat period
     #[arg(long, env = "KBIND_DISCOVERY_INTERVAL", default_value = "30s", value_parser = parse_duration)]
@@ -67,7 +78,7 @@ async fn run(args: Args) -> Result<(), String> {
     process::serve_endpoints(
         args.common.metrics_bind_address,
         args.common.health_probe_bind_address,
-        metrics,
+        metrics.clone(),
         readiness.clone(),
         shutdown.clone(),
     )
@@ -82,9 +93,50 @@ async fn run(args: Args) -> Result<(), String> {
         heartbeat_lease_duration = ?args.heartbeat_lease_duration,
         "kbind-schema-manager started"
     );
+    let ctx = Arc::new(context::Context::new(
+        client.clone(),
+        metrics.clone(),
+        kube::runtime::events::Reporter {
+            controller: "kbind-schema-manager".into(),
+            instance: Some(holder_identity()),
+        },
+        context::Settings {
+            discovery_interval: args.discovery_interval,
+            heartbeat_lease_duration: args.heartbeat_lease_duration,
+        },
+    ));
+    let lead = move |stop| {
+        let ctx = ctx.clone();
+        async move { connection::run(ctx, stop).await }
+    };
+    // A standby is ready: it is healthy and waiting for the Lease.
     readiness.set(true);
-    shutdown.cancelled().await;
+    if args.leader_elect {
+        let election = leader::Election {
+            namespace: args.common.namespace(),
+            lease_name: args.leader_election_id.clone(),
+            holder: holder_identity(),
+            lease_duration: args.leader_election_lease_duration,
+        };
+        leader::run(client, election, metrics, shutdown.clone(), lead).await;
+    } else {
+        metrics.leader.set(1.0);
+        lead(shutdown.clone()).await;
+    }
     readiness.set(false);
     tracing::info!("kbind-schema-manager stopped");
     Ok(())
+}
+
+/// This process in the leader Lease: `$POD_NAME`, else `<hostname>-<pid>`.
+fn holder_identity() -> String {
+    if let Ok(pod) = std::env::var("POD_NAME")
+        && !pod.is_empty()
+    {
+        return pod;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "kbind".into());
+    format!("{host}-{}", std::process::id())
 }

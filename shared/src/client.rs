@@ -17,7 +17,14 @@ pub fn verb<B>(request: &Request<B>) -> &'static str {
     match *request.method() {
         Method::GET => {
             let query = request.uri().query().unwrap_or_default();
-            if query.split('&').any(|kv| kv == "watch=true" || kv == "watch=1") { "watch" } else { "get" }
+            if query
+                .split('&')
+                .any(|kv| kv == "watch=true" || kv == "watch=1")
+            {
+                "watch"
+            } else {
+                "get"
+            }
         }
         Method::POST => "create",
         Method::PUT => "update",
@@ -37,14 +44,20 @@ pub struct RequestMetricsLayer {
 impl RequestMetricsLayer {
     /// Counts into `counter` (labels `cluster`, `verb`, `code`) under this cluster label.
     pub fn new(counter: IntCounterVec, cluster: impl Into<String>) -> Self {
-        Self { counter, cluster: cluster.into() }
+        Self {
+            counter,
+            cluster: cluster.into(),
+        }
     }
 }
 
 impl<S> Layer<S> for RequestMetricsLayer {
     type Service = RequestMetrics<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        RequestMetrics { inner, layer: self.clone() }
+        RequestMetrics {
+            inner,
+            layer: self.clone(),
+        }
     }
 }
 
@@ -78,7 +91,10 @@ where
                 Ok(r) => r.status().as_u16().to_string(),
                 Err(_) => "error".to_owned(),
             };
-            layer.counter.with_label_values(&[layer.cluster.as_str(), verb, code.as_str()]).inc();
+            layer
+                .counter
+                .with_label_values(&[layer.cluster.as_str(), verb, code.as_str()])
+                .inc();
             result
         })
     }
@@ -93,10 +109,16 @@ pub fn bound_timeouts(config: &mut Config) {
 
 /// A client for `config` whose requests are counted under `cluster` (`consumer` or a Connection
 /// name). Watches keep their own, longer timeouts inside kube.
-pub fn build(config: Config, cluster: &str, counter: Option<&IntCounterVec>) -> Result<Client, kube::Error> {
+pub fn build(
+    config: Config,
+    cluster: &str,
+    counter: Option<&IntCounterVec>,
+) -> Result<Client, kube::Error> {
     let builder = ClientBuilder::try_from(config)?;
     Ok(match counter {
-        Some(counter) => builder.with_layer(&RequestMetricsLayer::new(counter.clone(), cluster)).build(),
+        Some(counter) => builder
+            .with_layer(&RequestMetricsLayer::new(counter.clone(), cluster))
+            .build(),
         None => builder.build(),
     })
 }
@@ -111,8 +133,17 @@ mod tests {
 
     #[test]
     fn verbs_follow_kubernetes_terms() {
-        assert_eq!(verb(&request(Method::GET, "/api/v1/namespaces/kube-system")), "get");
-        assert_eq!(verb(&request(Method::GET, "/api/v1/secrets?watch=true&resourceVersion=1")), "watch");
+        assert_eq!(
+            verb(&request(Method::GET, "/api/v1/namespaces/kube-system")),
+            "get"
+        );
+        assert_eq!(
+            verb(&request(
+                Method::GET,
+                "/api/v1/secrets?watch=true&resourceVersion=1"
+            )),
+            "watch"
+        );
         assert_eq!(verb(&request(Method::POST, "/api/v1/namespaces")), "create");
         assert_eq!(verb(&request(Method::PUT, "/x")), "update");
         assert_eq!(verb(&request(Method::PATCH, "/x")), "patch");

@@ -7,7 +7,6 @@
 use kube::config::{Cluster, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster};
 use kube::{Client, Config};
 
-
 /// Why a kubeconfig cannot be used. Each message names what is wrong and where, never the
 /// Secret's contents.
 #[derive(Debug, thiserror::Error)]
@@ -141,20 +140,33 @@ impl InlineKubeconfig {
         self.namespace.as_deref()
     }
 
-    /// A kube [`Config`] for the current context.
+    /// A kube [`Config`] for the current context, with kbind's bounded timeouts.
     pub async fn config(&self) -> Result<Config, KubeconfigError> {
         let options = KubeConfigOptions {
             context: Some(self.context.clone()),
             ..Default::default()
         };
-        Config::from_custom_kubeconfig(self.kubeconfig.clone(), &options)
+        let mut config = Config::from_custom_kubeconfig(self.kubeconfig.clone(), &options)
             .await
-            .map_err(|e| KubeconfigError::Client(e.to_string()))
+            .map_err(|e| KubeconfigError::Client(e.to_string()))?;
+        crate::client::bound_timeouts(&mut config);
+        Ok(config)
     }
 
     /// A client for the current context.
     pub async fn client(&self) -> Result<Client, KubeconfigError> {
-        Client::try_from(self.config().await?).map_err(|e| KubeconfigError::Client(e.to_string()))
+        self.counted_client("", None).await
+    }
+
+    /// A client for the current context whose requests are counted in
+    /// `kbind_api_requests_total` under `cluster`.
+    pub async fn counted_client(
+        &self,
+        cluster: &str,
+        counter: Option<&prometheus::IntCounterVec>,
+    ) -> Result<Client, KubeconfigError> {
+        crate::client::build(self.config().await?, cluster, counter)
+            .map_err(|e| KubeconfigError::Client(e.to_string()))
     }
 }
 

@@ -1,0 +1,107 @@
+//! The heartbeat Lease on the provider (REFERENCE-BEHAVIOUR §11, newer form HB-2/HB-3).
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kbind_shared::keys;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+/// The field manager of kbind's heartbeat writes.
+const FIELD_MANAGER: &str = "kbind-schema-manager";
+
+/// HB-3: `<connection>-<first 10 chars of the consumer UID>`.
+pub fn lease_name(connection: &str, local_uid: &str) -> String {
+    let prefix: String = local_uid.chars().take(10).collect();
+    format!("{connection}-{prefix}")
+}
+
+/// HB-2: the provider kubeconfig context's namespace, else `kbind`.
+pub fn lease_namespace(context_namespace: Option<&str>) -> &str {
+    context_namespace.unwrap_or(keys::DEFAULT_NAMESPACE)
+}
+
+/// Renews (creating if needed) the heartbeat Lease. Errors are for logging only (HB-4).
+pub async fn renew(
+    provider: &Client,
+    namespace: &str,
+    connection: &str,
+    local_uid: &str,
+    duration: Duration,
+) -> Result<(), String> {
+    let leases: Api<Lease> = Api::namespaced(provider.clone(), namespace);
+    let name = lease_name(connection, local_uid);
+    let now = MicroTime(jiff::Timestamp::now());
+    let acquired = leases
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("read heartbeat Lease {namespace}/{name}: {e}"))?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.acquire_time)
+        .unwrap_or_else(|| now.clone());
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "labels": { keys::MANAGED_LABEL: keys::TRUE },
+            "annotations": {
+                keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
+                keys::CONNECTION_ANNOTATION: connection,
+            },
+        },
+        "spec": {
+            "holderIdentity": local_uid,
+            "leaseDurationSeconds": duration.as_secs().max(1),
+            "acquireTime": acquired,
+            "renewTime": now,
+        },
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut result = leases.patch(&name, &params, &Patch::Apply(&lease)).await;
+    if matches!(&result, Err(kube::Error::Api(s)) if s.is_not_found()) {
+        // The namespace is missing: create it once, not on every renewal.
+        ensure_namespace(provider, namespace).await?;
+        result = leases.patch(&name, &params, &Patch::Apply(&lease)).await;
+    }
+    result
+        .map(drop)
+        .map_err(|e| format!("renew heartbeat Lease {namespace}/{name}: {e}"))
+}
+
+/// Creates the Lease's namespace on the provider unless it exists; Forbidden is tolerated (HB-2),
+/// since restricted credentials usually may not create namespaces but the namespace may exist.
+async fn ensure_namespace(provider: &Client, namespace: &str) -> Result<(), String> {
+    let namespaces: Api<Namespace> = Api::all(provider.clone());
+    let object = Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match namespaces.create(&PostParams::default(), &object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_forbidden() => Ok(()),
+        Err(e) => Err(format!("create heartbeat namespace {namespace}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_is_named_after_connection_and_consumer() {
+        assert_eq!(
+            lease_name("provider", "0123456789abcdef"),
+            "provider-0123456789"
+        );
+        assert_eq!(lease_name("p", "short"), "p-short");
+        assert_eq!(lease_namespace(Some("team-a")), "team-a");
+        assert_eq!(lease_namespace(None), "kbind");
+    }
+}

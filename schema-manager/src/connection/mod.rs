@@ -1,0 +1,467 @@
+//! The Connection reconciler (REFERENCE-BEHAVIOUR §4 CONN, §5 ID, §6 DISC, §7 AUTO, §8 CDEL,
+//! §11 HB): credentials → provider identity → pinning → discovery → autoBind → heartbeat →
+//! status, with every status change persisted (QRK-1) and an Event per condition transition.
+
+mod autobind;
+mod credentials;
+pub mod heartbeat;
+pub mod outcome;
+mod secrets;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kbind_shared::api::{Binding, ClusterBinding, Connection, ConnectionStatus};
+use kbind_shared::conditions::{self, Desired, reasons, types};
+use kbind_shared::identity::{IdentityError, cluster_identity};
+use kbind_shared::keys;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{self, finalizer};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Context;
+use crate::discovery::{self, DiscoveryError};
+use credentials::Providers;
+use outcome::Outcome;
+use secrets::SecretWatches;
+
+/// How long a deleting Connection waits between checks for bindings that still reference it.
+const DRAIN_RECHECK: Duration = Duration::from_secs(2);
+
+/// Why a reconcile did not finish; the controller retries with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request to the consumer cluster failed.
+    #[error("consumer API: {0}")]
+    Consumer(#[source] kube::Error),
+    /// The consumer's own identity could not be read (CONN-5).
+    #[error("consumer identity: {0}")]
+    LocalIdentity(#[source] IdentityError),
+    /// Bindings still reference a deleting Connection (CDEL-3): not a failure, a wait.
+    #[error("{0} binding(s) still reference this Connection")]
+    Draining(usize),
+    /// Discovery or autoBind failed; already reported in the status.
+    #[error("{0}")]
+    Provider(String),
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// A low-cardinality label for logs and metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Consumer(_) => "consumer",
+            Error::LocalIdentity(_) => "local_identity",
+            Error::Draining(_) => "draining",
+            Error::Provider(_) => "provider",
+            Error::Finalizer(_) => "finalizer",
+        }
+    }
+}
+
+/// Per-controller state beyond the shared [`Context`].
+struct State {
+    ctx: Arc<Context>,
+    providers: Providers,
+    secrets: SecretWatches,
+    recorder: Recorder,
+}
+
+/// Runs the Connection controller until `stop` is cancelled.
+pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
+    let client = ctx.client.clone();
+    let (trigger, triggers) = futures::channel::mpsc::unbounded();
+    let state = Arc::new(State {
+        providers: Providers::default(),
+        secrets: SecretWatches::new(client.clone(), trigger),
+        recorder: Recorder::new(client.clone(), ctx.reporter.clone()),
+        ctx,
+    });
+    Controller::new(Api::<Connection>::all(client), watcher::Config::default())
+        .reconcile_on(triggers)
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(reconcile, error_policy, state)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "connection reconcile");
+            }
+        })
+        .await;
+}
+
+fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -> Action {
+    match error {
+        Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
+        Error::Provider(_) => Action::requeue(state.ctx.settings.discovery_interval),
+        e => {
+            tracing::warn!(connection = %connection.name_any(), error = %e, kind = e.metric_label(), "Connection reconcile failed");
+            Action::requeue(Duration::from_secs(5))
+        }
+    }
+}
+
+async fn reconcile(connection: Arc<Connection>, state: Arc<State>) -> Result<Action, Error> {
+    let name = connection.name_any();
+    let reference = &connection.spec.kubeconfig_secret_ref;
+    let api: Api<Connection> = Api::all(state.ctx.client.clone());
+
+    if connection.meta().deletion_timestamp.is_none() {
+        state
+            .secrets
+            .track(&name, &reference.namespace, &reference.name);
+        // CONN-2.1: hold the Secret before anything else, so credentials outlive teardown.
+        add_secret_finalizer(&state, &connection).await?;
+    }
+    finalizer(&api, keys::CLEANUP_FINALIZER, connection, |event| async {
+        match event {
+            finalizer::Event::Apply(connection) => apply(connection, &state).await,
+            finalizer::Event::Cleanup(connection) => cleanup(connection, &state).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
+        e => Error::Finalizer(Box::new(e)),
+    })
+}
+
+async fn add_secret_finalizer(state: &State, connection: &Connection) -> Result<(), Error> {
+    let reference = &connection.spec.kubeconfig_secret_ref;
+    let secrets: Api<Secret> = Api::namespaced(state.ctx.client.clone(), &reference.namespace);
+    let Some(secret) = secrets.get_opt(&reference.name).await.ok().flatten() else {
+        // Missing or unreadable: the status reports it (CONN-3).
+        return Ok(());
+    };
+    if secret
+        .finalizers()
+        .iter()
+        .any(|f| f == keys::CLEANUP_FINALIZER)
+    {
+        return Ok(());
+    }
+    let mut finalizers = secret.finalizers().to_vec();
+    finalizers.push(keys::CLEANUP_FINALIZER.to_owned());
+    let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": secret.resource_version() } });
+    secrets
+        .patch(
+            &reference.name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(Error::Consumer)?;
+    Ok(())
+}
+
+/// CONN-3 … CONN-13.
+async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Error> {
+    let ctx = &state.ctx;
+    let name = connection.name_any();
+    let before = connection.status.clone().unwrap_or_default();
+    let mut status = before.clone();
+    let (outcome, provider_error) = connect(&connection, state, &mut status).await?;
+    conditions_for(&mut status, &outcome, &connection);
+
+    ctx.metrics
+        .connection_ready
+        .with_label_values(&[&name])
+        .set(if matches!(outcome, Outcome::Ready { .. }) {
+            1.0
+        } else {
+            0.0
+        });
+    ctx.metrics
+        .connection_exported_apis
+        .with_label_values(&[&name])
+        .set(status.exported_apis.len() as f64);
+    write_status(state, &connection, &before, status).await?;
+    match provider_error {
+        Some(e) => Err(Error::Provider(e)),
+        None => Ok(Action::requeue(ctx.settings.discovery_interval)),
+    }
+}
+
+fn conditions_for(status: &mut ConnectionStatus, outcome: &Outcome, connection: &Connection) {
+    outcome::apply(
+        &mut status.conditions,
+        outcome,
+        connection.meta().generation,
+        &Time(jiff::Timestamp::now()),
+    );
+}
+
+/// Walks the steps of CONN-3 … CONN-10, recording UIDs and exports in `status`. Returns the
+/// outcome, and an error to retry with backoff after the status is written (CONN-7).
+async fn connect(
+    connection: &Connection,
+    state: &State,
+    status: &mut ConnectionStatus,
+) -> Result<(Outcome, Option<String>), Error> {
+    let ctx = &state.ctx;
+    let name = connection.name_any();
+
+    // CONN-3: credentials.
+    let (kubeconfig, fingerprint) =
+        match credentials::read_kubeconfig(&ctx.client, &connection.spec.kubeconfig_secret_ref)
+            .await
+        {
+            Ok(found) => found,
+            Err(message) => return Ok((Outcome::SecretInvalid(message), None)),
+        };
+    let provider = match state
+        .providers
+        .client(&name, kubeconfig, fingerprint, &ctx.metrics)
+        .await
+    {
+        Ok(provider) => provider,
+        Err(message) => return Ok((Outcome::SecretInvalid(message), None)),
+    };
+
+    // CONN-4: provider identity.
+    let remote_uid = match cluster_identity(&provider.client).await {
+        Ok(uid) => uid,
+        Err(e @ IdentityError::Forbidden { .. }) => {
+            return Ok((Outcome::IdentityForbidden(e.to_string()), None));
+        }
+        Err(e) => return Ok((Outcome::Unreachable(e.to_string()), None)),
+    };
+    // CONN-5: consumer identity.
+    let local_uid = ctx.local_identity().await.map_err(Error::LocalIdentity)?;
+
+    // CONN-6: pinning.
+    if !status.remote_cluster_uid.is_empty() && status.remote_cluster_uid != remote_uid {
+        let pinned = status.remote_cluster_uid.clone();
+        return Ok((
+            Outcome::IdentityChanged {
+                current: remote_uid,
+                pinned,
+            },
+            None,
+        ));
+    }
+    status.remote_cluster_uid = remote_uid;
+    if status.local_cluster_uid.is_empty() {
+        status.local_cluster_uid = local_uid;
+    }
+
+    // CONN-7: discovery.
+    let exports = match discovery::discover(&provider.client, connection.spec.schema.source).await {
+        Ok(exports) => exports,
+        Err(DiscoveryError::Forbidden(message)) => {
+            return Ok((Outcome::DiscoveryForbidden(message), None));
+        }
+        Err(DiscoveryError::Failed(message)) => {
+            return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
+        }
+    };
+    status.active_schema_source = Some(exports.source);
+    status.exported_apis = exports.apis;
+
+    // CONN-9: autoBind.
+    if connection.spec.auto_bind
+        && let Err(message) =
+            autobind::reconcile(&ctx.client, connection, &status.exported_apis).await
+    {
+        return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
+    }
+
+    // CONN-10: heartbeat; failures are only logged (HB-4).
+    let namespace = heartbeat::lease_namespace(provider.kubeconfig.namespace());
+    if let Err(e) = heartbeat::renew(
+        &provider.client,
+        namespace,
+        &name,
+        &status.local_cluster_uid,
+        ctx.settings.heartbeat_lease_duration,
+    )
+    .await
+    {
+        tracing::info!(connection = %name, error = %e, "heartbeat not renewed");
+    }
+
+    let server = provider.kubeconfig.server().to_owned();
+    Ok((
+        Outcome::Ready {
+            server,
+            exported: status.exported_apis.len(),
+        },
+        None,
+    ))
+}
+
+/// CONN-12, without QRK-1: any status change is written (optimistically locked on the
+/// resourceVersion the reconcile read), and each condition transition becomes an Event.
+async fn write_status(
+    state: &State,
+    connection: &Connection,
+    before: &ConnectionStatus,
+    status: ConnectionStatus,
+) -> Result<(), Error> {
+    if *before == status {
+        return Ok(());
+    }
+    let transitions = outcome::transitions(&before.conditions, &status.conditions);
+    let mut updated = connection.clone();
+    updated.status = Some(status);
+    Api::<Connection>::all(state.ctx.client.clone())
+        .replace_status(&connection.name_any(), &PostParams::default(), &updated)
+        .await
+        .map_err(Error::Consumer)?;
+    let reference = connection.object_ref(&());
+    for condition in transitions {
+        let event = Event {
+            type_: if outcome::is_healthy(&condition) {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            },
+            reason: condition.reason.clone(),
+            note: Some(truncate(
+                &format!(
+                    "{} is {}: {}",
+                    condition.type_, condition.status, condition.message
+                ),
+                1000,
+            )),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = state.recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %e, "cannot publish Event");
+        }
+    }
+    Ok(())
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+/// CDEL-1 … CDEL-5.
+async fn cleanup(connection: Arc<Connection>, state: &State) -> Result<Action, Error> {
+    let client = &state.ctx.client;
+    let name = connection.name_any();
+    if connection.spec.auto_bind {
+        autobind::delete(client, &name)
+            .await
+            .map_err(Error::Provider)?;
+    }
+
+    // CDEL-3: wait for every binding that references this Connection.
+    let references = |spec_name: &str| spec_name == name;
+    let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Consumer)?;
+    let bindings = Api::<Binding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Consumer)?;
+    let count = cluster_bindings
+        .items
+        .iter()
+        .filter(|b| references(&b.spec.connection_ref.name))
+        .count()
+        + bindings
+            .items
+            .iter()
+            .filter(|b| references(&b.spec.connection_ref.name))
+            .count();
+    if count > 0 {
+        let before = connection.status.clone().unwrap_or_default();
+        let mut status = before.clone();
+        let message =
+            format!("waiting for {count} binding(s) that reference this Connection to be deleted");
+        conditions::set(
+            &mut status.conditions,
+            Desired::new(types::READY, false, reasons::DRAINING_BINDINGS, message),
+            connection.meta().generation,
+            &Time(jiff::Timestamp::now()),
+        );
+        state
+            .ctx
+            .metrics
+            .connection_ready
+            .with_label_values(&[&name])
+            .set(0.0);
+        write_status(state, &connection, &before, status).await?;
+        return Err(Error::Draining(count));
+    }
+
+    // CDEL-4: release the Secret unless another live Connection still uses it.
+    let reference = &connection.spec.kubeconfig_secret_ref;
+    let others = Api::<Connection>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Consumer)?;
+    let shared = others.items.iter().any(|other| {
+        other.name_any() != name
+            && other.meta().deletion_timestamp.is_none()
+            && other.spec.kubeconfig_secret_ref.namespace == reference.namespace
+            && other.spec.kubeconfig_secret_ref.name == reference.name
+    });
+    if !shared {
+        remove_secret_finalizer(state, &connection).await?;
+    }
+    state.secrets.untrack(&name);
+    state.providers.forget(&name);
+    let _ = state
+        .ctx
+        .metrics
+        .connection_ready
+        .remove_label_values(&[&name]);
+    let _ = state
+        .ctx
+        .metrics
+        .connection_exported_apis
+        .remove_label_values(&[&name]);
+    // CDEL-5: the finalizer helper removes the Connection's own finalizer.
+    Ok(Action::await_change())
+}
+
+async fn remove_secret_finalizer(state: &State, connection: &Connection) -> Result<(), Error> {
+    let reference = &connection.spec.kubeconfig_secret_ref;
+    let secrets: Api<Secret> = Api::namespaced(state.ctx.client.clone(), &reference.namespace);
+    let Some(secret) = secrets
+        .get_opt(&reference.name)
+        .await
+        .map_err(Error::Consumer)?
+    else {
+        return Ok(());
+    };
+    if !secret
+        .finalizers()
+        .iter()
+        .any(|f| f == keys::CLEANUP_FINALIZER)
+    {
+        return Ok(());
+    }
+    let finalizers: Vec<&String> = secret
+        .finalizers()
+        .iter()
+        .filter(|f| *f != keys::CLEANUP_FINALIZER)
+        .collect();
+    let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": secret.resource_version() } });
+    secrets
+        .patch(
+            &reference.name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(Error::Consumer)?;
+    Ok(())
+}

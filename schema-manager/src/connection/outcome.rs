@@ -1,0 +1,345 @@
+//! What one Connection reconcile found, and the conditions that says (CONN-3 … CONN-11). Pure:
+//! the reconciler gathers an [`Outcome`], this module turns it into conditions.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kbind_shared::conditions::{self, Desired, Status, reasons, types};
+
+/// The result of connecting to the provider, from the first failing step to full success.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// CONN-3: the Secret is missing or its kubeconfig unusable.
+    SecretInvalid(String),
+    /// CONN-4: RBAC denied the provider identity read.
+    IdentityForbidden(String),
+    /// CONN-4: the provider did not answer (unreachable, TLS, 401, no identity source).
+    Unreachable(String),
+    /// CONN-6: the provider is another cluster than the pinned one.
+    IdentityChanged {
+        /// The UID the provider reports now.
+        current: String,
+        /// The pinned UID.
+        pinned: String,
+    },
+    /// CONN-7: RBAC denied discovery.
+    DiscoveryForbidden(String),
+    /// CONN-7: discovery failed otherwise.
+    DiscoveryFailed(String),
+    /// CONN-11: connected, discovered.
+    Ready {
+        /// The provider server.
+        server: String,
+        /// How many APIs it exports.
+        exported: usize,
+    },
+}
+
+/// Sets the conditions `outcome` implies. Conditions of steps the reconcile did not reach keep
+/// their last value, as in the reference. Returns whether anything changed.
+pub fn apply(
+    conditions: &mut Vec<Condition>,
+    outcome: &Outcome,
+    generation: Option<i64>,
+    now: &Time,
+) -> bool {
+    let mut set = |desired: Desired<'_>| conditions::set(conditions, desired, generation, now);
+    let mut changed = false;
+    let secret_ok = Desired::new(types::SECRET_VALID, true, reasons::AS_EXPECTED, "");
+    match outcome {
+        Outcome::SecretInvalid(message) => {
+            changed |= set(Desired::new(
+                types::SECRET_VALID,
+                false,
+                reasons::SECRET_NOT_FOUND,
+                message.clone(),
+            ));
+            changed |= set(Desired::new(
+                types::READY,
+                false,
+                reasons::SECRET_NOT_FOUND,
+                message.clone(),
+            ));
+        }
+        Outcome::IdentityForbidden(message) => {
+            changed |= set(secret_ok);
+            // Unlike the reference (QRK-16), Connected follows too: the provider was not verified.
+            changed |= set(Desired::new(
+                types::CONNECTED,
+                false,
+                reasons::FORBIDDEN,
+                message.clone(),
+            ));
+            changed |= set(Desired::new(
+                types::PERMISSION_DENIED,
+                true,
+                reasons::FORBIDDEN,
+                message.clone(),
+            ));
+            changed |= set(Desired::new(
+                types::READY,
+                false,
+                reasons::FORBIDDEN,
+                message.clone(),
+            ));
+        }
+        Outcome::Unreachable(message) => {
+            changed |= set(secret_ok);
+            changed |= set(Desired::new(
+                types::CONNECTED,
+                false,
+                reasons::PENDING,
+                message.clone(),
+            ));
+            changed |= set(Desired::new(
+                types::READY,
+                false,
+                reasons::PENDING,
+                message.clone(),
+            ));
+        }
+        Outcome::IdentityChanged { current, pinned } => {
+            let message = format!(
+                "the provider's cluster identity is {current}, but this Connection is pinned to {pinned}; \
+                 use a new Connection for a different provider"
+            );
+            changed |= set(secret_ok);
+            changed |= set(Desired::new(
+                types::CONNECTED,
+                false,
+                reasons::CLUSTER_IDENTITY_CHANGED,
+                message.clone(),
+            ));
+            changed |= set(Desired::new(
+                types::READY,
+                false,
+                reasons::CLUSTER_IDENTITY_CHANGED,
+                message,
+            ));
+        }
+        Outcome::DiscoveryForbidden(message) => {
+            changed |= set(secret_ok);
+            changed |= set(Desired::new(
+                types::CONNECTED,
+                true,
+                reasons::AS_EXPECTED,
+                "",
+            ));
+            changed |= set(Desired::new(
+                types::PERMISSION_DENIED,
+                true,
+                reasons::FORBIDDEN,
+                message.clone(),
+            ));
+            changed |= set(Desired::new(
+                types::READY,
+                false,
+                reasons::FORBIDDEN,
+                message.clone(),
+            ));
+        }
+        Outcome::DiscoveryFailed(message) => {
+            changed |= set(secret_ok);
+            changed |= set(Desired::new(
+                types::CONNECTED,
+                true,
+                reasons::AS_EXPECTED,
+                "",
+            ));
+            changed |= set(Desired::new(
+                types::READY,
+                false,
+                reasons::PENDING,
+                message.clone(),
+            ));
+        }
+        Outcome::Ready { server, exported } => {
+            changed |= set(secret_ok);
+            changed |= set(Desired::new(
+                types::CONNECTED,
+                true,
+                reasons::AS_EXPECTED,
+                "",
+            ));
+            changed |= set(Desired::new(
+                types::PERMISSION_DENIED,
+                false,
+                reasons::AS_EXPECTED,
+                "",
+            ));
+            changed |= set(Desired::new(
+                types::READY,
+                true,
+                reasons::AS_EXPECTED,
+                format!("connected to {server}; {exported} exported API(s)"),
+            ));
+        }
+    }
+    changed
+}
+
+/// A condition that changed status (or appeared) between `before` and `after`: what an Event
+/// reports. Returns (type, new status, reason, message).
+pub fn transitions(before: &[Condition], after: &[Condition]) -> Vec<Condition> {
+    after
+        .iter()
+        .filter(|c| {
+            conditions::find(before, &c.type_)
+                .is_none_or(|old| old.status != c.status || old.reason != c.reason)
+        })
+        .cloned()
+        .collect()
+}
+
+/// Whether a condition in this state is good news (a Normal Event) rather than a Warning.
+pub fn is_healthy(condition: &Condition) -> bool {
+    let healthy_when = if condition.type_ == types::PERMISSION_DENIED {
+        Status::False
+    } else {
+        Status::True
+    };
+    condition.status == healthy_when.as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Time {
+        Time(jiff::Timestamp::from_second(100).unwrap())
+    }
+
+    fn state(conditions: &[Condition], type_: &str) -> (String, String) {
+        let c = conditions::find(conditions, type_).unwrap_or_else(|| panic!("{type_} missing"));
+        (c.status.clone(), c.reason.clone())
+    }
+
+    fn s(a: &str, b: &str) -> (String, String) {
+        (a.to_owned(), b.to_owned())
+    }
+
+    #[test]
+    fn bad_secret_sets_secret_valid_and_ready_false() {
+        // CONN-3
+        let mut conds = Vec::new();
+        apply(
+            &mut conds,
+            &Outcome::SecretInvalid("Secret kbind/p not found".into()),
+            Some(1),
+            &now(),
+        );
+        assert_eq!(state(&conds, "SecretValid"), s("False", "SecretNotFound"));
+        assert_eq!(state(&conds, "Ready"), s("False", "SecretNotFound"));
+        assert_eq!(
+            conditions::find(&conds, "Ready").unwrap().message,
+            "Secret kbind/p not found"
+        );
+        // CONN-14: the order conditions are first set in.
+        apply(
+            &mut conds,
+            &Outcome::Ready {
+                server: "s".into(),
+                exported: 1,
+            },
+            Some(1),
+            &now(),
+        );
+        let order: Vec<&str> = conds.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(
+            order,
+            ["SecretValid", "Ready", "Connected", "PermissionDenied"]
+        );
+    }
+
+    #[test]
+    fn forbidden_identity_denies_permission_and_disconnects() {
+        // CONN-4, improving on QRK-16
+        let mut conds = Vec::new();
+        apply(
+            &mut conds,
+            &Outcome::IdentityForbidden("denied".into()),
+            Some(1),
+            &now(),
+        );
+        assert_eq!(state(&conds, "PermissionDenied"), s("True", "Forbidden"));
+        assert_eq!(state(&conds, "Connected"), s("False", "Forbidden"));
+        assert_eq!(state(&conds, "Ready"), s("False", "Forbidden"));
+        assert_eq!(state(&conds, "SecretValid"), s("True", "AsExpected"));
+    }
+
+    #[test]
+    fn identity_change_names_both_uids() {
+        // CONN-6
+        let mut conds = Vec::new();
+        apply(
+            &mut conds,
+            &Outcome::IdentityChanged {
+                current: "new-uid".into(),
+                pinned: "old-uid".into(),
+            },
+            Some(1),
+            &now(),
+        );
+        assert_eq!(
+            state(&conds, "Connected"),
+            s("False", "ClusterIdentityChanged")
+        );
+        let message = &conditions::find(&conds, "Ready").unwrap().message;
+        assert!(
+            message.contains("new-uid") && message.contains("old-uid"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn ready_clears_permission_denied() {
+        let mut conds = Vec::new();
+        apply(
+            &mut conds,
+            &Outcome::DiscoveryForbidden("no list".into()),
+            Some(1),
+            &now(),
+        );
+        assert_eq!(state(&conds, "PermissionDenied"), s("True", "Forbidden"));
+        assert_eq!(state(&conds, "Connected"), s("True", "AsExpected"));
+        apply(
+            &mut conds,
+            &Outcome::Ready {
+                server: "https://p".into(),
+                exported: 2,
+            },
+            Some(2),
+            &now(),
+        );
+        assert_eq!(state(&conds, "PermissionDenied"), s("False", "AsExpected"));
+        assert_eq!(state(&conds, "Ready"), s("True", "AsExpected"));
+        assert!(conds.iter().all(|c| c.observed_generation == Some(2)));
+    }
+
+    #[test]
+    fn unchanged_outcome_changes_nothing_and_transitions_are_reported_once() {
+        let mut conds = Vec::new();
+        let outcome = Outcome::Ready {
+            server: "s".into(),
+            exported: 1,
+        };
+        assert!(apply(&mut conds, &outcome, Some(1), &now()));
+        let before = conds.clone();
+        assert!(!apply(&mut conds, &outcome, Some(1), &now()));
+        assert!(transitions(&before, &conds).is_empty());
+
+        apply(
+            &mut conds,
+            &Outcome::Unreachable("refused".into()),
+            Some(1),
+            &now(),
+        );
+        let changed: Vec<String> = transitions(&before, &conds)
+            .iter()
+            .map(|c| c.type_.clone())
+            .collect();
+        assert_eq!(changed, ["Connected", "Ready"]);
+        assert!(!is_healthy(conditions::find(&conds, "Ready").unwrap()));
+        assert!(is_healthy(
+            conditions::find(&conds, "PermissionDenied").unwrap()
+        ));
+    }
+}

@@ -1,0 +1,107 @@
+//! Watching only the Secrets that Connections reference (improving on QRK-7, which watched every
+//! Secret): one name-scoped watch per referenced Secret, feeding the Connection controller.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::core::v1::Secret;
+use kbind_shared::api::Connection;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+
+struct Watch {
+    connections: BTreeSet<String>,
+    task: JoinHandle<()>,
+}
+
+/// The set of watched Secrets and which Connections each one triggers.
+pub struct SecretWatches {
+    client: Client,
+    trigger: UnboundedSender<ObjectRef<Connection>>,
+    watches: std::sync::Arc<Mutex<HashMap<(String, String), Watch>>>,
+}
+
+impl SecretWatches {
+    /// Watches send the Connections to reconcile into `trigger`.
+    pub fn new(client: Client, trigger: UnboundedSender<ObjectRef<Connection>>) -> Self {
+        Self {
+            client,
+            trigger,
+            watches: Default::default(),
+        }
+    }
+
+    /// Makes sure the Secret `namespace/name` is watched for `connection`.
+    pub fn track(&self, connection: &str, namespace: &str, name: &str) {
+        let mut watches = self.watches.lock().expect("not poisoned");
+        let key = (namespace.to_owned(), name.to_owned());
+        if let Some(watch) = watches.get_mut(&key) {
+            watch.connections.insert(connection.to_owned());
+            return;
+        }
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let trigger = self.trigger.clone();
+        let registry = self.watches.clone();
+        let watched = key.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, config).boxed();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(
+                        watcher::Event::Apply(_)
+                        | watcher::Event::Delete(_)
+                        | watcher::Event::InitDone,
+                    ) => {
+                        let connections = registry
+                            .lock()
+                            .expect("not poisoned")
+                            .get(&watched)
+                            .map(|w| w.connections.clone())
+                            .unwrap_or_default();
+                        for connection in connections {
+                            let _ = trigger.unbounded_send(ObjectRef::new(&connection));
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, secret = %watched.1, "Secret watch error; retrying")
+                    }
+                }
+            }
+        });
+        watches.insert(
+            key,
+            Watch {
+                connections: [connection.to_owned()].into(),
+                task,
+            },
+        );
+    }
+
+    /// Stops watching for `connection`; a Secret no Connection references is no longer watched.
+    pub fn untrack(&self, connection: &str) {
+        let mut watches = self.watches.lock().expect("not poisoned");
+        watches.retain(|_, watch| {
+            watch.connections.remove(connection);
+            if watch.connections.is_empty() {
+                watch.task.abort();
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+impl Drop for SecretWatches {
+    fn drop(&mut self) {
+        for watch in self.watches.lock().expect("not poisoned").values() {
+            watch.task.abort();
+        }
+    }
+}

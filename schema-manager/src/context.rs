@@ -1,0 +1,52 @@
+//! What every reconciler of the schema manager shares.
+
+use std::time::Duration;
+
+use kbind_shared::identity::{IdentityError, cluster_identity};
+use kbind_shared::metrics::Metrics;
+use kube::Client;
+use kube::runtime::events::Reporter;
+use tokio::sync::OnceCell;
+
+/// Periods from the flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Connection re-discovery and heartbeat period.
+    pub discovery_interval: Duration,
+    /// `leaseDurationSeconds` of the provider heartbeat Lease.
+    pub heartbeat_lease_duration: Duration,
+}
+
+/// Shared by the reconcilers.
+pub struct Context {
+    /// The consumer cluster.
+    pub client: Client,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Event reporter.
+    pub reporter: Reporter,
+    /// Periods.
+    pub settings: Settings,
+    local_uid: OnceCell<String>,
+}
+
+impl Context {
+    /// A context for the reconcilers.
+    pub fn new(client: Client, metrics: Metrics, reporter: Reporter, settings: Settings) -> Self {
+        Self {
+            client,
+            metrics,
+            reporter,
+            settings,
+            local_uid: OnceCell::new(),
+        }
+    }
+
+    /// The consumer's identity (ID-1), read once: a cluster does not change identity.
+    pub async fn local_identity(&self) -> Result<String, IdentityError> {
+        self.local_uid
+            .get_or_try_init(|| cluster_identity(&self.client))
+            .await
+            .cloned()
+    }
+}

@@ -1,0 +1,284 @@
+//! Discovery of the APIs a provider exports (REFERENCE-BEHAVIOUR §6, DISC-1 … DISC-6).
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_shared::api::{ActiveSchemaSource, ApiScope, ExportedApi, SchemaSource};
+use kbind_shared::keys;
+use kube::api::ListParams;
+use kube::core::Version;
+use kube::discovery::Scope;
+use kube::{Api, Client, Discovery};
+
+/// What discovery found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exports {
+    /// The source actually used (what `Auto` resolved to).
+    pub source: ActiveSchemaSource,
+    /// Exported APIs, sorted by name.
+    pub apis: Vec<ExportedApi>,
+}
+
+/// Why discovery failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// RBAC denied what discovery needs.
+    #[error("{0}")]
+    Forbidden(String),
+    /// Anything else.
+    #[error("{0}")]
+    Failed(String),
+}
+
+fn classify(what: &str, e: kube::Error) -> DiscoveryError {
+    match e {
+        kube::Error::Api(s) if s.is_forbidden() => {
+            DiscoveryError::Forbidden(format!("{what} was denied by RBAC: {}", s.message))
+        }
+        e => DiscoveryError::Failed(format!("{what} failed: {e}")),
+    }
+}
+
+/// DISC-1: the exported API of each labelled CRD; CRDs without a served version are skipped.
+pub fn exports_from_crds(crds: &[CustomResourceDefinition]) -> Vec<ExportedApi> {
+    let mut apis: Vec<ExportedApi> = crds
+        .iter()
+        .filter(|crd| {
+            crd.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(keys::EXPORTED_LABEL))
+                .is_some_and(|v| v == keys::TRUE)
+        })
+        .filter_map(|crd| {
+            let versions: Vec<String> = crd
+                .spec
+                .versions
+                .iter()
+                .filter(|v| v.served)
+                .map(|v| v.name.clone())
+                .collect();
+            (!versions.is_empty()).then(|| ExportedApi {
+                name: crd.metadata.name.clone().unwrap_or_default(),
+                group: crd.spec.group.clone(),
+                resource: crd.spec.names.plural.clone(),
+                scope: if crd.spec.scope == "Cluster" {
+                    ApiScope::Cluster
+                } else {
+                    ApiScope::Namespaced
+                },
+                versions,
+            })
+        })
+        .collect();
+    apis.sort_by(|a, b| a.name.cmp(&b.name));
+    apis
+}
+
+/// OAPI-3: groups that are Kubernetes' own and never exported through OpenAPI discovery.
+pub fn is_builtin_group(group: &str) -> bool {
+    matches!(
+        group,
+        "" | "apps" | "batch" | "extensions" | "policy" | "autoscaling" | "networking.k8s.io"
+    ) || group.ends_with(".k8s.io")
+}
+
+/// Orders versions by Kubernetes version priority, highest first (`v2 > v1 > v1beta1 > v1alpha1`).
+pub fn sort_by_priority(versions: &mut [String]) {
+    versions.sort_by_key(|v| std::cmp::Reverse(Version::parse(v).priority()));
+}
+
+async fn list_exported_crds(provider: &Client) -> Result<Vec<ExportedApi>, DiscoveryError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(provider.clone());
+    let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
+    let list = crds
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| classify("listing the provider's CustomResourceDefinitions", e))?;
+    Ok(exports_from_crds(&list.items))
+}
+
+/// DISC-4: every non-built-in API the provider's discovery shows.
+async fn discover_openapi_candidates(
+    provider: &Client,
+) -> Result<Vec<ExportedApi>, DiscoveryError> {
+    let discovery = Discovery::new(provider.clone())
+        .run()
+        .await
+        .map_err(|e| classify("provider API discovery", e))?;
+    let mut apis: Vec<ExportedApi> = Vec::new();
+    for group in discovery.groups().filter(|g| !is_builtin_group(g.name())) {
+        for version in group.versions() {
+            for (resource, capabilities) in group.versioned_resources(version) {
+                let name = format!("{}.{}", resource.plural, resource.group);
+                match apis.iter_mut().find(|a| a.name == name) {
+                    Some(api) => api.versions.push(version.to_owned()),
+                    None => apis.push(ExportedApi {
+                        name,
+                        group: resource.group.clone(),
+                        resource: resource.plural.clone(),
+                        scope: if capabilities.scope == Scope::Cluster {
+                            ApiScope::Cluster
+                        } else {
+                            ApiScope::Namespaced
+                        },
+                        versions: vec![version.to_owned()],
+                    }),
+                }
+            }
+        }
+    }
+    for api in &mut apis {
+        sort_by_priority(&mut api.versions);
+    }
+    apis.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(apis)
+}
+
+/// DISC-2/3/4: the exported APIs under the Connection's schema source.
+pub async fn discover(provider: &Client, source: SchemaSource) -> Result<Exports, DiscoveryError> {
+    match source {
+        SchemaSource::Crd => Ok(Exports {
+            source: ActiveSchemaSource::Crd,
+            apis: list_exported_crds(provider).await?,
+        }),
+        SchemaSource::OpenApi => Ok(Exports {
+            source: ActiveSchemaSource::OpenApi,
+            apis: discover_openapi_candidates(provider).await?,
+        }),
+        SchemaSource::Auto => {
+            // A failed list is an error, not a fall-through (DISC-2).
+            let apis = list_exported_crds(provider).await?;
+            if apis.is_empty() {
+                Ok(Exports {
+                    source: ActiveSchemaSource::OpenApi,
+                    apis: discover_openapi_candidates(provider).await?,
+                })
+            } else {
+                Ok(Exports {
+                    source: ActiveSchemaSource::Crd,
+                    apis,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
+        CustomResourceDefinitionVersion,
+    };
+
+    fn crd(
+        name: &str,
+        label: Option<&str>,
+        scope: &str,
+        versions: &[(&str, bool)],
+    ) -> CustomResourceDefinition {
+        let (plural, group) = name.split_once('.').unwrap();
+        let mut crd = CustomResourceDefinition {
+            spec: CustomResourceDefinitionSpec {
+                group: group.into(),
+                names: CustomResourceDefinitionNames {
+                    plural: plural.into(),
+                    kind: "K".into(),
+                    ..Default::default()
+                },
+                scope: scope.into(),
+                versions: versions
+                    .iter()
+                    .map(|(v, served)| CustomResourceDefinitionVersion {
+                        name: (*v).into(),
+                        served: *served,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        crd.metadata.name = Some(name.into());
+        if let Some(value) = label {
+            crd.metadata.labels =
+                Some([(keys::EXPORTED_LABEL.to_owned(), value.to_owned())].into());
+        }
+        crd
+    }
+
+    #[test]
+    fn only_exactly_true_labelled_crds_with_served_versions_are_exported() {
+        // DISC-1, KEY-1
+        let crds = [
+            crd(
+                "widgets.example.org",
+                Some("true"),
+                "Namespaced",
+                &[("v1", true), ("v1beta1", false), ("v2", true)],
+            ),
+            crd(
+                "gadgets.example.org",
+                Some("True"),
+                "Namespaced",
+                &[("v1", true)],
+            ),
+            crd(
+                "dials.example.org",
+                Some("yes"),
+                "Namespaced",
+                &[("v1", true)],
+            ),
+            crd(
+                "hidden.example.org",
+                Some("true"),
+                "Namespaced",
+                &[("v1", false)],
+            ),
+            crd(
+                "clusters.example.org",
+                Some("true"),
+                "Cluster",
+                &[("v1alpha1", true)],
+            ),
+            crd("plain.example.org", None, "Namespaced", &[("v1", true)]),
+        ];
+        let exports = exports_from_crds(&crds);
+        let names: Vec<&str> = exports.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["clusters.example.org", "widgets.example.org"]);
+        assert_eq!(exports[0].scope, ApiScope::Cluster);
+        assert_eq!(exports[1].versions, ["v1", "v2"]);
+        assert_eq!(
+            (exports[1].group.as_str(), exports[1].resource.as_str()),
+            ("example.org", "widgets")
+        );
+    }
+
+    #[test]
+    fn builtin_groups_are_never_candidates() {
+        for group in [
+            "",
+            "apps",
+            "batch",
+            "extensions",
+            "policy",
+            "autoscaling",
+            "networking.k8s.io",
+            "rbac.authorization.k8s.io",
+            "apiextensions.k8s.io",
+        ] {
+            assert!(is_builtin_group(group), "{group}");
+        }
+        for group in ["example.org", "core.kcp.io", "k8s.io.example.org"] {
+            assert!(!is_builtin_group(group), "{group}");
+        }
+    }
+
+    #[test]
+    fn versions_sort_by_kubernetes_priority() {
+        let mut versions: Vec<String> = ["v1alpha1", "v1", "v1beta1", "v2"]
+            .map(String::from)
+            .to_vec();
+        sort_by_priority(&mut versions);
+        assert_eq!(versions, ["v2", "v1", "v1beta1", "v1alpha1"]);
+    }
+}

@@ -1,0 +1,130 @@
+//! Leader election with the `kube-leader-election` crate: only the leader reconciles. A standby
+//! is ready but idle. A leader that cannot renew its Lease in time, or sees it taken, stops all
+//! reconciling at once; on shutdown it finishes in-flight work and releases the Lease.
+
+use std::future::Future;
+use std::time::Duration;
+
+use kbind_shared::metrics::Metrics;
+use kube::Client;
+use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// How this process takes part in leader election.
+pub struct Election {
+    /// Lease namespace.
+    pub namespace: String,
+    /// Lease name.
+    pub lease_name: String,
+    /// This process's identity in the Lease.
+    pub holder: String,
+    /// How long a silent leader keeps the Lease.
+    pub lease_duration: Duration,
+}
+
+impl Election {
+    /// Renew well within the Lease duration, so that a leader never outlives its Lease.
+    fn renew_every(&self) -> Duration {
+        self.lease_duration / 5
+    }
+
+    /// A leader that has not renewed for this long steps down before anyone else may take over.
+    fn give_up_after(&self) -> Duration {
+        self.lease_duration * 3 / 5
+    }
+}
+
+struct Term {
+    token: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Term {
+    /// Stops the work immediately: no write is started after this.
+    fn abort(self) {
+        self.token.cancel();
+        self.task.abort();
+    }
+}
+
+/// Runs `lead` whenever this process holds the Lease, until `shutdown`. `lead` gets a token that
+/// is cancelled when leadership ends gracefully (shutdown); on lost leadership its task is aborted.
+pub async fn run<F, Fut>(
+    client: Client,
+    election: Election,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+    lead: F,
+) where
+    F: Fn(CancellationToken) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let lock = LeaseLock::new(
+        client,
+        &election.namespace,
+        LeaseLockParams {
+            lease_name: election.lease_name.clone(),
+            holder_id: election.holder.clone(),
+            lease_ttl: election.lease_duration,
+        },
+    );
+    let mut term: Option<Term> = None;
+    let mut last_renewed = Instant::now();
+    loop {
+        match lock.try_acquire_or_renew().await {
+            Ok(LeaseLockResult::Acquired(_)) => {
+                last_renewed = Instant::now();
+                if term.is_none() {
+                    tracing::info!(lease = %election.lease_name, holder = %election.holder, "became leader");
+                    metrics.leader.set(1.0);
+                    let token = shutdown.child_token();
+                    let task = tokio::spawn(lead(token.clone()));
+                    term = Some(Term { token, task });
+                }
+            }
+            Ok(LeaseLockResult::NotAcquired(lease)) => {
+                if let Some(t) = term.take() {
+                    tracing::warn!(lease = %election.lease_name, "lost the leader Lease; stopped reconciling");
+                    t.abort();
+                    metrics.leader.set(0.0);
+                }
+                let holder = lease
+                    .spec
+                    .and_then(|s| s.holder_identity)
+                    .unwrap_or_default();
+                tracing::debug!(%holder, "standing by");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, lease = %election.lease_name, "cannot renew the leader Lease");
+                if term.is_some() && last_renewed.elapsed() >= election.give_up_after() {
+                    tracing::warn!("leader Lease not renewed in time; stopped reconciling");
+                    if let Some(t) = term.take() {
+                        t.abort();
+                    }
+                    metrics.leader.set(0.0);
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(election.renew_every()) => {}
+        }
+    }
+    if let Some(t) = term.take() {
+        // Graceful: the work saw the cancelled token; let in-flight writes finish.
+        if tokio::time::timeout(Duration::from_secs(8), t.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("reconcilers did not stop within 8 s");
+        }
+        metrics.leader.set(0.0);
+        if let Err(e) = lock.step_down().await {
+            tracing::warn!(error = %e, "cannot release the leader Lease");
+        } else {
+            tracing::info!(lease = %election.lease_name, "released the leader Lease");
+        }
+    }
+}

@@ -17,6 +17,7 @@
 pub mod cluster;
 pub mod controlplane;
 pub mod env;
+pub mod fixtures;
 pub mod kbind;
 pub mod process;
 pub mod wait;

@@ -1,0 +1,235 @@
+//! Objects and steps e2e tests share: provider CRDs, kubeconfig Secrets, Connections, and
+//! running the schema manager with test-speed intervals.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_shared::api::{
+    Connection, ConnectionSpec, KubeconfigSecretRef, SchemaPolicy, SchemaSource,
+};
+use kbind_shared::conditions;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use crate::cluster::{ensure_namespace, free_port};
+use crate::env::TestEnv;
+use crate::kbind::{http_get, wait_established};
+use crate::wait::eventually;
+
+/// Namespace of the kubeconfig Secrets tests create on the consumer.
+pub const SECRET_NAMESPACE: &str = "kbind";
+
+/// A namespaced CRD `<plural>.<group>` with a status subresource and an open schema.
+pub fn crd(
+    plural: &str,
+    group: &str,
+    kind: &str,
+    labels: &[(&str, &str)],
+) -> CustomResourceDefinition {
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("{plural}.{group}"),
+            "labels": labels.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        },
+        "spec": {
+            "group": group,
+            "names": { "plural": plural, "singular": kind.to_lowercase(), "kind": kind, "listKind": format!("{kind}List") },
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1",
+                "served": true,
+                "storage": true,
+                "subresources": { "status": {} },
+                "schema": { "openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                    },
+                }},
+            }],
+        },
+    });
+    serde_json::from_value(crd).expect("a valid CRD")
+}
+
+/// Applies a CRD and waits until it is Established.
+pub async fn install_crd(client: &Client, crd: &CustomResourceDefinition) -> Result<(), String> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &PatchParams::apply("kbind-e2e").force(),
+        &Patch::Apply(crd),
+    )
+    .await
+    .map_err(|e| format!("apply CRD {name}: {e}"))?;
+    wait_established(&api, &name).await
+}
+
+/// Sets (or removes, with `None`) a label on a CRD.
+pub async fn label_crd(
+    client: &Client,
+    name: &str,
+    key: &str,
+    value: Option<&str>,
+) -> Result<(), String> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let patch = json!({ "metadata": { "labels": { key: value } } });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+        .map_err(|e| format!("label CRD {name}: {e}"))
+}
+
+/// Creates or replaces the Secret `kbind/<name>` with `data` under `key`.
+pub async fn put_secret(client: &Client, name: &str, key: &str, data: &[u8]) -> Result<(), String> {
+    ensure_namespace(client, SECRET_NAMESPACE).await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), SECRET_NAMESPACE);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            key.to_owned(),
+            ByteString(data.to_vec()),
+        )])),
+        ..Default::default()
+    };
+    secrets
+        .patch(
+            name,
+            &PatchParams::apply("kbind-e2e").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map(drop)
+        .map_err(|e| format!("apply Secret {SECRET_NAMESPACE}/{name}: {e}"))
+}
+
+/// A Connection to the kubeconfig in Secret `kbind/<secret>`.
+pub fn connection(name: &str, secret: &str, source: SchemaSource) -> Connection {
+    Connection::new(
+        name,
+        ConnectionSpec {
+            kubeconfig_secret_ref: KubeconfigSecretRef {
+                namespace: SECRET_NAMESPACE.into(),
+                name: secret.into(),
+                key: "kubeconfig".into(),
+            },
+            schema: SchemaPolicy {
+                source,
+                ..Default::default()
+            },
+            auto_bind: false,
+        },
+    )
+}
+
+/// Creates a Connection.
+pub async fn create_connection(client: &Client, connection: &Connection) -> Result<(), String> {
+    Api::<Connection>::all(client.clone())
+        .create(&PostParams::default(), connection)
+        .await
+        .map(drop)
+        .map_err(|e| format!("create Connection: {e}"))
+}
+
+/// Waits until the Connection's condition `type_` has `status` (and `reason`, if given), and
+/// returns the Connection.
+pub async fn wait_condition(
+    client: &Client,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> Result<Connection, String> {
+    let api: Api<Connection> = Api::all(client.clone());
+    eventually(
+        &format!(
+            "Connection {name} {type_}={status} {}",
+            reason.unwrap_or("")
+        ),
+        Duration::from_secs(30),
+        || async {
+            let connection = api.get(name).await.map_err(|e| e.to_string())?;
+            let conds = connection
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default();
+            let Some(c) = conditions::find(&conds, type_) else {
+                return Err(format!("no {type_} condition yet"));
+            };
+            if c.status == status && reason.is_none_or(|r| c.reason == r) {
+                Ok(Some(connection))
+            } else {
+                Err(format!(
+                    "{type_} is {} ({}): {}",
+                    c.status, c.reason, c.message
+                ))
+            }
+        },
+    )
+    .await
+}
+
+/// A running schema manager: its process index and endpoints.
+pub struct SchemaManager {
+    /// Index for [`TestEnv::process`].
+    pub index: usize,
+    /// `127.0.0.1:<port>` of `/metrics`.
+    pub metrics: String,
+    /// `127.0.0.1:<port>` of `/healthz` and `/readyz`.
+    pub probes: String,
+}
+
+impl SchemaManager {
+    /// The current `/metrics` text.
+    pub async fn metrics(&self) -> Result<String, String> {
+        http_get(&self.metrics, "/metrics")
+            .await
+            .map(|(_, body)| body)
+    }
+}
+
+/// kbind's own namespace in tests (`--namespace`).
+pub const KBIND_NAMESPACE: &str = "kbind-system";
+
+/// Starts `kbind-schema-manager` against `cluster` with 1 s intervals. `extra` adds flags.
+pub async fn start_schema_manager(
+    env: &mut TestEnv,
+    cluster: &str,
+    name: &str,
+    extra: &[&str],
+) -> Result<SchemaManager, String> {
+    ensure_namespace(&env.cluster(cluster).admin_client().await?, KBIND_NAMESPACE).await?;
+    let kubeconfig = env.cluster(cluster).admin_kubeconfig_path();
+    let (metrics, probes) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--metrics-bind-address={metrics}"),
+        format!("--health-probe-bind-address={probes}"),
+        format!("--namespace={KBIND_NAMESPACE}"),
+        "--discovery-interval=1s".to_owned(),
+        "--binding-resync-interval=1s".to_owned(),
+        "--log-level=info,kbind_schema_manager=debug".to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let index = env.start_kbind("kbind-schema-manager", name, &args, &[("POD_NAME", name)])?;
+    Ok(SchemaManager {
+        index,
+        metrics,
+        probes,
+    })
+}

@@ -1,0 +1,803 @@
+//! The Connection lifecycle on two real clusters, with `kbind-schema-manager` as a real process
+//! (REFERENCE-BEHAVIOUR §4 CONN, §5 ID, §6 DISC, §8 CDEL, §11 HB).
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use kbind_e2e::cluster::{User, ensure_namespace};
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::install_crds;
+use kbind_e2e::{TestEnv, eventually};
+use kbind_shared::api::{
+    ActiveSchemaSource, Binding, BindingSpec, Connection, ConnectionRef, SchemaSource,
+};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+/// A consumer with kbind's CRDs and a running schema manager, and a provider.
+struct Setup {
+    env: TestEnv,
+    consumer: Client,
+    provider: Client,
+    manager: SchemaManager,
+}
+
+async fn setup(test: &str, extra_clusters: &[&str]) -> Setup {
+    let mut names = vec!["consumer", "provider"];
+    names.extend_from_slice(extra_clusters);
+    let mut env = TestEnv::start(test, &names).await.expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    let manager = start_schema_manager(
+        &mut env,
+        "consumer",
+        "schema-manager",
+        &["--leader-elect=false"],
+    )
+    .await
+    .unwrap();
+    Setup {
+        env,
+        consumer,
+        provider,
+        manager,
+    }
+}
+
+fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(resources.iter().map(|r| (*r).into()).collect()),
+        verbs: verbs.iter().map(|v| (*v).into()).collect(),
+        ..Default::default()
+    }
+}
+
+/// What a provider credential needs for the Connection: identity, CRD discovery, heartbeat.
+fn connection_rules() -> Vec<PolicyRule> {
+    vec![
+        rule("core.kcp.io", &["logicalclusters"], &["get"]),
+        rule("", &["namespaces"], &["get", "create"]),
+        rule(
+            "apiextensions.k8s.io",
+            &["customresourcedefinitions"],
+            &["get", "list", "watch"],
+        ),
+        rule(
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "create", "update", "patch"],
+        ),
+    ]
+}
+
+async fn granted_user(env: &TestEnv, name: &str) -> User {
+    let provider = env.cluster("provider");
+    let user = provider.mint_user(name).await.unwrap();
+    provider
+        .grant(&user, name, connection_rules())
+        .await
+        .unwrap();
+    user
+}
+
+async fn uid_of_kube_system(client: &Client) -> String {
+    Api::<Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap()
+}
+
+#[tokio::test]
+async fn connection_before_its_secret_becomes_ready_and_pins_both_identities() {
+    // GEN-5, CONN-2, CONN-3, CONN-6, ID-1
+    let s = setup("conn_before_secret", &[]).await;
+    create_connection(
+        &s.consumer,
+        &connection("provider", "provider-kubeconfig", SchemaSource::Auto),
+    )
+    .await
+    .unwrap();
+    let c = wait_condition(
+        &s.consumer,
+        "provider",
+        "SecretValid",
+        "False",
+        Some("SecretNotFound"),
+    )
+    .await
+    .unwrap();
+    let ready = kbind_shared::conditions::find(&c.status.as_ref().unwrap().conditions, "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "SecretNotFound")
+    );
+    assert!(
+        ready
+            .message
+            .contains("Secret kbind/provider-kubeconfig not found"),
+        "{}",
+        ready.message
+    );
+
+    let kubeconfig = s.env.cluster("provider").admin_kubeconfig();
+    put_secret(
+        &s.consumer,
+        "provider-kubeconfig",
+        "kubeconfig",
+        kubeconfig.as_bytes(),
+    )
+    .await
+    .unwrap();
+    let c = wait_condition(&s.consumer, "provider", "Ready", "True", Some("AsExpected"))
+        .await
+        .unwrap();
+    let status = c.status.unwrap();
+    assert_eq!(
+        status.remote_cluster_uid,
+        uid_of_kube_system(&s.provider).await
+    );
+    assert_eq!(
+        status.local_cluster_uid,
+        uid_of_kube_system(&s.consumer).await
+    );
+    for type_ in ["SecretValid", "Connected"] {
+        assert!(
+            kbind_shared::conditions::is_true(&status.conditions, type_),
+            "{type_}"
+        );
+    }
+    let generation = c.metadata.generation;
+    assert!(
+        status
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == generation)
+    );
+
+    // CONN-2: both the Connection and its Secret carry the cleanup finalizer.
+    assert!(
+        c.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"core.kbind.io/cleanup".to_owned())
+    );
+    let secret = Api::<Secret>::namespaced(s.consumer.clone(), "kbind")
+        .get("provider-kubeconfig")
+        .await
+        .unwrap();
+    assert!(
+        secret
+            .finalizers()
+            .contains(&"core.kbind.io/cleanup".to_owned())
+    );
+
+    // Metrics and Events.
+    let metrics = s.manager.metrics().await.unwrap();
+    assert!(
+        metrics.contains("kbind_connection_ready{connection=\"provider\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains("kbind_api_requests_total{cluster=\"provider\",code=\"200\",verb=\"get\"}"),
+        "{metrics}"
+    );
+    let events = Api::<Event>::namespaced(s.consumer.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let reasons: Vec<(String, String)> = events
+        .items
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some("provider"))
+        .map(|e| {
+            (
+                e.type_.clone().unwrap_or_default(),
+                e.reason.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(
+        reasons.contains(&("Warning".into(), "SecretNotFound".into())),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.contains(&("Normal".into(), "AsExpected".into())),
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test]
+async fn kcp_like_provider_pins_its_logical_cluster_uid() {
+    // ID-1, ID-2: a LogicalCluster named `cluster` wins over the kube-system Namespace.
+    let s = setup("conn_kcp_identity", &[]).await;
+    let mut logical = crd("logicalclusters", "core.kcp.io", "LogicalCluster", &[]);
+    logical.spec.scope = "Cluster".into();
+    logical.spec.versions[0].name = "v1alpha1".into();
+    install_crd(&s.provider, &logical).await.unwrap();
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("core.kcp.io", "v1alpha1", "LogicalCluster"),
+        "logicalclusters",
+    );
+    let api: Api<kube::api::DynamicObject> = Api::all_with(s.provider.clone(), &resource);
+    let object: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "core.kcp.io/v1alpha1", "kind": "LogicalCluster", "metadata": { "name": "cluster" }
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &object).await.unwrap();
+
+    put_secret(
+        &s.consumer,
+        "p",
+        "kubeconfig",
+        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    let c = wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    let status = c.status.unwrap();
+    assert_eq!(
+        Some(status.remote_cluster_uid.clone()),
+        created.metadata.uid
+    );
+    assert_ne!(
+        status.remote_cluster_uid,
+        uid_of_kube_system(&s.provider).await
+    );
+}
+
+#[tokio::test]
+async fn restricted_credentials_report_permission_denied() {
+    // CONN-4 (and QRK-16 fixed: Connected=False too), CONN-7
+    let s = setup("conn_forbidden", &[]).await;
+    let provider = s.env.cluster("provider");
+    let user = provider.mint_user("restricted").await.unwrap();
+    put_secret(&s.consumer, "p", "kubeconfig", user.kubeconfig.as_bytes())
+        .await
+        .unwrap();
+    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    let c = wait_condition(
+        &s.consumer,
+        "provider",
+        "PermissionDenied",
+        "True",
+        Some("Forbidden"),
+    )
+    .await
+    .unwrap();
+    let conds = c.status.unwrap().conditions;
+    let connected = kbind_shared::conditions::find(&conds, "Connected").unwrap();
+    assert_eq!(
+        (connected.status.as_str(), connected.reason.as_str()),
+        ("False", "Forbidden")
+    );
+    assert!(
+        connected.message.contains("denied by RBAC"),
+        "{}",
+        connected.message
+    );
+
+    // Identity allowed, CRD list still denied: connected, but not Ready.
+    provider
+        .grant(
+            &user,
+            "identity-only",
+            vec![
+                rule("core.kcp.io", &["logicalclusters"], &["get"]),
+                rule("", &["namespaces"], &["get"]),
+            ],
+        )
+        .await
+        .unwrap();
+    let c = wait_condition(&s.consumer, "provider", "Connected", "True", None)
+        .await
+        .unwrap();
+    let conds = c.status.unwrap().conditions;
+    let ready = kbind_shared::conditions::find(&conds, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Forbidden")
+    );
+    assert!(
+        ready.message.contains("CustomResourceDefinitions"),
+        "{}",
+        ready.message
+    );
+    assert!(kbind_shared::conditions::is_true(
+        &conds,
+        "PermissionDenied"
+    ));
+
+    // With the full set of rules it becomes Ready and PermissionDenied clears.
+    provider
+        .grant(&user, "the-rest", connection_rules())
+        .await
+        .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    wait_condition(&s.consumer, "provider", "PermissionDenied", "False", None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn secret_swapped_to_another_cluster_reports_identity_changed_and_keeps_the_pin() {
+    // CONN-6, ID-3
+    let s = setup("conn_identity_changed", &["other"]).await;
+    put_secret(
+        &s.consumer,
+        "p",
+        "kubeconfig",
+        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    let pinned = wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+
+    put_secret(
+        &s.consumer,
+        "p",
+        "kubeconfig",
+        s.env.cluster("other").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    let c = wait_condition(
+        &s.consumer,
+        "provider",
+        "Connected",
+        "False",
+        Some("ClusterIdentityChanged"),
+    )
+    .await
+    .unwrap();
+    let status = c.status.unwrap();
+    assert_eq!(status.remote_cluster_uid, pinned.remote_cluster_uid);
+    assert_eq!(status.local_cluster_uid, pinned.local_cluster_uid);
+    let ready = kbind_shared::conditions::find(&status.conditions, "Ready").unwrap();
+    assert_eq!(ready.reason, "ClusterIdentityChanged");
+    let other_uid = uid_of_kube_system(&s.env.cluster("other").admin_client().await.unwrap()).await;
+    assert!(
+        ready.message.contains(&other_uid) && ready.message.contains(&pinned.remote_cluster_uid),
+        "{}",
+        ready.message
+    );
+
+    // Nothing else happens: no heartbeat on the other cluster.
+    let other = s.env.cluster("other").admin_client().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leases = Api::<Lease>::all(other)
+        .list(&ListParams::default().labels("core.kbind.io/managed=true"))
+        .await
+        .unwrap();
+    assert!(
+        leases.items.is_empty(),
+        "a heartbeat was written to the other cluster"
+    );
+}
+
+#[tokio::test]
+async fn rotated_credentials_are_used_without_restart_and_the_old_token_can_be_revoked() {
+    // LIM-1 improved: the provider client is rebuilt when the Secret's data changes.
+    let s = setup("conn_rotation", &[]).await;
+    let old = granted_user(&s.env, "old-credential").await;
+    put_secret(&s.consumer, "p", "kubeconfig", old.kubeconfig.as_bytes())
+        .await
+        .unwrap();
+    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+
+    let new = granted_user(&s.env, "new-credential").await;
+    put_secret(&s.consumer, "p", "kubeconfig", new.kubeconfig.as_bytes())
+        .await
+        .unwrap();
+    // Give the schema manager a moment to pick up the new data, then revoke the old token.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+        s.provider.clone(),
+        &old.namespace,
+    )
+    .delete(&old.service_account, &DeleteParams::default())
+    .await
+    .unwrap();
+
+    // The heartbeat keeps being renewed, so the provider is reached with the new credential.
+    let local = uid_of_kube_system(&s.consumer).await;
+    let leases: Api<Lease> = Api::namespaced(s.provider.clone(), "kbind");
+    let lease_name = format!("provider-{}", &local[..10]);
+    let renewed = |lease: Lease| lease.spec.and_then(|s| s.renew_time).map(|t| t.0);
+    let first = renewed(leases.get(&lease_name).await.unwrap()).unwrap();
+    eventually(
+        "the heartbeat to be renewed after revocation",
+        Duration::from_secs(15),
+        || async {
+            let now = renewed(leases.get(&lease_name).await.map_err(|e| e.to_string())?);
+            Ok(now.filter(|t| *t > first + jiff::SignedDuration::from_secs(2)))
+        },
+    )
+    .await
+    .unwrap();
+    let c = wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    assert!(kbind_shared::conditions::is_true(
+        &c.status.unwrap().conditions,
+        "Connected"
+    ));
+}
+
+#[tokio::test]
+async fn export_label_must_be_exactly_true_and_new_exports_appear_within_an_interval() {
+    // DISC-1, DISC-5, DISC-6, KEY-1
+    let s = setup("conn_exports", &[]).await;
+    install_crd(
+        &s.provider,
+        &crd(
+            "widgets",
+            "example.org",
+            "Widget",
+            &[("core.kbind.io/exported", "True")],
+        ),
+    )
+    .await
+    .unwrap();
+    install_crd(&s.provider, &crd("gadgets", "example.org", "Gadget", &[]))
+        .await
+        .unwrap();
+    put_secret(
+        &s.consumer,
+        "p",
+        "kubeconfig",
+        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    let c = wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    assert!(
+        c.status.unwrap().exported_apis.is_empty(),
+        "\"True\" is not \"true\""
+    );
+
+    label_crd(
+        &s.provider,
+        "gadgets.example.org",
+        "core.kbind.io/exported",
+        Some("true"),
+    )
+    .await
+    .unwrap();
+    let exported = exported_names(&s.consumer, |names| names == ["gadgets.example.org"]).await;
+    assert_eq!(exported, ["gadgets.example.org"]);
+    let metrics = s.manager.metrics().await.unwrap();
+    assert!(
+        metrics.contains("kbind_connection_exported_apis{connection=\"provider\"} 1"),
+        "{metrics}"
+    );
+
+    label_crd(
+        &s.provider,
+        "gadgets.example.org",
+        "core.kbind.io/exported",
+        None,
+    )
+    .await
+    .unwrap();
+    exported_names(&s.consumer, |names| names.is_empty()).await;
+}
+
+async fn exported_names(consumer: &Client, want: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let api: Api<Connection> = Api::all(consumer.clone());
+    eventually("exportedAPIs", Duration::from_secs(15), || async {
+        let c = api.get("provider").await.map_err(|e| e.to_string())?;
+        let names: Vec<String> = c
+            .status
+            .unwrap_or_default()
+            .exported_apis
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        if want(&names) {
+            Ok(Some(names))
+        } else {
+            Err(format!("exportedAPIs are {names:?}"))
+        }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_otherwise() {
+    // DISC-2, DISC-3, DISC-4, API-C6 activeSchemaSource
+    let s = setup("conn_auto_source", &[]).await;
+    install_crd(&s.provider, &crd("gadgets", "example.org", "Gadget", &[]))
+        .await
+        .unwrap();
+    put_secret(
+        &s.consumer,
+        "p",
+        "kubeconfig",
+        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(&s.consumer, &connection("auto", "p", SchemaSource::Auto))
+        .await
+        .unwrap();
+    create_connection(&s.consumer, &connection("crd-only", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+
+    let auto = wait_condition(&s.consumer, "auto", "Ready", "True", None)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(auto.active_schema_source, Some(ActiveSchemaSource::OpenApi));
+    let names: Vec<&str> = auto.exported_apis.iter().map(|a| a.name.as_str()).collect();
+    assert!(
+        names.contains(&"gadgets.example.org"),
+        "OpenAPI sees unlabelled CRDs: {names:?}"
+    );
+    assert!(
+        names.iter().all(|n| !n.ends_with(".k8s.io")),
+        "built-in groups are excluded: {names:?}"
+    );
+
+    let crd_only = wait_condition(&s.consumer, "crd-only", "Ready", "True", None)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(crd_only.active_schema_source, Some(ActiveSchemaSource::Crd));
+    assert!(crd_only.exported_apis.is_empty());
+
+    install_crd(
+        &s.provider,
+        &crd(
+            "widgets",
+            "example.org",
+            "Widget",
+            &[("core.kbind.io/exported", "true")],
+        ),
+    )
+    .await
+    .unwrap();
+    let api: Api<Connection> = Api::all(s.consumer.clone());
+    eventually("Auto to switch to CRD", Duration::from_secs(15), || async {
+        let status = api
+            .get("auto")
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        let names: Vec<String> = status
+            .exported_apis
+            .iter()
+            .map(|a| a.name.clone())
+            .collect();
+        Ok(
+            (status.active_schema_source == Some(ActiveSchemaSource::Crd)
+                && names == ["widgets.example.org"])
+            .then_some(()),
+        )
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn heartbeat_lease_is_named_labelled_and_renewed_on_the_provider() {
+    // HB-2, HB-3
+    let s = setup("conn_heartbeat", &[]).await;
+    let provider_cluster = s.env.cluster("provider");
+    let kubeconfig = kbind_e2e::cluster::kubeconfig_yaml(
+        "provider",
+        provider_cluster.server(),
+        provider_cluster.ca_pem(),
+        // The admin token, with the context namespace set to team-a.
+        &provider_cluster
+            .admin_kubeconfig()
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("token: "))
+            .unwrap()
+            .to_owned(),
+        Some("team-a"),
+    );
+    put_secret(&s.consumer, "p", "kubeconfig", kubeconfig.as_bytes())
+        .await
+        .unwrap();
+    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+
+    let local = uid_of_kube_system(&s.consumer).await;
+    let leases: Api<Lease> = Api::namespaced(s.provider.clone(), "team-a");
+    let name = format!("provider-{}", &local[..10]);
+    let lease = eventually("the heartbeat Lease", Duration::from_secs(10), || async {
+        leases.get_opt(&name).await.map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        lease
+            .labels()
+            .get("core.kbind.io/managed")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        lease
+            .annotations()
+            .get("core.kbind.io/consumer-cluster-uid"),
+        Some(&local)
+    );
+    assert_eq!(
+        lease
+            .annotations()
+            .get("core.kbind.io/connection")
+            .map(String::as_str),
+        Some("provider")
+    );
+    let spec = lease.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some(local.as_str()));
+    assert_eq!(spec.lease_duration_seconds, Some(60));
+    let (acquired, renewed) = (spec.acquire_time.unwrap().0, spec.renew_time.unwrap().0);
+
+    let later = eventually(
+        "the heartbeat to be renewed",
+        Duration::from_secs(10),
+        || async {
+            let spec = leases
+                .get(&name)
+                .await
+                .map_err(|e| e.to_string())?
+                .spec
+                .unwrap();
+            Ok(spec
+                .renew_time
+                .as_ref()
+                .is_some_and(|t| t.0 > renewed)
+                .then_some(spec))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        later.acquire_time.unwrap().0,
+        acquired,
+        "acquireTime is set only once"
+    );
+    assert!(ensure_namespace(&s.provider, "team-a").await.is_ok());
+}
+
+#[tokio::test]
+async fn deleting_a_connection_drains_bindings_then_releases_finalizers_and_keeps_the_secret() {
+    // CDEL-1 … CDEL-5, CONN-15
+    let s = setup("conn_delete", &[]).await;
+    put_secret(
+        &s.consumer,
+        "p",
+        "kubeconfig",
+        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+
+    let mut binding = Binding::new(
+        "widgets",
+        BindingSpec {
+            connection_ref: ConnectionRef {
+                name: "provider".into(),
+            },
+            apis: vec![kbind_shared::api::ApiRef {
+                name: "widgets.example.org".into(),
+            }],
+            conflict_policy: Default::default(),
+            related_resources: Vec::new(),
+        },
+    );
+    binding.metadata.namespace = Some("default".into());
+    let bindings: Api<Binding> = Api::namespaced(s.consumer.clone(), "default");
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+
+    let connections: Api<Connection> = Api::all(s.consumer.clone());
+    connections
+        .delete("provider", &DeleteParams::default())
+        .await
+        .unwrap();
+    let c = wait_condition(
+        &s.consumer,
+        "provider",
+        "Ready",
+        "False",
+        Some("DrainingBindings"),
+    )
+    .await
+    .unwrap();
+    let message = kbind_shared::conditions::find(&c.status.unwrap().conditions, "Ready")
+        .unwrap()
+        .message
+        .clone();
+    assert!(message.contains("1 binding"), "{message}");
+    let secrets: Api<Secret> = Api::namespaced(s.consumer.clone(), "kbind");
+    assert!(
+        secrets
+            .get("p")
+            .await
+            .unwrap()
+            .finalizers()
+            .contains(&"core.kbind.io/cleanup".to_owned())
+    );
+
+    bindings
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the Connection to be gone",
+        Duration::from_secs(20),
+        || async {
+            Ok(connections
+                .get_opt("provider")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let secret = secrets.get("p").await.expect("the Secret is never deleted");
+    assert!(
+        !secret
+            .finalizers()
+            .contains(&"core.kbind.io/cleanup".to_owned())
+    );
+}

@@ -801,3 +801,280 @@ async fn deleting_a_connection_drains_bindings_then_releases_finalizers_and_keep
             .contains(&"core.kbind.io/cleanup".to_owned())
     );
 }
+
+#[tokio::test]
+async fn bad_credentials_each_get_a_clear_condition_and_nothing_crashes() {
+    // CONN-3, CONN-4; INTERFACES.md: no panics on cluster data, no Secret contents in conditions.
+    let mut s = setup("conn_bad_input", &["other"]).await;
+    let provider = s.env.cluster("provider");
+    let good = provider.admin_kubeconfig();
+    let token = good
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .unwrap()
+        .to_owned();
+    let ca = provider.ca_pem().to_owned();
+    let unreachable = kbind_e2e::cluster::kubeconfig_yaml(
+        "p",
+        &format!("https://127.0.0.1:{}", kbind_e2e::cluster::free_port()),
+        &ca,
+        &token,
+        None,
+    );
+    let wrong_ca = kbind_e2e::cluster::kubeconfig_yaml(
+        "p",
+        provider.server(),
+        s.env.cluster("other").ca_pem(),
+        &token,
+        None,
+    );
+    let bad_token =
+        kbind_e2e::cluster::kubeconfig_yaml("p", provider.server(), &ca, "not-a-valid-token", None);
+    let file_ref = good.replace(
+        "    token: ",
+        "    tokenFile: /var/run/secrets/token\n    x-old-token: ",
+    );
+    let exec = good.replace("    token: ", "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: get-token\n    x-old-token: ");
+    let no_context = good.replace("current-context: provider\n", "");
+
+    // (name, secret key, secret data, condition type, reason, message fragment)
+    let cases: Vec<(&str, &str, Vec<u8>, &str, &str, &str)> = vec![
+        (
+            "missing-key",
+            "config",
+            good.clone().into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "has no key `kubeconfig`",
+        ),
+        (
+            "empty",
+            "kubeconfig",
+            Vec::new(),
+            "SecretValid",
+            "SecretNotFound",
+            "is empty",
+        ),
+        (
+            "not-yaml",
+            "kubeconfig",
+            format!("{token}: [unclosed").into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "not a valid kubeconfig",
+        ),
+        (
+            "no-context",
+            "kubeconfig",
+            no_context.into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "no current-context",
+        ),
+        (
+            "file-reference",
+            "kubeconfig",
+            file_ref.into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "users[provider].user.tokenFile refers to a file",
+        ),
+        (
+            "exec-plugin",
+            "kubeconfig",
+            exec.into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "users[provider].user.exec uses a credential plugin",
+        ),
+        (
+            "unreachable",
+            "kubeconfig",
+            unreachable.into_bytes(),
+            "Connected",
+            "Pending",
+            "Connection refused",
+        ),
+        (
+            "wrong-ca",
+            "kubeconfig",
+            wrong_ca.into_bytes(),
+            "Connected",
+            "Pending",
+            "certificate",
+        ),
+        (
+            "bad-token",
+            "kubeconfig",
+            bad_token.into_bytes(),
+            "Connected",
+            "Pending",
+            "Unauthorized (HTTP 401)",
+        ),
+    ];
+    for (name, key, data, ..) in &cases {
+        put_secret(&s.consumer, name, key, data).await.unwrap();
+        create_connection(&s.consumer, &connection(name, name, SchemaSource::Crd))
+            .await
+            .unwrap();
+    }
+    for (name, _, _, type_, reason, fragment) in &cases {
+        let c = wait_condition(&s.consumer, name, type_, "False", Some(reason))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let status = c.status.unwrap();
+        let ready = kbind_shared::conditions::find(&status.conditions, "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", *reason),
+            "{name}"
+        );
+        eprintln!("{name}: Ready=False {reason}: {}", ready.message);
+        assert!(
+            ready.message.contains(fragment),
+            "{name}: {}",
+            ready.message
+        );
+        for condition in &status.conditions {
+            assert!(
+                !condition.message.contains(&token),
+                "{name}: the token leaked into {}",
+                condition.type_
+            );
+        }
+        assert!(
+            status.remote_cluster_uid.is_empty(),
+            "{name}: nothing is pinned"
+        );
+    }
+    // Nothing deleted, nothing crashed.
+    let secrets: Api<Secret> = Api::namespaced(s.consumer.clone(), "kbind");
+    assert_eq!(
+        secrets
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        cases.len()
+    );
+    assert!(
+        s.env.process(s.manager.index).try_status().is_none(),
+        "the schema manager exited"
+    );
+    let log = std::fs::read_to_string(s.env.process(s.manager.index).log()).unwrap();
+    assert!(!log.contains(&token), "the token leaked into the log");
+    assert!(!log.contains("panicked"), "the schema manager panicked");
+}
+
+#[tokio::test]
+async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
+    // AUTO-1, AUTO-3 (deleting only a ClusterBinding the Connection controls)
+    let s = setup("conn_autobind", &[]).await;
+    install_crd(
+        &s.provider,
+        &crd(
+            "widgets",
+            "example.org",
+            "Widget",
+            &[("core.kbind.io/exported", "true")],
+        ),
+    )
+    .await
+    .unwrap();
+    put_secret(
+        &s.consumer,
+        "p",
+        "kubeconfig",
+        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut auto = connection("provider", "p", SchemaSource::Crd);
+    auto.spec.auto_bind = true;
+    create_connection(&s.consumer, &auto).await.unwrap();
+    let owner_uid = wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+
+    let bindings: Api<kbind_shared::api::ClusterBinding> = Api::all(s.consumer.clone());
+    let apis = |b: &kbind_shared::api::ClusterBinding| {
+        b.spec
+            .apis
+            .iter()
+            .map(|a| a.name.clone())
+            .collect::<Vec<_>>()
+    };
+    let binding = eventually(
+        "the autoBind ClusterBinding",
+        Duration::from_secs(15),
+        || async {
+            bindings
+                .get_opt("provider")
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(apis(&binding), ["widgets.example.org"]);
+    assert_eq!(binding.spec.connection_ref.name, "provider");
+    assert_eq!(
+        binding
+            .labels()
+            .get("core.kbind.io/managed")
+            .map(String::as_str),
+        Some("true")
+    );
+    let owner = &binding.owner_references()[0];
+    assert_eq!(
+        (Some(owner.uid.clone()), owner.controller),
+        (owner_uid, Some(true))
+    );
+
+    // A newly exported API is added without any user action (AUTO-2).
+    install_crd(
+        &s.provider,
+        &crd(
+            "gadgets",
+            "example.org",
+            "Gadget",
+            &[("core.kbind.io/exported", "true")],
+        ),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the new export to be bound",
+        Duration::from_secs(15),
+        || async {
+            let b = bindings.get("provider").await.map_err(|e| e.to_string())?;
+            Ok((apis(&b) == ["gadgets.example.org", "widgets.example.org"]).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+
+    // No exports left: the ClusterBinding it controls is deleted (AUTO-3).
+    for name in ["widgets.example.org", "gadgets.example.org"] {
+        label_crd(&s.provider, name, "core.kbind.io/exported", None)
+            .await
+            .unwrap();
+    }
+    eventually(
+        "the autoBind ClusterBinding to go",
+        Duration::from_secs(15),
+        || async {
+            Ok(bindings
+                .get_opt("provider")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+}

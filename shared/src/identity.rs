@@ -19,7 +19,8 @@ pub enum IdentityError {
     },
     /// Neither source gave a UID.
     #[error(
-        "cannot determine the cluster identity: LogicalCluster: {logical_cluster}; Namespace kube-system: {namespace}"
+        "cannot determine the cluster identity: {}",
+        undetermined(logical_cluster, namespace)
     )]
     Undetermined {
         /// Why the LogicalCluster gave nothing.
@@ -47,8 +48,31 @@ impl Lookup {
             Err(kube::Error::Api(status)) if status.is_forbidden() => {
                 Lookup::Forbidden(status.message.clone())
             }
-            Err(e) => Lookup::Unavailable(e.to_string()),
+            Err(e) => Lookup::Unavailable(describe_error(&e)),
         }
+    }
+}
+
+/// A short, actionable description of a request failure: the API server's message and code, or
+/// the root cause of a transport failure (refused connection, untrusted certificate, …).
+pub fn describe_error(error: &kube::Error) -> String {
+    if let kube::Error::Api(status) = error {
+        return format!("{} (HTTP {})", status.message, status.code);
+    }
+    let mut messages: Vec<String> = Vec::new();
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = current {
+        let text = e.to_string();
+        if !messages.iter().any(|m| m.contains(&text)) {
+            messages.push(text);
+        }
+        current = e.source();
+    }
+    // The outermost wrapper and the root cause say the most.
+    match messages.as_slice() {
+        [] => String::from("unknown error"),
+        [only] => only.clone(),
+        [first, .., last] => format!("{first}: {last}"),
     }
 }
 
@@ -85,6 +109,14 @@ pub fn after_namespace(logical: &Lookup, namespace: Lookup) -> Result<String, Id
             logical_cluster: describe(logical),
             namespace: describe(&other),
         }),
+    }
+}
+
+fn undetermined(logical_cluster: &str, namespace: &str) -> String {
+    if logical_cluster == namespace {
+        namespace.to_owned()
+    } else {
+        format!("LogicalCluster: {logical_cluster}; Namespace kube-system: {namespace}")
     }
 }
 

@@ -233,7 +233,12 @@ async fn connect(
         Err(e @ IdentityError::Forbidden { .. }) => {
             return Ok((Outcome::IdentityForbidden(e.to_string()), None));
         }
-        Err(e) => return Ok((Outcome::Unreachable(e.to_string()), None)),
+        Err(e) => {
+            return Ok((
+                Outcome::Unreachable(format!("provider {}: {e}", provider.kubeconfig.server())),
+                None,
+            ));
+        }
     };
     // CONN-5: consumer identity.
     let local_uid = ctx.local_identity().await.map_err(Error::LocalIdentity)?;

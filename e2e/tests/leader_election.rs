@@ -1,0 +1,171 @@
+//! Leader election of `kbind-schema-manager` on a real cluster: only the leader reconciles and
+//! writes; killing it hands over within one Lease duration; SIGTERM releases the Lease.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::{http_get, install_crds};
+use kbind_e2e::{TestEnv, eventually};
+use kbind_shared::api::SchemaSource;
+use kube::Api;
+
+const LEASE_DURATION: Duration = Duration::from_secs(4);
+
+fn metric(text: &str, line_prefix: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Requests a process made to a cluster with a writing verb, from its `/metrics`.
+fn writes(text: &str, cluster: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("kbind_api_requests_total{")
+                && l.contains(&format!("cluster=\"{cluster}\""))
+        })
+        .filter(|l| {
+            ["create", "update", "patch", "delete"]
+                .iter()
+                .any(|v| l.contains(&format!("verb=\"{v}\"")))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_lease_duration() {
+    let mut env = TestEnv::start("leader_election", &["consumer", "provider"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    let duration = format!(
+        "--leader-election-lease-duration={}s",
+        LEASE_DURATION.as_secs()
+    );
+    let a = start_schema_manager(&mut env, "consumer", "manager-a", &[&duration])
+        .await
+        .unwrap();
+    let b = start_schema_manager(&mut env, "consumer", "manager-b", &[&duration])
+        .await
+        .unwrap();
+
+    let leases: Api<Lease> = Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
+    let holder = |lease: Lease| {
+        lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty())
+    };
+    let first = eventually("a leader", Duration::from_secs(20), || async {
+        Ok(leases
+            .get_opt("kbind-schema-manager")
+            .await
+            .map_err(|e| e.to_string())?
+            .and_then(holder))
+    })
+    .await
+    .unwrap();
+    let (leader, standby) = if first == "manager-a" {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    for m in [leader, standby] {
+        let ready = eventually("/readyz", Duration::from_secs(10), || async {
+            Ok(http_get(&m.probes, "/readyz")
+                .await
+                .ok()
+                .filter(|r| r.0 == 200))
+        })
+        .await;
+        assert!(ready.is_ok(), "a standby is ready too");
+    }
+
+    put_secret(
+        &consumer,
+        "p",
+        "kubeconfig",
+        env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(&consumer, &connection("first", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    wait_condition(&consumer, "first", "Ready", "True", None)
+        .await
+        .unwrap();
+
+    let leader_metrics = leader.metrics().await.unwrap();
+    let standby_metrics = standby.metrics().await.unwrap();
+    assert_eq!(metric(&leader_metrics, "kbind_leader "), Some(1.0));
+    assert_eq!(metric(&standby_metrics, "kbind_leader "), Some(0.0));
+    assert!(
+        !writes(&leader_metrics, "consumer").is_empty(),
+        "the leader writes: {leader_metrics}"
+    );
+    assert!(
+        writes(&standby_metrics, "consumer").is_empty(),
+        "the standby wrote: {:?}",
+        writes(&standby_metrics, "consumer")
+    );
+    assert!(
+        !standby_metrics.contains("cluster=\"first\""),
+        "the standby talked to the provider"
+    );
+
+    // SIGKILL the leader: the standby takes over within one Lease duration (plus one renewal).
+    let leader_index = leader.index;
+    let killed_at = Instant::now();
+    env.process(leader_index).kill();
+    let standby_name = if first == "manager-a" {
+        "manager-b"
+    } else {
+        "manager-a"
+    };
+    eventually("the standby to take over", LEASE_DURATION * 3, || async {
+        let now = leases
+            .get("kbind-schema-manager")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((holder(now).as_deref() == Some(standby_name)).then_some(()))
+    })
+    .await
+    .unwrap();
+    let handover = killed_at.elapsed();
+    eprintln!("leader handover took {handover:?} with a {LEASE_DURATION:?} Lease");
+    assert!(
+        handover <= LEASE_DURATION + LEASE_DURATION / 2,
+        "handover took {handover:?}"
+    );
+
+    // The new leader reconciles.
+    create_connection(&consumer, &connection("second", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    wait_condition(&consumer, "second", "Ready", "True", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&standby.metrics().await.unwrap(), "kbind_leader "),
+        Some(1.0)
+    );
+
+    // SIGTERM: it exits 0 within 10 s and releases the Lease.
+    let process = env.process(standby.index);
+    process.signal("TERM").unwrap();
+    let status = process.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        process.log_tail(20)
+    );
+    assert!(
+        process.log_tail(10).contains("released the leader Lease"),
+        "{}",
+        process.log_tail(10)
+    );
+}

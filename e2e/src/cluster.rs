@@ -277,6 +277,11 @@ impl Cluster {
         )
     }
 
+    /// The admin's bearer token.
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
     /// The path of the admin kubeconfig file.
     pub fn admin_kubeconfig_path(&self) -> PathBuf {
         self.dir.join("admin.kubeconfig")

@@ -630,12 +630,7 @@ async fn heartbeat_lease_is_named_labelled_and_renewed_on_the_provider() {
         provider_cluster.server(),
         provider_cluster.ca_pem(),
         // The admin token, with the context namespace set to team-a.
-        &provider_cluster
-            .admin_kubeconfig()
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("token: "))
-            .unwrap()
-            .to_owned(),
+        provider_cluster.admin_token(),
         Some("team-a"),
     );
     put_secret(&s.consumer, "p", "kubeconfig", kubeconfig.as_bytes())
@@ -808,11 +803,7 @@ async fn bad_credentials_each_get_a_clear_condition_and_nothing_crashes() {
     let mut s = setup("conn_bad_input", &["other"]).await;
     let provider = s.env.cluster("provider");
     let good = provider.admin_kubeconfig();
-    let token = good
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("token: "))
-        .unwrap()
-        .to_owned();
+    let token = provider.admin_token().to_owned();
     let ca = provider.ca_pem().to_owned();
     let unreachable = kbind_e2e::cluster::kubeconfig_yaml(
         "p",
@@ -838,7 +829,8 @@ async fn bad_credentials_each_get_a_clear_condition_and_nothing_crashes() {
     let no_context = good.replace("current-context: provider\n", "");
 
     // (name, secret key, secret data, condition type, reason, message fragment)
-    let cases: Vec<(&str, &str, Vec<u8>, &str, &str, &str)> = vec![
+    type Case<'a> = (&'a str, &'a str, Vec<u8>, &'a str, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "missing-key",
             "config",

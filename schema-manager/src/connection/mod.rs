@@ -36,6 +36,9 @@ use secrets::SecretWatches;
 /// How long a deleting Connection waits between checks for bindings that still reference it.
 const DRAIN_RECHECK: Duration = Duration::from_secs(2);
 
+/// How long in-flight reconciles may run after shutdown begins.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// Why a reconcile did not finish; the controller retries with backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -87,16 +90,23 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         recorder: Recorder::new(client.clone(), ctx.reporter.clone()),
         ctx,
     });
-    Controller::new(Api::<Connection>::all(client), watcher::Config::default())
+    let graceful = stop.clone();
+    let controller = Controller::new(Api::<Connection>::all(client), watcher::Config::default())
         .reconcile_on(triggers)
-        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .graceful_shutdown_on(async move { graceful.cancelled().await })
         .run(reconcile, error_policy, state)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "connection reconcile");
             }
-        })
-        .await;
+        });
+    // In-flight reconciles get a bounded grace period after `stop`; then the controller is dropped.
+    tokio::select! {
+        _ = controller => {}
+        _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            tracing::warn!("Connection reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown");
+        }
+    }
 }
 
 fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -> Action {

@@ -8,9 +8,13 @@ use kube::Client;
 use kube::runtime::events::Reporter;
 use tokio::sync::OnceCell;
 
+use crate::connection::credentials::Providers;
+
 /// Periods from the flags.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// Backstop resync of bindings.
+    pub binding_resync_interval: Duration,
     /// Connection re-discovery and heartbeat period.
     pub discovery_interval: Duration,
     /// `leaseDurationSeconds` of the provider heartbeat Lease.
@@ -27,6 +31,8 @@ pub struct Context {
     pub reporter: Reporter,
     /// Periods.
     pub settings: Settings,
+    /// One provider client per Connection, shared by the reconcilers.
+    pub providers: Providers,
     local_uid: OnceCell<String>,
 }
 
@@ -38,6 +44,7 @@ impl Context {
             metrics,
             reporter,
             settings,
+            providers: Providers::default(),
             local_uid: OnceCell::new(),
         }
     }

@@ -5,10 +5,12 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod binding;
 mod connection;
 mod context;
 mod discovery;
 mod leader;
+mod schema;
 
 use std::sync::Arc;
 
@@ -102,12 +104,19 @@ async fn run(args: Args) -> Result<(), String> {
         },
         context::Settings {
             discovery_interval: args.discovery_interval,
+            binding_resync_interval: args.binding_resync_interval,
             heartbeat_lease_duration: args.heartbeat_lease_duration,
         },
     ));
-    let lead = move |stop| {
+    let lead = move |stop: tokio_util::sync::CancellationToken| {
         let ctx = ctx.clone();
-        async move { connection::run(ctx, stop).await }
+        async move {
+            futures::future::join(
+                connection::run(ctx.clone(), stop.clone()),
+                binding::run(ctx, stop),
+            )
+            .await;
+        }
     };
     // A standby is ready: it is healthy and waiting for the Lease.
     readiness.set(true);

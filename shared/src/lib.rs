@@ -12,4 +12,5 @@ pub mod keys;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod process;
+pub mod resolve;
 pub mod telemetry;

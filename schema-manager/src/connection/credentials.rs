@@ -115,6 +115,22 @@ impl Providers {
         Ok(provider)
     }
 
+    /// The provider client of a Connection: the cached one, else one built from its Secret now.
+    pub async fn for_connection(
+        &self,
+        consumer: &Client,
+        connection: &kbind_shared::api::Connection,
+        metrics: &Metrics,
+    ) -> Result<Provider, String> {
+        let name = kube::ResourceExt::name_any(connection);
+        if let Some(existing) = self.by_connection.lock().expect("not poisoned").get(&name) {
+            return Ok(existing.clone());
+        }
+        let (kubeconfig, fingerprint) =
+            read_kubeconfig(consumer, &connection.spec.kubeconfig_secret_ref).await?;
+        self.client(&name, kubeconfig, fingerprint, metrics).await
+    }
+
     /// Forgets the client of a deleted Connection.
     pub fn forget(&self, connection: &str) {
         self.by_connection

@@ -3,7 +3,7 @@
 //! status, with every status change persisted (QRK-1) and an Event per condition transition.
 
 mod autobind;
-mod credentials;
+pub mod credentials;
 pub mod heartbeat;
 pub mod outcome;
 mod secrets;
@@ -29,7 +29,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 use crate::discovery::{self, DiscoveryError};
-use credentials::Providers;
 use outcome::Outcome;
 use secrets::SecretWatches;
 
@@ -75,7 +74,6 @@ impl Error {
 /// Per-controller state beyond the shared [`Context`].
 struct State {
     ctx: Arc<Context>,
-    providers: Providers,
     secrets: SecretWatches,
     recorder: Recorder,
 }
@@ -85,7 +83,6 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let client = ctx.client.clone();
     let (trigger, triggers) = futures::channel::mpsc::unbounded();
     let state = Arc::new(State {
-        providers: Providers::default(),
         secrets: SecretWatches::new(client.clone(), trigger),
         recorder: Recorder::new(client.clone(), ctx.reporter.clone()),
         ctx,
@@ -228,7 +225,7 @@ async fn connect(
             Ok(found) => found,
             Err(message) => return Ok((Outcome::SecretInvalid(message), None)),
         };
-    let provider = match state
+    let provider = match ctx
         .providers
         .client(&name, kubeconfig, fingerprint, &ctx.metrics)
         .await
@@ -432,7 +429,7 @@ async fn cleanup(connection: Arc<Connection>, state: &State) -> Result<Action, E
         remove_secret_finalizer(state, &connection).await?;
     }
     state.secrets.untrack(&name);
-    state.providers.forget(&name);
+    state.ctx.providers.forget(&name);
     let _ = state
         .ctx
         .metrics

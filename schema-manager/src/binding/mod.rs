@@ -1,0 +1,702 @@
+//! The ClusterBinding and Binding reconcilers (REFERENCE-BEHAVIOUR §12 BIND, §9 SCH, §14 BCL):
+//! install the schemas of the listed APIs, report per-API problems, count conflicts, and on
+//! deletion drain exactly the instances no remaining binding covers.
+
+pub mod outcome;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kbind_shared::api::{
+    ActiveSchemaSource, ApiScope, Binding, BindingStatus, ClusterBinding, Connection, PullPolicy,
+    UpdatePolicy,
+};
+use kbind_shared::conditions::{self, Desired, types};
+use kbind_shared::keys;
+use kbind_shared::resolve::BindingObject;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{self, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::connection::credentials::Provider;
+use crate::context::Context;
+use crate::schema;
+use outcome::{ApiState, Conflicts};
+
+const DRAIN_RECHECK: Duration = Duration::from_secs(2);
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why a binding reconcile did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A consumer request failed.
+    #[error("consumer API: {0}")]
+    Consumer(#[source] kube::Error),
+    /// Unbind waits for provider copies to be deleted.
+    #[error("waiting for {0} provider object(s) to be deleted")]
+    Draining(usize),
+    /// Cleanup could not proceed.
+    #[error("{0}")]
+    Cleanup(String),
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+/// Runs both binding controllers until `stop`.
+pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
+    let cluster_bindings =
+        controller::<ClusterBinding>(ctx.clone(), Api::all(ctx.client.clone()), stop.clone());
+    let bindings = controller::<Binding>(ctx.clone(), Api::all(ctx.client.clone()), stop.clone());
+    let both = futures::future::join(cluster_bindings, bindings);
+    tokio::select! {
+        _ = both => {}
+        _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            tracing::warn!("binding reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown");
+        }
+    }
+}
+
+async fn controller<B>(ctx: Arc<Context>, api: Api<B>, stop: CancellationToken)
+where
+    B: BindingObject + kube::Resource<DynamicType = ()>,
+    B: Scoped,
+{
+    let controller = Controller::new(api, watcher::Config::default());
+    let store = controller.store();
+    // BIND triggers: Connection events map to the bindings that name the Connection.
+    controller
+        .watches(
+            Api::<Connection>::all(ctx.client.clone()),
+            watcher::Config::default(),
+            move |connection| {
+                let name = connection.name_any();
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|b| b.binding_spec().connection_ref.name == name)
+                    .map(|b| ObjectRef::from_obj(b.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(reconcile::<B>, error_policy::<B>, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "binding reconcile");
+            }
+        })
+        .await;
+}
+
+/// How to reach a binding kind's API for one object.
+pub trait Scoped: BindingObject {
+    /// The Api for this object's scope.
+    fn api(client: &Client, object: &Self) -> Api<Self>;
+    /// The namespace whose instances it covers (`None`: all).
+    fn covered_namespace(&self) -> Option<String>;
+    /// `kind/[namespace/]name`, for messages.
+    fn describe(&self) -> String;
+}
+
+impl Scoped for Binding {
+    fn api(client: &Client, object: &Self) -> Api<Self> {
+        Api::namespaced(client.clone(), &object.namespace().unwrap_or_default())
+    }
+    fn covered_namespace(&self) -> Option<String> {
+        self.namespace()
+    }
+    fn describe(&self) -> String {
+        format!(
+            "Binding {}/{}",
+            self.namespace().unwrap_or_default(),
+            self.name_any()
+        )
+    }
+}
+
+impl Scoped for ClusterBinding {
+    fn api(client: &Client, _: &Self) -> Api<Self> {
+        Api::all(client.clone())
+    }
+    fn covered_namespace(&self) -> Option<String> {
+        None
+    }
+    fn describe(&self) -> String {
+        format!("ClusterBinding {}", self.name_any())
+    }
+}
+
+fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) -> Action {
+    match error {
+        Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
+        e => {
+            tracing::warn!(binding = %binding.describe(), error = %e, "binding reconcile failed");
+            Action::requeue(
+                ctx.settings
+                    .binding_resync_interval
+                    .max(Duration::from_secs(1)),
+            )
+        }
+    }
+}
+
+async fn reconcile<B: Scoped>(binding: Arc<B>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let api = B::api(&ctx.client, &binding);
+    finalizer(&api, keys::CLEANUP_FINALIZER, binding, |event| async {
+        match event {
+            finalizer::Event::Apply(b) => apply(b, &ctx).await,
+            finalizer::Event::Cleanup(b) => cleanup(b, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
+        e => Error::Finalizer(Box::new(e)),
+    })
+}
+
+/// BIND-3 … BIND-13.
+async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Error> {
+    let requeue = Action::requeue(ctx.settings.binding_resync_interval);
+    let connection_name = binding.binding_spec().connection_ref.name.clone();
+    let connection = Api::<Connection>::all(ctx.client.clone())
+        .get_opt(&connection_name)
+        .await
+        .map_err(Error::Consumer)?;
+
+    // BIND-3: the Connection gate.
+    let gate = match &connection {
+        None => Some(format!("Connection {connection_name} not found yet")),
+        Some(c) => {
+            let conds = c
+                .status
+                .as_ref()
+                .map(|s| s.conditions.as_slice())
+                .unwrap_or_default();
+            (!conditions::is_true(conds, types::READY)).then(|| {
+                let why = conditions::find(conds, types::READY)
+                    .map(|r| format!(": {}", r.message))
+                    .unwrap_or_default();
+                format!("Connection {connection_name} is not Ready yet{why}")
+            })
+        }
+    };
+    let (desired, bound_apis) = match (gate, connection) {
+        (Some(message), _) => (vec![outcome::connection_pending(message)], None),
+        (None, None) => (
+            vec![outcome::connection_pending(format!(
+                "Connection {connection_name} not found yet"
+            ))],
+            None,
+        ),
+        (None, Some(connection)) => {
+            let provider = ctx
+                .providers
+                .for_connection(&ctx.client, &connection, &ctx.metrics)
+                .await;
+            let mut states = Vec::new();
+            for api in &binding.binding_spec().apis {
+                let state = match &provider {
+                    Ok(provider) => {
+                        api_state(binding.as_ref(), &connection, provider, &api.name, ctx).await
+                    }
+                    Err(message) => ApiState::Pending(message.clone()),
+                };
+                states.push((api.name.clone(), state));
+            }
+            let (desired, bound) = outcome::evaluate(&states);
+            (desired, Some(bound))
+        }
+    };
+    write_status(binding.as_ref(), ctx, desired, bound_apis).await?;
+    Ok(requeue)
+}
+
+/// BIND-5 for one API.
+async fn api_state<B: Scoped>(
+    binding: &B,
+    connection: &Connection,
+    provider: &Provider,
+    api: &str,
+    ctx: &Context,
+) -> ApiState {
+    let status = connection.status.clone().unwrap_or_default();
+    let Some(export) = status.exported_apis.iter().find(|e| e.name == api) else {
+        return ApiState::NotExported;
+    };
+    if B::NAMESPACED && export.scope == ApiScope::Cluster {
+        return ApiState::ClusterScopedInBinding;
+    }
+    if status.active_schema_source == Some(ActiveSchemaSource::OpenApi) {
+        return ApiState::Pending("schemas from the OpenAPI source are not installed by this version of kbind; use the CRD source".into());
+    }
+    let policy = &connection.spec.schema;
+    let create = policy.pull_policy != PullPolicy::None;
+    let update = policy.update_policy != UpdatePolicy::Once;
+    let provider_crds: Api<CustomResourceDefinition> = Api::all(provider.client.clone());
+    let provider_crd = match provider_crds.get(api).await {
+        Ok(crd) => crd,
+        Err(kube::Error::Api(s)) if s.is_forbidden() => {
+            return ApiState::Forbidden(format!(
+                "reading the provider CRD was denied by RBAC: {}",
+                s.message
+            ));
+        }
+        Err(e) => {
+            return ApiState::Pending(format!(
+                "cannot read the provider CRD: {}",
+                kbind_shared::identity::describe_error(&e)
+            ));
+        }
+    };
+    let desired = match schema::desired_crd(&provider_crd, &connection.name_any()) {
+        Ok(desired) => desired,
+        Err(message) => return ApiState::Pending(message),
+    };
+    let hash = desired
+        .annotations()
+        .get(keys::SCHEMA_HASH_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    let installed = match schema::install(
+        &ctx.client,
+        &desired,
+        &connection.name_any(),
+        create,
+        update,
+    )
+    .await
+    {
+        Ok(installed) => installed,
+        Err(message) => return ApiState::Pending(message),
+    };
+    if installed.plan == schema::Plan::LeaveAbsent {
+        return ApiState::Pending(
+            "the consumer CRD is not installed and pullPolicy is None: supply it".into(),
+        );
+    }
+    let conflicts = count_conflicts(
+        &ctx.client,
+        &desired,
+        binding.covered_namespace().as_deref(),
+    )
+    .await;
+    ApiState::Bound {
+        hash,
+        in_sync: installed.in_sync,
+        conflicts,
+    }
+}
+
+/// The instances' API of a consumer CRD: its storage version.
+fn instance_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
+    let version = schema::select_version(&crd.spec.versions)?;
+    Some(ApiResource {
+        group: crd.spec.group.clone(),
+        version: version.name.clone(),
+        api_version: format!("{}/{}", crd.spec.group, version.name),
+        kind: crd.spec.names.kind.clone(),
+        plural: crd.spec.names.plural.clone(),
+    })
+}
+
+fn instances(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    }
+}
+
+/// BIND-5d: instances in scope with a conflict annotation, from metadata only. Errors count 0.
+async fn count_conflicts(
+    client: &Client,
+    crd: &CustomResourceDefinition,
+    namespace: Option<&str>,
+) -> Conflicts {
+    let Some(resource) = instance_resource(crd) else {
+        return Conflicts::default();
+    };
+    let Ok(list) = instances(client, &resource, namespace)
+        .list_metadata(&ListParams::default())
+        .await
+    else {
+        return Conflicts::default();
+    };
+    let mut conflicts = Conflicts::default();
+    for item in list.items {
+        match item
+            .annotations()
+            .get(keys::CONFLICT_ANNOTATION)
+            .map(String::as_str)
+        {
+            Some(keys::CONFLICT_FOREIGN) => conflicts.foreign += 1,
+            Some(v) if !v.is_empty() => conflicts.owned_by_another += 1,
+            _ => {}
+        }
+    }
+    conflicts
+}
+
+/// BIND-12: writes the status when anything changed.
+async fn write_status<B: Scoped>(
+    binding: &B,
+    ctx: &Context,
+    desired: Vec<Desired<'_>>,
+    bound_apis: Option<Vec<kbind_shared::api::BoundApi>>,
+) -> Result<(), Error> {
+    let before = binding.binding_status().cloned().unwrap_or_default();
+    let mut status: BindingStatus = before.clone();
+    let now = Time(jiff::Timestamp::now());
+    let ready = desired
+        .iter()
+        .any(|d| d.type_ == types::READY && d.status == conditions::Status::True);
+    for d in desired {
+        conditions::set(&mut status.conditions, d, binding.meta().generation, &now);
+    }
+    if let Some(bound) = bound_apis {
+        status.bound_apis = bound;
+    }
+    let namespace = binding.namespace().unwrap_or_default();
+    ctx.metrics
+        .binding_ready
+        .with_label_values(&[namespace.as_str(), &binding.name_any()])
+        .set(if ready { 1.0 } else { 0.0 });
+    if status == before {
+        return Ok(());
+    }
+    let mut updated = binding.clone();
+    updated.set_binding_status(status);
+    B::api(&ctx.client, binding)
+        .replace_status(&binding.name_any(), &PostParams::default(), &updated)
+        .await
+        .map_err(Error::Consumer)?;
+    Ok(())
+}
+
+/// Where an API's instances stay covered after `leaving` goes: by a remaining ClusterBinding
+/// (everywhere) or by remaining Bindings (their namespaces). LIM-22: exact, per namespace.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// A remaining ClusterBinding covers every namespace.
+    pub everywhere: bool,
+    /// Namespaces a remaining Binding covers.
+    pub namespaces: Vec<String>,
+}
+
+/// Computes the [`Coverage`] that remains for `api` of `connection` without the leaving binding.
+pub fn remaining_coverage(
+    api: &str,
+    connection: &str,
+    leaving_uid: &str,
+    cluster_bindings: &[ClusterBinding],
+    bindings: &[Binding],
+) -> Coverage {
+    let remains = |meta: &kube::api::ObjectMeta, spec: &kbind_shared::api::BindingSpec| {
+        meta.deletion_timestamp.is_none()
+            && meta.uid.as_deref() != Some(leaving_uid)
+            && spec.connection_ref.name == connection
+            && spec.apis.iter().any(|a| a.name == api)
+    };
+    Coverage {
+        everywhere: cluster_bindings
+            .iter()
+            .any(|b| remains(&b.metadata, &b.spec)),
+        namespaces: bindings
+            .iter()
+            .filter(|b| remains(&b.metadata, &b.spec))
+            .filter_map(|b| b.namespace())
+            .collect(),
+    }
+}
+
+/// §14 BCL, exact: drain the instances no remaining binding covers, wait for their provider copies
+/// to be gone (PGAP-1), and remove a consumer CRD only when a ClusterBinding goes, nothing else
+/// lists the API, and kbind created the CRD (LIM-9).
+async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Error> {
+    let client = &ctx.client;
+    let spec = binding.binding_spec();
+    let connection_name = spec.connection_ref.name.clone();
+    let connection = Api::<Connection>::all(client.clone())
+        .get_opt(&connection_name)
+        .await
+        .map_err(Error::Consumer)?;
+    let (provider, local_uid) = match &connection {
+        Some(c) => (
+            ctx.providers
+                .for_connection(client, c, &ctx.metrics)
+                .await
+                .ok(),
+            c.status
+                .as_ref()
+                .map(|s| s.local_cluster_uid.clone())
+                .unwrap_or_default(),
+        ),
+        None => (None, String::new()),
+    };
+    let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Consumer)?
+        .items;
+    let bindings = Api::<Binding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Consumer)?
+        .items;
+    let uid = binding.meta().uid.clone().unwrap_or_default();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+
+    let mut waiting = 0;
+    for api in &spec.apis {
+        let coverage = remaining_coverage(
+            &api.name,
+            &connection_name,
+            &uid,
+            &cluster_bindings,
+            &bindings,
+        );
+        if coverage.everywhere {
+            continue;
+        }
+        let Some(crd) = crds.get_opt(&api.name).await.map_err(Error::Consumer)? else {
+            continue;
+        };
+        let Some(resource) = instance_resource(&crd) else {
+            continue;
+        };
+        let scope = binding.covered_namespace();
+        let list = match instances(client, &resource, scope.as_deref())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(s)) if s.is_not_found() => Vec::new(),
+            Err(e) => return Err(Error::Consumer(e)),
+        };
+        for object in list {
+            let namespace = object.namespace();
+            if namespace
+                .as_ref()
+                .is_some_and(|ns| coverage.namespaces.contains(ns))
+            {
+                continue;
+            }
+            if !object
+                .finalizers()
+                .iter()
+                .any(|f| f == keys::SYNCER_FINALIZER)
+            {
+                continue;
+            }
+            let orphan = object
+                .annotations()
+                .get(keys::DELETION_POLICY_ANNOTATION)
+                .map(String::as_str)
+                == Some(keys::DELETION_POLICY_ORPHAN);
+            if !orphan && let Some(provider) = &provider {
+                match delete_provider_copy(&provider.client, &resource, &object, &local_uid).await {
+                    Ok(true) => {
+                        waiting += 1;
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(message) => return Err(Error::Cleanup(message)),
+                }
+            }
+            release_syncer_finalizer(client, &resource, &object).await?;
+        }
+        if waiting == 0 && !B::NAMESPACED {
+            delete_crd_if_ours(
+                &crds,
+                &crd,
+                &connection_name,
+                &api.name,
+                &uid,
+                &cluster_bindings,
+                &bindings,
+            )
+            .await?;
+        }
+    }
+    if waiting > 0 {
+        let desired = vec![Desired::new(
+            types::READY,
+            false,
+            outcome::DRAINING_OBJECTS,
+            format!("waiting for {waiting} provider object(s) to be deleted"),
+        )];
+        write_status(binding.as_ref(), ctx, desired, None).await?;
+        return Err(Error::Draining(waiting));
+    }
+    let namespace = binding.namespace().unwrap_or_default();
+    let _ = ctx
+        .metrics
+        .binding_ready
+        .remove_label_values(&[namespace.as_str(), &binding.name_any()]);
+    Ok(Action::await_change())
+}
+
+/// Deletes the provider copy of `object` if it is ours. Returns whether it still exists.
+async fn delete_provider_copy(
+    provider: &Client,
+    resource: &ApiResource,
+    object: &DynamicObject,
+    local_uid: &str,
+) -> Result<bool, String> {
+    let api = instances(provider, resource, object.namespace().as_deref());
+    let name = object.name_any();
+    let copy = match api.get_opt(&name).await {
+        Ok(copy) => copy,
+        Err(e) => {
+            return Err(format!(
+                "read provider copy of {name}: {}",
+                kbind_shared::identity::describe_error(&e)
+            ));
+        }
+    };
+    let Some(copy) = copy else { return Ok(false) };
+    let ours = copy
+        .annotations()
+        .get(keys::CONSUMER_CLUSTER_UID_ANNOTATION)
+        .map(String::as_str)
+        == Some(local_uid)
+        && copy.annotations().get(keys::CONSUMER_OBJECT_UID_ANNOTATION)
+            == object.metadata.uid.as_ref();
+    if !ours {
+        return Ok(false);
+    }
+    if copy.metadata.deletion_timestamp.is_none() {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
+            Err(e) => {
+                return Err(format!(
+                    "delete provider copy of {name}: {}",
+                    kbind_shared::identity::describe_error(&e)
+                ));
+            }
+        }
+    }
+    Ok(true)
+}
+
+async fn release_syncer_finalizer(
+    client: &Client,
+    resource: &ApiResource,
+    object: &DynamicObject,
+) -> Result<(), Error> {
+    let finalizers: Vec<&String> = object
+        .finalizers()
+        .iter()
+        .filter(|f| *f != keys::SYNCER_FINALIZER)
+        .collect();
+    let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": object.resource_version() } });
+    match instances(client, resource, object.namespace().as_deref())
+        .patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(Error::Consumer(e)),
+    }
+}
+
+async fn delete_crd_if_ours(
+    crds: &Api<CustomResourceDefinition>,
+    crd: &CustomResourceDefinition,
+    connection: &str,
+    api: &str,
+    leaving_uid: &str,
+    cluster_bindings: &[ClusterBinding],
+    bindings: &[Binding],
+) -> Result<(), Error> {
+    let listed_elsewhere = cluster_bindings
+        .iter()
+        .map(|b| (&b.metadata, &b.spec.binding))
+        .chain(bindings.iter().map(|b| (&b.metadata, &b.spec)))
+        .any(|(meta, spec)| {
+            meta.deletion_timestamp.is_none()
+                && meta.uid.as_deref() != Some(leaving_uid)
+                && spec.apis.iter().any(|a| a.name == api)
+        });
+    let created_by_us = crd
+        .annotations()
+        .get(keys::CREATED_BY_ANNOTATION)
+        .map(String::as_str)
+        == Some(connection);
+    if listed_elsewhere || !created_by_us {
+        return Ok(());
+    }
+    match crds.delete(api, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(Error::Consumer(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kbind_shared::api::{ApiRef, BindingSpec, ClusterBindingSpec, ConnectionRef};
+
+    fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
+        BindingSpec {
+            connection_ref: ConnectionRef {
+                name: connection.into(),
+            },
+            apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
+            conflict_policy: Default::default(),
+            related_resources: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn remaining_coverage_is_exact_per_namespace_and_connection() {
+        // LIM-22
+        let w = "widgets.example.org";
+        let mut leaving = ClusterBinding::new("leaving", ClusterBindingSpec::from(spec("p", &[w])));
+        leaving.metadata.uid = Some("leaving".into());
+        let other_connection =
+            ClusterBinding::new("other", ClusterBindingSpec::from(spec("q", &[w])));
+        let mut team_a = Binding::new("a", spec("p", &[w]));
+        team_a.metadata.namespace = Some("team-a".into());
+        let mut team_b_other_api = Binding::new("b", spec("p", &["gadgets.example.org"]));
+        team_b_other_api.metadata.namespace = Some("team-b".into());
+        let coverage = remaining_coverage(
+            w,
+            "p",
+            "leaving",
+            &[leaving.clone(), other_connection],
+            &[team_a, team_b_other_api],
+        );
+        assert_eq!(
+            coverage,
+            Coverage {
+                everywhere: false,
+                namespaces: vec!["team-a".into()]
+            }
+        );
+
+        let still = ClusterBinding::new("still", ClusterBindingSpec::from(spec("p", &[w])));
+        assert!(remaining_coverage(w, "p", "leaving", &[leaving, still], &[]).everywhere);
+    }
+}

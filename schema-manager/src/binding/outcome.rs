@@ -1,0 +1,306 @@
+//! What a binding reconcile found per API, and the conditions and `boundAPIs` that says
+//! (REFERENCE-BEHAVIOUR §12, BIND-5 … BIND-11, with QRK-4, QRK-17, BIND-14 and LIM-13 improved).
+
+use kbind_shared::api::BoundApi;
+use kbind_shared::conditions::{Desired, Status, reasons, types};
+
+/// Reason for an API listed in a namespaced Binding that is cluster-scoped (BIND-14, PGAP-6).
+pub const CLUSTER_SCOPED_API: &str = "ClusterScopedAPI";
+/// Reason while unbind waits for provider copies to be gone (PGAP-1).
+pub const DRAINING_OBJECTS: &str = "DrainingObjects";
+
+/// Instances of one API that carry a conflict annotation, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Conflicts {
+    /// `ForeignObjectExists`
+    pub foreign: i32,
+    /// `OwnedByAnother`
+    pub owned_by_another: i32,
+}
+
+impl Conflicts {
+    /// Both kinds together.
+    pub fn total(&self) -> i32 {
+        self.foreign + self.owned_by_another
+    }
+}
+
+/// The state of one listed API after this reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiState {
+    /// Not in the Connection's exported APIs (BIND-5a).
+    NotExported,
+    /// Cluster-scoped, listed in a namespaced Binding.
+    ClusterScopedInBinding,
+    /// RBAC denied reading the provider schema; other APIs still proceed (QRK-17 fixed).
+    Forbidden(String),
+    /// Waiting (schema not installable yet, CRD missing under pullPolicy None, …).
+    Pending(String),
+    /// Installed; `in_sync` tells whether it matches the provider schema.
+    Bound {
+        /// The desired schema hash.
+        hash: String,
+        /// Whether the installed CRD carries that hash.
+        in_sync: bool,
+        /// Conflicting instances.
+        conflicts: Conflicts,
+    },
+}
+
+/// Conditions (in setting order) and `boundAPIs` for a binding whose APIs are in `states`.
+pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<BoundApi>) {
+    let names = |pick: fn(&ApiState) -> bool| -> Vec<&str> {
+        states
+            .iter()
+            .filter(|(_, s)| pick(s))
+            .map(|(n, _)| n.as_str())
+            .collect()
+    };
+    let messages = |pick: fn(&ApiState) -> Option<&String>| -> Vec<String> {
+        states
+            .iter()
+            .filter_map(|(n, s)| pick(s).map(|m| format!("{n}: {m}")))
+            .collect()
+    };
+    let not_exported = names(|s| matches!(s, ApiState::NotExported));
+    let cluster_scoped = names(|s| matches!(s, ApiState::ClusterScopedInBinding));
+    let forbidden = messages(|s| {
+        if let ApiState::Forbidden(m) = s {
+            Some(m)
+        } else {
+            None
+        }
+    });
+    let pending = messages(|s| {
+        if let ApiState::Pending(m) = s {
+            Some(m)
+        } else {
+            None
+        }
+    });
+
+    let mut bound: Vec<BoundApi> = Vec::new();
+    let (mut conflicts, mut out_of_sync) = (Conflicts::default(), Vec::new());
+    for (name, state) in states {
+        if let ApiState::Bound {
+            hash,
+            in_sync,
+            conflicts: c,
+        } = state
+        {
+            bound.push(BoundApi {
+                name: name.clone(),
+                crd_hash: hash.clone(),
+                conflict_count: c.total(),
+            });
+            conflicts.foreign += c.foreign;
+            conflicts.owned_by_another += c.owned_by_another;
+            if !in_sync {
+                out_of_sync.push(name.as_str());
+            }
+        }
+    }
+    bound.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let mut out = Vec::new();
+    out.push(if forbidden.is_empty() {
+        Desired::new(types::PERMISSION_DENIED, false, reasons::AS_EXPECTED, "")
+    } else {
+        Desired::new(
+            types::PERMISSION_DENIED,
+            true,
+            reasons::FORBIDDEN,
+            forbidden.join("; "),
+        )
+    });
+    let problem: Option<(&'static str, String)> = if !not_exported.is_empty() {
+        Some((
+            reasons::API_NOT_EXPORTED,
+            format!("not exported by the provider: {}", not_exported.join(", ")),
+        ))
+    } else if !cluster_scoped.is_empty() {
+        Some((
+            CLUSTER_SCOPED_API,
+            format!(
+                "cluster-scoped APIs can only be bound by a ClusterBinding: {}",
+                cluster_scoped.join(", ")
+            ),
+        ))
+    } else if !forbidden.is_empty() {
+        Some((reasons::FORBIDDEN, forbidden.join("; ")))
+    } else if !pending.is_empty() {
+        Some((reasons::PENDING, pending.join("; ")))
+    } else {
+        None
+    };
+    let total = states.len();
+    match &problem {
+        Some((reason, message)) => {
+            out.push(Desired::new(
+                types::SYNCED,
+                false,
+                reason,
+                format!("{} of {total} APIs installed; {message}", bound.len()),
+            ));
+        }
+        None => out.push(Desired::new(
+            types::SYNCED,
+            true,
+            reasons::AS_EXPECTED,
+            "all APIs installed",
+        )),
+    }
+    out.push(if out_of_sync.is_empty() {
+        Desired::new(types::SCHEMA_IN_SYNC, true, reasons::AS_EXPECTED, "")
+    } else {
+        Desired::new(
+            types::SCHEMA_IN_SYNC,
+            false,
+            reasons::PENDING,
+            format!(
+                "installed CRDs differ from the provider (updatePolicy Once): {}",
+                out_of_sync.join(", ")
+            ),
+        )
+    });
+    out.push(match (conflicts.foreign, conflicts.owned_by_another) {
+        (0, 0) => Desired::new(types::CONFLICTS, false, reasons::AS_EXPECTED, ""),
+        // QRK-4 fixed: the reason names the kind of conflict.
+        (f, 0) => Desired::new(types::CONFLICTS, true, reasons::FOREIGN_OBJECT_EXISTS, format!("{f} object(s) conflict with provider objects kbind does not own")),
+        (0, o) => Desired::new(types::CONFLICTS, true, reasons::OWNED_BY_ANOTHER, format!("{o} object(s) conflict with provider objects owned by another consumer")),
+        (f, o) => Desired::new(types::CONFLICTS, true, reasons::OWNED_BY_ANOTHER, format!("{} object(s) conflict: {f} with unowned provider objects, {o} with objects owned by another consumer", f + o)),
+    });
+    out.push(match problem {
+        Some((reason, message)) => Desired::new(types::READY, false, reason, message),
+        None => Desired::new(types::READY, true, reasons::AS_EXPECTED, ""),
+    });
+    (out, bound)
+}
+
+/// The Ready condition while the binding's Connection is missing or not Ready (BIND-3).
+pub fn connection_pending(message: String) -> Desired<'static> {
+    Desired {
+        type_: types::READY,
+        status: Status::False,
+        reason: reasons::PENDING,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bound(conflicts: Conflicts) -> ApiState {
+        ApiState::Bound {
+            hash: "sha256:1".into(),
+            in_sync: true,
+            conflicts,
+        }
+    }
+
+    fn get<'a>(out: &'a [Desired<'static>], type_: &str) -> &'a Desired<'static> {
+        out.iter().find(|d| d.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn all_bound_is_ready_and_sorted() {
+        let (out, bound) = evaluate(&[
+            ("widgets.example.org".into(), bound(Conflicts::default())),
+            ("gadgets.example.org".into(), bound(Conflicts::default())),
+        ]);
+        assert_eq!(get(&out, "Ready").status, Status::True);
+        assert_eq!(get(&out, "Synced").status, Status::True);
+        assert_eq!(get(&out, "Conflicts").status, Status::False);
+        let names: Vec<&str> = bound.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["gadgets.example.org", "widgets.example.org"]);
+    }
+
+    #[test]
+    fn not_exported_wins_and_is_left_out_of_bound_apis() {
+        // BIND-6, BIND-7
+        let (out, bound) = evaluate(&[
+            ("a.x".into(), ApiState::NotExported),
+            ("b.x".into(), bound(Conflicts::default())),
+        ]);
+        let ready = get(&out, "Ready");
+        assert_eq!(
+            (ready.status, ready.reason),
+            (Status::False, "APINotExported")
+        );
+        assert!(ready.message.contains("a.x"));
+        assert_eq!(bound.len(), 1);
+    }
+
+    #[test]
+    fn forbidden_api_does_not_stop_the_others() {
+        // QRK-17 fixed
+        let (out, bound) = evaluate(&[
+            ("a.x".into(), ApiState::Forbidden("denied".into())),
+            ("b.x".into(), bound(Conflicts::default())),
+        ]);
+        assert_eq!(get(&out, "PermissionDenied").status, Status::True);
+        assert_eq!(get(&out, "Ready").reason, "Forbidden");
+        assert_eq!(bound.len(), 1, "the allowed API is still bound");
+    }
+
+    #[test]
+    fn cluster_scoped_api_in_a_binding_is_reported() {
+        // BIND-14 / PGAP-6
+        let (out, _) = evaluate(&[("clusters.x".into(), ApiState::ClusterScopedInBinding)]);
+        let ready = get(&out, "Ready");
+        assert_eq!(
+            (ready.status, ready.reason),
+            (Status::False, CLUSTER_SCOPED_API)
+        );
+        assert!(ready.message.contains("ClusterBinding"));
+    }
+
+    #[test]
+    fn conflict_reason_matches_the_kind_and_does_not_unready() {
+        // BIND-10 without QRK-4, BIND-11
+        let foreign = Conflicts {
+            foreign: 2,
+            owned_by_another: 0,
+        };
+        let (out, bound) = evaluate(&[(
+            "a.x".into(),
+            ApiState::Bound {
+                hash: "h".into(),
+                in_sync: true,
+                conflicts: foreign,
+            },
+        )]);
+        assert_eq!(get(&out, "Conflicts").reason, "ForeignObjectExists");
+        assert_eq!(get(&out, "Ready").status, Status::True);
+        assert_eq!(bound[0].conflict_count, 2);
+        let other = Conflicts {
+            foreign: 0,
+            owned_by_another: 1,
+        };
+        let (out, _) = evaluate(&[(
+            "a.x".into(),
+            ApiState::Bound {
+                hash: "h".into(),
+                in_sync: true,
+                conflicts: other,
+            },
+        )]);
+        assert_eq!(get(&out, "Conflicts").reason, "OwnedByAnother");
+    }
+
+    #[test]
+    fn schema_out_of_sync_is_reported() {
+        // LIM-13
+        let (out, _) = evaluate(&[(
+            "a.x".into(),
+            ApiState::Bound {
+                hash: "h".into(),
+                in_sync: false,
+                conflicts: Conflicts::default(),
+            },
+        )]);
+        assert_eq!(get(&out, "SchemaInSync").status, Status::False);
+        assert_eq!(get(&out, "Ready").status, Status::True);
+    }
+}

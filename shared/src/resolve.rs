@@ -1,0 +1,212 @@
+//! Binding resolution (REFERENCE-BEHAVIOUR §17.1, RES-1 … RES-5): which binding, if any, covers
+//! an instance of an API. A pure function over whatever holds the bindings — the syncer passes
+//! its reflector stores, not live LISTs (QRK-10).
+
+use kube::ResourceExt;
+
+use crate::api::{Binding, BindingSpec, BindingStatus, ClusterBinding, ConflictPolicy};
+use crate::conditions::{self, types};
+
+/// What both binding kinds offer to resolution and reconciliation.
+pub trait BindingObject:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// Whether the kind is namespaced (Binding) or cluster-scoped (ClusterBinding).
+    const NAMESPACED: bool;
+    /// The shared spec.
+    fn binding_spec(&self) -> &BindingSpec;
+    /// The shared status.
+    fn binding_status(&self) -> Option<&BindingStatus>;
+    /// Replaces the status.
+    fn set_binding_status(&mut self, status: BindingStatus);
+}
+
+impl BindingObject for Binding {
+    const NAMESPACED: bool = true;
+    fn binding_spec(&self) -> &BindingSpec {
+        &self.spec
+    }
+    fn binding_status(&self) -> Option<&BindingStatus> {
+        self.status.as_ref()
+    }
+    fn set_binding_status(&mut self, status: BindingStatus) {
+        self.status = Some(status);
+    }
+}
+
+impl BindingObject for ClusterBinding {
+    const NAMESPACED: bool = false;
+    fn binding_spec(&self) -> &BindingSpec {
+        &self.spec
+    }
+    fn binding_status(&self) -> Option<&BindingStatus> {
+        self.status.as_ref()
+    }
+    fn set_binding_status(&mut self, status: BindingStatus) {
+        self.status = Some(status);
+    }
+}
+
+/// The binding that covers an instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    /// `None` for a ClusterBinding, else the Binding's namespace.
+    pub namespace: Option<String>,
+    /// The binding's name.
+    pub name: String,
+    /// Whether the binding is Ready (RES-5: only a Ready binding makes the instance bound).
+    pub ready: bool,
+    /// The Connection it names.
+    pub connection: String,
+    /// Its conflict policy.
+    pub conflict_policy: ConflictPolicy,
+}
+
+impl Resolution {
+    /// RES-5: found and Ready.
+    pub fn is_bound(&self) -> bool {
+        self.ready
+    }
+}
+
+fn covers<B: BindingObject>(binding: &B, api: &str) -> bool {
+    binding.meta().deletion_timestamp.is_none()
+        && binding.binding_spec().apis.iter().any(|a| a.name == api)
+}
+
+fn resolution<B: BindingObject>(binding: &B) -> Resolution {
+    let spec = binding.binding_spec();
+    Resolution {
+        namespace: binding.namespace(),
+        name: binding.name_any(),
+        ready: binding
+            .binding_status()
+            .is_some_and(|s| conditions::is_true(&s.conditions, types::READY)),
+        connection: spec.connection_ref.name.clone(),
+        conflict_policy: spec.conflict_policy,
+    }
+}
+
+/// RES-1 … RES-4: the first (by name) ClusterBinding not being deleted that lists `api`, whether
+/// Ready or not; only if none does and the instance is namespaced, the first such Binding in the
+/// instance's namespace.
+pub fn resolve<'a>(
+    api: &str,
+    namespace: Option<&str>,
+    cluster_bindings: impl IntoIterator<Item = &'a ClusterBinding>,
+    bindings: impl IntoIterator<Item = &'a Binding>,
+) -> Option<Resolution> {
+    let first = |mut found: Vec<Resolution>| {
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        found.into_iter().next()
+    };
+    let cluster_wide: Vec<Resolution> = cluster_bindings
+        .into_iter()
+        .filter(|b| covers(*b, api))
+        .map(resolution)
+        .collect();
+    if let Some(found) = first(cluster_wide) {
+        return Some(found);
+    }
+    let namespace = namespace?;
+    let local: Vec<Resolution> = bindings
+        .into_iter()
+        .filter(|b| b.namespace().as_deref() == Some(namespace) && covers(*b, api))
+        .map(resolution)
+        .collect();
+    first(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ApiRef, ClusterBindingSpec, ConnectionRef};
+    use crate::conditions::{Desired, reasons};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
+        BindingSpec {
+            connection_ref: ConnectionRef {
+                name: connection.into(),
+            },
+            apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
+            conflict_policy: ConflictPolicy::Fail,
+            related_resources: Vec::new(),
+        }
+    }
+
+    fn ready(status: &mut Option<BindingStatus>) {
+        let mut s = BindingStatus::default();
+        let now = Time(jiff::Timestamp::UNIX_EPOCH);
+        conditions::set(
+            &mut s.conditions,
+            Desired::new(types::READY, true, reasons::AS_EXPECTED, ""),
+            None,
+            &now,
+        );
+        *status = Some(s);
+    }
+
+    fn cluster_binding(name: &str, apis: &[&str], is_ready: bool) -> ClusterBinding {
+        let mut b = ClusterBinding::new(name, ClusterBindingSpec::from(spec("p", apis)));
+        if is_ready {
+            ready(&mut b.status);
+        }
+        b
+    }
+
+    fn binding(namespace: &str, name: &str, apis: &[&str], is_ready: bool) -> Binding {
+        let mut b = Binding::new(name, spec("p", apis));
+        b.metadata.namespace = Some(namespace.into());
+        if is_ready {
+            ready(&mut b.status);
+        }
+        b
+    }
+
+    const W: &str = "widgets.example.org";
+
+    #[test]
+    fn cluster_binding_wins_even_when_not_ready() {
+        // RES-2
+        let cbs = [cluster_binding("all", &[W], false)];
+        let bs = [binding("team-a", "mine", &[W], true)];
+        let r = resolve(W, Some("team-a"), &cbs, &bs).unwrap();
+        assert_eq!(
+            (r.namespace.as_deref(), r.name.as_str(), r.is_bound()),
+            (None, "all", false)
+        );
+    }
+
+    #[test]
+    fn binding_covers_only_its_namespace_and_only_namespaced_objects() {
+        // RES-3, SYNC-14
+        let bs = [binding("team-a", "mine", &[W], true)];
+        let none: [ClusterBinding; 0] = [];
+        assert!(resolve(W, Some("team-a"), &none, &bs).unwrap().is_bound());
+        assert!(resolve(W, Some("team-b"), &none, &bs).is_none());
+        assert!(resolve(W, None, &none, &bs).is_none());
+        assert!(resolve("gadgets.example.org", Some("team-a"), &none, &bs).is_none());
+    }
+
+    #[test]
+    fn first_by_name_wins_and_deleting_bindings_are_ignored() {
+        // RES-2, RES-4, BCL-1
+        let mut doomed = cluster_binding("a-doomed", &[W], true);
+        doomed.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        let cbs = [
+            cluster_binding("c", &[W], false),
+            doomed,
+            cluster_binding("b", &[W], true),
+        ];
+        let none: [Binding; 0] = [];
+        assert_eq!(resolve(W, None, &cbs, &none).unwrap().name, "b");
+    }
+}

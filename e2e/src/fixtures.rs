@@ -233,3 +233,137 @@ pub async fn start_schema_manager(
         probes,
     })
 }
+
+/// Starts a `kbind-syncer` replica named `name` against `cluster`.
+pub async fn start_syncer(
+    env: &mut TestEnv,
+    cluster: &str,
+    name: &str,
+    extra: &[&str],
+) -> Result<SchemaManager, String> {
+    ensure_namespace(&env.cluster(cluster).admin_client().await?, KBIND_NAMESPACE).await?;
+    let kubeconfig = env.cluster(cluster).admin_kubeconfig_path();
+    let (metrics, probes) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--metrics-bind-address={metrics}"),
+        format!("--health-probe-bind-address={probes}"),
+        format!("--namespace={KBIND_NAMESPACE}"),
+        format!("--identity={name}"),
+        "--log-level=info,kbind_syncer=debug".to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let index = env.start_kbind("kbind-syncer", name, &args, &[])?;
+    Ok(SchemaManager {
+        index,
+        metrics,
+        probes,
+    })
+}
+
+/// Applies a multi-document YAML manifest to a cluster with server-side apply, in file order.
+pub async fn apply_manifest(client: &Client, yaml: &str) -> Result<(), String> {
+    use serde::Deserialize;
+    let discovery = kube::Discovery::new(client.clone())
+        .run()
+        .await
+        .map_err(|e| e.to_string())?;
+    for document in serde_yaml::Deserializer::from_str(yaml) {
+        let object = serde_json::Value::deserialize(document).map_err(|e| e.to_string())?;
+        if object.is_null() {
+            continue;
+        }
+        let object: kube::api::DynamicObject =
+            serde_json::from_value(object).map_err(|e| e.to_string())?;
+        let types = object
+            .types
+            .clone()
+            .ok_or("a manifest document without apiVersion/kind")?;
+        let gvk = kube::api::GroupVersionKind::try_from(&types).map_err(|e| e.to_string())?;
+        let (resource, capabilities) = discovery
+            .resolve_gvk(&gvk)
+            .ok_or_else(|| format!("{gvk:?} is not served"))?;
+        let name = object
+            .metadata
+            .name
+            .clone()
+            .ok_or("a manifest document without a name")?;
+        let api: Api<kube::api::DynamicObject> =
+            if capabilities.scope == kube::discovery::Scope::Namespaced {
+                Api::namespaced_with(
+                    client.clone(),
+                    object.metadata.namespace.as_deref().unwrap_or("default"),
+                    &resource,
+                )
+            } else {
+                Api::all_with(client.clone(), &resource)
+            };
+        api.patch(
+            &name,
+            &PatchParams::apply("kbind-e2e").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .map_err(|e| format!("apply {} {name}: {e}", types.kind))?;
+    }
+    Ok(())
+}
+
+/// The `widgets.example.org` API used by sync tests and the demo: `spec.size` (integer) and a
+/// status subresource, labelled exported.
+pub fn widget_crd() -> CustomResourceDefinition {
+    crd(
+        "widgets",
+        "example.org",
+        "Widget",
+        &[(kbind_shared::keys::EXPORTED_LABEL, kbind_shared::keys::TRUE)],
+    )
+}
+
+/// The Widget API resource.
+pub fn widget_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("example.org", "v1", "Widget"),
+        "widgets",
+    )
+}
+
+/// A tiny stand-in for the provider's own controller: it sets each Widget's
+/// `status.phase = "Ready"` and `status.observedSize = spec.size`, so status flowing back is
+/// visible. Runs until the returned handle is aborted.
+pub fn run_provider_widget_controller(provider: Client) -> tokio::task::JoinHandle<()> {
+    use kube::runtime::{WatchStreamExt, watcher};
+    tokio::spawn(async move {
+        let api: Api<kube::api::DynamicObject> =
+            Api::all_with(provider.clone(), &widget_resource());
+        let mut events = std::pin::pin!(
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+        );
+        while let Some(event) = futures::StreamExt::next(&mut events).await {
+            let Ok(widget) = event else { continue };
+            let size = widget.data["spec"]["size"].clone();
+            let status = json!({ "phase": "Ready", "observedSize": size });
+            if widget.data.get("status") == Some(&status)
+                || widget.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
+            let namespace = widget.metadata.namespace.clone().unwrap_or_default();
+            let name = widget.metadata.name.clone().unwrap_or_default();
+            let api: Api<kube::api::DynamicObject> =
+                Api::namespaced_with(provider.clone(), &namespace, &widget_resource());
+            let _ = api
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({ "status": status })),
+                )
+                .await;
+        }
+    })
+}

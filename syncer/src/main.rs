@@ -2,7 +2,13 @@
 //! spec up, status down and deletion for the share of the work assigned to them.
 #![forbid(unsafe_code)]
 
+mod context;
+mod managed;
+mod ownership;
+mod worker;
+
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -82,7 +88,7 @@ async fn run(args: Args) -> Result<(), String> {
     process::serve_endpoints(
         args.common.metrics_bind_address,
         args.common.health_probe_bind_address,
-        metrics,
+        metrics.clone(),
         readiness.clone(),
         shutdown.clone(),
     )
@@ -96,8 +102,22 @@ async fn run(args: Args) -> Result<(), String> {
         workers = args.workers,
         "kbind-syncer started"
     );
+    let reporter = kube::runtime::events::Reporter {
+        controller: kbind_shared::keys::EVENT_COMPONENT.into(),
+        instance: Some(identity.clone()),
+    };
+    let ctx = Arc::new(
+        context::Context::start(
+            client,
+            metrics,
+            reporter,
+            args.resync_interval,
+            args.workers,
+        )
+        .await,
+    );
     readiness.set(true);
-    shutdown.cancelled().await;
+    managed::run(ctx, shutdown.clone()).await;
     readiness.set(false);
     tracing::info!("kbind-syncer stopped");
     Ok(())

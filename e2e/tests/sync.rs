@@ -1,0 +1,416 @@
+//! Instance sync on two real clusters with `kbind-schema-manager` and `kbind-syncer` as real
+//! processes: the one-file apply converges, spec goes up, status comes down, drift is repaired,
+//! conflicts are reported, deletion and unbind clean up (REFERENCE-BEHAVIOUR §9, §12, §14, §17).
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::install_crds;
+use kbind_e2e::{TestEnv, eventually};
+use kbind_shared::api::ClusterBinding;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+struct Setup {
+    env: TestEnv,
+    consumer: Client,
+    provider: Client,
+    syncer: SchemaManager,
+    _provider_controller: tokio::task::JoinHandle<()>,
+}
+
+/// The one file a user applies: Secret, Connection and ClusterBinding.
+fn one_file(kubeconfig: &str, order: &[usize]) -> String {
+    let documents = [
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: provider-kubeconfig\n  namespace: kbind\nstringData:\n  kubeconfig: |\n{}",
+            kubeconfig.lines().map(|l| format!("    {l}\n")).collect::<String>()
+        ),
+        "apiVersion: core.kbind.io/v1alpha1\nkind: Connection\nmetadata:\n  name: provider\nspec:\n  kubeconfigSecretRef:\n    namespace: kbind\n    name: provider-kubeconfig\n  schema:\n    source: CRD\n".to_owned(),
+        "apiVersion: core.kbind.io/v1alpha1\nkind: ClusterBinding\nmetadata:\n  name: widgets\nspec:\n  connectionRef:\n    name: provider\n  apis:\n  - name: widgets.example.org\n".to_owned(),
+    ];
+    order
+        .iter()
+        .map(|i| documents[*i].clone())
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+async fn setup(test: &str, order: &[usize]) -> Setup {
+    let mut env = TestEnv::start(test, &["consumer", "provider"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    start_schema_manager(
+        &mut env,
+        "consumer",
+        "schema-manager",
+        &["--leader-elect=false"],
+    )
+    .await
+    .unwrap();
+    let syncer = start_syncer(&mut env, "consumer", "syncer-0", &[])
+        .await
+        .unwrap();
+    ensure_namespace(&consumer, "kbind").await.unwrap();
+    apply_manifest(
+        &consumer,
+        &one_file(&env.cluster("provider").admin_kubeconfig(), order),
+    )
+    .await
+    .unwrap();
+    let provider_controller = run_provider_widget_controller(provider.clone());
+    Setup {
+        env,
+        consumer,
+        provider,
+        syncer,
+        _provider_controller: provider_controller,
+    }
+}
+
+async fn wait_binding_ready(consumer: &Client, name: &str) {
+    let api: Api<ClusterBinding> = Api::all(consumer.clone());
+    eventually(
+        &format!("ClusterBinding {name} Ready"),
+        Duration::from_secs(30),
+        || async {
+            let b = api.get(name).await.map_err(|e| e.to_string())?;
+            let conds = b.status.map(|s| s.conditions).unwrap_or_default();
+            if kbind_shared::conditions::is_true(&conds, "Ready") {
+                Ok(Some(()))
+            } else {
+                Err(format!("{conds:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+fn widgets(client: &Client, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), namespace, &widget_resource())
+}
+
+fn widget(name: &str, size: i64) -> DynamicObject {
+    serde_json::from_value(json!({ "apiVersion": "example.org/v1", "kind": "Widget", "metadata": { "name": name }, "spec": { "size": size } })).unwrap()
+}
+
+async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, String>>,
+{
+    eventually(what, Duration::from_secs(30), check)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
+    // GEN-5, SCH-2, SYNC-5 … SYNC-9, SYNC-12, IDEL-3
+    let s = setup("sync_both_ways", &[2, 1, 0]).await;
+    wait_binding_ready(&s.consumer, "widgets").await;
+
+    // The consumer CRD: one version, conversion None, kbind's markers, created by kbind.
+    let crd = Api::<CustomResourceDefinition>::all(s.consumer.clone())
+        .get("widgets.example.org")
+        .await
+        .unwrap();
+    assert_eq!(
+        crd.labels()
+            .get("core.kbind.io/managed")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        crd.annotations()
+            .get("core.kbind.io/connection")
+            .map(String::as_str),
+        Some("provider")
+    );
+    assert!(crd.annotations().contains_key("core.kbind.io/schema-hash"));
+    assert!(
+        !crd.labels().contains_key("core.kbind.io/exported"),
+        "provider labels are not copied (QRK-20)"
+    );
+
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    let created = consumer_widgets
+        .create(&PostParams::default(), &widget("w1", 3))
+        .await
+        .unwrap();
+    let provider_widgets = widgets(&s.provider, "team-a");
+
+    // Spec up, with ownership markers and nothing else from the consumer.
+    let copy = wait_for("the provider copy", || async {
+        provider_widgets
+            .get_opt("w1")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(copy.data["spec"], json!({ "size": 3 }));
+    assert_eq!(
+        copy.annotations().get("core.kbind.io/consumer-object-uid"),
+        created.metadata.uid.as_ref()
+    );
+    assert_eq!(
+        copy.labels()
+            .get("core.kbind.io/managed")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert!(
+        copy.managed_fields()
+            .iter()
+            .any(|f| f.manager.as_deref() == Some("kbind-konnector"))
+    );
+
+    // Status down.
+    wait_for("status to come back", || async {
+        let w = consumer_widgets
+            .get("w1")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((w.data["status"] == json!({ "phase": "Ready", "observedSize": 3 })).then_some(()))
+    })
+    .await;
+    let w = consumer_widgets.get("w1").await.unwrap();
+    assert!(w.finalizers().contains(&"core.kbind.io/syncer".to_owned()));
+
+    // A spec change goes up; drift on the provider is repaired.
+    consumer_widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 5 } })),
+        )
+        .await
+        .unwrap();
+    wait_for("the new spec upstream", || async {
+        Ok((provider_widgets
+            .get("w1")
+            .await
+            .map_err(|e| e.to_string())?
+            .data["spec"]["size"]
+            == 5)
+            .then_some(()))
+    })
+    .await;
+    provider_widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 99 } })),
+        )
+        .await
+        .unwrap();
+    wait_for("drift to be repaired", || async {
+        Ok((provider_widgets
+            .get("w1")
+            .await
+            .map_err(|e| e.to_string())?
+            .data["spec"]["size"]
+            == 5)
+            .then_some(()))
+    })
+    .await;
+
+    // No write when nothing changed: spec-up count stays put while nothing happens.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = s.syncer.metrics().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = s.syncer.metrics().await.unwrap();
+    let spec_ups = |text: &str| {
+        text.lines()
+            .find(|l| l.contains("op=\"spec_up\"") && l.contains("result=\"ok\""))
+            .map(str::to_owned)
+    };
+    assert!(
+        spec_ups(&before).is_some(),
+        "no spec_up was counted: {before}"
+    );
+    assert_eq!(
+        spec_ups(&before),
+        spec_ups(&after),
+        "a write happened while nothing changed"
+    );
+
+    // Deleting the consumer object deletes the provider copy first.
+    consumer_widgets
+        .delete("w1", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the provider copy to go", || async {
+        Ok(provider_widgets
+            .get_opt("w1")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    wait_for("the consumer object to go", || async {
+        Ok(consumer_widgets
+            .get_opt("w1")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    drop(s.env);
+}
+
+#[tokio::test]
+async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
+    // OWN-1 … OWN-3, BIND-10 (QRK-4 fixed), SYNC-7
+    let s = setup("sync_conflict", &[0, 1, 2]).await;
+    wait_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.provider, "team-a").await.unwrap();
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let provider_widgets = widgets(&s.provider, "team-a");
+    provider_widgets
+        .create(&PostParams::default(), &widget("taken", 1))
+        .await
+        .unwrap();
+
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    consumer_widgets
+        .create(&PostParams::default(), &widget("taken", 7))
+        .await
+        .unwrap();
+    wait_for("the conflict annotation", || async {
+        let w = consumer_widgets
+            .get("taken")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((w
+            .annotations()
+            .get("core.kbind.io/conflict")
+            .map(String::as_str)
+            == Some("ForeignObjectExists"))
+        .then_some(()))
+    })
+    .await;
+    assert_eq!(
+        provider_widgets.get("taken").await.unwrap().data["spec"]["size"],
+        1,
+        "the foreign object is untouched"
+    );
+    let bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    wait_for("Conflicts=True on the binding", || async {
+        let b = bindings.get("widgets").await.map_err(|e| e.to_string())?;
+        let status = b.status.unwrap_or_default();
+        let c = kbind_shared::conditions::find(&status.conditions, "Conflicts").cloned();
+        Ok(
+            c.filter(|c| c.status == "True" && c.reason == "ForeignObjectExists")
+                .map(|_| status.bound_apis[0].conflict_count),
+        )
+    })
+    .await;
+
+    // Adopt takes the unmarked object and the conflict clears.
+    bindings
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "conflictPolicy": "Adopt" } })),
+        )
+        .await
+        .unwrap();
+    wait_for("adoption", || async {
+        let copy = provider_widgets
+            .get("taken")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((copy.data["spec"]["size"] == 7
+            && copy
+                .annotations()
+                .contains_key("core.kbind.io/consumer-object-uid"))
+        .then_some(()))
+    })
+    .await;
+    wait_for("the conflict annotation to clear", || async {
+        let w = consumer_widgets
+            .get("taken")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((!w.annotations().contains_key("core.kbind.io/conflict")).then_some(()))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_the_last_cluster_binding_removes_copies_and_the_crd_kbind_created() {
+    // BCL-3 exact, PGAP-1, LIM-9
+    let s = setup("sync_unbind", &[0, 1, 2]).await;
+    wait_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    consumer_widgets
+        .create(&PostParams::default(), &widget("w1", 1))
+        .await
+        .unwrap();
+    let orphan = {
+        let mut w = widget("keep-me", 2);
+        w.metadata.annotations = Some(
+            [(
+                "core.kbind.io/deletion-policy".to_owned(),
+                "Orphan".to_owned(),
+            )]
+            .into(),
+        );
+        w
+    };
+    consumer_widgets
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
+    let provider_widgets = widgets(&s.provider, "team-a");
+    for name in ["w1", "keep-me"] {
+        wait_for("provider copies", || async {
+            provider_widgets
+                .get_opt(name)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+    }
+
+    Api::<ClusterBinding>::all(s.consumer.clone())
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the owned copy to go", || async {
+        Ok(provider_widgets
+            .get_opt("w1")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    let crds: Api<CustomResourceDefinition> = Api::all(s.consumer.clone());
+    wait_for("the CRD kbind created to go", || async {
+        Ok(crds
+            .get_opt("widgets.example.org")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    assert!(
+        provider_widgets.get_opt("keep-me").await.unwrap().is_some(),
+        "deletion-policy Orphan keeps the provider copy"
+    );
+}

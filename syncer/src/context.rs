@@ -1,0 +1,107 @@
+//! What every part of a syncer replica shares: the consumer client, binding caches, metrics.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kbind_shared::api::{Binding, ClusterBinding};
+use kbind_shared::metrics::Metrics;
+use kbind_shared::resolve::{self, Resolution};
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::broadcast;
+
+/// Shared by the workers of this replica.
+pub struct Context {
+    /// The consumer cluster.
+    pub client: Client,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Event reporter.
+    pub reporter: Reporter,
+    /// Backstop resync per object.
+    pub resync_interval: Duration,
+    /// Concurrent object syncs per worker.
+    pub workers: u16,
+    cluster_bindings: Store<ClusterBinding>,
+    bindings: Store<Binding>,
+    binding_changes: broadcast::Sender<()>,
+}
+
+impl Context {
+    /// Starts the binding caches (reflectors) and returns once both have listed.
+    pub async fn start(
+        client: Client,
+        metrics: Metrics,
+        reporter: Reporter,
+        resync_interval: Duration,
+        workers: u16,
+    ) -> Self {
+        let (binding_changes, _) = broadcast::channel(64);
+        let cluster_bindings =
+            cache::<ClusterBinding>(Api::all(client.clone()), binding_changes.clone());
+        let bindings = cache::<Binding>(Api::all(client.clone()), binding_changes.clone());
+        let _ = cluster_bindings.wait_until_ready().await;
+        let _ = bindings.wait_until_ready().await;
+        Self {
+            client,
+            metrics,
+            reporter,
+            resync_interval,
+            workers,
+            cluster_bindings,
+            bindings,
+            binding_changes,
+        }
+    }
+
+    /// RES over the caches: the binding covering an instance of `api` in `namespace`.
+    pub fn resolve(&self, api: &str, namespace: Option<&str>) -> Option<Resolution> {
+        let cluster_bindings = self.cluster_bindings.state();
+        let bindings = self.bindings.state();
+        resolve::resolve(
+            api,
+            namespace,
+            cluster_bindings.iter().map(|b| b.as_ref()),
+            bindings.iter().map(|b| b.as_ref()),
+        )
+    }
+
+    /// A stream that yields whenever any binding changes (SCTL-6 binding triggers).
+    pub fn binding_changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        let receiver = self.binding_changes.subscribe();
+        // A lagged receiver missed some changes, which means "something changed" all the same.
+        futures::stream::unfold(receiver, |mut receiver| async move {
+            match receiver.recv().await {
+                Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => Some(((), receiver)),
+                Err(broadcast::error::RecvError::Closed) => None,
+            }
+        })
+    }
+}
+
+fn cache<K>(api: Api<K>, changes: broadcast::Sender<()>) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if event.is_ok() {
+                let _ = changes.send(());
+            }
+        }
+    });
+    reader
+}

@@ -1,0 +1,222 @@
+//! The managed-CRD controller (REFERENCE-BEHAVIOUR §16, SCTL-1 … SCTL-7): one sync worker per
+//! consumer CRD labelled `core.kbind.io/managed=true`, running while its Connection is Ready,
+//! rebuilt when the CRD's generation or the provider credentials change.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_shared::api::Connection;
+use kbind_shared::conditions::{self, types};
+use kbind_shared::keys;
+use kbind_shared::kubeconfig::InlineKubeconfig;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Context;
+use crate::worker::{self, WorkerSpec};
+
+/// How often credentials are re-read even without an event, to pick up rotated Secrets.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// What a running worker was built from; any change rebuilds it (SCTL-5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Key {
+    generation: i64,
+    connection: String,
+    local_uid: String,
+    credentials: [u8; 32],
+}
+
+struct Running {
+    key: Key,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.cancel();
+        // SCTL-7: wait at most 10 s.
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
+/// Runs until `stop`, then stops every worker.
+pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
+    let changes = Arc::new(Notify::new());
+    let crds: Store<CustomResourceDefinition> = spawn_cache(
+        Api::all(ctx.client.clone()),
+        watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)),
+        changes.clone(),
+    );
+    let connections: Store<Connection> = spawn_cache(
+        Api::all(ctx.client.clone()),
+        watcher::Config::default(),
+        changes.clone(),
+    );
+    let _ = crds.wait_until_ready().await;
+    let _ = connections.wait_until_ready().await;
+
+    let mut running: HashMap<String, Running> = HashMap::new();
+    loop {
+        let wanted = desired_workers(&ctx, &crds, &connections).await;
+        let names: Vec<String> = running.keys().cloned().collect();
+        for name in names {
+            let keep = wanted
+                .get(&name)
+                .is_some_and(|(key, _)| running[&name].key == *key);
+            if !keep {
+                tracing::info!(crd = %name, "stopping sync worker");
+                running.remove(&name).expect("listed").stop().await;
+            }
+        }
+        for (name, (key, spec)) in wanted {
+            if running.contains_key(&name) {
+                continue;
+            }
+            tracing::info!(crd = %name, connection = %key.connection, generation = key.generation, "starting sync worker");
+            let token = stop.child_token();
+            let task = tokio::spawn(worker::run(ctx.clone(), spec, token.clone()));
+            running.insert(
+                name,
+                Running {
+                    key,
+                    stop: token,
+                    task,
+                },
+            );
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(RECHECK) => {}
+            _ = changes.notified() => {}
+        }
+    }
+    for (_, worker) in running.drain() {
+        worker.stop().await;
+    }
+}
+
+/// A cache of `K` that wakes `changes` on every event.
+fn spawn_cache<K>(api: Api<K>, config: watcher::Config, changes: Arc<Notify>) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if event.is_ok() {
+                changes.notify_one();
+            }
+        }
+    });
+    reader
+}
+
+/// SCTL-2 … SCTL-5: the workers that should run, keyed by CRD name.
+async fn desired_workers(
+    ctx: &Context,
+    crds: &Store<CustomResourceDefinition>,
+    connections: &Store<Connection>,
+) -> HashMap<String, (Key, WorkerSpec)> {
+    let mut wanted = HashMap::new();
+    for crd in crds.state() {
+        let name = crd.name_any();
+        if crd.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(connection_name) = crd.annotations().get(keys::CONNECTION_ANNOTATION).cloned()
+        else {
+            tracing::warn!(crd = %name, "managed CRD has no {} annotation; not syncing it", keys::CONNECTION_ANNOTATION);
+            continue;
+        };
+        let Some(connection) = connections.get(&reflector::ObjectRef::new(&connection_name)) else {
+            continue;
+        };
+        let status = connection.status.clone().unwrap_or_default();
+        // ENG: only a Ready Connection with a pinned consumer identity is engaged.
+        if !conditions::is_true(&status.conditions, types::READY)
+            || status.local_cluster_uid.is_empty()
+        {
+            continue;
+        }
+        let Some(resource) = worker::instance_resource(&crd) else {
+            tracing::warn!(crd = %name, "managed CRD has no served version; not syncing it");
+            continue;
+        };
+        let (kubeconfig, credentials) = match read_credentials(ctx, &connection).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(crd = %name, connection = %connection_name, error = %e, "cannot build the provider client");
+                continue;
+            }
+        };
+        let key = Key {
+            generation: crd.metadata.generation.unwrap_or_default(),
+            connection: connection_name.clone(),
+            local_uid: status.local_cluster_uid.clone(),
+            credentials,
+        };
+        let spec =
+            WorkerSpec {
+                api: name.clone(),
+                resource,
+                has_status_subresource: crd.spec.versions.iter().any(|v| {
+                    v.storage && v.subresources.as_ref().is_some_and(|s| s.status.is_some())
+                }),
+                connection: connection_name,
+                local_uid: status.local_cluster_uid.clone(),
+                kubeconfig,
+            };
+        wanted.insert(name, (key, spec));
+    }
+    wanted
+}
+
+async fn read_credentials(
+    ctx: &Context,
+    connection: &Connection,
+) -> Result<(InlineKubeconfig, [u8; 32]), String> {
+    let reference = &connection.spec.kubeconfig_secret_ref;
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &reference.namespace)
+        .get(&reference.name)
+        .await
+        .map_err(|e| {
+            format!(
+                "read Secret {}/{}: {e}",
+                reference.namespace, reference.name
+            )
+        })?;
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(reference.effective_key()))
+        .map(|b| b.0.clone())
+        .ok_or_else(|| {
+            format!(
+                "Secret {}/{} has no key `{}`",
+                reference.namespace,
+                reference.name,
+                reference.effective_key()
+            )
+        })?;
+    let kubeconfig = InlineKubeconfig::parse(&bytes).map_err(|e| e.to_string())?;
+    Ok((kubeconfig, Sha256::digest(&bytes).into()))
+}

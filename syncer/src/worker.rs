@@ -1,0 +1,574 @@
+//! One sync worker: all instances of one managed consumer CRD, synced with the provider of its
+//! Connection (REFERENCE-BEHAVIOUR §17: SYNC, OWN, IDEL). The provider side is read from a
+//! watch-fed cache; a write happens only when something differs.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_shared::keys;
+use kbind_shared::kubeconfig::InlineKubeconfig;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
+};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Context;
+use crate::ownership::{self, Decision, Owner};
+
+/// What a worker syncs, and with which provider.
+pub struct WorkerSpec {
+    /// `<plural>.<group>`
+    pub api: String,
+    /// The storage version's resource.
+    pub resource: ApiResource,
+    /// Whether the consumer CRD has a status subresource.
+    pub has_status_subresource: bool,
+    /// The Connection.
+    pub connection: String,
+    /// The consumer's pinned identity.
+    pub local_uid: String,
+    /// Provider credentials.
+    pub kubeconfig: InlineKubeconfig,
+}
+
+/// The storage (else first served) version of a CRD as an [`ApiResource`].
+pub fn instance_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
+    let versions = &crd.spec.versions;
+    let version = versions
+        .iter()
+        .find(|v| v.storage)
+        .or_else(|| versions.iter().find(|v| v.served))?;
+    Some(ApiResource {
+        group: crd.spec.group.clone(),
+        version: version.name.clone(),
+        api_version: format!("{}/{}", crd.spec.group, version.name),
+        kind: crd.spec.names.kind.clone(),
+        plural: crd.spec.names.plural.clone(),
+    })
+}
+
+/// Why an object sync did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A consumer request failed.
+    #[error("consumer: {0}")]
+    Consumer(#[source] kube::Error),
+    /// A provider request failed.
+    #[error("provider: {0}")]
+    Provider(#[source] kube::Error),
+}
+
+struct Worker {
+    ctx: Arc<Context>,
+    spec: WorkerSpec,
+    provider: Client,
+    provider_objects: Store<DynamicObject>,
+    recorder: Recorder,
+    known_namespaces: Mutex<HashSet<String>>,
+    warned_no_status: Mutex<bool>,
+}
+
+/// Runs the worker until `stop`.
+pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
+    let provider = match spec
+        .kubeconfig
+        .counted_client(&spec.connection, Some(&ctx.metrics.api_requests_total))
+        .await
+    {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::warn!(api = %spec.api, error = %e, "cannot build the provider client");
+            return;
+        }
+    };
+    let resource = spec.resource.clone();
+
+    // Provider side: a cache of the API's objects; events on them re-sync the consumer object with
+    // the same namespace/name (drift repair, SYNC-12, and conflict re-evaluation, QRK-19).
+    let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+    let provider_objects = writer.as_reader();
+    let provider_api: Api<DynamicObject> = Api::all_with(provider.clone(), &resource);
+    let trigger_resource = resource.clone();
+    let provider_triggers =
+        reflector::reflector(writer, watcher(provider_api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+            .filter_map(move |object| {
+                let resource = trigger_resource.clone();
+                async move {
+                    let object = object.ok()?;
+                    let mut reference = ObjectRef::new_with(&object.name_any(), resource);
+                    if let Some(namespace) = object.namespace() {
+                        reference = reference.within(&namespace);
+                    }
+                    Some(reference)
+                }
+            });
+    let deleted_triggers = deleted_provider_objects(provider.clone(), resource.clone());
+
+    let worker = Arc::new(Worker {
+        recorder: Recorder::new(ctx.client.clone(), ctx.reporter.clone()),
+        ctx: ctx.clone(),
+        spec,
+        provider,
+        provider_objects: provider_objects.clone(),
+        known_namespaces: Mutex::default(),
+        warned_no_status: Mutex::new(false),
+    });
+    let consumer_api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
+    let graceful = stop.clone();
+    let controller = Controller::new_with(consumer_api, watcher::Config::default(), resource)
+        .with_config(kube::runtime::controller::Config::default().concurrency(ctx.workers))
+        .reconcile_on(futures::stream::select(provider_triggers, deleted_triggers))
+        .reconcile_all_on(ctx.binding_changes())
+        .graceful_shutdown_on(async move { graceful.cancelled().await })
+        .run(reconcile, error_policy, worker)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "sync");
+            }
+        });
+    tokio::select! {
+        _ = controller => {}
+        _ = async { stop.cancelled().await; tokio::time::sleep(Duration::from_secs(5)).await } => {}
+    }
+}
+
+/// Deleted provider objects (which `touched_objects` omits) as triggers for recreation.
+fn deleted_provider_objects(
+    provider: Client,
+    resource: ApiResource,
+) -> impl futures::Stream<Item = ObjectRef<DynamicObject>> + Send {
+    let api: Api<DynamicObject> = Api::all_with(provider, &resource);
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let resource = resource.clone();
+            async move {
+                match event.ok()? {
+                    watcher::Event::Delete(object) => {
+                        let mut reference = ObjectRef::new_with(&object.name_any(), resource);
+                        if let Some(namespace) = object.namespace() {
+                            reference = reference.within(&namespace);
+                        }
+                        Some(reference)
+                    }
+                    _ => None,
+                }
+            }
+        })
+}
+
+fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) -> Action {
+    if let Error::Consumer(kube::Error::Api(s)) = error
+        && s.is_conflict()
+    {
+        // A write raced with another: the fresh object is on its way through the watch.
+        tracing::debug!(api = %worker.spec.api, object = %object.name_any(), "write conflict; retrying");
+        return Action::requeue(Duration::from_millis(200));
+    }
+    tracing::warn!(api = %worker.spec.api, object = %object.name_any(), namespace = ?object.namespace(), error = %error, "sync failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+impl Worker {
+    fn consumer_api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.ctx.client.clone(), ns, &self.spec.resource),
+            None => Api::all_with(self.ctx.client.clone(), &self.spec.resource),
+        }
+    }
+
+    fn provider_api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.provider.clone(), ns, &self.spec.resource),
+            None => Api::all_with(self.provider.clone(), &self.spec.resource),
+        }
+    }
+
+    fn provider_copy(&self, object: &DynamicObject) -> Option<Arc<DynamicObject>> {
+        let mut reference = ObjectRef::new_with(&object.name_any(), self.spec.resource.clone());
+        if let Some(namespace) = object.namespace() {
+            reference = reference.within(&namespace);
+        }
+        self.provider_objects.get(&reference)
+    }
+
+    fn count(&self, op: &str, result: &str) {
+        self.ctx
+            .metrics
+            .sync_operations_total
+            .with_label_values(&[self.spec.api.as_str(), op, result])
+            .inc();
+    }
+
+    async fn warn(&self, object: &DynamicObject, reason: &str, note: String) {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Sync".into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .recorder
+            .publish(&event, &object.object_ref(&self.spec.resource))
+            .await
+        {
+            tracing::debug!(error = %e, "cannot publish Event");
+        }
+    }
+
+    async fn set_finalizers(
+        &self,
+        object: &DynamicObject,
+        finalizers: Vec<String>,
+    ) -> Result<(), Error> {
+        let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": object.resource_version() } });
+        match self
+            .consumer_api(object.namespace().as_deref())
+            .patch(
+                &object.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(e) => Err(Error::Consumer(e)),
+        }
+    }
+
+    async fn set_conflict(
+        &self,
+        object: &DynamicObject,
+        reason: Option<&str>,
+    ) -> Result<(), Error> {
+        let current = object
+            .annotations()
+            .get(keys::CONFLICT_ANNOTATION)
+            .map(String::as_str);
+        if current == reason {
+            return Ok(());
+        }
+        let patch = json!({ "metadata": { "annotations": { keys::CONFLICT_ANNOTATION: reason } } });
+        self.consumer_api(object.namespace().as_deref())
+            .patch(
+                &object.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map(drop)
+            .map_err(Error::Consumer)
+    }
+
+    /// LIM-26: create the provider namespace only when it does not exist.
+    async fn ensure_provider_namespace(&self, namespace: &str) -> Result<(), kube::Error> {
+        if self
+            .known_namespaces
+            .lock()
+            .expect("not poisoned")
+            .contains(namespace)
+        {
+            return Ok(());
+        }
+        let namespaces: Api<Namespace> = Api::all(self.provider.clone());
+        let exists = match namespaces.get_opt(namespace).await {
+            Ok(found) => found.is_some(),
+            // Credentials that may not read namespaces may still create them.
+            Err(kube::Error::Api(s)) if s.is_forbidden() => false,
+            Err(e) => return Err(e),
+        };
+        if !exists {
+            let object = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(namespace.to_owned()),
+                    labels: Some(
+                        [
+                            (keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned()),
+                            (
+                                keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
+                                self.spec.local_uid.clone(),
+                            ),
+                        ]
+                        .into(),
+                    ),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            match namespaces.create(&PostParams::default(), &object).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.known_namespaces
+            .lock()
+            .expect("not poisoned")
+            .insert(namespace.to_owned());
+        Ok(())
+    }
+}
+
+async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action, Error> {
+    let spec = &worker.spec;
+    let namespace = object.namespace();
+    let resolution = worker.ctx.resolve(&spec.api, namespace.as_deref());
+
+    // SYNC-3: deletion, bound or not.
+    if object.metadata.deletion_timestamp.is_some() {
+        return delete(&object, &worker).await;
+    }
+    // SYNC-4
+    let Some(resolution) = resolution.filter(|r| r.is_bound()) else {
+        return Ok(Action::await_change());
+    };
+    // SYNC-14: cluster-scoped instances sync only under a ClusterBinding (the resolver ensures it).
+    let object_uid = object.metadata.uid.clone().unwrap_or_default();
+    let provider_copy = worker.provider_copy(&object);
+
+    // OWN: decide before any write. QRK-18 decided: a conflicting object gets no finalizer, since
+    // kbind will never write or delete its provider counterpart.
+    if let Some(copy) = &provider_copy {
+        let owner = ownership::classify(copy.annotations(), &spec.local_uid, &object_uid);
+        if let Decision::Conflict(reason) = ownership::decide(owner, resolution.conflict_policy) {
+            let changed = object
+                .annotations()
+                .get(keys::CONFLICT_ANNOTATION)
+                .map(String::as_str)
+                != Some(reason);
+            worker.set_conflict(&object, Some(reason)).await?;
+            if changed {
+                let owner_text = if owner == Owner::Unmarked {
+                    "exists without kbind's markers"
+                } else {
+                    "is owned by another consumer object or cluster"
+                };
+                worker
+                    .warn(&object, reason, format!("the provider object {}{} {owner_text}; conflictPolicy {:?} leaves it alone", namespace.as_deref().map(|n| format!("{n}/")).unwrap_or_default(), object.name_any(), resolution.conflict_policy))
+                    .await;
+                worker.count("spec_up", "conflict");
+            }
+            return Ok(Action::await_change());
+        }
+        // QRK-13: wait for a terminating copy to be gone before recreating it.
+        if copy.metadata.deletion_timestamp.is_some() {
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+    }
+
+    // KEY-10: the finalizer before the first provider write.
+    if !object
+        .finalizers()
+        .iter()
+        .any(|f| f == keys::SYNCER_FINALIZER)
+    {
+        let mut finalizers = object.finalizers().to_vec();
+        finalizers.push(keys::SYNCER_FINALIZER.to_owned());
+        worker.set_finalizers(&object, finalizers).await?;
+        return Ok(Action::await_change());
+    }
+    // SYNC-7
+    worker.set_conflict(&object, None).await?;
+
+    // SYNC-8: spec up, only when the provider copy differs.
+    let consumer_spec = object.data.get("spec");
+    let current = provider_copy
+        .as_ref()
+        .and_then(|copy| serde_json::to_value(copy.as_ref()).ok())
+        .is_some_and(|copy| {
+            ownership::provider_is_current(&copy, consumer_spec, &spec.local_uid, &object_uid)
+        });
+    let mut provider_status = provider_copy
+        .as_ref()
+        .and_then(|c| c.data.get("status").cloned());
+    if !current {
+        let started = Instant::now();
+        if let Some(ns) = namespace.as_deref()
+            && let Err(e) = worker.ensure_provider_namespace(ns).await
+        {
+            return forbidden_or(&worker, &object, "create the provider namespace", e).await;
+        }
+        let body = ownership::spec_up_body(
+            &spec.resource.api_version,
+            &spec.resource.kind,
+            namespace.as_deref(),
+            &object.name_any(),
+            consumer_spec,
+            &spec.local_uid,
+            &object_uid,
+        );
+        let applied = worker
+            .provider_api(namespace.as_deref())
+            .patch(
+                &object.name_any(),
+                &PatchParams::apply(keys::FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await;
+        match applied {
+            Ok(applied) => {
+                worker.count("spec_up", "ok");
+                worker
+                    .ctx
+                    .metrics
+                    .sync_latency_seconds
+                    .with_label_values(&["spec_up"])
+                    .observe(started.elapsed().as_secs_f64());
+                provider_status = applied.data.get("status").cloned();
+            }
+            Err(e) => {
+                return forbidden_or(&worker, &object, "apply the spec to the provider", e).await;
+            }
+        }
+    }
+
+    // SYNC-9: status down, only when it differs.
+    if let Some(status) = provider_status
+        && object.data.get("status") != Some(&status)
+    {
+        status_down(&worker, &object, status).await?;
+    }
+    Ok(Action::requeue(worker.ctx.resync_interval))
+}
+
+async fn status_down(
+    worker: &Worker,
+    object: &DynamicObject,
+    status: serde_json::Value,
+) -> Result<(), Error> {
+    if !worker.spec.has_status_subresource {
+        // QRK-12: one clear Warning, not an endless error loop.
+        let first = !std::mem::replace(
+            &mut *worker.warned_no_status.lock().expect("not poisoned"),
+            true,
+        );
+        if first {
+            worker
+                .warn(object, "NoStatusSubresource", format!("the consumer CRD {} has no status subresource, so the provider's status cannot be copied back", worker.spec.api))
+                .await;
+        }
+        return Ok(());
+    }
+    let current = object.data.get("status").cloned().unwrap_or(json!({}));
+    let patch = json!({ "status": ownership::merge_patch(&current, &status) });
+    match worker
+        .consumer_api(object.namespace().as_deref())
+        .patch_status(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            worker.count("status_down", "ok");
+            Ok(())
+        }
+        Err(e) => {
+            worker.count("status_down", "error");
+            Err(Error::Consumer(e))
+        }
+    }
+}
+
+/// SYNC-10: Forbidden gets a Warning Event and a 30 s retry; anything else is an error.
+async fn forbidden_or(
+    worker: &Worker,
+    object: &DynamicObject,
+    operation: &str,
+    error: kube::Error,
+) -> Result<Action, Error> {
+    match error {
+        kube::Error::Api(s) if s.is_forbidden() => {
+            worker.count("spec_up", "forbidden");
+            worker
+                .warn(
+                    object,
+                    "Forbidden",
+                    format!("cannot {operation}: {}", s.message),
+                )
+                .await;
+            Ok(Action::requeue(Duration::from_secs(30)))
+        }
+        e => {
+            worker.count("spec_up", "error");
+            Err(Error::Provider(e))
+        }
+    }
+}
+
+/// IDEL-1 … IDEL-3.
+async fn delete(object: &DynamicObject, worker: &Worker) -> Result<Action, Error> {
+    if !object
+        .finalizers()
+        .iter()
+        .any(|f| f == keys::SYNCER_FINALIZER)
+    {
+        return Ok(Action::await_change());
+    }
+    let release = || {
+        let finalizers: Vec<String> = object
+            .finalizers()
+            .iter()
+            .filter(|f| *f != keys::SYNCER_FINALIZER)
+            .cloned()
+            .collect();
+        worker.set_finalizers(object, finalizers)
+    };
+    if object
+        .annotations()
+        .get(keys::DELETION_POLICY_ANNOTATION)
+        .map(String::as_str)
+        == Some(keys::DELETION_POLICY_ORPHAN)
+    {
+        release().await?;
+        return Ok(Action::await_change());
+    }
+    // A fresh read: deletion must not act on a stale cache.
+    let namespace = object.namespace();
+    let api = worker.provider_api(namespace.as_deref());
+    let copy = api
+        .get_opt(&object.name_any())
+        .await
+        .map_err(Error::Provider)?;
+    let object_uid = object.metadata.uid.clone().unwrap_or_default();
+    match copy {
+        Some(copy)
+            if ownership::classify(copy.annotations(), &worker.spec.local_uid, &object_uid)
+                == Owner::Ours =>
+        {
+            if copy.metadata.deletion_timestamp.is_none() {
+                match api
+                    .delete(&object.name_any(), &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => worker.count("delete", "ok"),
+                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                    Err(e) => {
+                        worker.count("delete", "error");
+                        return Err(Error::Provider(e));
+                    }
+                }
+            }
+            Ok(Action::requeue(Duration::from_secs(2)))
+        }
+        _ => {
+            release().await?;
+            Ok(Action::await_change())
+        }
+    }
+}

@@ -12,6 +12,7 @@ use crate::process::ChildProcess;
 /// one, or always with `KBIND_E2E_KEEP=1`.
 pub struct TestEnv {
     dir: PathBuf,
+    keep: bool,
     // kbind's processes go first so that they never see their clusters vanish under them.
     processes: Vec<ChildProcess>,
     clusters: Vec<Cluster>,
@@ -38,6 +39,7 @@ impl TestEnv {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut env = Self {
             dir,
+            keep: false,
             processes: Vec::new(),
             clusters: Vec::new(),
         };
@@ -98,6 +100,11 @@ impl TestEnv {
         &mut self.processes[index]
     }
 
+    /// Keeps the directory (logs, kubeconfigs) when the environment stops.
+    pub fn keep_files(&mut self) {
+        self.keep = true;
+    }
+
     fn keep_logs(&self) {
         eprintln!(
             "kbind e2e: logs of this run are kept in {}",
@@ -110,7 +117,8 @@ impl Drop for TestEnv {
     fn drop(&mut self) {
         self.processes.clear();
         self.clusters.clear();
-        let keep = std::thread::panicking()
+        let keep = self.keep
+            || std::thread::panicking()
             || std::env::var_os("KBIND_E2E_KEEP").is_some_and(|v| v == "1");
         if keep {
             self.keep_logs();

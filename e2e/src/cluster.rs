@@ -404,9 +404,17 @@ pub async fn client_for(kubeconfig: &str) -> Result<Client, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Creates the namespace unless it exists.
+/// Creates the namespace unless it exists (checking first, so that it writes nothing when it does).
 pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), String> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("read Namespace {name}: {e}"))?
+        .is_some()
+    {
+        return Ok(());
+    }
     let namespace = Namespace {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),

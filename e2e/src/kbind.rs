@@ -97,3 +97,65 @@ pub async fn http_get(address: &str, path: &str) -> Result<(u16, String), String
         .ok_or_else(|| format!("not an HTTP response from {address}{path}"))?;
     Ok((code, body.to_owned()))
 }
+
+/// Write requests (POST, PUT, PATCH, APPLY, DELETE) an API server has served so far, from its own
+/// `apiserver_request_total`, by `"<verb> <group>/<resource> <subresource>"`, leaving out Leases
+/// (heartbeats and leader election renew them by design).
+pub async fn apiserver_writes(
+    client: &Client,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let text = client
+        .request_text(
+            http::Request::get("/metrics")
+                .body(Vec::new())
+                .expect("static request"),
+        )
+        .await
+        .map_err(|e| format!("read API server metrics: {e}"))?;
+    let mut writes = std::collections::BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let label = |name: &str| {
+            line.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        if !matches!(verb, "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE")
+            || label("resource") == "leases"
+        {
+            continue;
+        }
+        let count: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        *writes
+            .entry(format!(
+                "{verb} {}/{} {}",
+                label("group"),
+                label("resource"),
+                label("subresource")
+            ))
+            .or_default() += count as u64;
+    }
+    Ok(writes)
+}
+
+/// The writes in `after` that `before` did not have yet.
+pub fn new_writes(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> Vec<String> {
+    after
+        .iter()
+        .filter_map(|(key, n)| {
+            let delta = n - before.get(key).copied().unwrap_or_default();
+            (delta > 0).then(|| format!("{key}: {delta}"))
+        })
+        .collect()
+}

@@ -324,6 +324,11 @@ impl Worker {
 }
 
 async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action, Error> {
+    // Decisions read the provider cache: never decide on a cache that has not listed yet (a
+    // restart would otherwise re-apply objects whose copies are simply not loaded).
+    if worker.provider_objects.wait_until_ready().await.is_err() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let spec = &worker.spec;
     let namespace = object.namespace();
     let resolution = worker.ctx.resolve(&spec.api, namespace.as_deref());

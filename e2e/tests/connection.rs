@@ -1049,6 +1049,20 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
     .await
     .unwrap();
 
+    // Turning autoBind off removes the ClusterBinding it owns (LIM-12); on again brings it back.
+    let connections: Api<Connection> = Api::all(s.consumer.clone());
+    for (auto_bind, present) in [(false, false), (true, true)] {
+        connections
+            .patch("provider", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&json!({ "spec": { "autoBind": auto_bind } })))
+            .await
+            .unwrap();
+        eventually(&format!("autoBind={auto_bind}"), Duration::from_secs(15), || async {
+            Ok((bindings.get_opt("provider").await.map_err(|e| e.to_string())?.is_some() == present).then_some(()))
+        })
+        .await
+        .unwrap();
+    }
+
     // No exports left: the ClusterBinding it controls is deleted (AUTO-3).
     for name in ["widgets.example.org", "gadgets.example.org"] {
         label_crd(&s.provider, name, "core.kbind.io/exported", None)

@@ -276,13 +276,13 @@ async fn connect(
             return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
         }
     };
+    let previously_exported = !status.exported_apis.is_empty();
     status.active_schema_source = Some(exports.source);
     status.exported_apis = exports.apis;
 
-    // CONN-9: autoBind.
-    if connection.spec.auto_bind
-        && let Err(message) =
-            autobind::reconcile(&ctx.client, connection, &status.exported_apis).await
+    // CONN-9: autoBind (and removal of the owned ClusterBinding when it is turned off, LIM-12).
+    if let Err(message) =
+        autobind::reconcile(&ctx.client, connection, &status.exported_apis, previously_exported).await
     {
         return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
     }

@@ -367,3 +367,50 @@ pub fn run_provider_widget_controller(provider: Client) -> tokio::task::JoinHand
         }
     })
 }
+
+/// Waits until a binding's condition `type_` has `status` (and `reason`, if given).
+pub async fn wait_binding_condition<B>(
+    api: &Api<B>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> Result<B, String>
+where
+    B: kbind_shared::resolve::BindingObject,
+{
+    eventually(
+        &format!("{name} {type_}={status} {}", reason.unwrap_or("")),
+        Duration::from_secs(30),
+        || async {
+            let binding = api.get(name).await.map_err(|e| e.to_string())?;
+            let conds = binding
+                .binding_status()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default();
+            let Some(c) = conditions::find(&conds, type_) else {
+                return Err(format!("no {type_} condition yet"));
+            };
+            if c.status == status && reason.is_none_or(|r| c.reason == r) {
+                Ok(Some(binding))
+            } else {
+                Err(format!(
+                    "{type_} is {} ({}): {}",
+                    c.status, c.reason, c.message
+                ))
+            }
+        },
+    )
+    .await
+}
+
+/// Widgets in a namespace.
+pub fn widgets(client: &Client, namespace: &str) -> Api<kube::api::DynamicObject> {
+    Api::namespaced_with(client.clone(), namespace, &widget_resource())
+}
+
+/// A Widget with `spec.size`.
+pub fn widget(name: &str, size: i64) -> kube::api::DynamicObject {
+    serde_json::from_value(json!({ "apiVersion": "example.org/v1", "kind": "Widget", "metadata": { "name": name }, "spec": { "size": size } }))
+        .expect("a valid Widget")
+}

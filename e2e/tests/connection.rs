@@ -1053,12 +1053,26 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
     let connections: Api<Connection> = Api::all(s.consumer.clone());
     for (auto_bind, present) in [(false, false), (true, true)] {
         connections
-            .patch("provider", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&json!({ "spec": { "autoBind": auto_bind } })))
+            .patch(
+                "provider",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&json!({ "spec": { "autoBind": auto_bind } })),
+            )
             .await
             .unwrap();
-        eventually(&format!("autoBind={auto_bind}"), Duration::from_secs(15), || async {
-            Ok((bindings.get_opt("provider").await.map_err(|e| e.to_string())?.is_some() == present).then_some(()))
-        })
+        eventually(
+            &format!("autoBind={auto_bind}"),
+            Duration::from_secs(15),
+            || async {
+                Ok((bindings
+                    .get_opt("provider")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some()
+                    == present)
+                    .then_some(()))
+            },
+        )
         .await
         .unwrap();
     }

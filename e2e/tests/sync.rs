@@ -10,7 +10,7 @@ use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::ClusterBinding;
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -76,30 +76,15 @@ async fn setup(test: &str, order: &[usize]) -> Setup {
 }
 
 async fn wait_binding_ready(consumer: &Client, name: &str) {
-    let api: Api<ClusterBinding> = Api::all(consumer.clone());
-    eventually(
-        &format!("ClusterBinding {name} Ready"),
-        Duration::from_secs(30),
-        || async {
-            let b = api.get(name).await.map_err(|e| e.to_string())?;
-            let conds = b.status.map(|s| s.conditions).unwrap_or_default();
-            if kbind_shared::conditions::is_true(&conds, "Ready") {
-                Ok(Some(()))
-            } else {
-                Err(format!("{conds:?}"))
-            }
-        },
+    wait_binding_condition(
+        &Api::<ClusterBinding>::all(consumer.clone()),
+        name,
+        "Ready",
+        "True",
+        None,
     )
     .await
     .unwrap();
-}
-
-fn widgets(client: &Client, namespace: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), namespace, &widget_resource())
-}
-
-fn widget(name: &str, size: i64) -> DynamicObject {
-    serde_json::from_value(json!({ "apiVersion": "example.org/v1", "kind": "Widget", "metadata": { "name": name }, "spec": { "size": size } })).unwrap()
 }
 
 async fn wait_for<T, F, Fut>(what: &str, check: F) -> T

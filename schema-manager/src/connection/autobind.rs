@@ -73,25 +73,47 @@ fn is_current(existing: &ClusterBinding, connection: &Connection, exports: &[Exp
     controlled_by(existing, connection)
         && have == want
         && existing.spec.connection_ref.name == connection.name_any()
-        && existing.labels().get(keys::MANAGED_LABEL).map(String::as_str) == Some(keys::TRUE)
+        && existing
+            .labels()
+            .get(keys::MANAGED_LABEL)
+            .map(String::as_str)
+            == Some(keys::TRUE)
 }
 
 /// Applies [`step`]; writes only when the ClusterBinding differs from what it should be, and only
 /// ever deletes a ClusterBinding this Connection controls (the reference deleted any with the
 /// name, QRK-6).
-pub async fn reconcile(consumer: &Client, connection: &Connection, exports: &[ExportedApi], previously_exported: bool) -> Result<(), String> {
+pub async fn reconcile(
+    consumer: &Client,
+    connection: &Connection,
+    exports: &[ExportedApi],
+    previously_exported: bool,
+) -> Result<(), String> {
     let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
     let name = connection.name_any();
-    let step = step(connection.spec.auto_bind, exports.len(), previously_exported);
+    let step = step(
+        connection.spec.auto_bind,
+        exports.len(),
+        previously_exported,
+    );
     if step == Step::Keep {
         return Ok(());
     }
-    let existing = bindings.get_opt(&name).await.map_err(|e| format!("read ClusterBinding {name}: {e}"))?;
+    let existing = bindings
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("read ClusterBinding {name}: {e}"))?;
     match (step, existing) {
-        (Step::DeleteOwned, Some(existing)) if controlled_by(&existing, connection) => delete(consumer, &name).await,
+        (Step::DeleteOwned, Some(existing)) if controlled_by(&existing, connection) => {
+            delete(consumer, &name).await
+        }
         (Step::Apply, Some(existing)) if is_current(&existing, connection, exports) => Ok(()),
         (Step::Apply, _) => bindings
-            .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(desired(connection, exports)))
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(desired(connection, exports)),
+            )
             .await
             .map(drop)
             .map_err(|e| format!("apply autoBind ClusterBinding {name}: {e}")),
@@ -119,9 +141,21 @@ mod tests {
     #[test]
     fn one_empty_discovery_is_not_enough_to_tear_down() {
         assert_eq!(step(true, 2, false), Step::Apply);
-        assert_eq!(step(true, 0, true), Step::Keep, "the first empty result after exports");
-        assert_eq!(step(true, 0, false), Step::DeleteOwned, "empty twice in a row");
-        assert_eq!(step(false, 2, true), Step::DeleteOwned, "autoBind turned off (LIM-12)");
+        assert_eq!(
+            step(true, 0, true),
+            Step::Keep,
+            "the first empty result after exports"
+        );
+        assert_eq!(
+            step(true, 0, false),
+            Step::DeleteOwned,
+            "empty twice in a row"
+        );
+        assert_eq!(
+            step(false, 2, true),
+            Step::DeleteOwned,
+            "autoBind turned off (LIM-12)"
+        );
     }
 
     #[test]

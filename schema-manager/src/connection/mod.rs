@@ -281,8 +281,13 @@ async fn connect(
     status.exported_apis = exports.apis;
 
     // CONN-9: autoBind (and removal of the owned ClusterBinding when it is turned off, LIM-12).
-    if let Err(message) =
-        autobind::reconcile(&ctx.client, connection, &status.exported_apis, previously_exported).await
+    if let Err(message) = autobind::reconcile(
+        &ctx.client,
+        connection,
+        &status.exported_apis,
+        previously_exported,
+    )
+    .await
     {
         return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
     }

@@ -1,0 +1,509 @@
+//! Schema installation and the binding reconcilers on two real clusters
+//! (REFERENCE-BEHAVIOUR §9 SCH, §12 BIND, §14 BCL), with kbind's programs as real processes.
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::install_crds;
+use kbind_e2e::{TestEnv, eventually};
+use kbind_shared::api::{
+    ApiRef, Binding, BindingSpec, ClusterBinding, ClusterBindingSpec, ConnectionRef, PullPolicy,
+    SchemaSource, UpdatePolicy,
+};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+struct Setup {
+    env: TestEnv,
+    consumer: Client,
+    provider: Client,
+}
+
+async fn setup(test: &str, with_syncer: bool) -> Setup {
+    let mut env = TestEnv::start(test, &["consumer", "provider"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    start_schema_manager(
+        &mut env,
+        "consumer",
+        "schema-manager",
+        &["--leader-elect=false"],
+    )
+    .await
+    .unwrap();
+    if with_syncer {
+        start_syncer(&mut env, "consumer", "syncer-0", &[])
+            .await
+            .unwrap();
+    }
+    put_secret(
+        &consumer,
+        "p",
+        "kubeconfig",
+        env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    Setup {
+        env,
+        consumer,
+        provider,
+    }
+}
+
+async fn connect(s: &Setup, name: &str, pull: PullPolicy, update: UpdatePolicy) {
+    let mut c = connection(name, "p", SchemaSource::Crd);
+    c.spec.schema.pull_policy = pull;
+    c.spec.schema.update_policy = update;
+    create_connection(&s.consumer, &c).await.unwrap();
+    wait_condition(&s.consumer, name, "Ready", "True", None)
+        .await
+        .unwrap();
+}
+
+fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
+    BindingSpec {
+        connection_ref: ConnectionRef {
+            name: connection.into(),
+        },
+        apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
+        conflict_policy: Default::default(),
+        related_resources: Vec::new(),
+    }
+}
+
+async fn cluster_bind(
+    s: &Setup,
+    name: &str,
+    connection: &str,
+    apis: &[&str],
+) -> Api<ClusterBinding> {
+    let api: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    api.create(
+        &PostParams::default(),
+        &ClusterBinding::new(name, ClusterBindingSpec::from(spec(connection, apis))),
+    )
+    .await
+    .unwrap();
+    api
+}
+
+async fn bind(
+    s: &Setup,
+    namespace: &str,
+    name: &str,
+    connection: &str,
+    apis: &[&str],
+) -> Api<Binding> {
+    ensure_namespace(&s.consumer, namespace).await.unwrap();
+    let api: Api<Binding> = Api::namespaced(s.consumer.clone(), namespace);
+    api.create(
+        &PostParams::default(),
+        &Binding::new(name, spec(connection, apis)),
+    )
+    .await
+    .unwrap();
+    api
+}
+
+fn exported(plural: &str, kind: &str) -> CustomResourceDefinition {
+    crd(
+        plural,
+        "example.org",
+        kind,
+        &[("core.kbind.io/exported", "true")],
+    )
+}
+
+async fn consumer_crd(s: &Setup, name: &str) -> Option<CustomResourceDefinition> {
+    Api::<CustomResourceDefinition>::all(s.consumer.clone())
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn update_policy_always_follows_provider_schema_changes_and_once_does_not() {
+    // SCH-4, SCH-5, LIM-13 (SchemaInSync)
+    let s = setup("bind_update_policy", false).await;
+    install_crd(&s.provider, &exported("widgets", "Widget"))
+        .await
+        .unwrap();
+    install_crd(&s.provider, &exported("gadgets", "Gadget"))
+        .await
+        .unwrap();
+    connect(&s, "always", PullPolicy::Bound, UpdatePolicy::Always).await;
+    connect(&s, "once", PullPolicy::Bound, UpdatePolicy::Once).await;
+    let bindings = cluster_bind(&s, "widgets", "always", &["widgets.example.org"]).await;
+    cluster_bind(&s, "gadgets", "once", &["gadgets.example.org"]).await;
+    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    wait_binding_condition(&bindings, "gadgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    let hash =
+        |crd: &CustomResourceDefinition| crd.annotations()["core.kbind.io/schema-hash"].clone();
+    let (widgets_before, gadgets_before) = (
+        consumer_crd(&s, "widgets.example.org").await.unwrap(),
+        consumer_crd(&s, "gadgets.example.org").await.unwrap(),
+    );
+
+    // The provider adds a required `spec.color` to both.
+    for name in ["widgets.example.org", "gadgets.example.org"] {
+        let patch = json!({ "spec": { "versions": [{
+            "name": "v1", "served": true, "storage": true, "subresources": { "status": {} },
+            "schema": { "openAPIV3Schema": { "type": "object", "properties": {
+                "spec": { "type": "object", "required": ["color"], "properties": { "color": { "type": "string", "enum": ["red", "blue"] } } },
+                "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+            }}},
+        }]}});
+        Api::<CustomResourceDefinition>::all(s.provider.clone())
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    let widgets_after = eventually(
+        "the Always CRD to follow",
+        Duration::from_secs(20),
+        || async {
+            Ok(consumer_crd(&s, "widgets.example.org")
+                .await
+                .filter(|c| hash(c) != hash(&widgets_before)))
+        },
+    )
+    .await
+    .unwrap();
+    let schema = serde_json::to_value(&widgets_after.spec.versions[0].schema).unwrap();
+    assert_eq!(
+        schema["openAPIV3Schema"]["properties"]["spec"]["required"],
+        json!(["color"])
+    );
+    // The local API server now enforces the provider's schema.
+    let w = widgets(&s.consumer, "default");
+    let rejected = w.create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "example.org/v1", "kind": "Widget", "metadata": {"name": "x"}, "spec": {"color": "green"}})).unwrap()).await;
+    assert!(
+        matches!(rejected, Err(kube::Error::Api(e)) if e.is_invalid()),
+        "an enum violation is rejected locally"
+    );
+
+    wait_binding_condition(&bindings, "gadgets", "SchemaInSync", "False", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        hash(&consumer_crd(&s, "gadgets.example.org").await.unwrap()),
+        hash(&gadgets_before),
+        "Once never updates"
+    );
+    wait_binding_condition(&bindings, "widgets", "SchemaInSync", "True", None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn multi_version_provider_crd_arrives_with_only_its_storage_version_and_conversion_none() {
+    // SCH-2
+    let s = setup("bind_multi_version", false).await;
+    let mut multi = exported("widgets", "Widget");
+    let mut older = multi.spec.versions[0].clone();
+    older.name = "v1alpha1".into();
+    older.storage = false;
+    multi.spec.versions.insert(0, older);
+    multi.spec.conversion = serde_json::from_value(json!({
+        "strategy": "Webhook",
+        "webhook": { "conversionReviewVersions": ["v1"], "clientConfig": { "url": "https://127.0.0.1:1/convert" } }
+    }))
+    .unwrap();
+    install_crd(&s.provider, &multi).await.unwrap();
+    connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Always).await;
+    let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
+    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    let crd = consumer_crd(&s, "widgets.example.org").await.unwrap();
+    let versions: Vec<(&str, bool, bool)> = crd
+        .spec
+        .versions
+        .iter()
+        .map(|v| (v.name.as_str(), v.served, v.storage))
+        .collect();
+    assert_eq!(versions, [("v1", true, true)]);
+    assert_eq!(crd.spec.conversion.as_ref().unwrap().strategy, "None");
+    assert!(!crd.labels().contains_key("core.kbind.io/exported"));
+}
+
+#[tokio::test]
+async fn bad_binding_input_is_reported_per_api_and_nothing_is_deleted() {
+    // BIND-3, BIND-7, BIND-14 / PGAP-6, DISC-6
+    let s = setup("bind_bad_input", false).await;
+    let mut clusters = exported("clusterthings", "ClusterThing");
+    clusters.spec.scope = "Cluster".into();
+    install_crd(&s.provider, &clusters).await.unwrap();
+    install_crd(&s.provider, &exported("widgets", "Widget"))
+        .await
+        .unwrap();
+
+    // Before its Connection exists: Pending.
+    let bindings = bind(
+        &s,
+        "team-a",
+        "things",
+        "provider",
+        &["clusterthings.example.org"],
+    )
+    .await;
+    let b = wait_binding_condition(&bindings, "things", "Ready", "False", Some("Pending"))
+        .await
+        .unwrap();
+    assert!(
+        b.status
+            .unwrap()
+            .conditions
+            .iter()
+            .any(|c| c.message.contains("Connection provider not found"))
+    );
+
+    connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Always).await;
+    // A cluster-scoped API in a namespaced Binding is refused, not silently accepted.
+    let b = wait_binding_condition(
+        &bindings,
+        "things",
+        "Ready",
+        "False",
+        Some("ClusterScopedAPI"),
+    )
+    .await
+    .unwrap();
+    assert!(b.status.unwrap().bound_apis.is_empty());
+    assert!(
+        consumer_crd(&s, "clusterthings.example.org")
+            .await
+            .is_none()
+    );
+
+    // An API the provider does not export.
+    let others = bind(
+        &s,
+        "team-a",
+        "others",
+        "provider",
+        &["widgets.example.org", "missing.example.org"],
+    )
+    .await;
+    let b = wait_binding_condition(&others, "others", "Ready", "False", Some("APINotExported"))
+        .await
+        .unwrap();
+    let status = b.status.unwrap();
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.message.contains("missing.example.org"))
+    );
+    assert_eq!(
+        status
+            .bound_apis
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect::<Vec<_>>(),
+        ["widgets.example.org"],
+        "the exported API is still installed"
+    );
+
+    // The provider stops exporting: APINotExported, and nothing is deleted.
+    label_crd(
+        &s.provider,
+        "widgets.example.org",
+        "core.kbind.io/exported",
+        None,
+    )
+    .await
+    .unwrap();
+    let cb = cluster_bind(&s, "all-widgets", "provider", &["widgets.example.org"]).await;
+    wait_binding_condition(&cb, "all-widgets", "Ready", "False", Some("APINotExported"))
+        .await
+        .unwrap();
+    assert!(consumer_crd(&s, "widgets.example.org").await.is_some());
+}
+
+#[tokio::test]
+async fn pull_policy_none_stamps_a_user_crd_and_unbind_keeps_it() {
+    // SCH-4 (None), §9.3 row CRD/None, LIM-9; None with an absent CRD is a clear Pending.
+    let s = setup("bind_pull_none", false).await;
+    install_crd(&s.provider, &exported("widgets", "Widget"))
+        .await
+        .unwrap();
+    install_crd(&s.provider, &exported("gadgets", "Gadget"))
+        .await
+        .unwrap();
+    connect(&s, "provider", PullPolicy::None, UpdatePolicy::Always).await;
+    install_crd(&s.consumer, &crd("widgets", "example.org", "Widget", &[]))
+        .await
+        .unwrap();
+
+    let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
+    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    let stamped = consumer_crd(&s, "widgets.example.org").await.unwrap();
+    assert_eq!(
+        stamped
+            .labels()
+            .get("core.kbind.io/managed")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        stamped
+            .annotations()
+            .get("core.kbind.io/connection")
+            .map(String::as_str),
+        Some("provider")
+    );
+    assert!(
+        !stamped
+            .annotations()
+            .contains_key("core.kbind.io/created-by")
+    );
+
+    cluster_bind(&s, "gadgets", "provider", &["gadgets.example.org"]).await;
+    let b = wait_binding_condition(&bindings, "gadgets", "Ready", "False", Some("Pending"))
+        .await
+        .unwrap();
+    assert!(
+        b.status
+            .unwrap()
+            .conditions
+            .iter()
+            .any(|c| c.message.contains("pullPolicy is None"))
+    );
+
+    bindings
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the ClusterBinding to go",
+        Duration::from_secs(20),
+        || async {
+            Ok(bindings
+                .get_opt("widgets")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        consumer_crd(&s, "widgets.example.org").await.is_some(),
+        "a CRD kbind did not create is never deleted"
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_binding_removes_only_the_copies_no_remaining_binding_covers() {
+    // BCL-3 exact (LIM-22): overlapping Bindings keep exactly the objects still covered.
+    let s = setup("bind_overlap", true).await;
+    install_crd(&s.provider, &widget_crd()).await.unwrap();
+    connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Always).await;
+    let a = bind(
+        &s,
+        "team-a",
+        "widgets",
+        "provider",
+        &["widgets.example.org"],
+    )
+    .await;
+    let b = bind(
+        &s,
+        "team-b",
+        "widgets",
+        "provider",
+        &["widgets.example.org"],
+    )
+    .await;
+    let extra = bind(
+        &s,
+        "team-b",
+        "widgets-too",
+        "provider",
+        &["widgets.example.org"],
+    )
+    .await;
+    for (api, name) in [(&a, "widgets"), (&b, "widgets"), (&extra, "widgets-too")] {
+        wait_binding_condition(api, name, "Ready", "True", None)
+            .await
+            .unwrap();
+    }
+    for ns in ["team-a", "team-b"] {
+        widgets(&s.consumer, ns)
+            .create(&PostParams::default(), &widget("w", 1))
+            .await
+            .unwrap();
+    }
+    for ns in ["team-a", "team-b"] {
+        let provider = widgets(&s.provider, ns);
+        eventually(
+            &format!("the copy in {ns}"),
+            Duration::from_secs(20),
+            || async { provider.get_opt("w").await.map_err(|e| e.to_string()) },
+        )
+        .await
+        .unwrap();
+    }
+
+    // team-b stays covered by its second Binding: deleting one keeps its copy.
+    b.delete("widgets", &DeleteParams::default()).await.unwrap();
+    // team-a loses its only Binding: its copy goes, the CRD stays (a Binding never removes it).
+    a.delete("widgets", &DeleteParams::default()).await.unwrap();
+    let provider_a = widgets(&s.provider, "team-a");
+    eventually("team-a's copy to go", Duration::from_secs(20), || async {
+        Ok(provider_a
+            .get_opt("w")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+    eventually("both Bindings to go", Duration::from_secs(20), || async {
+        let gone = a
+            .get_opt("widgets")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            && b.get_opt("widgets")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none();
+        Ok(gone.then_some(()))
+    })
+    .await
+    .unwrap();
+    assert!(
+        widgets(&s.provider, "team-b")
+            .get_opt("w")
+            .await
+            .unwrap()
+            .is_some(),
+        "team-b is still covered"
+    );
+    assert!(consumer_crd(&s, "widgets.example.org").await.is_some());
+    let consumer_a = widgets(&s.consumer, "team-a").get("w").await.unwrap();
+    assert!(
+        !consumer_a
+            .finalizers()
+            .contains(&"core.kbind.io/syncer".to_owned()),
+        "the consumer object is released"
+    );
+    drop(s.env);
+}

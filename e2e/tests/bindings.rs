@@ -507,3 +507,134 @@ async fn deleting_a_binding_removes_only_the_copies_no_remaining_binding_covers(
     );
     drop(s.env);
 }
+
+fn gizmo_crd(extra: Option<(&str, serde_json::Value)>) -> CustomResourceDefinition {
+    let mut spec_properties = json!({
+        "size": { "type": "integer", "minimum": 1 },
+        "mode": { "type": "string", "enum": ["fast", "slow"] },
+        "nested": { "type": "object", "required": ["x"], "properties": { "x": { "type": "string" } } },
+    });
+    if let Some((name, schema)) = extra {
+        spec_properties[name] = schema;
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": { "name": "gizmos.example.org" },
+        "spec": {
+            "group": "example.org", "scope": "Namespaced",
+            "names": { "plural": "gizmos", "singular": "gizmo", "kind": "Gizmo", "shortNames": ["gz"], "categories": ["toys"] },
+            "versions": [{ "name": "v1", "served": true, "storage": true, "subresources": { "status": {} },
+                "schema": { "openAPIV3Schema": { "type": "object", "properties": {
+                    "spec": { "type": "object", "required": ["size"], "properties": spec_properties },
+                    "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                }}}}],
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn openapi_synthesized_crd_enforces_the_provider_schema_and_follows_changes() {
+    // §9.2, §10 OAPI with LIM-5/LIM-6/PGAP-13 improved
+    let s = setup("bind_openapi", true).await;
+    install_crd(&s.provider, &gizmo_crd(None)).await.unwrap();
+    let mut c = connection("provider", "p", SchemaSource::OpenApi);
+    c.spec.schema.pull_policy = PullPolicy::Bound;
+    create_connection(&s.consumer, &c).await.unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    let bindings = cluster_bind(&s, "gizmos", "provider", &["gizmos.example.org"]).await;
+    wait_binding_condition(&bindings, "gizmos", "Ready", "True", None)
+        .await
+        .unwrap();
+
+    let crd = consumer_crd(&s, "gizmos.example.org").await.unwrap();
+    assert_eq!(crd.spec.names.short_names, Some(vec!["gz".to_owned()]));
+    assert_eq!(crd.spec.names.categories, Some(vec!["toys".to_owned()]));
+    assert!(
+        crd.spec.versions[0]
+            .subresources
+            .as_ref()
+            .and_then(|s| s.status.as_ref())
+            .is_some()
+    );
+
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("example.org", "v1", "Gizmo"),
+        "gizmos",
+    );
+    let gizmos: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(s.consumer.clone(), "default", &resource);
+    let gizmo = |name: &str, spec: serde_json::Value| -> kube::api::DynamicObject {
+        serde_json::from_value(json!({ "apiVersion": "example.org/v1", "kind": "Gizmo", "metadata": { "name": name }, "spec": spec })).unwrap()
+    };
+    for (why, spec) in [
+        ("type", json!({ "size": "big" })),
+        ("minimum", json!({ "size": 0 })),
+        ("enum", json!({ "size": 1, "mode": "medium" })),
+        ("required", json!({ "mode": "fast" })),
+        ("nested required", json!({ "size": 1, "nested": {} })),
+    ] {
+        let result = gizmos
+            .create(&PostParams::default(), &gizmo("bad", spec))
+            .await;
+        assert!(
+            matches!(&result, Err(kube::Error::Api(e)) if e.is_invalid()),
+            "{why}: {result:?}"
+        );
+    }
+    gizmos
+        .create(
+            &PostParams::default(),
+            &gizmo(
+                "good",
+                json!({ "size": 2, "mode": "slow", "nested": { "x": "y" } }),
+            ),
+        )
+        .await
+        .unwrap();
+    let provider_gizmos: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(s.provider.clone(), "default", &resource);
+    eventually(
+        "the gizmo on the provider",
+        Duration::from_secs(20),
+        || async {
+            provider_gizmos
+                .get_opt("good")
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await
+    .unwrap();
+
+    // LIM-6: with Bound + Always, a provider schema change reaches the installed CRD.
+    install_crd(
+        &s.provider,
+        &gizmo_crd(Some((
+            "color",
+            json!({ "type": "string", "enum": ["red"] }),
+        ))),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the synthesized CRD to follow",
+        Duration::from_secs(30),
+        || async {
+            let crd = consumer_crd(&s, "gizmos.example.org")
+                .await
+                .ok_or("no CRD")?;
+            let schema =
+                serde_json::to_value(&crd.spec.versions[0].schema).map_err(|e| e.to_string())?;
+            Ok(
+                (schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["color"]["enum"]
+                    == json!(["red"]))
+                .then_some(()),
+            )
+        },
+    )
+    .await
+    .unwrap();
+}

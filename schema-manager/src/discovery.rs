@@ -4,9 +4,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kbind_shared::api::{ActiveSchemaSource, ApiScope, ExportedApi, SchemaSource};
 use kbind_shared::keys;
 use kube::api::ListParams;
-use kube::core::Version;
-use kube::discovery::Scope;
-use kube::{Api, Client, Discovery};
+use kube::{Api, Client};
 
 /// What discovery found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,11 +79,6 @@ pub fn is_builtin_group(group: &str) -> bool {
     ) || group.ends_with(".k8s.io")
 }
 
-/// Orders versions by Kubernetes version priority, highest first (`v2 > v1 > v1beta1 > v1alpha1`).
-pub fn sort_by_priority(versions: &mut [String]) {
-    versions.sort_by_key(|v| std::cmp::Reverse(Version::parse(v).priority()));
-}
-
 async fn list_exported_crds(provider: &Client) -> Result<Vec<ExportedApi>, DiscoveryError> {
     let crds: Api<CustomResourceDefinition> = Api::all(provider.clone());
     let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
@@ -96,41 +89,31 @@ async fn list_exported_crds(provider: &Client) -> Result<Vec<ExportedApi>, Disco
     Ok(exports_from_crds(&list.items))
 }
 
-/// DISC-4: every non-built-in API the provider's discovery shows.
+/// DISC-4: every non-built-in API for which a CRD can be synthesized from the provider's OpenAPI
+/// documents, with its versions highest first.
 async fn discover_openapi_candidates(
     provider: &Client,
 ) -> Result<Vec<ExportedApi>, DiscoveryError> {
-    let discovery = Discovery::new(provider.clone())
-        .run()
+    let crds = crate::openapi::synthesize_from_provider(provider, None)
         .await
-        .map_err(|e| classify("provider API discovery", e))?;
-    let mut apis: Vec<ExportedApi> = Vec::new();
-    for group in discovery.groups().filter(|g| !is_builtin_group(g.name())) {
-        for version in group.versions() {
-            for (resource, capabilities) in group.versioned_resources(version) {
-                let name = format!("{}.{}", resource.plural, resource.group);
-                match apis.iter_mut().find(|a| a.name == name) {
-                    Some(api) => api.versions.push(version.to_owned()),
-                    None => apis.push(ExportedApi {
-                        name,
-                        group: resource.group.clone(),
-                        resource: resource.plural.clone(),
-                        scope: if capabilities.scope == Scope::Cluster {
-                            ApiScope::Cluster
-                        } else {
-                            ApiScope::Namespaced
-                        },
-                        versions: vec![version.to_owned()],
-                    }),
-                }
-            }
-        }
-    }
-    for api in &mut apis {
-        sort_by_priority(&mut api.versions);
-    }
-    apis.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(apis)
+        .map_err(|e| match e {
+            crate::openapi::FetchError::Forbidden(m) => DiscoveryError::Forbidden(m),
+            crate::openapi::FetchError::Failed(m) => DiscoveryError::Failed(m),
+        })?;
+    Ok(crds
+        .iter()
+        .map(|crd| ExportedApi {
+            name: crd.metadata.name.clone().unwrap_or_default(),
+            group: crd.spec.group.clone(),
+            resource: crd.spec.names.plural.clone(),
+            scope: if crd.spec.scope == "Cluster" {
+                ApiScope::Cluster
+            } else {
+                ApiScope::Namespaced
+            },
+            versions: crd.spec.versions.iter().map(|v| v.name.clone()).collect(),
+        })
+        .collect())
 }
 
 /// DISC-2/3/4: the exported APIs under the Connection's schema source.
@@ -271,14 +254,5 @@ mod tests {
         for group in ["example.org", "core.kcp.io", "k8s.io.example.org"] {
             assert!(!is_builtin_group(group), "{group}");
         }
-    }
-
-    #[test]
-    fn versions_sort_by_kubernetes_priority() {
-        let mut versions: Vec<String> = ["v1alpha1", "v1", "v1beta1", "v2"]
-            .map(String::from)
-            .to_vec();
-        sort_by_priority(&mut versions);
-        assert_eq!(versions, ["v2", "v1", "v1beta1", "v1alpha1"]);
     }
 }

@@ -10,6 +10,7 @@ mod connection;
 mod context;
 mod discovery;
 mod leader;
+mod openapi;
 mod schema;
 
 use std::sync::Arc;

@@ -49,9 +49,26 @@ pub fn desired_crd(
         strategy: "None".into(),
         webhook: None,
     });
+    Ok(with_markers(
+        CustomResourceDefinition {
+            metadata: ObjectMeta {
+                name: Some(name),
+                ..Default::default()
+            },
+            spec,
+            status: None,
+        },
+        connection,
+    ))
+}
+
+/// A consumer CRD with kbind's markers and the schema hash of its spec (SCH-2, SCH-3, SCH-8):
+/// label `managed`, annotation `connection`, annotation `schema-hash`; nothing else in metadata
+/// but the name.
+pub fn with_markers(crd: CustomResourceDefinition, connection: &str) -> CustomResourceDefinition {
     let mut crd = CustomResourceDefinition {
         metadata: ObjectMeta {
-            name: Some(name),
+            name: crd.metadata.name,
             labels: Some(BTreeMap::from([(
                 keys::MANAGED_LABEL.to_owned(),
                 keys::TRUE.to_owned(),
@@ -62,13 +79,13 @@ pub fn desired_crd(
             )])),
             ..Default::default()
         },
-        spec,
+        spec: crd.spec,
         status: None,
     };
     let hash = schema_hash(&crd);
     crd.annotations_mut()
         .insert(keys::SCHEMA_HASH_ANNOTATION.to_owned(), hash);
-    Ok(crd)
+    crd
 }
 
 /// What [`install`] will do (SCH-4).

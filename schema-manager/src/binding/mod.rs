@@ -238,31 +238,57 @@ async fn api_state<B: Scoped>(
     if B::NAMESPACED && export.scope == ApiScope::Cluster {
         return ApiState::ClusterScopedInBinding;
     }
-    if status.active_schema_source == Some(ActiveSchemaSource::OpenApi) {
-        return ApiState::Pending("schemas from the OpenAPI source are not installed by this version of kbind; use the CRD source".into());
-    }
     let policy = &connection.spec.schema;
     let create = policy.pull_policy != PullPolicy::None;
     let update = policy.update_policy != UpdatePolicy::Once;
-    let provider_crds: Api<CustomResourceDefinition> = Api::all(provider.client.clone());
-    let provider_crd = match provider_crds.get(api).await {
-        Ok(crd) => crd,
-        Err(kube::Error::Api(s)) if s.is_forbidden() => {
-            return ApiState::Forbidden(format!(
-                "reading the provider CRD was denied by RBAC: {}",
-                s.message
-            ));
+    let desired = match status.active_schema_source {
+        // §9.3 OpenAPI rows, improved: Always refreshes an installed CRD (LIM-6), None stamps an
+        // existing one like the CRD source does (LIM-8).
+        Some(ActiveSchemaSource::OpenApi) => {
+            match crate::openapi::synthesize_from_provider(&provider.client, Some(&export.group))
+                .await
+            {
+                Ok(crds) => match crds
+                    .into_iter()
+                    .find(|c| c.metadata.name.as_deref() == Some(api))
+                {
+                    Some(crd) => schema::with_markers(crd, &connection.name_any()),
+                    None => {
+                        return ApiState::Pending(
+                            "the provider's OpenAPI documents have no usable schema for it".into(),
+                        );
+                    }
+                },
+                Err(crate::openapi::FetchError::Forbidden(message)) => {
+                    return ApiState::Forbidden(message);
+                }
+                Err(crate::openapi::FetchError::Failed(message)) => {
+                    return ApiState::Pending(message);
+                }
+            }
         }
-        Err(e) => {
-            return ApiState::Pending(format!(
-                "cannot read the provider CRD: {}",
-                kbind_shared::identity::describe_error(&e)
-            ));
+        _ => {
+            let provider_crds: Api<CustomResourceDefinition> = Api::all(provider.client.clone());
+            let provider_crd = match provider_crds.get(api).await {
+                Ok(crd) => crd,
+                Err(kube::Error::Api(s)) if s.is_forbidden() => {
+                    return ApiState::Forbidden(format!(
+                        "reading the provider CRD was denied by RBAC: {}",
+                        s.message
+                    ));
+                }
+                Err(e) => {
+                    return ApiState::Pending(format!(
+                        "cannot read the provider CRD: {}",
+                        kbind_shared::identity::describe_error(&e)
+                    ));
+                }
+            };
+            match schema::desired_crd(&provider_crd, &connection.name_any()) {
+                Ok(desired) => desired,
+                Err(message) => return ApiState::Pending(message),
+            }
         }
-    };
-    let desired = match schema::desired_crd(&provider_crd, &connection.name_any()) {
-        Ok(desired) => desired,
-        Err(message) => return ApiState::Pending(message),
     };
     let hash = desired
         .annotations()

@@ -177,7 +177,7 @@ impl Cluster {
             server: format!("https://127.0.0.1:{port}"),
             ca_pem,
             admin_token,
-            processes: vec![etcd, apiserver],
+            processes: vec![apiserver, etcd],
         };
         cluster.wait_ready(Duration::from_secs(60)).await?;
 
@@ -227,18 +227,19 @@ impl Cluster {
             {
                 return Ok(());
             }
-            let apiserver = self.processes.last_mut().expect("the API server runs");
+            let name = self.name.clone();
+            let apiserver = self.process_mut("kube-apiserver");
             if let Some(status) = apiserver.try_status() {
                 return Err(format!(
                     "kube-apiserver of {} exited ({status}):\n{}",
-                    self.name,
+                    name,
                     apiserver.log_tail(30)
                 ));
             }
             if Instant::now() >= deadline {
                 return Err(format!(
                     "kube-apiserver of {} not ready within {limit:?}:\n{}",
-                    self.name,
+                    name,
                     apiserver.log_tail(30)
                 ));
             }
@@ -384,6 +385,23 @@ impl Cluster {
             .await
             .map_err(|e| format!("create ClusterRoleBinding {binding}: {e}"))?;
         Ok(())
+    }
+
+    fn process_mut(&mut self, name: &str) -> &mut ChildProcess {
+        self.processes
+            .iter_mut()
+            .find(|p| p.name() == name)
+            .expect("every cluster runs its processes")
+    }
+
+    /// Sends a signal to this cluster's kube-apiserver (`STOP` pauses it: the cluster becomes
+    /// unreachable without losing state; `CONT` resumes it).
+    pub fn signal_apiserver(&self, signal: &str) -> Result<(), String> {
+        self.processes
+            .iter()
+            .find(|p| p.name() == "kube-apiserver")
+            .ok_or("no kube-apiserver")?
+            .signal(signal)
     }
 
     /// Logs of this cluster's processes, for a failure message.

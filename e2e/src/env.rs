@@ -105,6 +105,11 @@ impl TestEnv {
         self.keep = true;
     }
 
+    /// A process started with [`TestEnv::start_kbind`], read-only.
+    pub fn process_ref(&self, index: usize) -> &ChildProcess {
+        &self.processes[index]
+    }
+
     fn keep_logs(&self) {
         eprintln!(
             "kbind e2e: logs of this run are kept in {}",

@@ -253,8 +253,10 @@ pub async fn start_syncer(
         format!("--health-probe-bind-address={probes}"),
         format!("--namespace={KBIND_NAMESPACE}"),
         format!("--identity={name}"),
-        "--log-level=info,kbind_syncer=debug".to_owned(),
     ];
+    if !extra.iter().any(|a| a.starts_with("--log-level")) {
+        args.push("--log-level=info,kbind_syncer=debug".to_owned());
+    }
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let index = env.start_kbind("kbind-syncer", name, &args, &[])?;
     Ok(SchemaManager {
@@ -413,4 +415,87 @@ pub fn widgets(client: &Client, namespace: &str) -> Api<kube::api::DynamicObject
 pub fn widget(name: &str, size: i64) -> kube::api::DynamicObject {
     serde_json::from_value(json!({ "apiVersion": "example.org/v1", "kind": "Widget", "metadata": { "name": name }, "spec": { "size": size } }))
         .expect("a valid Widget")
+}
+
+/// The file a user applies on the consumer: the provider kubeconfig Secret, a Connection
+/// (`provider`, CRD source) and a ClusterBinding (`widgets`), as documents 0, 1, 2 in `order`.
+pub fn one_file(kubeconfig: &str, order: &[usize]) -> String {
+    let documents = [
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: provider-kubeconfig\n  namespace: kbind\nstringData:\n  kubeconfig: |\n{}",
+            kubeconfig.lines().map(|l| format!("    {l}\n")).collect::<String>()
+        ),
+        "apiVersion: core.kbind.io/v1alpha1\nkind: Connection\nmetadata:\n  name: provider\nspec:\n  kubeconfigSecretRef:\n    namespace: kbind\n    name: provider-kubeconfig\n  schema:\n    source: CRD\n".to_owned(),
+        "apiVersion: core.kbind.io/v1alpha1\nkind: ClusterBinding\nmetadata:\n  name: widgets\nspec:\n  connectionRef:\n    name: provider\n  apis:\n  - name: widgets.example.org\n".to_owned(),
+    ];
+    order
+        .iter()
+        .map(|i| documents[*i].clone())
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// Two clusters with Widgets exported by the provider (and its stand-in controller), kbind's
+/// programs running on the consumer, and [`one_file`] applied.
+pub struct SyncEnv {
+    /// The environment.
+    pub env: TestEnv,
+    /// Consumer admin client.
+    pub consumer: Client,
+    /// Provider admin client.
+    pub provider: Client,
+    /// The syncer.
+    pub syncer: SchemaManager,
+    _provider_controller: tokio::task::JoinHandle<()>,
+}
+
+impl SyncEnv {
+    /// Starts it; `kubeconfig` is the provider credential in the Secret (default: the admin's).
+    pub async fn start(test: &str, order: &[usize], kubeconfig: Option<String>) -> Self {
+        let mut env = TestEnv::start(test, &["consumer", "provider"])
+            .await
+            .expect("clusters start");
+        let consumer = env
+            .cluster("consumer")
+            .admin_client()
+            .await
+            .expect("consumer client");
+        let provider = env
+            .cluster("provider")
+            .admin_client()
+            .await
+            .expect("provider client");
+        crate::kbind::install_crds(&consumer)
+            .await
+            .expect("kbind CRDs");
+        install_crd(&provider, &widget_crd())
+            .await
+            .expect("widgets CRD");
+        start_schema_manager(
+            &mut env,
+            "consumer",
+            "schema-manager",
+            &["--leader-elect=false"],
+        )
+        .await
+        .expect("schema manager");
+        let syncer = start_syncer(&mut env, "consumer", "syncer-0", &[])
+            .await
+            .expect("syncer");
+        ensure_namespace(&consumer, SECRET_NAMESPACE)
+            .await
+            .expect("kbind namespace");
+        let kubeconfig = kubeconfig.unwrap_or_else(|| env.cluster("provider").admin_kubeconfig());
+        apply_manifest(&consumer, &one_file(&kubeconfig, order))
+            .await
+            .expect("the one file applies");
+        let provider_controller = run_provider_widget_controller(provider.clone());
+        Self {
+            env,
+            consumer,
+            provider,
+            syncer,
+            _provider_controller: provider_controller,
+        }
+    }
 }

@@ -91,6 +91,15 @@ impl ChildProcess {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Whether it is still running (checked without reaping).
+    pub fn is_running(&self) -> bool {
+        self.pid()
+            .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+            && std::fs::read_to_string(format!("/proc/{}/stat", self.pid().unwrap_or_default()))
+                .map(|stat| !stat.contains(") Z "))
+                .unwrap_or(false)
+    }
+
     /// Whether it has exited, and how.
     pub fn try_status(&mut self) -> Option<ExitStatus> {
         self.child

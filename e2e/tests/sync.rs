@@ -6,74 +6,12 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
-use kbind_e2e::kbind::install_crds;
-use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::ClusterBinding;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-
-struct Setup {
-    env: TestEnv,
-    consumer: Client,
-    provider: Client,
-    syncer: SchemaManager,
-    _provider_controller: tokio::task::JoinHandle<()>,
-}
-
-/// The one file a user applies: Secret, Connection and ClusterBinding.
-fn one_file(kubeconfig: &str, order: &[usize]) -> String {
-    let documents = [
-        format!(
-            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: provider-kubeconfig\n  namespace: kbind\nstringData:\n  kubeconfig: |\n{}",
-            kubeconfig.lines().map(|l| format!("    {l}\n")).collect::<String>()
-        ),
-        "apiVersion: core.kbind.io/v1alpha1\nkind: Connection\nmetadata:\n  name: provider\nspec:\n  kubeconfigSecretRef:\n    namespace: kbind\n    name: provider-kubeconfig\n  schema:\n    source: CRD\n".to_owned(),
-        "apiVersion: core.kbind.io/v1alpha1\nkind: ClusterBinding\nmetadata:\n  name: widgets\nspec:\n  connectionRef:\n    name: provider\n  apis:\n  - name: widgets.example.org\n".to_owned(),
-    ];
-    order
-        .iter()
-        .map(|i| documents[*i].clone())
-        .collect::<Vec<_>>()
-        .join("---\n")
-}
-
-async fn setup(test: &str, order: &[usize]) -> Setup {
-    let mut env = TestEnv::start(test, &["consumer", "provider"])
-        .await
-        .expect("clusters start");
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_crds(&consumer).await.unwrap();
-    install_crd(&provider, &widget_crd()).await.unwrap();
-    start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false"],
-    )
-    .await
-    .unwrap();
-    let syncer = start_syncer(&mut env, "consumer", "syncer-0", &[])
-        .await
-        .unwrap();
-    ensure_namespace(&consumer, "kbind").await.unwrap();
-    apply_manifest(
-        &consumer,
-        &one_file(&env.cluster("provider").admin_kubeconfig(), order),
-    )
-    .await
-    .unwrap();
-    let provider_controller = run_provider_widget_controller(provider.clone());
-    Setup {
-        env,
-        consumer,
-        provider,
-        syncer,
-        _provider_controller: provider_controller,
-    }
-}
 
 async fn wait_binding_ready(consumer: &Client, name: &str) {
     wait_binding_condition(
@@ -100,7 +38,7 @@ where
 #[tokio::test]
 async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
     // GEN-5, SCH-2, SYNC-5 … SYNC-9, SYNC-12, IDEL-3
-    let s = setup("sync_both_ways", &[2, 1, 0]).await;
+    let s = SyncEnv::start("sync_both_ways", &[2, 1, 0], None).await;
     wait_binding_ready(&s.consumer, "widgets").await;
 
     // The consumer CRD: one version, conversion None, kbind's markers, created by kbind.
@@ -258,7 +196,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
 #[tokio::test]
 async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
     // OWN-1 … OWN-3, BIND-10 (QRK-4 fixed), SYNC-7
-    let s = setup("sync_conflict", &[0, 1, 2]).await;
+    let s = SyncEnv::start("sync_conflict", &[0, 1, 2], None).await;
     wait_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.provider, "team-a").await.unwrap();
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
@@ -337,7 +275,7 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
 #[tokio::test]
 async fn deleting_the_last_cluster_binding_removes_copies_and_the_crd_kbind_created() {
     // BCL-3 exact, PGAP-1, LIM-9
-    let s = setup("sync_unbind", &[0, 1, 2]).await;
+    let s = SyncEnv::start("sync_unbind", &[0, 1, 2], None).await;
     wait_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let consumer_widgets = widgets(&s.consumer, "team-a");
@@ -404,7 +342,7 @@ async fn deleting_the_last_cluster_binding_removes_copies_and_the_crd_kbind_crea
 async fn no_writes_while_idle_or_after_a_syncer_restart_with_200_synced_objects() {
     // The write-efficiency headline: counted by both API servers themselves.
     use kbind_e2e::kbind::{apiserver_writes, new_writes};
-    let mut s = setup("sync_zero_writes", &[0, 1, 2]).await;
+    let mut s = SyncEnv::start("sync_zero_writes", &[0, 1, 2], None).await;
     wait_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let consumer_widgets = widgets(&s.consumer, "team-a");

@@ -2,7 +2,7 @@
 //! Connection (REFERENCE-BEHAVIOUR §17: SYNC, OWN, IDEL). The provider side is read from a
 //! watch-fed cache; a write happens only when something differs.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,6 +76,15 @@ struct Worker {
     recorder: Recorder,
     known_namespaces: Mutex<HashSet<String>>,
     warned_no_status: Mutex<bool>,
+    states: Mutex<HashMap<(Option<String>, String), SyncState>>,
+    in_flight: std::sync::atomic::AtomicI64,
+}
+
+/// Where an object stands, for `kbind_synced_objects` and `kbind_conflicts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SyncState {
+    Synced,
+    Conflict,
 }
 
 /// Runs the worker until `stop`.
@@ -92,29 +101,53 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         }
     };
     let resource = spec.resource.clone();
+    let api = spec.api.clone();
 
     // Provider side: a cache of the API's objects; events on them re-sync the consumer object with
     // the same namespace/name (drift repair, SYNC-12, and conflict re-evaluation, QRK-19).
     let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
     let provider_objects = writer.as_reader();
     let provider_api: Api<DynamicObject> = Api::all_with(provider.clone(), &resource);
-    let trigger_resource = resource.clone();
-    let provider_triggers =
+    // One watch feeds both the cache and the triggers; it runs on its own so that the cache can
+    // be waited for once, before any decision reads it. (Waiting inside reconciles is not an
+    // option: a Store's readiness wakes only the last of several concurrent waiters.)
+    let provider_events =
         reflector::reflector(writer, watcher(provider_api, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects()
-            .filter_map(move |object| {
-                let resource = trigger_resource.clone();
-                async move {
-                    let object = object.ok()?;
-                    let mut reference = ObjectRef::new_with(&object.name_any(), resource);
-                    if let Some(namespace) = object.namespace() {
-                        reference = reference.within(&namespace);
-                    }
-                    Some(reference)
-                }
-            });
-    let deleted_triggers = deleted_provider_objects(provider.clone(), resource.clone());
+            .default_backoff();
+    let (trigger, provider_triggers) = futures::channel::mpsc::unbounded();
+    let trigger_resource = resource.clone();
+    let feeder = tokio::spawn(async move {
+        let mut events = std::pin::pin!(provider_events);
+        while let Some(event) = events.next().await {
+            let object = match event {
+                Ok(
+                    watcher::Event::Apply(o)
+                    | watcher::Event::Delete(o)
+                    | watcher::Event::InitApply(o),
+                ) => o,
+                _ => continue,
+            };
+            let mut reference = ObjectRef::new_with(&object.name_any(), trigger_resource.clone());
+            if let Some(namespace) = object.namespace() {
+                reference = reference.within(&namespace);
+            }
+            if trigger.unbounded_send(reference).is_err() {
+                break;
+            }
+        }
+    });
+    tokio::select! {
+        ready = provider_objects.wait_until_ready() => {
+            if ready.is_err() {
+                tracing::warn!(api = %spec.api, "the provider watch ended before it listed");
+                return;
+            }
+        }
+        _ = stop.cancelled() => {
+            feeder.abort();
+            return;
+        }
+    }
 
     let worker = Arc::new(Worker {
         recorder: Recorder::new(ctx.client.clone(), ctx.reporter.clone()),
@@ -124,12 +157,14 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         provider_objects: provider_objects.clone(),
         known_namespaces: Mutex::default(),
         warned_no_status: Mutex::new(false),
+        states: Mutex::default(),
+        in_flight: Default::default(),
     });
     let consumer_api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
     let graceful = stop.clone();
     let controller = Controller::new_with(consumer_api, watcher::Config::default(), resource)
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.workers))
-        .reconcile_on(futures::stream::select(provider_triggers, deleted_triggers))
+        .reconcile_on(provider_triggers)
         .reconcile_all_on(ctx.binding_changes())
         .graceful_shutdown_on(async move { graceful.cancelled().await })
         .run(reconcile, error_policy, worker)
@@ -142,31 +177,14 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         _ = controller => {}
         _ = async { stop.cancelled().await; tokio::time::sleep(Duration::from_secs(5)).await } => {}
     }
-}
-
-/// Deleted provider objects (which `touched_objects` omits) as triggers for recreation.
-fn deleted_provider_objects(
-    provider: Client,
-    resource: ApiResource,
-) -> impl futures::Stream<Item = ObjectRef<DynamicObject>> + Send {
-    let api: Api<DynamicObject> = Api::all_with(provider, &resource);
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .filter_map(move |event| {
-            let resource = resource.clone();
-            async move {
-                match event.ok()? {
-                    watcher::Event::Delete(object) => {
-                        let mut reference = ObjectRef::new_with(&object.name_any(), resource);
-                        if let Some(namespace) = object.namespace() {
-                            reference = reference.within(&namespace);
-                        }
-                        Some(reference)
-                    }
-                    _ => None,
-                }
-            }
-        })
+    feeder.abort();
+    for gauge in [
+        &ctx.metrics.synced_objects,
+        &ctx.metrics.conflicts,
+        &ctx.metrics.work_queue_depth,
+    ] {
+        let _ = gauge.remove_label_values(&[api.as_str()]);
+    }
 }
 
 fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) -> Action {
@@ -202,6 +220,29 @@ impl Worker {
             reference = reference.within(&namespace);
         }
         self.provider_objects.get(&reference)
+    }
+
+    /// Records where `object` stands (`None`: neither synced nor conflicting) and updates the
+    /// per-API gauges.
+    fn mark(&self, object: &DynamicObject, state: Option<SyncState>) {
+        let key = (object.namespace(), object.name_any());
+        let mut states = self.states.lock().expect("not poisoned");
+        match state {
+            Some(state) => states.insert(key, state),
+            None => states.remove(&key),
+        };
+        let count = |wanted: SyncState| states.values().filter(|s| **s == wanted).count() as f64;
+        let api = self.spec.api.as_str();
+        self.ctx
+            .metrics
+            .synced_objects
+            .with_label_values(&[api])
+            .set(count(SyncState::Synced));
+        self.ctx
+            .metrics
+            .conflicts
+            .with_label_values(&[api])
+            .set(count(SyncState::Conflict));
     }
 
     fn count(&self, op: &str, result: &str) {
@@ -323,12 +364,24 @@ impl Worker {
     }
 }
 
+/// One object sync, with `kbind_work_queue_depth` counting syncs in progress.
 async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action, Error> {
-    // Decisions read the provider cache: never decide on a cache that has not listed yet (a
-    // restart would otherwise re-apply objects whose copies are simply not loaded).
-    if worker.provider_objects.wait_until_ready().await.is_err() {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
+    use std::sync::atomic::Ordering;
+    let gauge = worker
+        .ctx
+        .metrics
+        .work_queue_depth
+        .with_label_values(&[worker.spec.api.as_str()]);
+    gauge.set((worker.in_flight.fetch_add(1, Ordering::Relaxed) + 1) as f64);
+    let name = object.name_any();
+    tracing::trace!(object = %name, "sync start");
+    let result = sync(object, worker.clone()).await;
+    tracing::trace!(object = %name, ok = result.is_ok(), "sync end");
+    gauge.set((worker.in_flight.fetch_sub(1, Ordering::Relaxed) - 1) as f64);
+    result
+}
+
+async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action, Error> {
     let spec = &worker.spec;
     let namespace = object.namespace();
     let resolution = worker.ctx.resolve(&spec.api, namespace.as_deref());
@@ -367,6 +420,7 @@ async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Ac
                     .await;
                 worker.count("spec_up", "conflict");
             }
+            worker.mark(&object, Some(SyncState::Conflict));
             return Ok(Action::await_change());
         }
         // QRK-13: wait for a terminating copy to be gone before recreating it.
@@ -447,6 +501,7 @@ async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Ac
     {
         status_down(&worker, &object, status).await?;
     }
+    worker.mark(&object, Some(SyncState::Synced));
     Ok(Action::requeue(worker.ctx.resync_interval))
 }
 
@@ -505,6 +560,19 @@ async fn forbidden_or(
                     object,
                     "Forbidden",
                     format!("cannot {operation}: {}", s.message),
+                )
+                .await;
+            Ok(Action::requeue(Duration::from_secs(30)))
+        }
+        kube::Error::Api(s) if s.is_invalid() => {
+            // The provider's admission said no: tell the user why, retry with backoff; other
+            // objects are unaffected.
+            worker.count("spec_up", "error");
+            worker
+                .warn(
+                    object,
+                    "ProviderRejected",
+                    format!("the provider rejected the object: {}", s.message),
                 )
                 .await;
             Ok(Action::requeue(Duration::from_secs(30)))
@@ -573,6 +641,7 @@ async fn delete(object: &DynamicObject, worker: &Worker) -> Result<Action, Error
         }
         _ => {
             release().await?;
+            worker.mark(object, None);
             Ok(Action::await_change())
         }
     }

@@ -102,7 +102,7 @@ async fn run(args: &Args) -> Result<(), String> {
         "consumer: applying ONE file with the provider kubeconfig Secret, a Connection and a ClusterBinding",
     );
     let file = env.dir().join("kbind.yaml");
-    let manifest = one_file(&env.cluster("provider").admin_kubeconfig());
+    let manifest = one_file(&env.cluster("provider").admin_kubeconfig(), &[0, 1, 2]);
     std::fs::write(&file, &manifest).map_err(|e| e.to_string())?;
     println!("      {}", file.display());
     ensure_namespace(&consumer, "kbind").await?;
@@ -248,17 +248,4 @@ async fn run(args: &Args) -> Result<(), String> {
             .unwrap_or_default()
     );
     Ok(())
-}
-
-/// The file a user applies on the consumer.
-fn one_file(provider_kubeconfig: &str) -> String {
-    let indented: String = provider_kubeconfig
-        .lines()
-        .map(|l| format!("    {l}\n"))
-        .collect();
-    format!(
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: provider-kubeconfig\n  namespace: kbind\nstringData:\n  kubeconfig: |\n{indented}\
-         ---\napiVersion: core.kbind.io/v1alpha1\nkind: Connection\nmetadata:\n  name: provider\nspec:\n  kubeconfigSecretRef:\n    namespace: kbind\n    name: provider-kubeconfig\n  schema:\n    source: CRD\n\
-         ---\napiVersion: core.kbind.io/v1alpha1\nkind: ClusterBinding\nmetadata:\n  name: widgets\nspec:\n  connectionRef:\n    name: provider\n  apis:\n  - name: widgets.example.org\n"
-    )
 }

@@ -1,0 +1,657 @@
+//! Instance sync when things go wrong, on two real clusters: the Connection goes un-Ready,
+//! credentials rotate or are revoked, the provider rejects or disappears, ownership markers are
+//! partial or stale, the syncer is killed mid-burst, objects are large (REFERENCE-BEHAVIOUR §15
+//! ENG, §17 SYNC/OWN/IDEL).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+use kbind_e2e::cluster::{User, ensure_namespace};
+use kbind_e2e::eventually;
+use kbind_e2e::fixtures::*;
+use kbind_shared::api::ClusterBinding;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+async fn wait_for<T, F, Fut>(what: &str, limit: u64, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, String>>,
+{
+    eventually(what, Duration::from_secs(limit), check)
+        .await
+        .unwrap()
+}
+
+async fn ready(s: &SyncEnv) {
+    wait_binding_condition(
+        &Api::<ClusterBinding>::all(s.consumer.clone()),
+        "widgets",
+        "Ready",
+        "True",
+        None,
+    )
+    .await
+    .unwrap();
+}
+
+fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(resources.iter().map(|r| (*r).into()).collect()),
+        verbs: verbs.iter().map(|v| (*v).into()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Everything a provider credential needs for Connection, schemas and Widgets.
+fn provider_rules(widgets: bool) -> Vec<PolicyRule> {
+    let mut rules = vec![
+        rule("core.kcp.io", &["logicalclusters"], &["get"]),
+        rule("", &["namespaces"], &["get", "create"]),
+        rule(
+            "apiextensions.k8s.io",
+            &["customresourcedefinitions"],
+            &["get", "list", "watch"],
+        ),
+        rule(
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "create", "update", "patch"],
+        ),
+    ];
+    if widgets {
+        rules.push(rule(
+            "example.org",
+            &["widgets"],
+            &[
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ],
+        ));
+    } else {
+        rules.push(rule("example.org", &["widgets"], &["get", "list", "watch"]));
+    }
+    rules
+}
+
+async fn granted(provider: &kbind_e2e::Cluster, name: &str) -> User {
+    let user = provider.mint_user(name).await.unwrap();
+    provider
+        .grant(&user, name, provider_rules(true))
+        .await
+        .unwrap();
+    user
+}
+
+async fn warning_reasons(consumer: &Client, namespace: &str, object: &str) -> Vec<String> {
+    Api::<Event>::namespaced(consumer.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some(object)
+                && e.type_.as_deref() == Some("Warning")
+        })
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn connection_not_ready_stops_syncing_and_ready_resumes_with_rotated_credentials() {
+    // ENG-1 … ENG-4, LIM-1/ENG-5 improved: a rotated credential is used without a restart.
+    let s = SyncEnv::start("resilience_engage", &[0, 1, 2], None).await;
+    ready(&s).await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+
+    // Break the credentials: the Connection goes un-Ready and the syncer disengages.
+    put_secret(
+        &s.consumer,
+        "provider-kubeconfig",
+        "kubeconfig",
+        b"garbage: [",
+    )
+    .await
+    .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "False", None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    consumer_widgets
+        .create(&PostParams::default(), &widget("while-down", 1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        provider_widgets
+            .get_opt("while-down")
+            .await
+            .unwrap()
+            .is_none(),
+        "synced while the Connection was not Ready"
+    );
+
+    // A new, different credential for the same provider: Ready again, syncing resumes with it.
+    let user = granted(s.env.cluster("provider"), "rotated").await;
+    put_secret(
+        &s.consumer,
+        "provider-kubeconfig",
+        "kubeconfig",
+        user.kubeconfig.as_bytes(),
+    )
+    .await
+    .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    let copy = wait_for("the object to sync after recovery", 30, || async {
+        provider_widgets
+            .get_opt("while-down")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let managers: Vec<String> = copy
+        .managed_fields()
+        .iter()
+        .filter_map(|f| f.manager.clone())
+        .collect();
+    assert!(
+        managers.contains(&"kbind-konnector".to_owned()),
+        "{managers:?}"
+    );
+    let syncer_log = std::fs::read_to_string(s.env.dir().join("syncer-0.log")).unwrap();
+    assert!(
+        syncer_log.contains("stopping sync worker")
+            && syncer_log.matches("starting sync worker").count() >= 2,
+        "the worker was not rebuilt"
+    );
+}
+
+#[tokio::test]
+async fn revoked_credentials_give_forbidden_events_and_recover_when_granted_again() {
+    // SYNC-10, bad input: credentials revoked mid-run.
+    let s = SyncEnv::start("resilience_forbidden", &[0, 1, 2], None).await;
+    ready(&s).await;
+    // The Secret holds a restricted user that may do everything kbind needs.
+    let user = granted(s.env.cluster("provider"), "limited").await;
+    put_secret(
+        &s.consumer,
+        "provider-kubeconfig",
+        "kubeconfig",
+        user.kubeconfig.as_bytes(),
+    )
+    .await
+    .unwrap();
+    // The syncer picks up new credentials by rebuilding its worker (re-checked every few seconds).
+    let log = s.env.dir().join("syncer-0.log");
+    wait_for(
+        "the worker to be rebuilt with the new credential",
+        30,
+        || async {
+            let text = std::fs::read_to_string(&log).map_err(|e| e.to_string())?;
+            Ok((text.matches("starting sync worker").count() >= 2).then_some(()))
+        },
+    )
+    .await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    ensure_namespace(&s.provider, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    consumer_widgets
+        .create(&PostParams::default(), &widget("first", 1))
+        .await
+        .unwrap();
+    wait_for("the first object to sync", 30, || async {
+        provider_widgets
+            .get_opt("first")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+
+    // Revoke the write permissions on widgets.
+    let roles: Api<ClusterRole> = Api::all(s.provider.clone());
+    let read_only = ClusterRole {
+        rules: Some(provider_rules(false)),
+        ..roles.get("limited").await.unwrap()
+    };
+    roles
+        .replace("limited", &PostParams::default(), &read_only)
+        .await
+        .unwrap();
+    consumer_widgets
+        .create(&PostParams::default(), &widget("denied", 2))
+        .await
+        .unwrap();
+    let warnings = wait_for("a Forbidden Warning Event", 30, || async {
+        let w = warning_reasons(&s.consumer, "team-a", "denied").await;
+        if w.iter().any(|r| r.starts_with("Forbidden")) {
+            return Ok(Some(w));
+        }
+        let copy = provider_widgets
+            .get_opt("denied")
+            .await
+            .map_err(|e| e.to_string())?;
+        Err(format!(
+            "warnings {w:?}; provider copy exists: {}",
+            copy.is_some()
+        ))
+    })
+    .await;
+    assert!(
+        warnings.iter().any(|w| w.contains("forbidden")),
+        "{warnings:?}"
+    );
+    assert!(
+        s.env.process_ref(s.syncer.index).is_running(),
+        "the syncer crashed"
+    );
+
+    // Grant again: the object syncs (the 30 s Forbidden retry, or sooner).
+    let granted_again = ClusterRole {
+        rules: Some(provider_rules(true)),
+        ..roles.get("limited").await.unwrap()
+    };
+    roles
+        .replace("limited", &PostParams::default(), &granted_again)
+        .await
+        .unwrap();
+    wait_for("recovery after the grant", 45, || async {
+        provider_widgets
+            .get_opt("denied")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ownership_markers_decide_and_adopt_never_takes_an_object_owned_by_another() {
+    // OWN-1, OWN-2, IDEL-5: partial markers, and an orphaned copy of a recreated consumer object.
+    let s = SyncEnv::start("resilience_ownership", &[0, 1, 2], None).await;
+    ready(&s).await;
+    let bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    bindings
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "conflictPolicy": "Adopt" } })),
+        )
+        .await
+        .unwrap();
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    ensure_namespace(&s.provider, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+
+    let mut partial = widget("partial", 1);
+    partial.metadata.annotations = Some(
+        [(
+            "core.kbind.io/consumer-cluster-uid".to_owned(),
+            "someone".to_owned(),
+        )]
+        .into(),
+    );
+    provider_widgets
+        .create(&PostParams::default(), &partial)
+        .await
+        .unwrap();
+    consumer_widgets
+        .create(&PostParams::default(), &widget("partial", 9))
+        .await
+        .unwrap();
+
+    // An orphaned copy, then the consumer object is recreated with a new UID.
+    let mut kept = widget("recreated", 3);
+    kept.metadata.annotations = Some(
+        [(
+            "core.kbind.io/deletion-policy".to_owned(),
+            "Orphan".to_owned(),
+        )]
+        .into(),
+    );
+    consumer_widgets
+        .create(&PostParams::default(), &kept)
+        .await
+        .unwrap();
+    wait_for("the copy", 30, || async {
+        provider_widgets
+            .get_opt("recreated")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    consumer_widgets
+        .delete("recreated", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the consumer object to go", 30, || async {
+        Ok(consumer_widgets
+            .get_opt("recreated")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    consumer_widgets
+        .create(&PostParams::default(), &widget("recreated", 4))
+        .await
+        .unwrap();
+
+    for name in ["partial", "recreated"] {
+        wait_for(&format!("{name}: OwnedByAnother"), 30, || async {
+            let w = consumer_widgets
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((w
+                .annotations()
+                .get("core.kbind.io/conflict")
+                .map(String::as_str)
+                == Some("OwnedByAnother"))
+            .then_some(()))
+        })
+        .await;
+    }
+    assert_eq!(
+        provider_widgets.get("partial").await.unwrap().data["spec"]["size"],
+        1,
+        "Adopt never takes it"
+    );
+    assert_eq!(
+        provider_widgets.get("recreated").await.unwrap().data["spec"]["size"],
+        3,
+        "the orphaned copy is untouched"
+    );
+    let reasons = warning_reasons(&s.consumer, "team-a", "partial").await;
+    assert!(
+        reasons.iter().any(|r| r.starts_with("OwnedByAnother")),
+        "{reasons:?}"
+    );
+    wait_binding_condition(
+        &bindings,
+        "widgets",
+        "Conflicts",
+        "True",
+        Some("OwnedByAnother"),
+    )
+    .await
+    .unwrap();
+    let metrics = s.syncer.metrics().await.unwrap();
+    assert!(
+        metrics.contains("kbind_conflicts{api=\"widgets.example.org\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn provider_rejection_is_reported_and_other_objects_keep_syncing() {
+    // Bad input: a spec the provider's admission rejects.
+    let s = SyncEnv::start("resilience_rejected", &[0, 1, 2], None).await;
+    ready(&s).await;
+    // The provider tightens its schema; the consumer keeps the old one (Once would too).
+    let mut strict = widget_crd();
+    strict.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": { "type": "object", "properties": {
+        "spec": { "type": "object", "properties": { "size": { "type": "integer", "maximum": 10 } } },
+        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+    }}}))
+    .unwrap();
+    Api::<ClusterBinding>::all(s.consumer.clone())
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "apis": [{ "name": "widgets.example.org" }] } })),
+        )
+        .await
+        .unwrap();
+    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "schema": { "updatePolicy": "Once" } } })),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    install_crd(&s.provider, &strict).await.unwrap();
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    consumer_widgets
+        .create(&PostParams::default(), &widget("too-big", 50))
+        .await
+        .unwrap();
+    consumer_widgets
+        .create(&PostParams::default(), &widget("fine", 5))
+        .await
+        .unwrap();
+    wait_for("the fine object to sync", 30, || async {
+        provider_widgets
+            .get_opt("fine")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let warnings = wait_for("a ProviderRejected Warning", 30, || async {
+        let w = warning_reasons(&s.consumer, "team-a", "too-big").await;
+        Ok(w.iter()
+            .any(|r| r.starts_with("ProviderRejected"))
+            .then_some(w))
+    })
+    .await;
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("less than or equal to 10")),
+        "the provider's message: {warnings:?}"
+    );
+    assert!(provider_widgets.get_opt("too-big").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn an_unreachable_provider_loses_nothing_and_deletions_wait_until_it_is_back() {
+    // ENG-4, IDEL-3: the provider's API server is paused (SIGSTOP) for 20 s.
+    let s = SyncEnv::start("resilience_unreachable", &[0, 1, 2], None).await;
+    ready(&s).await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    for name in ["a", "b"] {
+        consumer_widgets
+            .create(&PostParams::default(), &widget(name, 1))
+            .await
+            .unwrap();
+        wait_for("the copy", 30, || async {
+            provider_widgets
+                .get_opt(name)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+    }
+
+    s.env.cluster("provider").signal_apiserver("STOP").unwrap();
+    consumer_widgets
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap();
+    consumer_widgets
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 2 } })),
+        )
+        .await
+        .unwrap();
+    consumer_widgets
+        .create(&PostParams::default(), &widget("c", 3))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let a = consumer_widgets.get_opt("a").await.unwrap();
+    assert!(
+        a.is_some_and(|a| a.metadata.deletion_timestamp.is_some()),
+        "the deletion waits for the provider"
+    );
+    s.env.cluster("provider").signal_apiserver("CONT").unwrap();
+
+    wait_for("everything to catch up", 60, || async {
+        let a_gone = consumer_widgets
+            .get_opt("a")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            && provider_widgets
+                .get_opt("a")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none();
+        let b = provider_widgets
+            .get_opt("b")
+            .await
+            .map_err(|e| e.to_string())?;
+        let c = provider_widgets
+            .get_opt("c")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((a_gone && b.is_some_and(|b| b.data["spec"]["size"] == 2) && c.is_some()).then_some(()))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sigkill_of_the_syncer_during_a_burst_ends_with_both_sides_in_agreement() {
+    // Crash safety: 300 creates, updates and deletes with the syncer killed in the middle.
+    let mut s = SyncEnv::start("resilience_sigkill", &[0, 1, 2], None).await;
+    ready(&s).await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    let mut restarted = None;
+    for i in 0..150 {
+        consumer_widgets
+            .create(&PostParams::default(), &widget(&format!("w{i}"), 1))
+            .await
+            .unwrap();
+        if i == 60 {
+            s.env.process(s.syncer.index).kill();
+            restarted = Some(
+                start_syncer(
+                    &mut s.env,
+                    "consumer",
+                    "syncer-1",
+                    &["--log-level=info,kbind_syncer=trace"],
+                )
+                .await
+                .unwrap(),
+            );
+        }
+    }
+    for i in 0..100 {
+        consumer_widgets
+            .patch(
+                &format!("w{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": { "size": 2 } })),
+            )
+            .await
+            .unwrap();
+        if i == 50 {
+            let r = restarted.take().unwrap();
+            s.env.process(r.index).kill();
+            start_syncer(
+                &mut s.env,
+                "consumer",
+                "syncer-2",
+                &["--log-level=info,kbind_syncer=trace"],
+            )
+            .await
+            .unwrap();
+        }
+    }
+    for i in 100..150 {
+        consumer_widgets
+            .delete(&format!("w{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    wait_for("consumer and provider to agree", 120, || async {
+        let consumer: Vec<DynamicObject> = consumer_widgets.list(&ListParams::default()).await.map_err(|e| e.to_string())?.items;
+        let provider: Vec<DynamicObject> = provider_widgets.list(&ListParams::default()).await.map_err(|e| e.to_string())?.items;
+        let spec = |list: &[DynamicObject]| -> std::collections::BTreeMap<String, serde_json::Value> {
+            list.iter().map(|o| (o.name_any(), o.data["spec"].clone())).collect()
+        };
+        let (c, p) = (spec(&consumer), spec(&provider));
+        if c.len() == 100 && c == p && consumer.iter().all(|o| o.data["status"]["observedSize"] == o.data["spec"]["size"]) {
+            Ok(Some(()))
+        } else {
+            let differ: Vec<String> = c.iter().filter(|(k, v)| p.get(*k) != Some(v)).map(|(k, v)| format!("{k}: {v} vs {:?}", p.get(k))).take(3).collect();
+            let stale: Vec<String> = consumer
+                .iter()
+                .filter(|o| o.data["status"]["observedSize"] != o.data["spec"]["size"])
+                .map(|o| format!("{} status {} finalizers {:?} deleting {:?}", o.name_any(), o.data["status"], o.finalizers(), o.metadata.deletion_timestamp))
+                .take(3)
+                .collect();
+            Err(format!("consumer {} objects, provider {}; spec differs: {differ:?}; status behind: {stale:?}", c.len(), p.len()))
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn one_mebibyte_objects_sync() {
+    // Bad input: objects of 1 MiB.
+    let s = SyncEnv::start("resilience_large", &[0, 1, 2], None).await;
+    ready(&s).await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    let blob = "x".repeat(1024 * 1024 - 512);
+    let big: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.org/v1", "kind": "Widget", "metadata": { "name": "big" }, "spec": { "size": 1, "blob": blob }
+    }))
+    .unwrap();
+    consumer_widgets
+        .create(&PostParams::default(), &big)
+        .await
+        .unwrap();
+    let copy = wait_for("the large copy", 30, || async {
+        provider_widgets
+            .get_opt("big")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(
+        copy.data["spec"]["blob"].as_str().map(str::len),
+        Some(blob.len())
+    );
+}

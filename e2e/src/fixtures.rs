@@ -181,8 +181,8 @@ pub async fn wait_condition(
     .await
 }
 
-/// A running schema manager: its process index and endpoints.
-pub struct SchemaManager {
+/// A running kbind program: its process index and endpoints.
+pub struct Program {
     /// Index for [`TestEnv::process`].
     pub index: usize,
     /// `127.0.0.1:<port>` of `/metrics`.
@@ -191,7 +191,7 @@ pub struct SchemaManager {
     pub probes: String,
 }
 
-impl SchemaManager {
+impl Program {
     /// The current `/metrics` text.
     pub async fn metrics(&self) -> Result<String, String> {
         http_get(&self.metrics, "/metrics")
@@ -203,63 +203,98 @@ impl SchemaManager {
 /// kbind's own namespace in tests (`--namespace`).
 pub const KBIND_NAMESPACE: &str = "kbind-system";
 
-/// Starts `kbind-schema-manager` against `cluster` with 1 s intervals. `extra` adds flags.
+/// Starts `kbind-schema-manager` against `cluster` as its admin, with 1 s intervals. `extra` adds
+/// flags or overrides the defaults.
 pub async fn start_schema_manager(
     env: &mut TestEnv,
     cluster: &str,
     name: &str,
     extra: &[&str],
-) -> Result<SchemaManager, String> {
+) -> Result<Program, String> {
     ensure_namespace(&env.cluster(cluster).admin_client().await?, KBIND_NAMESPACE).await?;
     let kubeconfig = env.cluster(cluster).admin_kubeconfig_path();
-    let (metrics, probes) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let mut args = vec![
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--metrics-bind-address={metrics}"),
-        format!("--health-probe-bind-address={probes}"),
-        format!("--namespace={KBIND_NAMESPACE}"),
-        "--discovery-interval=1s".to_owned(),
-        "--binding-resync-interval=1s".to_owned(),
-        "--log-level=info,kbind_schema_manager=debug".to_owned(),
-    ];
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
-    let index = env.start_kbind("kbind-schema-manager", name, &args, &[("POD_NAME", name)])?;
-    Ok(SchemaManager {
-        index,
-        metrics,
-        probes,
-    })
+    start_schema_manager_as(env, &kubeconfig, name, extra)
 }
 
-/// Starts a `kbind-syncer` replica named `name` against `cluster`.
+/// Starts `kbind-schema-manager` with the given kubeconfig file (e.g. a ServiceAccount's).
+pub fn start_schema_manager_as(
+    env: &mut TestEnv,
+    kubeconfig: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> Result<Program, String> {
+    let defaults = [
+        "--discovery-interval=1s",
+        "--binding-resync-interval=1s",
+        "--log-level=info,kbind_schema_manager=debug",
+    ];
+    start_program(
+        env,
+        "kbind-schema-manager",
+        kubeconfig,
+        name,
+        &defaults,
+        extra,
+    )
+}
+
+/// Starts a `kbind-syncer` replica named `name` against `cluster` as its admin.
 pub async fn start_syncer(
     env: &mut TestEnv,
     cluster: &str,
     name: &str,
     extra: &[&str],
-) -> Result<SchemaManager, String> {
+) -> Result<Program, String> {
     ensure_namespace(&env.cluster(cluster).admin_client().await?, KBIND_NAMESPACE).await?;
     let kubeconfig = env.cluster(cluster).admin_kubeconfig_path();
+    start_syncer_as(env, &kubeconfig, name, extra)
+}
+
+/// Starts a `kbind-syncer` replica with the given kubeconfig file (e.g. a ServiceAccount's).
+pub fn start_syncer_as(
+    env: &mut TestEnv,
+    kubeconfig: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> Result<Program, String> {
+    let identity = format!("--identity={name}");
+    start_program(
+        env,
+        "kbind-syncer",
+        kubeconfig,
+        name,
+        &[&identity, "--log-level=info,kbind_syncer=debug"],
+        extra,
+    )
+}
+
+/// Starts one of kbind's programs with free loopback ports for its endpoints, `--namespace` set to
+/// [`KBIND_NAMESPACE`], the given defaults, and `extra` (which overrides a default of the same flag).
+fn start_program(
+    env: &mut TestEnv,
+    program: &str,
+    kubeconfig: &std::path::Path,
+    name: &str,
+    defaults: &[&str],
+    extra: &[&str],
+) -> Result<Program, String> {
     let (metrics, probes) = (
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
     );
+    let flag = |arg: &str| arg.split('=').next().unwrap_or(arg).to_owned();
+    let overridden: Vec<String> = extra.iter().map(|a| flag(a)).collect();
     let mut args = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--metrics-bind-address={metrics}"),
         format!("--health-probe-bind-address={probes}"),
         format!("--namespace={KBIND_NAMESPACE}"),
-        format!("--identity={name}"),
     ];
-    if !extra.iter().any(|a| a.starts_with("--log-level")) {
-        args.push("--log-level=info,kbind_syncer=debug".to_owned());
-    }
+    args.extend(defaults.iter().map(|a| (*a).to_owned()));
+    args.retain(|a| !overridden.contains(&flag(a)));
     args.extend(extra.iter().map(|a| (*a).to_owned()));
-    let index = env.start_kbind("kbind-syncer", name, &args, &[])?;
-    Ok(SchemaManager {
+    let index = env.start_kbind(program, name, &args, &[("POD_NAME", name)])?;
+    Ok(Program {
         index,
         metrics,
         probes,
@@ -268,6 +303,11 @@ pub async fn start_syncer(
 
 /// Applies a multi-document YAML manifest to a cluster with server-side apply, in file order.
 pub async fn apply_manifest(client: &Client, yaml: &str) -> Result<(), String> {
+    apply_manifest_with(client, yaml, false).await
+}
+
+/// [`apply_manifest`], optionally as a server-side dry run (validated and admitted, not stored).
+pub async fn apply_manifest_with(client: &Client, yaml: &str, dry_run: bool) -> Result<(), String> {
     use serde::Deserialize;
     let discovery = kube::Discovery::new(client.clone())
         .run()
@@ -303,13 +343,11 @@ pub async fn apply_manifest(client: &Client, yaml: &str) -> Result<(), String> {
             } else {
                 Api::all_with(client.clone(), &resource)
             };
-        api.patch(
-            &name,
-            &PatchParams::apply("kbind-e2e").force(),
-            &Patch::Apply(&object),
-        )
-        .await
-        .map_err(|e| format!("apply {} {name}: {e}", types.kind))?;
+        let mut params = PatchParams::apply("kbind-e2e").force();
+        params.dry_run = dry_run;
+        api.patch(&name, &params, &Patch::Apply(&object))
+            .await
+            .map_err(|e| format!("apply {} {name}: {e}", types.kind))?;
     }
     Ok(())
 }
@@ -445,7 +483,7 @@ pub struct SyncEnv {
     /// Provider admin client.
     pub provider: Client,
     /// The syncer.
-    pub syncer: SchemaManager,
+    pub syncer: Program,
     _provider_controller: tokio::task::JoinHandle<()>,
 }
 

@@ -22,7 +22,7 @@ struct Setup {
     env: TestEnv,
     consumer: Client,
     provider: Client,
-    manager: SchemaManager,
+    manager: Program,
 }
 
 async fn setup(test: &str, extra_clusters: &[&str]) -> Setup {

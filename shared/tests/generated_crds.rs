@@ -4,16 +4,20 @@ use std::path::PathBuf;
 
 #[test]
 fn checked_in_crds_match_the_api_types() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
-    for (file, crd) in kbind_shared::api::crds() {
-        let path = dir.join(file);
-        let checked_in =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert!(
-            checked_in == kbind_shared::api::crd_yaml(&crd),
-            "{} is stale: run `cargo run -p kbind-shared --bin kbind-crdgen` and commit the result",
-            path.display()
-        );
+    for dir in kbind_shared::api::CRD_DIRS {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(dir);
+        for (file, crd) in kbind_shared::api::crds() {
+            let path = dir.join(file);
+            let checked_in = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(
+                checked_in == kbind_shared::api::crd_yaml(&crd),
+                "{} is stale: run `cargo run -p kbind-shared --bin kbind-crdgen` and commit the result",
+                path.display()
+            );
+        }
     }
 }
 

@@ -12,6 +12,10 @@ pub use connection::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+/// Where the generated CRDs are checked in, relative to the repository root: the plain manifests
+/// and the Helm chart's copy.
+pub const CRD_DIRS: [&str; 2] = ["deploy/crds", "deploy/charts/kbind/files/crds"];
+
 /// The three CRDs of kbind's API, with the file name each is written to under `deploy/crds/`.
 pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![

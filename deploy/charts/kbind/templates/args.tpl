@@ -1,0 +1,37 @@
+{{- define "kbind.schema-manager.args" -}}
+- --leader-elect={{ .Values.schemaManager.leaderElect }}
+- --leader-election-id={{ .Values.schemaManager.leaderElectionID }}
+- --discovery-interval={{ .Values.schemaManager.discoveryInterval }}
+- --binding-resync-interval={{ .Values.schemaManager.bindingResyncInterval }}
+- --heartbeat-lease-duration={{ .Values.schemaManager.heartbeatLeaseDuration }}
+{{- end -}}
+
+{{- define "kbind.syncer.args" -}}
+- --workers={{ .Values.syncer.workers }}
+- --resync-interval={{ .Values.syncer.resyncInterval }}
+- --membership-lease-duration={{ .Values.syncer.membershipLeaseDuration }}
+{{- end -}}
+
+{{- define "kbind.schema-manager.affinity" -}}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Syncers spread across nodes unless the user sets an affinity. */}}
+{{- define "kbind.syncer.affinity" -}}
+affinity:
+{{- if .values.affinity }}
+  {{- toYaml .values.affinity | nindent 2 }}
+{{- else }}
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "kbind.selectorLabels" . | nindent 14 }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,263 @@
+//! Benchmark of instance sync on two real clusters. Prints figures; asserts nothing about time.
+//!
+//! 1. Creates N Widgets on the consumer (16 in flight) and measures the time until every provider
+//!    copy exists and every status is back.
+//! 2. Changes M Widgets at a steady rate and measures each change's spec-up latency (consumer
+//!    write → provider copy updated) and status-down latency (→ consumer status updated by the
+//!    provider's stand-in controller, so it includes that controller's reaction).
+//! 3. Reports API requests per change, kbind's own (`kbind_api_requests_total`) and as counted by
+//!    both API servers, and the syncer's peak RSS.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::eventually;
+use kbind_e2e::fixtures::*;
+use kbind_shared::api::ClusterBinding;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(name = "kbind-bench")]
+struct Args {
+    /// Objects created in phase 1.
+    #[arg(long, default_value_t = 1000)]
+    objects: usize,
+    /// Changes made in phase 2.
+    #[arg(long, default_value_t = 300)]
+    changes: usize,
+    /// Changes per second in phase 2.
+    #[arg(long, default_value_t = 20.0)]
+    rate: f64,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn kbind_requests(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("kbind_api_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+async fn apiserver_requests(client: &kube::Client) -> u64 {
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn peak_rss_mib(pid: Option<u32>) -> f64 {
+    let status = pid
+        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let s = SyncEnv::start("bench", &[0, 1, 2], None).await;
+    wait_binding_condition(
+        &Api::<ClusterBinding>::all(s.consumer.clone()),
+        "widgets",
+        "Ready",
+        "True",
+        None,
+    )
+    .await
+    .unwrap();
+    ensure_namespace(&s.consumer, "bench").await.unwrap();
+    let (consumer_widgets, provider_widgets) =
+        (widgets(&s.consumer, "bench"), widgets(&s.provider, "bench"));
+    let n = args.objects;
+
+    // Phase 1: create N.
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = consumer_widgets.clone();
+            async move {
+                api.create(&PostParams::default(), &widget(&format!("w{i}"), 1))
+                    .await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("creates");
+    let created = started.elapsed();
+    eventually("all provider copies", Duration::from_secs(1800), || async {
+        let count = provider_widgets
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        Ok((count == n).then_some(()))
+    })
+    .await
+    .unwrap();
+    let synced_up = started.elapsed();
+    eventually("all statuses back", Duration::from_secs(1800), || async {
+        let list = consumer_widgets
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((list
+            .items
+            .iter()
+            .filter(|w| w.data["status"]["phase"] == "Ready")
+            .count()
+            == n)
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+    let all_back = started.elapsed();
+
+    // Phase 2: steady changes; watches on both sides timestamp when each change arrives.
+    let sent: Arc<Mutex<HashMap<String, (i64, Instant)>>> = Arc::default();
+    let up: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let down: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let watch = |api: Api<kube::api::DynamicObject>,
+                 pointer: &'static str,
+                 out: Arc<Mutex<Vec<Duration>>>| {
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .applied_objects()
+            );
+            while let Some(Ok(object)) = events.next().await {
+                let value = object.data.pointer(pointer).and_then(|v| v.as_i64());
+                let mut sent = sent.lock().unwrap();
+                if let Some((target, at)) = sent.get(&object.name_any()).copied()
+                    && value == Some(target)
+                {
+                    out.lock().unwrap().push(at.elapsed());
+                    if pointer == "/status/observedSize" {
+                        sent.remove(&object.name_any());
+                    }
+                }
+            }
+        })
+    };
+    let up_watch = watch(provider_widgets.clone(), "/spec/size", up.clone());
+    let down_watch = watch(
+        consumer_widgets.clone(),
+        "/status/observedSize",
+        down.clone(),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kbind_before = kbind_requests(&s.syncer.metrics().await.unwrap());
+    let (consumer_before, provider_before) = (
+        apiserver_requests(&s.consumer).await,
+        apiserver_requests(&s.provider).await,
+    );
+    let interval = Duration::from_secs_f64(1.0 / args.rate);
+    let phase2 = Instant::now();
+    for i in 0..args.changes {
+        let name = format!("w{}", i % n);
+        let size = 2 + i as i64;
+        sent.lock()
+            .unwrap()
+            .insert(name.clone(), (size, Instant::now()));
+        consumer_widgets
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": { "size": size } })),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep_until((phase2 + interval * (i as u32 + 1)).into()).await;
+    }
+    eventually(
+        "every change to come back",
+        Duration::from_secs(300),
+        || async { Ok(sent.lock().unwrap().is_empty().then_some(())) },
+    )
+    .await
+    .unwrap();
+    let kbind_after = kbind_requests(&s.syncer.metrics().await.unwrap());
+    let (consumer_after, provider_after) = (
+        apiserver_requests(&s.consumer).await,
+        apiserver_requests(&s.provider).await,
+    );
+    up_watch.abort();
+    down_watch.abort();
+
+    let mut up = up.lock().unwrap().clone();
+    let mut down = down.lock().unwrap().clone();
+    up.sort();
+    down.sort();
+    let m = args.changes as f64;
+    println!(
+        "kbind benchmark on two real clusters (kube-apiserver v1.36.3, this machine: {} cores)",
+        std::thread::available_parallelism()
+            .map(|p| p.get())
+            .unwrap_or(0)
+    );
+    println!("phase 1: {n} objects");
+    println!("  created on the consumer in        {:>8.1?}", created);
+    println!(
+        "  all provider copies after         {:>8.1?}  ({:.0} objects/s)",
+        synced_up,
+        n as f64 / synced_up.as_secs_f64()
+    );
+    println!(
+        "  all statuses back after           {:>8.1?}  ({:.0} objects/s)",
+        all_back,
+        n as f64 / all_back.as_secs_f64()
+    );
+    println!("phase 2: {} changes at {}/s", args.changes, args.rate);
+    println!(
+        "  spec-up latency      p50 {:>8.1?}  p99 {:>8.1?}",
+        percentile(&up, 0.5),
+        percentile(&up, 0.99)
+    );
+    println!(
+        "  status-down latency  p50 {:>8.1?}  p99 {:>8.1?}  (includes the provider controller)",
+        percentile(&down, 0.5),
+        percentile(&down, 0.99)
+    );
+    println!(
+        "  kbind-syncer requests per change:          {:.2}",
+        (kbind_after - kbind_before) as f64 / m
+    );
+    println!(
+        "  consumer API server requests per change:   {:.2}  (all clients, including this benchmark's own patch)",
+        (consumer_after - consumer_before) as f64 / m
+    );
+    println!(
+        "  provider API server requests per change:   {:.2}  (all clients, including the stand-in controller)",
+        (provider_after - provider_before) as f64 / m
+    );
+    println!(
+        "kbind-syncer peak RSS: {:.1} MiB",
+        peak_rss_mib(s.env.process_ref(s.syncer.index).pid())
+    );
+}

@@ -1,0 +1,338 @@
+//! The Helm chart (`deploy/charts/kbind`): rendered and linted by a real Helm, its values schema
+//! rejects bad input, and its manifests are accepted by a real API server; kbind's programs then
+//! run as the chart's ServiceAccounts and sync — the chart's RBAC is enough — while a verb it does
+//! not grant is refused.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_e2e::cluster::{client_for, ensure_namespace};
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::wait_established;
+use kbind_e2e::tools::{chart_dir, run_helm};
+use kbind_e2e::{TestEnv, eventually};
+use kbind_shared::api::ClusterBinding;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, ResourceExt};
+
+const RELEASE_NAMESPACE: &str = "kbind-system";
+/// The version of the test clusters.
+const KUBE_VERSION: &str = "1.36.3";
+
+fn helm_ok(args: &[&str]) -> String {
+    let output = run_helm(args).unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(
+        output.status.success(),
+        "helm {args:?} failed:\n{stdout}\n{stderr}"
+    );
+    stdout.into_owned()
+}
+
+fn helm_err(args: &[&str]) -> String {
+    let output = run_helm(args).unwrap();
+    assert!(!output.status.success(), "helm {args:?} should have failed");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn chart_lints_clean_and_its_schema_rejects_bad_values() {
+    let chart = chart_dir().display().to_string();
+    for extra in [
+        vec![],
+        vec![
+            "--set",
+            "boundAPIGroups={example.org,other.io}",
+            "--set",
+            "syncer.replicas=5",
+            "--set",
+            "schemaManager.leaderElect=false",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "installCRDs=false",
+            "--set",
+            "providerSecretNamespaces={kbind,team-a}",
+            "--set",
+            "logFormat=text",
+        ],
+    ] {
+        let mut args = vec![
+            "lint",
+            "--strict",
+            chart.as_str(),
+            "--kube-version",
+            KUBE_VERSION,
+        ];
+        args.extend(extra.iter().copied());
+        let out = helm_ok(&args);
+        assert!(out.contains("0 chart(s) failed"), "{out}");
+    }
+    for (bad, why) in [
+        ("syncer.replicas=three", "/syncer/replicas"),
+        ("syncer.replicas=0", "/syncer/replicas"),
+        ("syncerReplicas=3", "syncerReplicas"),
+        ("logFormat=xml", "/logFormat"),
+        (
+            "schemaManager.discoveryInterval=soon",
+            "/schemaManager/discoveryInterval",
+        ),
+        ("boundAPIGroups={Example.ORG}", "/boundAPIGroups"),
+    ] {
+        let err = helm_err(&[
+            "template",
+            "kbind",
+            &chart,
+            "--kube-version",
+            KUBE_VERSION,
+            "--set",
+            bad,
+        ]);
+        assert!(err.contains("schema") && err.contains(why), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
+    let chart = chart_dir().display().to_string();
+    let rendered = helm_ok(&[
+        "template",
+        "kbind",
+        &chart,
+        "--kube-version",
+        KUBE_VERSION,
+        "-n",
+        RELEASE_NAMESPACE,
+        "--set",
+        "boundAPIGroups={example.org}",
+    ]);
+    let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&rendered)
+        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+        .filter(|d: &serde_json::Value| !d.is_null())
+        .collect();
+    let deployments: Vec<&serde_json::Value> =
+        docs.iter().filter(|d| d["kind"] == "Deployment").collect();
+    assert_eq!(deployments.len(), 2);
+    for d in &deployments {
+        let pod = &d["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"],
+            "RuntimeDefault"
+        );
+        assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(
+            container["securityContext"]["capabilities"]["drop"],
+            serde_json::json!(["ALL"])
+        );
+        let env: Vec<&str> = container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        assert_eq!(env, ["POD_NAME", "POD_NAMESPACE"]);
+        assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    }
+    let images: Vec<&str> = deployments
+        .iter()
+        .filter_map(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].as_str())
+        .collect();
+    assert_eq!(
+        images,
+        [
+            "ghcr.io/kbind-dev/kbind-schema-manager:0.1.0",
+            "ghcr.io/kbind-dev/kbind-syncer:0.1.0"
+        ]
+    );
+    let crds: Vec<&serde_json::Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .collect();
+    assert_eq!(crds.len(), 3);
+    assert!(
+        crds.iter()
+            .all(|c| c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep")
+    );
+    assert_eq!(
+        docs.iter()
+            .filter(|d| d["kind"] == "PodDisruptionBudget")
+            .count(),
+        2
+    );
+    // Least privilege: no `*` verbs, and `*` resources only on the bound API groups.
+    for role in docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+    {
+        for rule in role["rules"].as_array().unwrap() {
+            assert!(
+                !rule["verbs"].as_array().unwrap().iter().any(|v| v == "*"),
+                "{rule}"
+            );
+            if rule["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r == "*")
+            {
+                assert_eq!(
+                    rule["apiGroups"],
+                    serde_json::json!(["example.org"]),
+                    "{rule}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
+    let chart = chart_dir().display().to_string();
+    let rendered = helm_ok(&[
+        "template",
+        "kbind",
+        &chart,
+        "--kube-version",
+        KUBE_VERSION,
+        "-n",
+        RELEASE_NAMESPACE,
+        "--set",
+        "boundAPIGroups={example.org}",
+    ]);
+    let mut env = TestEnv::start("helm_rbac", &["consumer", "provider"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    ensure_namespace(&consumer, RELEASE_NAMESPACE)
+        .await
+        .unwrap();
+
+    // Server-side dry run first, then for real.
+    apply_manifest_with(&consumer, &rendered, true)
+        .await
+        .expect("the chart passes a server-side dry run");
+    apply_manifest_with(&consumer, &rendered, false)
+        .await
+        .expect("the chart applies");
+    let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+    for name in [
+        "connections.core.kbind.io",
+        "clusterbindings.core.kbind.io",
+        "bindings.core.kbind.io",
+    ] {
+        wait_established(&crds, name).await.unwrap();
+    }
+
+    // kbind's programs, authenticated as the chart's ServiceAccounts.
+    let consumer_cluster = env.cluster("consumer");
+    let manager = consumer_cluster
+        .mint_service_account_user(RELEASE_NAMESPACE, "kbind-schema-manager")
+        .await
+        .unwrap();
+    let syncer = consumer_cluster
+        .mint_service_account_user(RELEASE_NAMESPACE, "kbind-syncer")
+        .await
+        .unwrap();
+    let manager_kubeconfig = env.dir().join("schema-manager-sa.kubeconfig");
+    let syncer_kubeconfig = env.dir().join("syncer-sa.kubeconfig");
+    std::fs::write(&manager_kubeconfig, &manager.kubeconfig).unwrap();
+    std::fs::write(&syncer_kubeconfig, &syncer.kubeconfig).unwrap();
+    let namespace_flag = format!("--namespace={RELEASE_NAMESPACE}");
+    start_schema_manager_as(
+        &mut env,
+        &manager_kubeconfig,
+        "schema-manager",
+        &[&namespace_flag],
+    )
+    .unwrap();
+    start_syncer_as(&mut env, &syncer_kubeconfig, "syncer-0", &[&namespace_flag]).unwrap();
+
+    // The one file, with the provider Secret in the release namespace.
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    let _provider_controller = run_provider_widget_controller(provider.clone());
+    let manifest = one_file(&env.cluster("provider").admin_kubeconfig(), &[0, 1, 2]).replace(
+        "namespace: kbind",
+        &format!("namespace: {RELEASE_NAMESPACE}"),
+    );
+    apply_manifest(&consumer, &manifest).await.unwrap();
+    wait_binding_condition(
+        &Api::<ClusterBinding>::all(consumer.clone()),
+        "widgets",
+        "Ready",
+        "True",
+        None,
+    )
+    .await
+    .unwrap();
+    ensure_namespace(&consumer, "team-a").await.unwrap();
+    widgets(&consumer, "team-a")
+        .create(&PostParams::default(), &widget("w", 4))
+        .await
+        .unwrap();
+    eventually(
+        "the status to come back through the chart's RBAC",
+        Duration::from_secs(45),
+        || async {
+            let w = widgets(&consumer, "team-a")
+                .get("w")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((w.data["status"]["observedSize"] == 4).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(consumer.clone(), RELEASE_NAMESPACE);
+    assert!(
+        leases
+            .get_opt("kbind-schema-manager")
+            .await
+            .unwrap()
+            .is_some(),
+        "leader election works with the chart's Role"
+    );
+
+    // And what the chart does not grant is refused.
+    let as_manager = client_for(&manager.kubeconfig).await.unwrap();
+    let err = Api::<Secret>::namespaced(as_manager, RELEASE_NAMESPACE)
+        .delete("provider-kubeconfig", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(s) if s.is_forbidden()),
+        "the schema manager may not delete Secrets"
+    );
+    let as_syncer = client_for(&syncer.kubeconfig).await.unwrap();
+    let err = Api::<CustomResourceDefinition>::all(as_syncer.clone())
+        .delete("widgets.example.org", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(s) if s.is_forbidden()),
+        "the syncer may not delete CRDs"
+    );
+    let err = Api::<Secret>::namespaced(as_syncer, "default")
+        .list(&Default::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(s) if s.is_forbidden()),
+        "the syncer may not list Secrets"
+    );
+    let crd = crds.get("widgets.example.org").await.unwrap();
+    assert_eq!(
+        crd.labels()
+            .get("core.kbind.io/managed")
+            .map(String::as_str),
+        Some("true")
+    );
+}

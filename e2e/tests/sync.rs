@@ -396,9 +396,16 @@ async fn no_writes_while_idle_or_after_a_syncer_restart_with_200_synced_objects(
 
     // Restart the syncer: it re-lists everything and writes nothing.
     s.env.process(s.syncer.index).kill();
-    let restarted = start_syncer(&mut s.env, "consumer", "syncer-0-restarted", &[])
-        .await
-        .unwrap();
+    // Same identity, as a restarted replica keeps its work; a new identity would (rightly) move
+    // the work assignment, two writes of the assignment ConfigMap, and still no sync write.
+    let restarted = start_syncer(
+        &mut s.env,
+        "consumer",
+        "syncer-0-restarted",
+        &["--identity=syncer-0"],
+    )
+    .await
+    .unwrap();
     eventually(
         "the restarted syncer to be ready and watching",
         Duration::from_secs(30),

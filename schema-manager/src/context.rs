@@ -31,6 +31,8 @@ pub struct Context {
     pub reporter: Reporter,
     /// Periods.
     pub settings: Settings,
+    /// kbind's own namespace (`--namespace`): leader election, syncer membership, assignment.
+    pub namespace: String,
     /// One provider client per Connection, shared by the reconcilers.
     pub providers: Providers,
     local_uid: OnceCell<String>,
@@ -38,12 +40,19 @@ pub struct Context {
 
 impl Context {
     /// A context for the reconcilers.
-    pub fn new(client: Client, metrics: Metrics, reporter: Reporter, settings: Settings) -> Self {
+    pub fn new(
+        client: Client,
+        metrics: Metrics,
+        reporter: Reporter,
+        settings: Settings,
+        namespace: String,
+    ) -> Self {
         Self {
             client,
             metrics,
             reporter,
             settings,
+            namespace,
             providers: Providers::default(),
             local_uid: OnceCell::new(),
         }

@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod assignment;
 mod binding;
 mod connection;
 mod context;
@@ -108,13 +109,15 @@ async fn run(args: Args) -> Result<(), String> {
             binding_resync_interval: args.binding_resync_interval,
             heartbeat_lease_duration: args.heartbeat_lease_duration,
         },
+        args.common.namespace(),
     ));
     let lead = move |stop: tokio_util::sync::CancellationToken| {
         let ctx = ctx.clone();
         async move {
-            futures::future::join(
+            futures::future::join3(
                 connection::run(ctx.clone(), stop.clone()),
-                binding::run(ctx, stop),
+                binding::run(ctx.clone(), stop.clone()),
+                assignment::run(ctx, stop),
             )
             .await;
         }

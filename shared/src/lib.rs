@@ -13,4 +13,5 @@ pub mod kubeconfig;
 pub mod metrics;
 pub mod process;
 pub mod resolve;
+pub mod shard;
 pub mod telemetry;

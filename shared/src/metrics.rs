@@ -32,6 +32,8 @@ pub struct Metrics {
     pub syncer_assigned_apis: GaugeVec,
     /// `kbind_leader`
     pub leader: Gauge,
+    /// `kbind_assignment_overlaps`: units more than one live syncer reports running (must be 0)
+    pub assignment_overlaps: Gauge,
 }
 
 impl Default for Metrics {
@@ -74,6 +76,14 @@ impl Metrics {
         .expect("valid metric");
         registry
             .register(Box::new(sync_latency_seconds.clone()))
+            .expect("unique metric");
+        let assignment_overlaps = Gauge::new(
+            "kbind_assignment_overlaps",
+            "Work units more than one live syncer reports running; must stay 0",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(assignment_overlaps.clone()))
             .expect("unique metric");
         let leader = Gauge::new(
             "kbind_leader",
@@ -141,6 +151,7 @@ impl Metrics {
                 &["identity"],
             ),
             leader,
+            assignment_overlaps,
             registry,
         }
     }

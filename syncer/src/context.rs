@@ -1,5 +1,6 @@
 //! What every part of a syncer replica shares: the consumer client, binding caches, metrics.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -11,6 +12,8 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::broadcast;
+
+use crate::membership::Membership;
 
 /// Shared by the workers of this replica.
 pub struct Context {
@@ -24,6 +27,8 @@ pub struct Context {
     pub resync_interval: Duration,
     /// Concurrent object syncs per worker.
     pub workers: u16,
+    /// This replica's membership (and its write fence).
+    pub membership: Arc<Membership>,
     cluster_bindings: Store<ClusterBinding>,
     bindings: Store<Binding>,
     binding_changes: broadcast::Sender<()>,
@@ -37,6 +42,7 @@ impl Context {
         reporter: Reporter,
         resync_interval: Duration,
         workers: u16,
+        membership: Arc<Membership>,
     ) -> Self {
         let (binding_changes, _) = broadcast::channel(64);
         let cluster_bindings =
@@ -50,6 +56,7 @@ impl Context {
             reporter,
             resync_interval,
             workers,
+            membership,
             cluster_bindings,
             bindings,
             binding_changes,

@@ -4,6 +4,7 @@
 
 mod context;
 mod managed;
+mod membership;
 mod ownership;
 mod worker;
 
@@ -15,6 +16,7 @@ use clap::Parser;
 use kbind_shared::cli::{CommonArgs, parse_duration};
 use kbind_shared::metrics::Metrics;
 use kbind_shared::process::{self, Readiness};
+use tokio_util::sync::CancellationToken;
 
 /// kbind's syncer.
 #[derive(Parser, Debug)]
@@ -106,6 +108,17 @@ async fn run(args: Args) -> Result<(), String> {
         controller: kbind_shared::keys::EVENT_COMPONENT.into(),
         instance: Some(identity.clone()),
     };
+    let membership = Arc::new(membership::Membership::new(
+        client.clone(),
+        &args.common.namespace(),
+        identity.clone(),
+        args.membership_lease_duration,
+    ));
+    let renewing = CancellationToken::new();
+    let renewer = tokio::spawn({
+        let (membership, renewing) = (membership.clone(), renewing.clone());
+        async move { membership.run(renewing).await }
+    });
     let ctx = Arc::new(
         context::Context::start(
             client,
@@ -113,12 +126,17 @@ async fn run(args: Args) -> Result<(), String> {
             reporter,
             args.resync_interval,
             args.workers,
+            membership.clone(),
         )
         .await,
     );
     readiness.set(true);
     managed::run(ctx, shutdown.clone()).await;
     readiness.set(false);
+    // In-flight writes are done (the workers stopped): hand the work back and leave.
+    renewing.cancel();
+    let _ = renewer.await;
+    membership.release().await;
     tracing::info!("kbind-syncer stopped");
     Ok(())
 }

@@ -2,17 +2,18 @@
 //! consumer CRD labelled `core.kbind.io/managed=true`, running while its Connection is Ready,
 //! rebuilt when the CRD's generation or the provider credentials change.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::Connection;
 use kbind_shared::conditions::{self, types};
 use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
+use kbind_shared::shard;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
@@ -24,12 +25,17 @@ use tokio_util::sync::CancellationToken;
 use crate::context::Context;
 use crate::worker::{self, WorkerSpec};
 
-/// How often credentials are re-read even without an event, to pick up rotated Secrets.
-const RECHECK: Duration = Duration::from_secs(5);
+/// How often the desired workers are re-evaluated without an event (the membership fence is
+/// checked this often).
+const RECHECK: Duration = Duration::from_secs(1);
+/// How long a read of a Connection's credentials is reused before the Secret is read again (to
+/// pick up rotated credentials without a Secret watch).
+const CREDENTIALS_TTL: Duration = Duration::from_secs(5);
 
 /// What a running worker was built from; any change rebuilds it (SCTL-5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
+    api: String,
     generation: i64,
     connection: String,
     local_uid: String,
@@ -63,12 +69,21 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         watcher::Config::default(),
         changes.clone(),
     );
+    let assignment: Store<ConfigMap> = spawn_cache(
+        Api::namespaced(ctx.client.clone(), &ctx.membership.namespace),
+        watcher::Config::default()
+            .fields(&format!("metadata.name={}", shard::ASSIGNMENT_CONFIGMAP)),
+        changes.clone(),
+    );
     let _ = crds.wait_until_ready().await;
     let _ = connections.wait_until_ready().await;
+    let _ = assignment.wait_until_ready().await;
 
     let mut running: HashMap<String, Running> = HashMap::new();
     loop {
-        let wanted = desired_workers(&ctx, &crds, &connections).await;
+        let mine = my_units(&ctx, &assignment);
+        let mut wanted = desired_workers(&ctx, &crds, &connections).await;
+        wanted.retain(|_, (key, _)| mine.contains(&shard::unit(&key.connection, &key.api)));
         let names: Vec<String> = running.keys().cloned().collect();
         for name in names {
             let keep = wanted
@@ -95,6 +110,16 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
                 },
             );
         }
+        // Report what runs now: the drain acknowledgement the assignment waits for.
+        let units: BTreeSet<String> = running
+            .values()
+            .map(|r| shard::unit(&r.key.connection, &r.key.api))
+            .collect();
+        ctx.metrics
+            .syncer_assigned_apis
+            .with_label_values(&[ctx.membership.identity.as_str()])
+            .set(units.len() as f64);
+        ctx.membership.set_running(units);
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(RECHECK) => {}
@@ -103,6 +128,30 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     }
     for (_, worker) in running.drain() {
         worker.stop().await;
+    }
+    ctx.membership.set_running(BTreeSet::new());
+}
+
+/// The units assigned to this replica; none while its membership is not current (the fence).
+fn my_units(ctx: &Context, assignment: &Store<ConfigMap>) -> BTreeSet<String> {
+    if !ctx.membership.is_current() {
+        return BTreeSet::new();
+    }
+    let Some(map) = assignment.state().into_iter().next() else {
+        return BTreeSet::new();
+    };
+    let text = map
+        .data
+        .as_ref()
+        .and_then(|d| d.get(shard::ASSIGNMENT_KEY))
+        .cloned()
+        .unwrap_or_default();
+    match shard::Assignment::decode(&text) {
+        Ok(assignment) => assignment.units_of(&ctx.membership.identity),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the work assignment; running nothing");
+            BTreeSet::new()
+        }
     }
 }
 
@@ -169,6 +218,7 @@ async fn desired_workers(
             }
         };
         let key = Key {
+            api: name.clone(),
             generation: crd.metadata.generation.unwrap_or_default(),
             connection: connection_name.clone(),
             local_uid: status.local_cluster_uid.clone(),
@@ -190,10 +240,29 @@ async fn desired_workers(
     wanted
 }
 
-async fn read_credentials(
-    ctx: &Context,
-    connection: &Connection,
-) -> Result<(InlineKubeconfig, [u8; 32]), String> {
+type Credentials = Result<(InlineKubeconfig, [u8; 32]), String>;
+
+/// Recently read credentials, by Connection name.
+static CREDENTIALS: std::sync::LazyLock<
+    std::sync::Mutex<HashMap<String, (std::time::Instant, Credentials)>>,
+> = std::sync::LazyLock::new(Default::default);
+
+async fn read_credentials(ctx: &Context, connection: &Connection) -> Credentials {
+    let name = connection.name_any();
+    if let Some((at, found)) = CREDENTIALS.lock().expect("not poisoned").get(&name)
+        && at.elapsed() < CREDENTIALS_TTL
+    {
+        return found.clone();
+    }
+    let found = read_credentials_now(ctx, connection).await;
+    CREDENTIALS
+        .lock()
+        .expect("not poisoned")
+        .insert(name, (std::time::Instant::now(), found.clone()));
+    found
+}
+
+async fn read_credentials_now(ctx: &Context, connection: &Connection) -> Credentials {
     let reference = &connection.spec.kubeconfig_secret_ref;
     let secret = Api::<Secret>::namespaced(ctx.client.clone(), &reference.namespace)
         .get(&reference.name)

@@ -382,6 +382,10 @@ async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Ac
 }
 
 async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action, Error> {
+    // The fence: a replica whose membership is not current writes nothing.
+    if !worker.ctx.membership.is_current() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let spec = &worker.spec;
     let namespace = object.namespace();
     let resolution = worker.ctx.resolve(&spec.api, namespace.as_deref());

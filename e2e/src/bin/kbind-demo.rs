@@ -90,7 +90,8 @@ async fn run(args: &Args) -> Result<(), String> {
     )
     .await?;
     start_syncer(&mut env, "consumer", "syncer-0", &[]).await?;
-    for name in ["schema-manager", "syncer-0"] {
+    start_syncer(&mut env, "consumer", "syncer-1", &[]).await?;
+    for name in ["schema-manager", "syncer-0", "syncer-1"] {
         println!(
             "      {name} logs: {}",
             env.dir().join(format!("{name}.log")).display()

@@ -1,0 +1,255 @@
+//! Sharding sync work across syncer replicas: work units, rendezvous hashing, and the
+//! drain-then-reassign step that never gives one unit two active owners. Pure functions; the
+//! schema manager writes the result into a versioned ConfigMap that syncers watch.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The ConfigMap (in kbind's namespace) holding the assignment.
+pub const ASSIGNMENT_CONFIGMAP: &str = "kbind-syncer-assignment";
+/// Its data key.
+pub const ASSIGNMENT_KEY: &str = "assignment.json";
+/// The assignment format this build reads and writes. A syncer refuses a newer one.
+pub const ASSIGNMENT_FORMAT: u32 = 1;
+/// Annotation on a syncer's membership Lease: the units it is running right now (JSON list), its
+/// acknowledgement that drained units are no longer running.
+pub const RUNNING_UNITS_ANNOTATION: &str = "core.kbind.io/running-units";
+/// Prefix of each syncer's membership Lease name.
+pub const MEMBER_LEASE_PREFIX: &str = "kbind-syncer-";
+
+/// Which member owns which unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Format version, [`ASSIGNMENT_FORMAT`].
+    pub format: u32,
+    /// Unit → member identity. A unit absent here is unowned (being drained or waiting).
+    pub units: BTreeMap<String, String>,
+}
+
+/// Why an assignment cannot be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AssignmentError {
+    /// Written by a newer kbind.
+    #[error(
+        "the assignment has format {0}, but this kbind-syncer reads format {ASSIGNMENT_FORMAT} at most: upgrade the syncers"
+    )]
+    TooNew(u32),
+    /// Not valid JSON of the expected shape.
+    #[error("the assignment is malformed: {0}")]
+    Malformed(String),
+}
+
+impl Assignment {
+    /// Parses the ConfigMap data.
+    pub fn decode(text: &str) -> Result<Self, AssignmentError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| AssignmentError::Malformed(e.to_string()))?;
+        let format = value
+            .get("format")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or_default() as u32;
+        if format > ASSIGNMENT_FORMAT {
+            return Err(AssignmentError::TooNew(format));
+        }
+        serde_json::from_value(value).map_err(|e| AssignmentError::Malformed(e.to_string()))
+    }
+
+    /// The ConfigMap data.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("an assignment serializes")
+    }
+
+    /// The units assigned to `member`.
+    pub fn units_of(&self, member: &str) -> BTreeSet<String> {
+        self.units
+            .iter()
+            .filter(|(_, m)| *m == member)
+            .map(|(u, _)| u.clone())
+            .collect()
+    }
+}
+
+/// A work unit: one API of one Connection.
+pub fn unit(connection: &str, api: &str) -> String {
+    format!("{connection}/{api}")
+}
+
+fn score(member: &str, unit: &str) -> [u8; 8] {
+    let digest = Sha256::digest(format!("{member}\u{0}{unit}").as_bytes());
+    let mut out = [0; 8];
+    out.copy_from_slice(&digest[..8]);
+    out
+}
+
+/// Rendezvous (highest random weight) hashing: adding or removing one member moves only the units
+/// that member wins or held, about 1/N of them.
+pub fn rendezvous<'m>(unit: &str, members: &'m BTreeSet<String>) -> Option<&'m str> {
+    members
+        .iter()
+        .max_by_key(|m| score(m, unit))
+        .map(String::as_str)
+}
+
+/// One assignment round. `live` are members whose Lease is current; `running` is what each live
+/// member says it runs. A unit moves in two rounds — first unowned until its old owner no longer
+/// runs it (drain, acknowledged in its Lease), then to the new owner — so no unit ever has two
+/// active owners. A dead member's units move once its Lease has expired (it fenced itself).
+pub fn next(
+    units: &BTreeSet<String>,
+    live: &BTreeSet<String>,
+    running: &BTreeMap<String, BTreeSet<String>>,
+    current: &Assignment,
+) -> Assignment {
+    let mut out = Assignment {
+        format: ASSIGNMENT_FORMAT,
+        units: BTreeMap::new(),
+    };
+    for unit in units {
+        let Some(desired) = rendezvous(unit, live) else {
+            continue;
+        };
+        match current.units.get(unit) {
+            Some(owner) if owner == desired => {
+                out.units.insert(unit.clone(), owner.clone());
+            }
+            // Drain: take it from a live owner first.
+            Some(owner) if live.contains(owner) => {}
+            _ => {
+                let still_running_elsewhere = running.iter().any(|(member, units)| {
+                    member != desired && live.contains(member) && units.contains(unit)
+                });
+                if !still_running_elsewhere {
+                    out.units.insert(unit.clone(), desired.to_owned());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Units that more than one live member reports running (must always be none).
+pub fn overlaps(live: &BTreeSet<String>, running: &BTreeMap<String, BTreeSet<String>>) -> usize {
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for units in running
+        .iter()
+        .filter(|(m, _)| live.contains(*m))
+        .map(|(_, u)| u)
+    {
+        for unit in units {
+            *seen.entry(unit).or_default() += 1;
+        }
+    }
+    seen.values().filter(|n| **n > 1).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(items: &[&str]) -> BTreeSet<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn adding_a_member_moves_about_one_nth_of_the_units() {
+        let units: BTreeSet<String> = (0..600)
+            .map(|i| unit("p", &format!("r{i}.example.org")))
+            .collect();
+        let three = set(&["a", "b", "c"]);
+        let four = set(&["a", "b", "c", "d"]);
+        let moved = units
+            .iter()
+            .filter(|u| rendezvous(u, &three) != rendezvous(u, &four))
+            .count();
+        assert!(
+            (100..=200).contains(&moved),
+            "moved {moved} of 600 (expected about 150)"
+        );
+        assert!(
+            units
+                .iter()
+                .filter(|u| rendezvous(u, &four) == Some("d"))
+                .count()
+                == moved,
+            "only units won by the new member move"
+        );
+        for member in ["a", "b", "c"] {
+            let owned = units
+                .iter()
+                .filter(|u| rendezvous(u, &three) == Some(member))
+                .count();
+            assert!((150..=250).contains(&owned), "{member} owns {owned} of 600");
+        }
+    }
+
+    #[test]
+    fn a_unit_moves_only_after_its_old_owner_drained_it() {
+        let units = set(&["p/widgets.example.org"]);
+        let u = "p/widgets.example.org".to_owned();
+        let live = set(&["a", "b"]);
+        let desired = rendezvous(&u, &live).unwrap().to_owned();
+        let other = if desired == "a" { "b" } else { "a" }.to_owned();
+        let current = Assignment {
+            format: 1,
+            units: [(u.clone(), other.clone())].into(),
+        };
+        // Round 1: taken from the old owner, given to nobody.
+        let running: BTreeMap<String, BTreeSet<String>> =
+            [(other.clone(), set(&["p/widgets.example.org"]))].into();
+        let round1 = next(&units, &live, &running, &current);
+        assert!(!round1.units.contains_key(&u));
+        // Still running there: still nobody's.
+        assert!(
+            !next(&units, &live, &running, &round1)
+                .units
+                .contains_key(&u)
+        );
+        // Drained: now the new owner's.
+        let drained: BTreeMap<String, BTreeSet<String>> = [(other, BTreeSet::new())].into();
+        assert_eq!(
+            next(&units, &live, &drained, &round1).units.get(&u),
+            Some(&desired)
+        );
+    }
+
+    #[test]
+    fn a_dead_members_units_move_at_once_and_what_it_claims_is_ignored() {
+        let u = "p/widgets.example.org".to_owned();
+        let current = Assignment {
+            format: 1,
+            units: [(u.clone(), "dead".to_owned())].into(),
+        };
+        let running: BTreeMap<String, BTreeSet<String>> =
+            [("dead".to_owned(), set(&[u.as_str()]))].into();
+        let next = next(&set(&[u.as_str()]), &set(&["alive"]), &running, &current);
+        assert_eq!(next.units.get(&u).map(String::as_str), Some("alive"));
+    }
+
+    #[test]
+    fn overlaps_are_counted_among_live_members_only() {
+        let running: BTreeMap<String, BTreeSet<String>> = [
+            ("a".into(), set(&["u1", "u2"])),
+            ("b".into(), set(&["u2"])),
+            ("dead".into(), set(&["u1"])),
+        ]
+        .into();
+        assert_eq!(overlaps(&set(&["a", "b"]), &running), 1);
+    }
+
+    #[test]
+    fn a_newer_format_is_refused_clearly() {
+        assert_eq!(
+            Assignment::decode(r#"{"format":2,"units":{}}"#),
+            Err(AssignmentError::TooNew(2))
+        );
+        assert!(Assignment::decode("nope").is_err());
+        let a = Assignment {
+            format: 1,
+            units: [("p/x.y".into(), "a".into())].into(),
+        };
+        assert_eq!(Assignment::decode(&a.encode()).unwrap(), a);
+        assert_eq!(a.units_of("a"), set(&["p/x.y"]));
+    }
+}

@@ -638,3 +638,54 @@ async fn openapi_synthesized_crd_enforces_the_provider_schema_and_follows_change
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn pull_policy_all_installs_every_export_without_a_binding() {
+    // CONN-8, §9.3 rows CRD/All and OpenAPI/All: schemas arrive, instance sync still needs a binding.
+    let s = setup("bind_pull_all", false).await;
+    install_crd(&s.provider, &exported("widgets", "Widget"))
+        .await
+        .unwrap();
+    install_crd(&s.provider, &exported("gadgets", "Gadget"))
+        .await
+        .unwrap();
+    connect(&s, "provider", PullPolicy::All, UpdatePolicy::Always).await;
+    for name in ["widgets.example.org", "gadgets.example.org"] {
+        let crd = eventually(
+            &format!("{name} installed"),
+            Duration::from_secs(20),
+            || async { Ok(consumer_crd(&s, name).await) },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            crd.annotations()
+                .get("core.kbind.io/connection")
+                .map(String::as_str),
+            Some("provider")
+        );
+    }
+
+    // The OpenAPI source installs its synthesized CRDs eagerly too.
+    install_crd(&s.provider, &gizmo_crd(None)).await.unwrap();
+    let mut openapi = connection("openapi", "p", SchemaSource::OpenApi);
+    openapi.spec.schema.pull_policy = PullPolicy::All;
+    // Once: it must not take over the CRDs the first Connection installed (SCH-6).
+    openapi.spec.schema.update_policy = UpdatePolicy::Once;
+    create_connection(&s.consumer, &openapi).await.unwrap();
+    let gizmos = eventually(
+        "gizmos installed from OpenAPI",
+        Duration::from_secs(30),
+        || async {
+            Ok(consumer_crd(&s, "gizmos.example.org").await.filter(|c| {
+                c.annotations()
+                    .get("core.kbind.io/connection")
+                    .map(String::as_str)
+                    == Some("openapi")
+            }))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(gizmos.spec.names.short_names, Some(vec!["gz".to_owned()]));
+}

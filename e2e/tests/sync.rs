@@ -66,8 +66,11 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
 
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let consumer_widgets = widgets(&s.consumer, "team-a");
+    let mut labelled = widget("w1", 3);
+    labelled.metadata.labels = Some([("team".to_owned(), "a".to_owned())].into());
+    labelled.metadata.annotations = Some([("note".to_owned(), "consumer-only".to_owned())].into());
     let created = consumer_widgets
-        .create(&PostParams::default(), &widget("w1", 3))
+        .create(&PostParams::default(), &labelled)
         .await
         .unwrap();
     let provider_widgets = widgets(&s.provider, "team-a");
@@ -144,6 +147,22 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
             .data["spec"]["size"]
             == 5)
             .then_some(()))
+    })
+    .await;
+
+    // A provider-side delete of our copy is repaired: it is recreated (SYNC-12, after QRK-13's wait).
+    provider_widgets
+        .delete("w1", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the deleted copy to be recreated", || async {
+        let copy = provider_widgets
+            .get_opt("w1")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(copy
+            .filter(|c| c.metadata.deletion_timestamp.is_none() && c.data["spec"]["size"] == 5)
+            .map(|_| ()))
     })
     .await;
 

@@ -88,6 +88,59 @@ pub fn with_markers(crd: CustomResourceDefinition, connection: &str) -> CustomRe
     crd
 }
 
+/// Why a desired consumer CRD cannot be built now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// RBAC denied reading the provider's schema.
+    Forbidden(String),
+    /// Anything else; retried.
+    Pending(String),
+}
+
+/// The desired consumer CRD of an exported API, from the active schema source: the pulled
+/// provider CRD (§9.1) or a CRD synthesized from the provider's OpenAPI documents (§9.2, §10).
+pub async fn desired_for(
+    provider: &Client,
+    connection: &str,
+    source: Option<kbind_shared::api::ActiveSchemaSource>,
+    export: &kbind_shared::api::ExportedApi,
+) -> Result<CustomResourceDefinition, Problem> {
+    if source == Some(kbind_shared::api::ActiveSchemaSource::OpenApi) {
+        return match crate::openapi::synthesize_from_provider(provider, Some(&export.group)).await {
+            Ok(crds) => crds
+                .into_iter()
+                .find(|c| c.metadata.name.as_deref() == Some(export.name.as_str()))
+                .map(|crd| with_markers(crd, connection))
+                .ok_or_else(|| {
+                    Problem::Pending(
+                        "the provider's OpenAPI documents have no usable schema for it".into(),
+                    )
+                }),
+            Err(crate::openapi::FetchError::Forbidden(message)) => Err(Problem::Forbidden(message)),
+            Err(crate::openapi::FetchError::Failed(message)) => Err(Problem::Pending(message)),
+        };
+    }
+    let provider_crd = match Api::<CustomResourceDefinition>::all(provider.clone())
+        .get(&export.name)
+        .await
+    {
+        Ok(crd) => crd,
+        Err(kube::Error::Api(s)) if s.is_forbidden() => {
+            return Err(Problem::Forbidden(format!(
+                "reading the provider CRD was denied by RBAC: {}",
+                s.message
+            )));
+        }
+        Err(e) => {
+            return Err(Problem::Pending(format!(
+                "cannot read the provider CRD: {}",
+                kbind_shared::identity::describe_error(&e)
+            )));
+        }
+    };
+    desired_crd(&provider_crd, connection).map_err(Problem::Pending)
+}
+
 /// What [`install`] will do (SCH-4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Plan {

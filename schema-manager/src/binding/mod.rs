@@ -11,8 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kbind_shared::api::{
-    ActiveSchemaSource, ApiScope, Binding, BindingStatus, ClusterBinding, Connection, PullPolicy,
-    UpdatePolicy,
+    ApiScope, Binding, BindingStatus, ClusterBinding, Connection, PullPolicy, UpdatePolicy,
 };
 use kbind_shared::conditions::{self, Desired, types};
 use kbind_shared::keys;
@@ -241,54 +240,17 @@ async fn api_state<B: Scoped>(
     let policy = &connection.spec.schema;
     let create = policy.pull_policy != PullPolicy::None;
     let update = policy.update_policy != UpdatePolicy::Once;
-    let desired = match status.active_schema_source {
-        // §9.3 OpenAPI rows, improved: Always refreshes an installed CRD (LIM-6), None stamps an
-        // existing one like the CRD source does (LIM-8).
-        Some(ActiveSchemaSource::OpenApi) => {
-            match crate::openapi::synthesize_from_provider(&provider.client, Some(&export.group))
-                .await
-            {
-                Ok(crds) => match crds
-                    .into_iter()
-                    .find(|c| c.metadata.name.as_deref() == Some(api))
-                {
-                    Some(crd) => schema::with_markers(crd, &connection.name_any()),
-                    None => {
-                        return ApiState::Pending(
-                            "the provider's OpenAPI documents have no usable schema for it".into(),
-                        );
-                    }
-                },
-                Err(crate::openapi::FetchError::Forbidden(message)) => {
-                    return ApiState::Forbidden(message);
-                }
-                Err(crate::openapi::FetchError::Failed(message)) => {
-                    return ApiState::Pending(message);
-                }
-            }
-        }
-        _ => {
-            let provider_crds: Api<CustomResourceDefinition> = Api::all(provider.client.clone());
-            let provider_crd = match provider_crds.get(api).await {
-                Ok(crd) => crd,
-                Err(kube::Error::Api(s)) if s.is_forbidden() => {
-                    return ApiState::Forbidden(format!(
-                        "reading the provider CRD was denied by RBAC: {}",
-                        s.message
-                    ));
-                }
-                Err(e) => {
-                    return ApiState::Pending(format!(
-                        "cannot read the provider CRD: {}",
-                        kbind_shared::identity::describe_error(&e)
-                    ));
-                }
-            };
-            match schema::desired_crd(&provider_crd, &connection.name_any()) {
-                Ok(desired) => desired,
-                Err(message) => return ApiState::Pending(message),
-            }
-        }
+    let desired = match schema::desired_for(
+        &provider.client,
+        &connection.name_any(),
+        status.active_schema_source,
+        export,
+    )
+    .await
+    {
+        Ok(desired) => desired,
+        Err(schema::Problem::Forbidden(message)) => return ApiState::Forbidden(message),
+        Err(schema::Problem::Pending(message)) => return ApiState::Pending(message),
     };
     let hash = desired
         .annotations()

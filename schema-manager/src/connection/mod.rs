@@ -280,6 +280,13 @@ async fn connect(
     status.active_schema_source = Some(exports.source);
     status.exported_apis = exports.apis;
 
+    // CONN-8: pullPolicy All installs every export now (create, and update unless Once).
+    if connection.spec.schema.pull_policy == kbind_shared::api::PullPolicy::All
+        && let Err(message) = install_all(&ctx.client, &provider.client, connection, status).await
+    {
+        return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
+    }
+
     // CONN-9: autoBind (and removal of the owned ClusterBinding when it is turned off, LIM-12).
     if let Err(message) = autobind::reconcile(
         &ctx.client,
@@ -314,6 +321,39 @@ async fn connect(
         },
         None,
     ))
+}
+
+/// CONN-8: installs the schema of every exported API. A problem with one API does not stop the
+/// others; the first is reported.
+async fn install_all(
+    consumer: &kube::Client,
+    provider: &kube::Client,
+    connection: &Connection,
+    status: &ConnectionStatus,
+) -> Result<(), String> {
+    let name = connection.name_any();
+    let update = connection.spec.schema.update_policy != kbind_shared::api::UpdatePolicy::Once;
+    let mut first_problem = None;
+    for export in &status.exported_apis {
+        let result =
+            match crate::schema::desired_for(provider, &name, status.active_schema_source, export)
+                .await
+            {
+                Ok(desired) => crate::schema::install(consumer, &desired, &name, true, update)
+                    .await
+                    .map(drop),
+                Err(crate::schema::Problem::Forbidden(m) | crate::schema::Problem::Pending(m)) => {
+                    Err(m)
+                }
+            };
+        if let Err(message) = result {
+            first_problem.get_or_insert(format!(
+                "installing the schema of {}: {message}",
+                export.name
+            ));
+        }
+    }
+    first_problem.map_or(Ok(()), Err)
 }
 
 /// CONN-12, without QRK-1: any status change is written (optimistically locked on the

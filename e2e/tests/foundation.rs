@@ -326,7 +326,8 @@ async fn restricted_user_is_forbidden_until_granted() {
 
 #[tokio::test]
 async fn programs_serve_probes_and_metrics_and_exit_cleanly_on_sigterm() {
-    // INTERFACES.md: /healthz, /readyz, /metrics; SIGTERM exits 0 within 10 s.
+    // INTERFACES.md: /healthz, /readyz (caches synced), /metrics; SIGTERM exits 0 within 10 s,
+    // also while still waiting for caches.
     let mut env = TestEnv::start("programs_probes", &["consumer"])
         .await
         .expect("cluster starts");
@@ -336,13 +337,15 @@ async fn programs_serve_probes_and_metrics_and_exit_cleanly_on_sigterm() {
         .display()
         .to_string();
     let mut started = Vec::new();
-    for (program, extra) in [
+    let programs = [
         (
             "kbind-schema-manager",
             vec!["--leader-elect=false".to_owned()],
         ),
         ("kbind-syncer", vec!["--identity=syncer-0".to_owned()]),
-    ] {
+        ("kbind-syncer", vec!["--identity=syncer-early".to_owned()]),
+    ];
+    for (i, (program, extra)) in programs.into_iter().enumerate() {
         let (metrics, probes) = (
             format!("127.0.0.1:{}", free_port()),
             format!("127.0.0.1:{}", free_port()),
@@ -354,9 +357,35 @@ async fn programs_serve_probes_and_metrics_and_exit_cleanly_on_sigterm() {
             "--log-format=json".to_owned(),
         ];
         args.extend(extra);
-        let index = env.start_kbind(program, program, &args, &[]).unwrap();
+        let index = env
+            .start_kbind(program, &format!("{program}-{i}"), &args, &[])
+            .unwrap();
         started.push((program, index, metrics, probes));
     }
+    // Without kbind's CRDs the syncer's caches cannot list: alive, not ready.
+    let syncer_probes = started[1].3.clone();
+    eventually("the syncer's /healthz", Duration::from_secs(30), || async {
+        Ok(http_get(&syncer_probes, "/healthz")
+            .await
+            .ok()
+            .filter(|(c, _)| *c == 200))
+    })
+    .await
+    .unwrap();
+    assert_eq!(http_get(&syncer_probes, "/readyz").await.unwrap().0, 503);
+    // SIGTERM while still waiting: a clean exit all the same.
+    let early = env.process(started[2].1);
+    early.signal("TERM").unwrap();
+    let status = early.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "a syncer waiting for caches did not exit 0 on SIGTERM: {status:?}"
+    );
+    started.pop();
+
+    install_crds(&env.cluster("consumer").admin_client().await.unwrap())
+        .await
+        .unwrap();
     for (program, _, metrics, probes) in &started {
         let ready = eventually(
             &format!("{program} /readyz"),

@@ -114,22 +114,28 @@ async fn run(args: Args) -> Result<(), String> {
         identity.clone(),
         args.membership_lease_duration,
     ));
+    // Caches first (not ready until they have listed; SIGTERM still ends the wait), then join the
+    // membership: a replica that cannot run work yet does not take any.
+    let start = context::Context::start(
+        client,
+        metrics,
+        reporter,
+        args.resync_interval,
+        args.workers,
+        membership.clone(),
+    );
+    let ctx = tokio::select! {
+        ctx = start => Arc::new(ctx),
+        _ = shutdown.cancelled() => {
+            tracing::info!("kbind-syncer stopped before its caches were ready");
+            return Ok(());
+        }
+    };
     let renewing = CancellationToken::new();
     let renewer = tokio::spawn({
         let (membership, renewing) = (membership.clone(), renewing.clone());
         async move { membership.run(renewing).await }
     });
-    let ctx = Arc::new(
-        context::Context::start(
-            client,
-            metrics,
-            reporter,
-            args.resync_interval,
-            args.workers,
-            membership.clone(),
-        )
-        .await,
-    );
     readiness.set(true);
     managed::run(ctx, shutdown.clone()).await;
     readiness.set(false);

@@ -263,7 +263,12 @@ pub fn start_syncer_as(
         "kbind-syncer",
         kubeconfig,
         name,
-        &[&identity, "--log-level=info,kbind_syncer=debug"],
+        // A short membership Lease, so that a killed replica's work moves on quickly.
+        &[
+            &identity,
+            "--membership-lease-duration=3s",
+            "--log-level=info,kbind_syncer=debug",
+        ],
         extra,
     )
 }

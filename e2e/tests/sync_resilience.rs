@@ -117,6 +117,19 @@ async fn connection_not_ready_stops_syncing_and_ready_resumes_with_rotated_crede
         widgets(&s.provider, "team-a"),
     );
 
+    // Syncing works first.
+    consumer_widgets
+        .create(&PostParams::default(), &widget("before", 1))
+        .await
+        .unwrap();
+    wait_for("the first object to sync", 30, || async {
+        provider_widgets
+            .get_opt("before")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+
     // Break the credentials: the Connection goes un-Ready and the syncer disengages.
     put_secret(
         &s.consumer,

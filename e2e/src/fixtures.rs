@@ -542,3 +542,32 @@ impl SyncEnv {
         }
     }
 }
+
+/// An RBAC rule: `verbs` on `resources` of `group`.
+pub fn rule(
+    group: &str,
+    resources: &[&str],
+    verbs: &[&str],
+) -> k8s_openapi::api::rbac::v1::PolicyRule {
+    k8s_openapi::api::rbac::v1::PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(resources.iter().map(|r| (*r).into()).collect()),
+        verbs: verbs.iter().map(|v| (*v).into()).collect(),
+        ..Default::default()
+    }
+}
+
+/// A binding spec for `connection` listing `apis`.
+pub fn binding_spec(connection: &str, apis: &[&str]) -> kbind_shared::api::BindingSpec {
+    kbind_shared::api::BindingSpec {
+        connection_ref: kbind_shared::api::ConnectionRef {
+            name: connection.into(),
+        },
+        apis: apis
+            .iter()
+            .map(|a| kbind_shared::api::ApiRef { name: (*a).into() })
+            .collect(),
+        conflict_policy: Default::default(),
+        related_resources: Vec::new(),
+    }
+}

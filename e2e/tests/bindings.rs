@@ -9,8 +9,7 @@ use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{
-    ApiRef, Binding, BindingSpec, ClusterBinding, ClusterBindingSpec, ConnectionRef, PullPolicy,
-    SchemaSource, UpdatePolicy,
+    Binding, ClusterBinding, ClusterBindingSpec, PullPolicy, SchemaSource, UpdatePolicy,
 };
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -67,17 +66,6 @@ async fn connect(s: &Setup, name: &str, pull: PullPolicy, update: UpdatePolicy) 
         .unwrap();
 }
 
-fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
-    BindingSpec {
-        connection_ref: ConnectionRef {
-            name: connection.into(),
-        },
-        apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
-        conflict_policy: Default::default(),
-        related_resources: Vec::new(),
-    }
-}
-
 async fn cluster_bind(
     s: &Setup,
     name: &str,
@@ -87,7 +75,10 @@ async fn cluster_bind(
     let api: Api<ClusterBinding> = Api::all(s.consumer.clone());
     api.create(
         &PostParams::default(),
-        &ClusterBinding::new(name, ClusterBindingSpec::from(spec(connection, apis))),
+        &ClusterBinding::new(
+            name,
+            ClusterBindingSpec::from(binding_spec(connection, apis)),
+        ),
     )
     .await
     .unwrap();
@@ -105,7 +96,7 @@ async fn bind(
     let api: Api<Binding> = Api::namespaced(s.consumer.clone(), namespace);
     api.create(
         &PostParams::default(),
-        &Binding::new(name, spec(connection, apis)),
+        &Binding::new(name, binding_spec(connection, apis)),
     )
     .await
     .unwrap();

@@ -48,15 +48,6 @@ async fn setup(test: &str, extra_clusters: &[&str]) -> Setup {
     }
 }
 
-fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(vec![group.into()]),
-        resources: Some(resources.iter().map(|r| (*r).into()).collect()),
-        verbs: verbs.iter().map(|v| (*v).into()).collect(),
-        ..Default::default()
-    }
-}
-
 /// What a provider credential needs for the Connection: identity, CRD discovery, heartbeat.
 fn connection_rules() -> Vec<PolicyRule> {
     vec![

@@ -12,7 +12,7 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
 use kbind_e2e::{TestEnv, eventually};
-use kbind_shared::api::{ApiRef, ClusterBinding, ClusterBindingSpec, ConnectionRef, SchemaSource};
+use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, SchemaSource};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
     PostParams,
@@ -134,14 +134,8 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
         .map(|k| format!("{}s.example.org", k.to_lowercase()))
         .collect();
     let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
-    let spec = kbind_shared::api::BindingSpec {
-        connection_ref: ConnectionRef {
-            name: "provider".into(),
-        },
-        apis: apis.iter().map(|a| ApiRef { name: a.clone() }).collect(),
-        conflict_policy: Default::default(),
-        related_resources: Vec::new(),
-    };
+    let api_names: Vec<&str> = apis.iter().map(String::as_str).collect();
+    let spec = binding_spec("provider", &api_names);
     bindings
         .create(
             &PostParams::default(),

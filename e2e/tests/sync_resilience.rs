@@ -37,15 +37,6 @@ async fn ready(s: &SyncEnv) {
     .unwrap();
 }
 
-fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(vec![group.into()]),
-        resources: Some(resources.iter().map(|r| (*r).into()).collect()),
-        verbs: verbs.iter().map(|v| (*v).into()).collect(),
-        ..Default::default()
-    }
-}
-
 /// Everything a provider credential needs for Connection, schemas and Widgets.
 fn provider_rules(widgets: bool) -> Vec<PolicyRule> {
     let mut rules = vec![

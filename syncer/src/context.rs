@@ -3,13 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kbind_shared::api::{Binding, ClusterBinding};
 use kbind_shared::metrics::Metrics;
 use kbind_shared::resolve::{self, Resolution};
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::broadcast;
 
@@ -46,8 +45,8 @@ impl Context {
     ) -> Self {
         let (binding_changes, _) = broadcast::channel(64);
         let cluster_bindings =
-            cache::<ClusterBinding>(Api::all(client.clone()), binding_changes.clone());
-        let bindings = cache::<Binding>(Api::all(client.clone()), binding_changes.clone());
+            changes_cache::<ClusterBinding>(Api::all(client.clone()), binding_changes.clone());
+        let bindings = changes_cache::<Binding>(Api::all(client.clone()), binding_changes.clone());
         let _ = cluster_bindings.wait_until_ready().await;
         let _ = bindings.wait_until_ready().await;
         Self {
@@ -88,7 +87,8 @@ impl Context {
     }
 }
 
-fn cache<K>(api: Api<K>, changes: broadcast::Sender<()>) -> Store<K>
+/// A cache of all `K` that announces each change on `changes`.
+fn changes_cache<K>(api: Api<K>, changes: broadcast::Sender<()>) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -98,17 +98,7 @@ where
         + Sync
         + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if event.is_ok() {
-                let _ = changes.send(());
-            }
-        }
-    });
-    reader
+    crate::cache::spawn(api, watcher::Config::default(), move || {
+        let _ = changes.send(());
+    })
 }

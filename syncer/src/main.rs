@@ -2,6 +2,7 @@
 //! spec up, status down and deletion for the share of the work assigned to them.
 #![forbid(unsafe_code)]
 
+mod cache;
 mod context;
 mod managed;
 mod membership;

@@ -6,7 +6,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::Connection;
@@ -15,7 +14,7 @@ use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
 use kbind_shared::shard;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
@@ -59,21 +58,27 @@ impl Running {
 /// Runs until `stop`, then stops every worker.
 pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let changes = Arc::new(Notify::new());
-    let crds: Store<CustomResourceDefinition> = spawn_cache(
+    let crds: Store<CustomResourceDefinition> = crate::cache::spawn(
         Api::all(ctx.client.clone()),
         watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)),
-        changes.clone(),
+        {
+            let changes = changes.clone();
+            move || changes.notify_one()
+        },
     );
-    let connections: Store<Connection> = spawn_cache(
-        Api::all(ctx.client.clone()),
-        watcher::Config::default(),
-        changes.clone(),
-    );
-    let assignment: Store<ConfigMap> = spawn_cache(
+    let connections: Store<Connection> =
+        crate::cache::spawn(Api::all(ctx.client.clone()), watcher::Config::default(), {
+            let changes = changes.clone();
+            move || changes.notify_one()
+        });
+    let assignment: Store<ConfigMap> = crate::cache::spawn(
         Api::namespaced(ctx.client.clone(), &ctx.membership.namespace),
         watcher::Config::default()
             .fields(&format!("metadata.name={}", shard::ASSIGNMENT_CONFIGMAP)),
-        changes.clone(),
+        {
+            let changes = changes.clone();
+            move || changes.notify_one()
+        },
     );
     let _ = crds.wait_until_ready().await;
     let _ = connections.wait_until_ready().await;
@@ -153,30 +158,6 @@ fn my_units(ctx: &Context, assignment: &Store<ConfigMap>) -> BTreeSet<String> {
             BTreeSet::new()
         }
     }
-}
-
-/// A cache of `K` that wakes `changes` on every event.
-fn spawn_cache<K>(api: Api<K>, config: watcher::Config, changes: Arc<Notify>) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if event.is_ok() {
-                changes.notify_one();
-            }
-        }
-    });
-    reader
 }
 
 /// SCTL-2 … SCTL-5: the workers that should run, keyed by CRD name.

@@ -79,7 +79,7 @@ async fn run(args: &Args) -> Result<(), String> {
 
     step(
         3,
-        "consumer: installing kbind's CRDs and starting kbind-schema-manager and kbind-syncer",
+        "consumer: installing kbind's CRDs and starting kbind-schema-manager and two kbind-syncer replicas (the schema manager assigns work between them)",
     );
     install_crds(&consumer).await?;
     start_schema_manager(
@@ -243,7 +243,7 @@ async fn run(args: &Args) -> Result<(), String> {
     let _ = tokio::signal::ctrl_c().await;
     drop(env);
     println!(
-        "stopped kbind-schema-manager, kbind-syncer and both clusters; files kept in {}",
+        "stopped kbind-schema-manager, both kbind-syncer replicas and both clusters; files kept in {}",
         file.parent()
             .map(|p| p.display().to_string())
             .unwrap_or_default()

@@ -680,3 +680,91 @@ async fn pull_policy_all_installs_every_export_without_a_binding() {
     .unwrap();
     assert_eq!(gizmos.spec.names.short_names, Some(vec!["gz".to_owned()]));
 }
+
+#[tokio::test]
+async fn a_binding_shadowed_by_a_cluster_binding_says_so() {
+    // RES-2 precedence made visible on the Binding.
+    let s = setup("bind_precedence", false).await;
+    install_crd(&s.provider, &exported("widgets", "Widget"))
+        .await
+        .unwrap();
+    connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Always).await;
+    let cluster_bindings =
+        cluster_bind(&s, "everything", "provider", &["widgets.example.org"]).await;
+    wait_binding_condition(&cluster_bindings, "everything", "Ready", "True", None)
+        .await
+        .unwrap();
+    let bindings = bind(&s, "team-a", "mine", "provider", &["widgets.example.org"]).await;
+    let b = eventually(
+        "the Binding to name the ClusterBinding",
+        Duration::from_secs(20),
+        || async {
+            let b = bindings.get("mine").await.map_err(|e| e.to_string())?;
+            let conds = b.status.clone().unwrap_or_default().conditions;
+            let ready = kbind_shared::conditions::find(&conds, "Ready").cloned();
+            Ok(ready
+                .filter(|r| {
+                    r.status == "True"
+                        && r.message
+                            .contains("widgets.example.org (ClusterBinding everything)")
+                })
+                .map(|_| b))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(b.status.unwrap().bound_apis.len(), 1);
+}
+
+#[tokio::test]
+async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
+    // §9.3 row OpenAPI/None, with LIM-8 improved: an existing CRD is stamped like the CRD source.
+    let s = setup("bind_openapi_none", false).await;
+    install_crd(&s.provider, &gizmo_crd(None)).await.unwrap();
+    install_crd(&s.provider, &crd("widgets", "example.org", "Widget", &[]))
+        .await
+        .unwrap();
+    let mut c = connection("provider", "p", SchemaSource::OpenApi);
+    c.spec.schema.pull_policy = PullPolicy::None;
+    create_connection(&s.consumer, &c).await.unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    install_crd(&s.consumer, &gizmo_crd(None)).await.unwrap();
+
+    let bindings = cluster_bind(&s, "gizmos", "provider", &["gizmos.example.org"]).await;
+    wait_binding_condition(&bindings, "gizmos", "Ready", "True", None)
+        .await
+        .unwrap();
+    let stamped = consumer_crd(&s, "gizmos.example.org").await.unwrap();
+    assert_eq!(
+        stamped
+            .labels()
+            .get("core.kbind.io/managed")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        stamped
+            .annotations()
+            .get("core.kbind.io/connection")
+            .map(String::as_str),
+        Some("provider")
+    );
+
+    cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
+    let b = wait_binding_condition(&bindings, "widgets", "Ready", "False", Some("Pending"))
+        .await
+        .unwrap();
+    assert!(
+        b.status
+            .unwrap()
+            .conditions
+            .iter()
+            .any(|c| c.message.contains("pullPolicy is None"))
+    );
+    assert!(
+        consumer_crd(&s, "widgets.example.org").await.is_none(),
+        "None never creates a CRD"
+    );
+}

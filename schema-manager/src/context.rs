@@ -2,10 +2,15 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use kbind_shared::identity::{IdentityError, cluster_identity};
 use kbind_shared::metrics::Metrics;
+use kube::Api;
 use kube::Client;
+use kube::api::{ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::OnceCell;
 
 use crate::connection::credentials::Providers;
@@ -36,6 +41,9 @@ pub struct Context {
     /// One provider client per Connection, shared by the reconcilers.
     pub providers: Providers,
     local_uid: OnceCell<String>,
+    instance_metadata: std::sync::Mutex<
+        std::collections::HashMap<String, Store<PartialObjectMeta<DynamicObject>>>,
+    >,
 }
 
 impl Context {
@@ -55,7 +63,36 @@ impl Context {
             namespace,
             providers: Providers::default(),
             local_uid: OnceCell::new(),
+            instance_metadata: Default::default(),
         }
+    }
+
+    /// A metadata-only cache of every instance of a bound API, started on first use and kept
+    /// (conflict counts read it instead of listing, LIM-16).
+    pub fn instance_metadata(
+        &self,
+        resource: &ApiResource,
+    ) -> Store<PartialObjectMeta<DynamicObject>> {
+        let key = format!(
+            "{}/{}/{}",
+            resource.group, resource.version, resource.plural
+        );
+        let mut caches = self.instance_metadata.lock().expect("not poisoned");
+        caches
+            .entry(key)
+            .or_insert_with(|| {
+                let writer = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(
+                    resource.clone(),
+                );
+                let reader = writer.as_reader();
+                let api: Api<PartialObjectMeta<DynamicObject>> =
+                    Api::all_with(self.client.clone(), resource);
+                let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+                    .default_backoff();
+                tokio::spawn(async move { stream.for_each(|_| async {}).await });
+                reader
+            })
+            .clone()
     }
 
     /// The consumer's identity (ID-1), read once: a cluster does not change identity.

@@ -214,12 +214,43 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
                 };
                 states.push((api.name.clone(), state));
             }
-            let (desired, bound) = outcome::evaluate(&states);
+            let (mut desired, bound) = outcome::evaluate(&states);
+            if B::NAMESPACED {
+                let covered =
+                    covered_by_cluster_bindings(&ctx.client, binding.binding_spec()).await;
+                outcome::note_precedence(&mut desired, &covered);
+            }
             (desired, Some(bound))
         }
     };
     write_status(binding.as_ref(), ctx, desired, bound_apis).await?;
     Ok(requeue)
+}
+
+/// The APIs of a Binding that a ClusterBinding also lists, with that ClusterBinding's name: its
+/// instances in the Binding's namespace sync under the ClusterBinding (RES-2).
+async fn covered_by_cluster_bindings(
+    client: &Client,
+    spec: &kbind_shared::api::BindingSpec,
+) -> Vec<(String, String)> {
+    let Ok(cluster_bindings) = Api::<ClusterBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    else {
+        return Vec::new();
+    };
+    let mut covered = Vec::new();
+    for api in &spec.apis {
+        if let Some(resolution) = kbind_shared::resolve::resolve(
+            &api.name,
+            None,
+            cluster_bindings.items.iter(),
+            std::iter::empty(),
+        ) {
+            covered.push((api.name.clone(), resolution.name));
+        }
+    }
+    covered
 }
 
 /// BIND-5 for one API.
@@ -274,12 +305,7 @@ async fn api_state<B: Scoped>(
             "the consumer CRD is not installed and pullPolicy is None: supply it".into(),
         );
     }
-    let conflicts = count_conflicts(
-        &ctx.client,
-        &desired,
-        binding.covered_namespace().as_deref(),
-    )
-    .await;
+    let conflicts = count_conflicts(ctx, &desired, binding.covered_namespace().as_deref()).await;
     ApiState::Bound {
         hash,
         in_sync: installed.in_sync,
@@ -310,23 +336,21 @@ fn instances(
     }
 }
 
-/// BIND-5d: instances in scope with a conflict annotation, from metadata only. Errors count 0.
+/// BIND-5d: instances in scope with a conflict annotation, from a metadata-only watch cache
+/// (LIM-16: no LIST of every instance per resync). A cache that has not listed yet counts 0.
 async fn count_conflicts(
-    client: &Client,
+    ctx: &Context,
     crd: &CustomResourceDefinition,
     namespace: Option<&str>,
 ) -> Conflicts {
     let Some(resource) = instance_resource(crd) else {
         return Conflicts::default();
     };
-    let Ok(list) = instances(client, &resource, namespace)
-        .list_metadata(&ListParams::default())
-        .await
-    else {
-        return Conflicts::default();
-    };
     let mut conflicts = Conflicts::default();
-    for item in list.items {
+    for item in ctx.instance_metadata(&resource).state() {
+        if namespace.is_some() && item.metadata.namespace.as_deref() != namespace {
+            continue;
+        }
         match item
             .annotations()
             .get(keys::CONFLICT_ANNOTATION)

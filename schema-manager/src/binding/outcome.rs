@@ -177,6 +177,33 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
     (out, bound)
 }
 
+/// Says, in the Ready and Synced messages, which listed APIs a ClusterBinding already covers
+/// (the ClusterBinding takes precedence for their instances, RES-2), so an overlapping Binding
+/// is never silently shadowed.
+pub fn note_precedence(desired: &mut [Desired<'static>], covered: &[(String, String)]) {
+    if covered.is_empty() {
+        return;
+    }
+    let list: Vec<String> = covered
+        .iter()
+        .map(|(api, by)| format!("{api} (ClusterBinding {by})"))
+        .collect();
+    let note = format!(
+        "covered by a ClusterBinding, which takes precedence for its instances here: {}",
+        list.join(", ")
+    );
+    for d in desired
+        .iter_mut()
+        .filter(|d| d.type_ == types::READY || d.type_ == types::SYNCED)
+    {
+        d.message = if d.message.is_empty() {
+            note.clone()
+        } else {
+            format!("{}; {note}", d.message)
+        };
+    }
+}
+
 /// The Ready condition while the binding's Connection is missing or not Ready (BIND-3).
 pub fn connection_pending(message: String) -> Desired<'static> {
     Desired {
@@ -287,6 +314,22 @@ mod tests {
             },
         )]);
         assert_eq!(get(&out, "Conflicts").reason, "OwnedByAnother");
+    }
+
+    #[test]
+    fn apis_a_cluster_binding_covers_are_named() {
+        let (mut out, _) = evaluate(&[("a.x".into(), bound(Conflicts::default()))]);
+        note_precedence(&mut out, &[("a.x".into(), "everything".into())]);
+        let ready = get(&out, "Ready");
+        assert_eq!(ready.status, Status::True);
+        assert!(
+            ready.message.contains("a.x (ClusterBinding everything)"),
+            "{}",
+            ready.message
+        );
+        let (mut untouched, _) = evaluate(&[("a.x".into(), bound(Conflicts::default()))]);
+        note_precedence(&mut untouched, &[]);
+        assert_eq!(get(&untouched, "Ready").message, "");
     }
 
     #[test]

@@ -768,3 +768,65 @@ async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
         "None never creates a CRD"
     );
 }
+
+#[tokio::test]
+async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
+    // SCH-7: the consumer API server refuses the update; the binding says why, nothing is lost.
+    let s = setup("bind_scope_change", false).await;
+    install_crd(&s.provider, &exported("widgets", "Widget"))
+        .await
+        .unwrap();
+    connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Always).await;
+    let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
+    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    // A provider may recreate its CRD with another scope.
+    let provider_crds: Api<CustomResourceDefinition> = Api::all(s.provider.clone());
+    provider_crds
+        .delete("widgets.example.org", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the provider CRD to go",
+        Duration::from_secs(20),
+        || async {
+            Ok(provider_crds
+                .get_opt("widgets.example.org")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let mut cluster_scoped = exported("widgets", "Widget");
+    cluster_scoped.spec.scope = "Cluster".into();
+    install_crd(&s.provider, &cluster_scoped).await.unwrap();
+    let b = wait_binding_condition(&bindings, "widgets", "Ready", "False", Some("Pending"))
+        .await
+        .unwrap();
+    let messages: Vec<String> = b
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .map(|c| c.message)
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("rejected CRD widgets.example.org")),
+        "{messages:?}"
+    );
+    assert_eq!(
+        consumer_crd(&s, "widgets.example.org")
+            .await
+            .unwrap()
+            .spec
+            .scope,
+        "Namespaced",
+        "the installed CRD is untouched"
+    );
+}

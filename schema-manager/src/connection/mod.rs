@@ -178,6 +178,17 @@ async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Err
     let mut status = before.clone();
     let (outcome, provider_error) = connect(&connection, state, &mut status).await?;
     conditions_for(&mut status, &outcome, &connection);
+    if matches!(outcome, Outcome::Ready { .. }) {
+        let schema = schema_in_sync(&ctx.client, &connection.name_any())
+            .await
+            .map_err(Error::Consumer)?;
+        conditions::set(
+            &mut status.conditions,
+            schema,
+            connection.meta().generation,
+            &Time(jiff::Timestamp::now()),
+        );
+    }
 
     ctx.metrics
         .connection_ready
@@ -354,6 +365,57 @@ async fn install_all(
         }
     }
     first_problem.map_or(Ok(()), Err)
+}
+
+/// LIM-13: the Connection's `SchemaInSync`, from the bindings that use it (each knows whether
+/// the CRDs it installed match the provider).
+async fn schema_in_sync(
+    client: &kube::Client,
+    connection: &str,
+) -> Result<Desired<'static>, kube::Error> {
+    let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let bindings = Api::<Binding>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let out_of_sync = |status: Option<&kbind_shared::api::BindingStatus>| {
+        status
+            .and_then(|s| conditions::find(&s.conditions, types::SCHEMA_IN_SYNC))
+            .is_some_and(|c| c.status == "False")
+    };
+    let mut behind: Vec<String> = cluster_bindings
+        .iter()
+        .filter(|b| b.spec.connection_ref.name == connection && out_of_sync(b.status.as_ref()))
+        .map(|b| format!("ClusterBinding {}", b.name_any()))
+        .collect();
+    behind.extend(
+        bindings
+            .iter()
+            .filter(|b| b.spec.connection_ref.name == connection && out_of_sync(b.status.as_ref()))
+            .map(|b| {
+                format!(
+                    "Binding {}/{}",
+                    b.namespace().unwrap_or_default(),
+                    b.name_any()
+                )
+            }),
+    );
+    Ok(if behind.is_empty() {
+        Desired::new(types::SCHEMA_IN_SYNC, true, reasons::AS_EXPECTED, "")
+    } else {
+        Desired::new(
+            types::SCHEMA_IN_SYNC,
+            false,
+            reasons::PENDING,
+            format!(
+                "installed schemas differ from the provider's for {}",
+                behind.join(", ")
+            ),
+        )
+    })
 }
 
 /// CONN-12, without QRK-1: any status change is written (optimistically locked on the

@@ -10,16 +10,21 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_shared::api::{Binding, ClusterBinding};
+use kbind_shared::cache;
 use kbind_shared::keys;
-use kbind_shared::shard::{self, Assignment};
-use kube::api::{ListParams, Patch, PatchParams};
+use kbind_shared::shard::{self, Assignment, Unit};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 
-/// How often the assignment is recomputed.
+/// How often the assignment is recomputed without a change event.
 const ROUND: Duration = Duration::from_millis(500);
 
 /// The live members and what each runs, from the membership Leases.
@@ -54,61 +59,161 @@ fn members(
     (live, running)
 }
 
-/// Runs assignment rounds until `stop` (only on the leader).
+/// Annotation on a consumer CRD: split its API into this many namespace buckets (overrides
+/// `--namespace-buckets`).
+pub const BUCKETS_ANNOTATION: &str = "core.kbind.io/sync-buckets";
+
+/// Runs assignment rounds until `stop` (only on the leader). Members, managed CRDs, bindings and
+/// the assignment itself are read from watch-fed caches; a round runs on any change to them and
+/// at least every [`ROUND`] (Lease expiry is a matter of time, not of events).
 pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let changes = Arc::new(Notify::new());
+    let notify = || {
+        let changes = changes.clone();
+        move || changes.notify_one()
+    };
+    let caches = Caches {
+        leases: cache::spawn(
+            Api::namespaced(ctx.client.clone(), &ctx.namespace),
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                keys::SYNCER_MEMBER_LABEL,
+                keys::TRUE
+            )),
+            stop.clone(),
+            notify(),
+        ),
+        crds: cache::spawn(
+            Api::all(ctx.client.clone()),
+            watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)),
+            stop.clone(),
+            notify(),
+        ),
+        cluster_bindings: cache::spawn(
+            Api::all(ctx.client.clone()),
+            watcher::Config::default(),
+            stop.clone(),
+            notify(),
+        ),
+        bindings: cache::spawn(
+            Api::all(ctx.client.clone()),
+            watcher::Config::default(),
+            stop.clone(),
+            notify(),
+        ),
+        assignment: cache::spawn(
+            Api::namespaced(ctx.client.clone(), &ctx.namespace),
+            watcher::Config::default()
+                .fields(&format!("metadata.name={}", shard::ASSIGNMENT_CONFIGMAP)),
+            stop.clone(),
+            notify(),
+        ),
+    };
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let crds: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    let member_selector = format!("{}={}", keys::SYNCER_MEMBER_LABEL, keys::TRUE);
-    let managed_selector = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
+    tokio::select! {
+        _ = caches.ready() => {}
+        _ = stop.cancelled() => return,
+    }
     loop {
-        if let Err(e) = round(
-            &ctx,
-            &leases,
-            &maps,
-            &crds,
-            &member_selector,
-            &managed_selector,
-        )
-        .await
-        {
+        if let Err(e) = round(&ctx, &caches, &maps).await {
             tracing::warn!(error = %e, "assignment round failed");
         }
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(ROUND) => {}
+            _ = changes.notified() => {}
         }
     }
 }
 
-async fn round(
-    ctx: &Context,
-    leases: &Api<Lease>,
-    maps: &Api<ConfigMap>,
-    crds: &Api<CustomResourceDefinition>,
-    member_selector: &str,
-    managed_selector: &str,
-) -> Result<(), kube::Error> {
-    let members_list = leases
-        .list(&ListParams::default().labels(member_selector))
-        .await?;
-    let (live, running) = members(&members_list.items, jiff::Timestamp::now());
-    let units: BTreeSet<String> = crds
-        .list_metadata(&ListParams::default().labels(managed_selector))
-        .await?
-        .items
+struct Caches {
+    leases: Store<Lease>,
+    crds: Store<CustomResourceDefinition>,
+    cluster_bindings: Store<ClusterBinding>,
+    bindings: Store<Binding>,
+    assignment: Store<ConfigMap>,
+}
+
+impl Caches {
+    async fn ready(&self) {
+        let _ = self.leases.wait_until_ready().await;
+        let _ = self.crds.wait_until_ready().await;
+        let _ = self.cluster_bindings.wait_until_ready().await;
+        let _ = self.bindings.wait_until_ready().await;
+        let _ = self.assignment.wait_until_ready().await;
+    }
+
+    /// Every unit of work: each managed API (split into its namespace buckets) and the related
+    /// resources of each binding that lists some.
+    fn units(&self, default_buckets: u32) -> BTreeSet<String> {
+        let mut units = BTreeSet::new();
+        for crd in self.crds.state() {
+            if crd.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Some(connection) = crd.annotations().get(keys::CONNECTION_ANNOTATION) else {
+                continue;
+            };
+            let buckets = crd
+                .annotations()
+                .get(BUCKETS_ANNOTATION)
+                .and_then(|b| b.parse::<u32>().ok())
+                .filter(|b| (1..=MAX_BUCKETS).contains(b))
+                .unwrap_or(default_buckets);
+            units.extend(
+                shard::api_units(connection, &crd.name_any(), buckets)
+                    .iter()
+                    .map(ToString::to_string),
+            );
+        }
+        let related = |meta: &kube::api::ObjectMeta, spec: &kbind_shared::api::BindingSpec| {
+            meta.deletion_timestamp.is_none() && !spec.related_resources.is_empty()
+        };
+        for binding in self.cluster_bindings.state() {
+            if related(&binding.metadata, &binding.spec) {
+                units.insert(
+                    Unit::Related {
+                        connection: binding.spec.connection_ref.name.clone(),
+                        namespace: None,
+                        name: binding.name_any(),
+                    }
+                    .to_string(),
+                );
+            }
+        }
+        for binding in self.bindings.state() {
+            if related(&binding.metadata, &binding.spec) {
+                units.insert(
+                    Unit::Related {
+                        connection: binding.spec.connection_ref.name.clone(),
+                        namespace: binding.namespace(),
+                        name: binding.name_any(),
+                    }
+                    .to_string(),
+                );
+            }
+        }
+        units
+    }
+}
+
+/// The most namespace buckets one API may be split into.
+pub const MAX_BUCKETS: u32 = 64;
+
+async fn round(ctx: &Context, caches: &Caches, maps: &Api<ConfigMap>) -> Result<(), kube::Error> {
+    let leases: Vec<Lease> = caches
+        .leases
+        .state()
         .iter()
-        .filter(|crd| crd.metadata.deletion_timestamp.is_none())
-        .filter_map(|crd| {
-            crd.annotations()
-                .get(keys::CONNECTION_ANNOTATION)
-                .map(|c| shard::unit(c, &crd.name_any()))
-        })
+        .map(|l| l.as_ref().clone())
         .collect();
-    let current = maps
-        .get_opt(shard::ASSIGNMENT_CONFIGMAP)
-        .await?
-        .and_then(|m| m.data.and_then(|d| d.get(shard::ASSIGNMENT_KEY).cloned()))
+    let (live, running) = members(&leases, jiff::Timestamp::now());
+    let units = caches.units(ctx.settings.namespace_buckets);
+    let current = caches
+        .assignment
+        .state()
+        .first()
+        .and_then(|m| m.data.as_ref()?.get(shard::ASSIGNMENT_KEY).cloned())
         .and_then(|text| Assignment::decode(&text).ok())
         .unwrap_or_default();
     ctx.metrics

@@ -24,6 +24,8 @@ pub struct Settings {
     pub discovery_interval: Duration,
     /// `leaseDurationSeconds` of the provider heartbeat Lease.
     pub heartbeat_lease_duration: Duration,
+    /// Namespace buckets each managed API's sync work is split into (1: not split).
+    pub namespace_buckets: u32,
 }
 
 /// Shared by the reconcilers.

@@ -52,6 +52,12 @@ struct Args {
     /// leaseDurationSeconds of the provider heartbeat Lease
     #[arg(long, env = "KBIND_HEARTBEAT_LEASE_DURATION", default_value = "60s", value_parser = parse_duration)]
     heartbeat_lease_duration: Duration,
+
+    /// Split each managed API's sync work into this many namespace buckets, so that one API with
+    /// very many objects spreads over several syncer replicas (a consumer CRD's
+    /// `core.kbind.io/sync-buckets` annotation overrides it)
+    #[arg(long, env = "KBIND_NAMESPACE_BUCKETS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(assignment::MAX_BUCKETS)))]
+    namespace_buckets: u32,
 }
 
 #[tokio::main]
@@ -95,6 +101,7 @@ async fn run(args: Args) -> Result<(), String> {
         discovery_interval = ?args.discovery_interval,
         binding_resync_interval = ?args.binding_resync_interval,
         heartbeat_lease_duration = ?args.heartbeat_lease_duration,
+        namespace_buckets = args.namespace_buckets,
         "kbind-schema-manager started"
     );
     let ctx = Arc::new(context::Context::new(
@@ -108,6 +115,7 @@ async fn run(args: Args) -> Result<(), String> {
             discovery_interval: args.discovery_interval,
             binding_resync_interval: args.binding_resync_interval,
             heartbeat_lease_duration: args.heartbeat_lease_duration,
+            namespace_buckets: args.namespace_buckets,
         },
         args.common.namespace(),
     ));

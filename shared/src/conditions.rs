@@ -20,6 +20,8 @@ pub mod types {
     pub const CONFLICTS: &str = "Conflicts";
     /// The provider credentials lack a permission kbind needs.
     pub const PERMISSION_DENIED: &str = "PermissionDenied";
+    /// A binding's related Secrets and ConfigMaps are copied (written by the syncer).
+    pub const RELATED_RESOURCES_SYNCED: &str = "RelatedResourcesSynced";
 }
 
 /// COND-2: condition reasons.
@@ -42,6 +44,12 @@ pub mod reasons {
     pub const FORBIDDEN: &str = "Forbidden";
     /// A Connection waits for its bindings to be cleaned up before it goes.
     pub const DRAINING_BINDINGS: &str = "DrainingBindings";
+    /// A `relatedResources` label selector cannot be parsed.
+    pub const INVALID_SELECTOR: &str = "InvalidSelector";
+    /// Some related targets exist and are not kbind's copies.
+    pub const CONFLICTS: &str = "Conflicts";
+    /// A request failed for another reason.
+    pub const ERROR: &str = "Error";
 }
 
 /// The status of a condition.

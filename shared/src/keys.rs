@@ -58,6 +58,11 @@ pub const DEFAULT_KUBECONFIG_KEY: &str = "kubeconfig";
 pub const CREATED_BY_ANNOTATION: &str = "core.kbind.io/created-by";
 /// Label on each syncer's membership Lease.
 pub const SYNCER_MEMBER_LABEL: &str = "core.kbind.io/syncer-member";
+/// Annotation on a related Secret/ConfigMap copy: the ids of the `relatedResources` entries
+/// that select it (comma-separated, see `kbind_shared::related::entry_id`).
+pub const RELATED_ENTRIES_ANNOTATION: &str = "core.kbind.io/related-entries";
+/// SSA field manager of the syncer's related-resources condition on a binding's status.
+pub const RELATED_STATUS_FIELD_MANAGER: &str = "kbind-syncer-related";
 /// Default Lease name of the schema manager's leader election.
 pub const DEFAULT_LEADER_ELECTION_ID: &str = "kbind-schema-manager";
 /// kbind's own namespace when neither `--namespace` nor `$POD_NAMESPACE` names one.
@@ -112,6 +117,7 @@ mod tests {
             CLEANUP_FINALIZER,
             CREATED_BY_ANNOTATION,
             SYNCER_MEMBER_LABEL,
+            RELATED_ENTRIES_ANNOTATION,
         ] {
             let (prefix, name) = key.split_once('/').expect("qualified key");
             assert_eq!(prefix, GROUP, "{key}");

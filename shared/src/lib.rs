@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod conditions;

@@ -73,7 +73,146 @@ impl Assignment {
 
 /// A work unit: one API of one Connection.
 pub fn unit(connection: &str, api: &str) -> String {
-    format!("{connection}/{api}")
+    Unit::Api {
+        connection: connection.to_owned(),
+        api: api.to_owned(),
+        bucket: None,
+    }
+    .to_string()
+}
+
+/// One piece of sync work, as named in the assignment.
+///
+/// * `<connection>/<api>`: every instance of one API;
+/// * `<connection>/<api>#<k>/<n>`: the instances of one API whose namespace hashes to bucket `k`
+///   of `n` (one API with very many objects spread over several replicas);
+/// * `<connection>/binding:<namespace>/<name>` and `<connection>/clusterbinding:<name>`: the
+///   related Secrets and ConfigMaps of one binding.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Unit {
+    /// Instances of one API, all of them or one namespace bucket.
+    Api {
+        /// The Connection.
+        connection: String,
+        /// `<plural>.<group>`.
+        api: String,
+        /// `(k, n)`: bucket `k` of `n`; `None` for all namespaces.
+        bucket: Option<(u32, u32)>,
+    },
+    /// The related resources of one binding.
+    Related {
+        /// The Connection.
+        connection: String,
+        /// The Binding's namespace; `None` for a ClusterBinding.
+        namespace: Option<String>,
+        /// The binding's name.
+        name: String,
+    },
+}
+
+impl std::fmt::Display for Unit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unit::Api {
+                connection,
+                api,
+                bucket: None,
+            } => write!(f, "{connection}/{api}"),
+            Unit::Api {
+                connection,
+                api,
+                bucket: Some((k, n)),
+            } => write!(f, "{connection}/{api}#{k}/{n}"),
+            Unit::Related {
+                connection,
+                namespace: Some(namespace),
+                name,
+            } => write!(f, "{connection}/binding:{namespace}/{name}"),
+            Unit::Related {
+                connection,
+                namespace: None,
+                name,
+            } => write!(f, "{connection}/clusterbinding:{name}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Unit {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("not a work unit: {text:?}");
+        let (connection, rest) = text.split_once('/').ok_or_else(bad)?;
+        let connection = connection.to_owned();
+        if let Some(rest) = rest.strip_prefix("binding:") {
+            let (namespace, name) = rest.split_once('/').ok_or_else(bad)?;
+            return Ok(Unit::Related {
+                connection,
+                namespace: Some(namespace.to_owned()),
+                name: name.to_owned(),
+            });
+        }
+        if let Some(name) = rest.strip_prefix("clusterbinding:") {
+            return Ok(Unit::Related {
+                connection,
+                namespace: None,
+                name: name.to_owned(),
+            });
+        }
+        let (api, bucket) = match rest.split_once('#') {
+            None => (rest, None),
+            Some((api, bucket)) => {
+                let (k, n) = bucket.split_once('/').ok_or_else(bad)?;
+                let (k, n) = (
+                    k.parse::<u32>().map_err(|_| bad())?,
+                    n.parse::<u32>().map_err(|_| bad())?,
+                );
+                if n == 0 || k >= n {
+                    return Err(bad());
+                }
+                (api, Some((k, n)))
+            }
+        };
+        if connection.is_empty() || api.is_empty() {
+            return Err(bad());
+        }
+        Ok(Unit::Api {
+            connection,
+            api: api.to_owned(),
+            bucket,
+        })
+    }
+}
+
+/// The units of one API of one Connection split into `buckets` namespace buckets (one unit, not
+/// split, when `buckets` is 1).
+pub fn api_units(connection: &str, api: &str, buckets: u32) -> Vec<Unit> {
+    if buckets <= 1 {
+        return vec![Unit::Api {
+            connection: connection.to_owned(),
+            api: api.to_owned(),
+            bucket: None,
+        }];
+    }
+    (0..buckets)
+        .map(|k| Unit::Api {
+            connection: connection.to_owned(),
+            api: api.to_owned(),
+            bucket: Some((k, buckets)),
+        })
+        .collect()
+}
+
+/// The bucket (of `n`) an object's namespace falls in; cluster-scoped objects hash the empty
+/// namespace. Stable across processes and versions.
+pub fn namespace_bucket(namespace: Option<&str>, n: u32) -> u32 {
+    if n <= 1 {
+        return 0;
+    }
+    let digest = Sha256::digest(namespace.unwrap_or_default().as_bytes());
+    let mut head = [0; 8];
+    head.copy_from_slice(&digest[..8]);
+    (u64::from_be_bytes(head) % u64::from(n)) as u32
 }
 
 fn score(member: &str, unit: &str) -> [u8; 8] {
@@ -236,6 +375,53 @@ mod tests {
         ]
         .into();
         assert_eq!(overlaps(&set(&["a", "b"]), &running), 1);
+    }
+
+    #[test]
+    fn units_round_trip_through_their_names() {
+        for text in [
+            "p/widgets.example.org",
+            "p/widgets.example.org#3/8",
+            "p/binding:team-a/mine",
+            "p/clusterbinding:all",
+        ] {
+            let unit: Unit = text.parse().unwrap();
+            assert_eq!(unit.to_string(), text);
+        }
+        for bad in [
+            "p",
+            "/x.y",
+            "p/x.y#8/8",
+            "p/x.y#1",
+            "p/x.y#a/2",
+            "p/binding:nons",
+        ] {
+            assert!(bad.parse::<Unit>().is_err(), "{bad}");
+        }
+        assert_eq!(unit("p", "x.y"), "p/x.y");
+        assert_eq!(api_units("p", "x.y", 1).len(), 1);
+        assert_eq!(
+            api_units("p", "x.y", 4)
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            ["p/x.y#0/4", "p/x.y#1/4", "p/x.y#2/4", "p/x.y#3/4"]
+        );
+    }
+
+    #[test]
+    fn namespaces_spread_over_buckets() {
+        let mut counts = [0; 4];
+        for i in 0..400 {
+            counts[namespace_bucket(Some(&format!("ns-{i}")), 4) as usize] += 1;
+        }
+        assert!(counts.iter().all(|c| (60..=140).contains(c)), "{counts:?}");
+        assert_eq!(namespace_bucket(Some("x"), 1), 0);
+        assert_eq!(
+            namespace_bucket(None, 7),
+            namespace_bucket(None, 7),
+            "stable"
+        );
     }
 
     #[test]

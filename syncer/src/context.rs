@@ -3,14 +3,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kbind_shared::api::{Binding, ClusterBinding};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kbind_shared::api::{Binding, BindingSpec, BindingStatus, ClusterBinding};
 use kbind_shared::metrics::Metrics;
+use kbind_shared::resolve::BindingObject;
 use kbind_shared::resolve::{self, Resolution};
+use kube::Resource;
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use crate::membership::Membership;
 
@@ -74,6 +78,20 @@ impl Context {
         )
     }
 
+    /// A binding by namespace (`None` for a ClusterBinding) and name, from the caches.
+    pub fn binding(&self, namespace: Option<&str>, name: &str) -> Option<AnyBinding> {
+        match namespace {
+            None => self
+                .cluster_bindings
+                .get(&ObjectRef::new(name))
+                .map(AnyBinding::Cluster),
+            Some(namespace) => self
+                .bindings
+                .get(&ObjectRef::new(name).within(namespace))
+                .map(AnyBinding::Namespaced),
+        }
+    }
+
     /// A stream that yields whenever any binding changes (SCTL-6 binding triggers).
     pub fn binding_changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
         let receiver = self.binding_changes.subscribe();
@@ -98,7 +116,63 @@ where
         + Sync
         + 'static,
 {
-    crate::cache::spawn(api, watcher::Config::default(), move || {
-        let _ = changes.send(());
-    })
+    kbind_shared::cache::spawn(
+        api,
+        watcher::Config::default(),
+        CancellationToken::new(),
+        move || {
+            let _ = changes.send(());
+        },
+    )
+}
+
+/// A ClusterBinding or a Binding, from the caches.
+#[derive(Debug, Clone)]
+pub enum AnyBinding {
+    /// A ClusterBinding.
+    Cluster(Arc<ClusterBinding>),
+    /// A Binding.
+    Namespaced(Arc<Binding>),
+}
+
+impl AnyBinding {
+    /// The shared spec.
+    pub fn spec(&self) -> &BindingSpec {
+        match self {
+            AnyBinding::Cluster(b) => b.binding_spec(),
+            AnyBinding::Namespaced(b) => b.binding_spec(),
+        }
+    }
+
+    /// The shared status.
+    pub fn status(&self) -> Option<&BindingStatus> {
+        match self {
+            AnyBinding::Cluster(b) => b.binding_status(),
+            AnyBinding::Namespaced(b) => b.binding_status(),
+        }
+    }
+
+    /// Metadata.
+    pub fn meta(&self) -> &kube::api::ObjectMeta {
+        match self {
+            AnyBinding::Cluster(b) => b.meta(),
+            AnyBinding::Namespaced(b) => b.meta(),
+        }
+    }
+
+    /// A reference for Events.
+    pub fn object_ref(&self) -> ObjectReference {
+        match self {
+            AnyBinding::Cluster(b) => b.object_ref(&()),
+            AnyBinding::Namespaced(b) => b.object_ref(&()),
+        }
+    }
+
+    /// `ClusterBinding` or `Binding`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AnyBinding::Cluster(_) => "ClusterBinding",
+            AnyBinding::Namespaced(_) => "Binding",
+        }
+    }
 }

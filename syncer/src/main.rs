@@ -2,11 +2,11 @@
 //! spec up, status down and deletion for the share of the work assigned to them.
 #![forbid(unsafe_code)]
 
-mod cache;
 mod context;
 mod managed;
 mod membership;
 mod ownership;
+mod related;
 mod worker;
 
 use std::process::ExitCode;

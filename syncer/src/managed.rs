@@ -12,7 +12,7 @@ use kbind_shared::api::Connection;
 use kbind_shared::conditions::{self, types};
 use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
-use kbind_shared::shard;
+use kbind_shared::shard::{self, Unit};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
@@ -22,7 +22,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
-use crate::worker::{self, WorkerSpec};
+use crate::related;
+use crate::worker::{self, Buckets, WorkerSpec};
 
 /// How often the desired workers are re-evaluated without an event (the membership fence is
 /// checked this often).
@@ -34,11 +35,21 @@ const CREDENTIALS_TTL: Duration = Duration::from_secs(5);
 /// What a running worker was built from; any change rebuilds it (SCTL-5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
-    api: String,
+    /// The assigned units it serves (reported as running: the drain acknowledgement).
+    units: BTreeSet<String>,
+    uid: String,
     generation: i64,
     connection: String,
     local_uid: String,
     credentials: [u8; 32],
+}
+
+/// A worker to run.
+enum Work {
+    /// Instances of one API.
+    Api(WorkerSpec),
+    /// Related resources of one binding.
+    Related(related::RelatedSpec),
 }
 
 struct Running {
@@ -58,23 +69,29 @@ impl Running {
 /// Runs until `stop`, then stops every worker.
 pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let changes = Arc::new(Notify::new());
-    let crds: Store<CustomResourceDefinition> = crate::cache::spawn(
+    let crds: Store<CustomResourceDefinition> = kbind_shared::cache::spawn(
         Api::all(ctx.client.clone()),
         watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)),
+        stop.clone(),
         {
             let changes = changes.clone();
             move || changes.notify_one()
         },
     );
-    let connections: Store<Connection> =
-        crate::cache::spawn(Api::all(ctx.client.clone()), watcher::Config::default(), {
+    let connections: Store<Connection> = kbind_shared::cache::spawn(
+        Api::all(ctx.client.clone()),
+        watcher::Config::default(),
+        stop.clone(),
+        {
             let changes = changes.clone();
             move || changes.notify_one()
-        });
-    let assignment: Store<ConfigMap> = crate::cache::spawn(
+        },
+    );
+    let assignment: Store<ConfigMap> = kbind_shared::cache::spawn(
         Api::namespaced(ctx.client.clone(), &ctx.membership.namespace),
         watcher::Config::default()
             .fields(&format!("metadata.name={}", shard::ASSIGNMENT_CONFIGMAP)),
+        stop.clone(),
         {
             let changes = changes.clone();
             move || changes.notify_one()
@@ -83,29 +100,34 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let _ = crds.wait_until_ready().await;
     let _ = connections.wait_until_ready().await;
     let _ = assignment.wait_until_ready().await;
+    let binding_changes = ctx.binding_changes();
+    let mut binding_changes = std::pin::pin!(binding_changes);
 
     let mut running: HashMap<String, Running> = HashMap::new();
     loop {
         let mine = my_units(&ctx, &assignment);
-        let mut wanted = desired_workers(&ctx, &crds, &connections).await;
-        wanted.retain(|_, (key, _)| mine.contains(&shard::unit(&key.connection, &key.api)));
+        let mut wanted = desired_workers(&ctx, &crds, &connections, &mine).await;
+        wanted.extend(desired_related(&ctx, &connections, &mine).await);
         let names: Vec<String> = running.keys().cloned().collect();
         for name in names {
             let keep = wanted
                 .get(&name)
                 .is_some_and(|(key, _)| running[&name].key == *key);
             if !keep {
-                tracing::info!(crd = %name, "stopping sync worker");
+                tracing::info!(worker = %name, "stopping sync worker");
                 running.remove(&name).expect("listed").stop().await;
             }
         }
-        for (name, (key, spec)) in wanted {
+        for (name, (key, work)) in wanted {
             if running.contains_key(&name) {
                 continue;
             }
-            tracing::info!(crd = %name, connection = %key.connection, generation = key.generation, "starting sync worker");
+            tracing::info!(worker = %name, connection = %key.connection, generation = key.generation, units = key.units.len(), "starting sync worker");
             let token = stop.child_token();
-            let task = tokio::spawn(worker::run(ctx.clone(), spec, token.clone()));
+            let task = match work {
+                Work::Api(spec) => tokio::spawn(worker::run(ctx.clone(), spec, token.clone())),
+                Work::Related(spec) => tokio::spawn(related::run(ctx.clone(), spec, token.clone())),
+            };
             running.insert(
                 name,
                 Running {
@@ -118,17 +140,22 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         // Report what runs now: the drain acknowledgement the assignment waits for.
         let units: BTreeSet<String> = running
             .values()
-            .map(|r| shard::unit(&r.key.connection, &r.key.api))
+            .flat_map(|r| r.key.units.iter().cloned())
             .collect();
+        let apis = units
+            .iter()
+            .filter(|u| matches!(u.parse::<Unit>(), Ok(Unit::Api { .. })))
+            .count();
         ctx.metrics
             .syncer_assigned_apis
             .with_label_values(&[ctx.membership.identity.as_str()])
-            .set(units.len() as f64);
+            .set(apis as f64);
         ctx.membership.set_running(units);
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(RECHECK) => {}
             _ = changes.notified() => {}
+            _ = futures::StreamExt::next(&mut binding_changes) => {}
         }
     }
     for (_, worker) in running.drain() {
@@ -138,7 +165,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
 }
 
 /// The units assigned to this replica; none while its membership is not current (the fence).
-fn my_units(ctx: &Context, assignment: &Store<ConfigMap>) -> BTreeSet<String> {
+fn my_units(ctx: &Context, assignment: &Store<ConfigMap>) -> BTreeSet<Unit> {
     if !ctx.membership.is_current() {
         return BTreeSet::new();
     }
@@ -152,7 +179,17 @@ fn my_units(ctx: &Context, assignment: &Store<ConfigMap>) -> BTreeSet<String> {
         .cloned()
         .unwrap_or_default();
     match shard::Assignment::decode(&text) {
-        Ok(assignment) => assignment.units_of(&ctx.membership.identity),
+        Ok(assignment) => assignment
+            .units_of(&ctx.membership.identity)
+            .into_iter()
+            .filter_map(|u| match u.parse::<Unit>() {
+                Ok(unit) => Some(unit),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring an assigned unit this kbind-syncer cannot read");
+                    None
+                }
+            })
+            .collect(),
         Err(e) => {
             tracing::error!(error = %e, "cannot read the work assignment; running nothing");
             BTreeSet::new()
@@ -160,12 +197,82 @@ fn my_units(ctx: &Context, assignment: &Store<ConfigMap>) -> BTreeSet<String> {
     }
 }
 
-/// SCTL-2 … SCTL-5: the workers that should run, keyed by CRD name.
+/// The Connection, if it is engaged (Ready with a pinned consumer identity), and its identity.
+fn engaged(connections: &Store<Connection>, name: &str) -> Option<(Arc<Connection>, String)> {
+    let connection = connections.get(&reflector::ObjectRef::new(name))?;
+    let status = connection.status.clone().unwrap_or_default();
+    (conditions::is_true(&status.conditions, types::READY) && !status.local_cluster_uid.is_empty())
+        .then_some((connection, status.local_cluster_uid))
+}
+
+/// The related-resources workers that should run: one per assigned binding unit whose binding
+/// lists related resources and whose Connection is engaged.
+async fn desired_related(
+    ctx: &Context,
+    connections: &Store<Connection>,
+    mine: &BTreeSet<Unit>,
+) -> HashMap<String, (Key, Work)> {
+    let mut wanted = HashMap::new();
+    for unit in mine {
+        let Unit::Related {
+            connection: connection_name,
+            namespace,
+            name,
+        } = unit
+        else {
+            continue;
+        };
+        let Some(binding) = ctx.binding(namespace.as_deref(), name) else {
+            continue;
+        };
+        if binding.meta().deletion_timestamp.is_some()
+            || binding.spec().related_resources.is_empty()
+            || binding.spec().connection_ref.name != *connection_name
+        {
+            continue;
+        }
+        let Some((connection, local_uid)) = engaged(connections, connection_name) else {
+            continue;
+        };
+        let (kubeconfig, credentials) = match read_credentials(ctx, &connection).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(unit = %unit, connection = %connection_name, error = %e, "cannot build the provider client");
+                continue;
+            }
+        };
+        let uid = binding.meta().uid.clone().unwrap_or_default();
+        let generation = binding.meta().generation.unwrap_or_default();
+        let key = Key {
+            units: [unit.to_string()].into(),
+            uid: uid.clone(),
+            generation,
+            connection: connection_name.clone(),
+            local_uid: local_uid.clone(),
+            credentials,
+        };
+        let spec = related::RelatedSpec {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid,
+            generation,
+            connection: connection_name.clone(),
+            local_uid,
+            kubeconfig,
+        };
+        wanted.insert(unit.to_string(), (key, Work::Related(spec)));
+    }
+    wanted
+}
+
+/// SCTL-2 … SCTL-5: the API workers that should run (for the assigned units only), keyed by CRD
+/// name.
 async fn desired_workers(
     ctx: &Context,
     crds: &Store<CustomResourceDefinition>,
     connections: &Store<Connection>,
-) -> HashMap<String, (Key, WorkerSpec)> {
+    mine: &BTreeSet<Unit>,
+) -> HashMap<String, (Key, Work)> {
     let mut wanted = HashMap::new();
     for crd in crds.state() {
         let name = crd.name_any();
@@ -177,16 +284,16 @@ async fn desired_workers(
             tracing::warn!(crd = %name, "managed CRD has no {} annotation; not syncing it", keys::CONNECTION_ANNOTATION);
             continue;
         };
-        let Some(connection) = connections.get(&reflector::ObjectRef::new(&connection_name)) else {
+        let units: Vec<&Unit> = mine
+            .iter()
+            .filter(|u| matches!(u, Unit::Api { connection, api, .. } if *connection == connection_name && *api == name))
+            .collect();
+        let Some(buckets) = Buckets::of(&units) else {
             continue;
         };
-        let status = connection.status.clone().unwrap_or_default();
-        // ENG: only a Ready Connection with a pinned consumer identity is engaged.
-        if !conditions::is_true(&status.conditions, types::READY)
-            || status.local_cluster_uid.is_empty()
-        {
+        let Some((connection, local_uid)) = engaged(connections, &connection_name) else {
             continue;
-        }
+        };
         let Some(resource) = worker::instance_resource(&crd) else {
             tracing::warn!(crd = %name, "managed CRD has no served version; not syncing it");
             continue;
@@ -199,10 +306,11 @@ async fn desired_workers(
             }
         };
         let key = Key {
-            api: name.clone(),
+            units: units.iter().map(ToString::to_string).collect(),
+            uid: crd.metadata.uid.clone().unwrap_or_default(),
             generation: crd.metadata.generation.unwrap_or_default(),
             connection: connection_name.clone(),
-            local_uid: status.local_cluster_uid.clone(),
+            local_uid: local_uid.clone(),
             credentials,
         };
         let spec =
@@ -213,10 +321,11 @@ async fn desired_workers(
                     v.storage && v.subresources.as_ref().is_some_and(|s| s.status.is_some())
                 }),
                 connection: connection_name,
-                local_uid: status.local_cluster_uid.clone(),
+                local_uid,
                 kubeconfig,
+                buckets,
             };
-        wanted.insert(name, (key, spec));
+        wanted.insert(name, (key, Work::Api(spec)));
     }
     wanted
 }

@@ -2,7 +2,7 @@
 //! Connection (REFERENCE-BEHAVIOUR §17: SYNC, OWN, IDEL). The provider side is read from a
 //! watch-fed cache; a write happens only when something differs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
+use kbind_shared::shard::{self, Unit};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
 };
@@ -39,6 +40,67 @@ pub struct WorkerSpec {
     pub local_uid: String,
     /// Provider credentials.
     pub kubeconfig: InlineKubeconfig,
+    /// Which namespaces' objects this worker syncs.
+    pub buckets: Buckets,
+}
+
+/// The namespace buckets of an API a worker serves (see `kbind_shared::shard::Unit`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Buckets {
+    /// Every object.
+    All,
+    /// Objects whose namespace hashes into `mine` of `of` buckets.
+    Some {
+        /// How many buckets the API is split into.
+        of: u32,
+        /// The buckets assigned here.
+        mine: BTreeSet<u32>,
+    },
+}
+
+impl Buckets {
+    /// From the units of one API assigned here; `None` when there are none.
+    pub fn of(units: &[&Unit]) -> Option<Self> {
+        let mut buckets: Option<Self> = None;
+        for unit in units {
+            let Unit::Api { bucket, .. } = unit else {
+                continue;
+            };
+            match (bucket, &mut buckets) {
+                (None, _) => return Some(Buckets::All),
+                (Some((k, n)), None) => {
+                    buckets = Some(Buckets::Some {
+                        of: *n,
+                        mine: [*k].into(),
+                    })
+                }
+                (Some((k, n)), Some(Buckets::Some { of, mine })) if of == n => {
+                    mine.insert(*k);
+                }
+                // A split that is being changed: the other size's units wait for the next round.
+                (Some(_), _) => {}
+            }
+        }
+        buckets
+    }
+
+    /// Whether an object in `namespace` is served here.
+    pub fn contains(&self, namespace: Option<&str>) -> bool {
+        match self {
+            Buckets::All => true,
+            Buckets::Some { of, mine } => mine.contains(&shard::namespace_bucket(namespace, *of)),
+        }
+    }
+
+    /// Keeps only the watch events of objects served here (the caches then hold only those).
+    fn keep<K: Resource>(&self, event: &Result<watcher::Event<K>, watcher::Error>) -> bool {
+        match event {
+            Ok(
+                watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o),
+            ) => self.contains(o.meta().namespace.as_deref()),
+            _ => true,
+        }
+    }
 }
 
 /// The storage (else first served) version of a CRD as an [`ApiResource`].
@@ -111,9 +173,13 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     // One watch feeds both the cache and the triggers; it runs on its own so that the cache can
     // be waited for once, before any decision reads it. (Waiting inside reconciles is not an
     // option: a Store's readiness wakes only the last of several concurrent waiters.)
-    let provider_events =
-        reflector::reflector(writer, watcher(provider_api, watcher::Config::default()))
-            .default_backoff();
+    let buckets = spec.buckets.clone();
+    let provider_events = reflector::reflector(
+        writer,
+        watcher(provider_api, watcher::Config::default())
+            .filter(move |e| std::future::ready(buckets.keep(e))),
+    )
+    .default_backoff();
     let (trigger, provider_triggers) = futures::channel::mpsc::unbounded();
     let trigger_resource = resource.clone();
     let feeder = tokio::spawn(async move {
@@ -161,8 +227,18 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         in_flight: Default::default(),
     });
     let consumer_api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
+    let consumer_writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+    let consumer_objects = consumer_writer.as_reader();
+    let buckets = worker.spec.buckets.clone();
+    let consumer_events = reflector::reflector(
+        consumer_writer,
+        watcher(consumer_api, watcher::Config::default())
+            .filter(move |e| std::future::ready(buckets.keep(e))),
+    )
+    .default_backoff()
+    .applied_objects();
     let graceful = stop.clone();
-    let controller = Controller::new_with(consumer_api, watcher::Config::default(), resource)
+    let controller = Controller::for_stream_with(consumer_events, consumer_objects, resource)
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.workers))
         .reconcile_on(provider_triggers)
         .reconcile_all_on(ctx.binding_changes())

@@ -545,15 +545,32 @@ async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Er
             .await?;
         }
     }
-    if waiting > 0 {
+    // BCL-4, for every kind and side (not only the declared entries: an entry removed while no
+    // syncer ran may have left copies): delete this binding's related copies. Sources are never
+    // touched (REL-7). Deleting is immediate; the next pass confirms none came back.
+    let related = delete_related_copies(
+        client,
+        provider.as_ref().map(|p| &p.client),
+        binding.covered_namespace().as_deref(),
+        &uid,
+    )
+    .await?;
+    if waiting > 0 || related > 0 {
+        let message = match (waiting, related) {
+            (0, related) => format!("deleting {related} related copy(ies)"),
+            (waiting, 0) => format!("waiting for {waiting} provider object(s) to be deleted"),
+            (waiting, related) => format!(
+                "waiting for {waiting} provider object(s) to be deleted; deleting {related} related copy(ies)"
+            ),
+        };
         let desired = vec![Desired::new(
             types::READY,
             false,
             outcome::DRAINING_OBJECTS,
-            format!("waiting for {waiting} provider object(s) to be deleted"),
+            message,
         )];
         write_status(binding.as_ref(), ctx, desired, None).await?;
-        return Err(Error::Draining(waiting));
+        return Err(Error::Draining(waiting + related));
     }
     let namespace = binding.namespace().unwrap_or_default();
     let _ = ctx
@@ -561,6 +578,79 @@ async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Er
         .binding_ready
         .remove_label_values(&[namespace.as_str(), &binding.name_any()]);
     Ok(Action::await_change())
+}
+
+/// BCL-4: deletes the Secrets and ConfigMaps this binding copied (labelled managed, annotated with
+/// its UID) on both clusters in its scope. Returns how many it found. Without a provider client
+/// only the consumer side is cleaned (best effort, like the reference).
+async fn delete_related_copies(
+    consumer: &Client,
+    provider: Option<&Client>,
+    namespace: Option<&str>,
+    binding_uid: &str,
+) -> Result<usize, Error> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let mut found = 0;
+    let selector = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
+    for (side, client) in [("consumer", Some(consumer)), ("provider", provider)] {
+        let Some(client) = client else { continue };
+        for resource in [
+            ApiResource::erase::<Secret>(&()),
+            ApiResource::erase::<ConfigMap>(&()),
+        ] {
+            let api = instances(client, &resource, namespace);
+            let list = match api
+                .list_metadata(&ListParams::default().labels(&selector))
+                .await
+            {
+                Ok(list) => list.items,
+                // Credentials that may not list a kind cannot have made copies of it.
+                Err(kube::Error::Api(s)) if s.is_forbidden() || s.is_not_found() => continue,
+                Err(e) => {
+                    return Err(Error::Cleanup(format!(
+                        "list related {} on the {side}: {}",
+                        resource.plural,
+                        kbind_shared::identity::describe_error(&e)
+                    )));
+                }
+            };
+            for copy in list {
+                if copy
+                    .annotations()
+                    .get(keys::RELATED_BINDING_ANNOTATION)
+                    .map(String::as_str)
+                    != Some(binding_uid)
+                {
+                    continue;
+                }
+                found += 1;
+                let namespace = copy.namespace().unwrap_or_default();
+                let params = DeleteParams {
+                    preconditions: Some(kube::api::Preconditions {
+                        uid: copy.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match instances(client, &resource, Some(&namespace))
+                    .delete(&copy.name_any(), &params)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                    Err(e) => {
+                        return Err(Error::Cleanup(format!(
+                            "delete related {} {namespace}/{} on the {side}: {}",
+                            resource.kind,
+                            copy.name_any(),
+                            kbind_shared::identity::describe_error(&e)
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Deletes the provider copy of `object` if it is ours. Returns whether it still exists.

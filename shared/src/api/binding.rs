@@ -187,7 +187,11 @@ pub struct BindingStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "boundAPIs")]
     #[schemars(transform = schema::atomic_list)]
     pub bound_apis: Vec<BoundApi>,
-    /// Ready, Synced, Conflicts, PermissionDenied, SchemaInSync.
+    /// Related Secrets/ConfigMaps whose target exists and is not kbind's copy (left alone
+    /// under conflictPolicy Fail; see the RelatedResourcesSynced condition).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub related_conflict_count: i32,
+    /// Ready, Synced, Conflicts, PermissionDenied, SchemaInSync, RelatedResourcesSynced.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = schema::list_map_by_type)]
     pub conditions: Vec<Condition>,

@@ -1,0 +1,805 @@
+//! Related Secrets and ConfigMaps on two real clusters with kbind's programs as real processes
+//! (REFERENCE-BEHAVIOUR §13, improved): both directions by label and by name, watch-driven
+//! updates, per-entry garbage collection, conflicts under Fail and adoption under Adopt, scope of
+//! a namespaced Binding, bad input, and no Secret payload in any log.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::eventually;
+use kbind_e2e::fixtures::*;
+use kbind_shared::api::{Binding, BindingStatus, ClusterBinding};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+async fn wait_for<T, F, Fut>(what: &str, limit: u64, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, String>>,
+{
+    eventually(what, Duration::from_secs(limit), check)
+        .await
+        .unwrap()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+    (!pairs.is_empty()).then(|| {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    })
+}
+
+fn secret(namespace: &str, name: &str, label_pairs: &[(&str, &str)], value: &[u8]) -> Secret {
+    let mut secret = Secret {
+        data: Some([("value".to_owned(), ByteString(value.to_vec()))].into()),
+        ..Default::default()
+    };
+    secret.metadata.name = Some(name.into());
+    secret.metadata.namespace = Some(namespace.into());
+    secret.metadata.labels = labels(label_pairs);
+    secret
+}
+
+fn config_map(namespace: &str, name: &str, label_pairs: &[(&str, &str)], value: &str) -> ConfigMap {
+    let mut map = ConfigMap {
+        data: Some([("value".to_owned(), value.to_owned())].into()),
+        ..Default::default()
+    };
+    map.metadata.name = Some(name.into());
+    map.metadata.namespace = Some(namespace.into());
+    map.metadata.labels = labels(label_pairs);
+    map
+}
+
+fn secret_value(secret: &Secret) -> Option<Vec<u8>> {
+    secret.data.as_ref()?.get("value").map(|b| b.0.clone())
+}
+
+fn map_value(map: &ConfigMap) -> Option<String> {
+    map.data.as_ref()?.get("value").cloned()
+}
+
+async fn set_cluster_binding(consumer: &Client, spec: Value) {
+    Api::<ClusterBinding>::all(consumer.clone())
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until `status` says what `check` wants; returns it.
+async fn wait_status<F>(what: &str, read: impl AsyncFn() -> Option<BindingStatus>, check: F)
+where
+    F: Fn(&BindingStatus) -> bool,
+{
+    wait_for(what, 30, || async {
+        let status = read().await.unwrap_or_default();
+        if check(&status) {
+            Ok(Some(()))
+        } else {
+            Err(format!("status is {:?}", status.conditions))
+        }
+    })
+    .await
+}
+
+fn related_condition(status: &BindingStatus) -> Option<(String, String, String)> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "RelatedResourcesSynced")
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn cluster_binding_status(consumer: &Client) -> Option<BindingStatus> {
+    Api::<ClusterBinding>::all(consumer.clone())
+        .get("widgets")
+        .await
+        .ok()?
+        .status
+}
+
+/// Secret payloads must never reach a log: every log file of the run is searched.
+fn assert_not_logged(env: &kbind_e2e::TestEnv, payloads: &[&str]) {
+    let mut files = Vec::new();
+    let mut dirs = vec![env.dir().to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() >= 3, "found the logs: {files:?}");
+    for file in files {
+        let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
+        for payload in payloads {
+            assert!(
+                !text.contains(payload),
+                "{} contains a Secret payload",
+                file.display()
+            );
+        }
+    }
+}
+
+fn random_token(tag: &str) -> String {
+    format!("{tag}-{:016x}", rand::random::<u64>())
+}
+
+#[tokio::test]
+async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_collected_per_entry() {
+    // REL-1 … REL-7 with per-entry GC (LIM-18), watch-driven updates, and BCL-4.
+    let s = SyncEnv::start("related_both_ways", &[0, 1, 2], None).await;
+    let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
+    // Sources: on the provider a labelled Secret (team-a does not exist on the consumer yet), a
+    // Secret picked by name, and an immutable one; on the consumer a ConfigMap by name and a
+    // labelled Secret.
+    ensure_namespace(&provider, "team-a").await.unwrap();
+    let provider_secrets: Api<Secret> = Api::namespaced(provider.clone(), "team-a");
+    let (db_v1, db_v2, extra_v1, frozen_v1, frozen_v2, shared_v1) = (
+        random_token("db-v1"),
+        random_token("db-v2"),
+        random_token("extra-v1"),
+        random_token("frozen-v1"),
+        random_token("frozen-v2"),
+        random_token("shared-v1"),
+    );
+    let big: Vec<u8> = (0..1_000_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    for object in [
+        secret("team-a", "db-creds", &[("app", "db")], db_v1.as_bytes()),
+        secret("team-a", "extra", &[], extra_v1.as_bytes()),
+        secret("team-a", "unselected", &[("app", "web")], b"never-copied"),
+        secret("team-a", "big", &[("app", "db")], &big),
+        Secret {
+            immutable: Some(true),
+            ..secret("team-a", "frozen", &[("app", "db")], frozen_v1.as_bytes())
+        },
+    ] {
+        provider_secrets
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+    }
+    ensure_namespace(&consumer, "team-b").await.unwrap();
+    let consumer_maps: Api<ConfigMap> = Api::namespaced(consumer.clone(), "team-b");
+    consumer_maps
+        .create(
+            &PostParams::default(),
+            &config_map("team-b", "app-settings", &[], "colour=blue"),
+        )
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(consumer.clone(), "team-b")
+        .create(
+            &PostParams::default(),
+            &secret(
+                "team-b",
+                "shared",
+                &[("share", "yes")],
+                shared_v1.as_bytes(),
+            ),
+        )
+        .await
+        .unwrap();
+
+    let entries = json!([
+        { "resource": "secrets", "direction": "FromProvider",
+          "selector": { "labelSelector": { "matchLabels": { "app": "db" } } } },
+        { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["extra"] } },
+        { "resource": "configmaps", "direction": "FromConsumer",
+          "selector": { "names": ["app-settings"] } },
+        { "resource": "secrets", "direction": "FromConsumer",
+          "selector": { "labelSelector": { "matchExpressions": [
+              { "key": "share", "operator": "In", "values": ["yes"] } ] } } },
+    ]);
+    set_cluster_binding(&consumer, json!({ "relatedResources": entries })).await;
+
+    // Copies appear on the other side, in namespaces created for them.
+    let consumer_secrets: Api<Secret> = Api::namespaced(consumer.clone(), "team-a");
+    let copy = wait_for("the labelled Secret on the consumer", 30, || async {
+        consumer_secrets
+            .get_opt("db-creds")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(secret_value(&copy), Some(db_v1.as_bytes().to_vec()));
+    assert_eq!(
+        copy.labels().clone(),
+        labels(&[("core.kbind.io/managed", "true")]).unwrap(),
+        "only kbind's label"
+    );
+    let uid = Api::<ClusterBinding>::all(consumer.clone())
+        .get("widgets")
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    assert_eq!(
+        copy.annotations()
+            .get("core.kbind.io/related-binding")
+            .map(String::as_str),
+        Some(uid.as_str())
+    );
+    assert!(
+        copy.annotations()
+            .keys()
+            .all(|k| k.starts_with("core.kbind.io/")),
+        "only kbind's annotations: {:?}",
+        copy.annotations()
+    );
+    assert!(
+        copy.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|f| f.manager.as_deref() == Some("kbind-konnector-related")),
+        "written by the related field manager"
+    );
+    for (name, expected) in [
+        ("extra", extra_v1.as_bytes().to_vec()),
+        ("big", big.clone()),
+        ("frozen", frozen_v1.as_bytes().to_vec()),
+    ] {
+        let copy = wait_for(&format!("the copy of {name}"), 30, || async {
+            consumer_secrets
+                .get_opt(name)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        assert_eq!(secret_value(&copy).unwrap(), expected, "{name}");
+    }
+    assert_eq!(
+        consumer_secrets
+            .get_opt("frozen")
+            .await
+            .unwrap()
+            .unwrap()
+            .immutable,
+        Some(true)
+    );
+    assert!(
+        consumer_secrets
+            .get_opt("unselected")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let provider_maps: Api<ConfigMap> = Api::namespaced(provider.clone(), "team-b");
+    wait_for("the ConfigMap on the provider", 30, || async {
+        Ok(provider_maps
+            .get_opt("app-settings")
+            .await
+            .map_err(|e| e.to_string())?
+            .filter(|m| map_value(m).as_deref() == Some("colour=blue")))
+    })
+    .await;
+    wait_for(
+        "the labelled consumer Secret on the provider",
+        30,
+        || async {
+            Api::<Secret>::namespaced(provider.clone(), "team-b")
+                .get_opt("shared")
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    wait_status(
+        "RelatedResourcesSynced=True",
+        async || cluster_binding_status(&consumer).await,
+        |s| related_condition(s).is_some_and(|(status, _, _)| status == "True"),
+    )
+    .await;
+
+    // A change at the source appears at the target within 2 s, in both directions.
+    let started = Instant::now();
+    provider_secrets
+        .patch(
+            "db-creds",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "stringData": { "value": db_v2 } })),
+        )
+        .await
+        .unwrap();
+    wait_for("the changed Secret on the consumer", 2, || async {
+        Ok(consumer_secrets
+            .get_opt("db-creds")
+            .await
+            .map_err(|e| e.to_string())?
+            .filter(|s| secret_value(s) == Some(db_v2.as_bytes().to_vec())))
+    })
+    .await;
+    eprintln!("provider → consumer change took {:?}", started.elapsed());
+    let started = Instant::now();
+    consumer_maps
+        .patch(
+            "app-settings",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "data": { "value": "colour=green" } })),
+        )
+        .await
+        .unwrap();
+    wait_for("the changed ConfigMap on the provider", 2, || async {
+        Ok(provider_maps
+            .get_opt("app-settings")
+            .await
+            .map_err(|e| e.to_string())?
+            .filter(|m| map_value(m).as_deref() == Some("colour=green")))
+    })
+    .await;
+    eprintln!("consumer → provider change took {:?}", started.elapsed());
+
+    // Drift on a copy is repaired.
+    consumer_secrets
+        .patch(
+            "db-creds",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "stringData": { "value": "tampered" } })),
+        )
+        .await
+        .unwrap();
+    wait_for("the tampered copy to be restored", 10, || async {
+        Ok(consumer_secrets
+            .get_opt("db-creds")
+            .await
+            .map_err(|e| e.to_string())?
+            .filter(|s| secret_value(s) == Some(db_v2.as_bytes().to_vec())))
+    })
+    .await;
+
+    // An immutable source cannot change in place: it is deleted and created again with new data;
+    // the immutable copy is then replaced (deleted and created), not left stale.
+    let old_copy_uid = consumer_secrets.get("frozen").await.unwrap().uid();
+    provider_secrets
+        .delete("frozen", &DeleteParams::default())
+        .await
+        .unwrap();
+    provider_secrets
+        .create(
+            &PostParams::default(),
+            &Secret {
+                immutable: Some(true),
+                ..secret("team-a", "frozen", &[("app", "db")], frozen_v2.as_bytes())
+            },
+        )
+        .await
+        .unwrap();
+    let replaced = wait_for("the immutable copy to be replaced", 15, || async {
+        Ok(consumer_secrets
+            .get_opt("frozen")
+            .await
+            .map_err(|e| e.to_string())?
+            .filter(|s| secret_value(s) == Some(frozen_v2.as_bytes().to_vec())))
+    })
+    .await;
+    assert_ne!(replaced.uid(), old_copy_uid);
+    assert_eq!(replaced.immutable, Some(true));
+
+    // Two entries of one kind and direction keep each other's copies (LIM-18), across passes.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in ["db-creds", "extra"] {
+        assert!(
+            consumer_secrets.get_opt(name).await.unwrap().is_some(),
+            "{name} survived the other entry's GC"
+        );
+    }
+
+    // Removing an entry removes only its copies (REL-6 improved).
+    let without_extra = json!([entries[0], entries[2], entries[3]]);
+    set_cluster_binding(&consumer, json!({ "relatedResources": without_extra })).await;
+    wait_for("the removed entry's copy to go", 15, || async {
+        Ok(consumer_secrets
+            .get_opt("extra")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    assert!(
+        consumer_secrets
+            .get_opt("db-creds")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        provider_secrets.get_opt("extra").await.unwrap().is_some(),
+        "sources are never deleted (REL-7)"
+    );
+
+    // A deleted source takes its copy with it.
+    Api::<Secret>::namespaced(consumer.clone(), "team-b")
+        .delete("shared", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the copy of a deleted source to go", 15, || async {
+        Ok(Api::<Secret>::namespaced(provider.clone(), "team-b")
+            .get_opt("shared")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+
+    // Deleting the binding deletes every copy and keeps every source (BCL-4, REL-7).
+    Api::<ClusterBinding>::all(consumer.clone())
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the binding and its copies to go", 60, || async {
+        let binding = Api::<ClusterBinding>::all(consumer.clone())
+            .get_opt("widgets")
+            .await
+            .map_err(|e| e.to_string())?;
+        let copies: Vec<String> = consumer_secrets
+            .list(&ListParams::default().labels("core.kbind.io/managed=true"))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .iter()
+            .map(|s| s.name_any())
+            .chain(
+                provider_maps
+                    .list(&ListParams::default().labels("core.kbind.io/managed=true"))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .iter()
+                    .map(|m| m.name_any()),
+            )
+            .collect();
+        if binding.is_none() && copies.is_empty() {
+            Ok(Some(()))
+        } else {
+            Err(format!(
+                "binding present: {}, copies left: {copies:?}",
+                binding.is_some()
+            ))
+        }
+    })
+    .await;
+    for name in ["db-creds", "extra", "big", "frozen", "unselected"] {
+        assert!(
+            provider_secrets.get_opt(name).await.unwrap().is_some(),
+            "source {name} kept"
+        );
+    }
+    assert!(
+        consumer_maps
+            .get_opt("app-settings")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // No Secret payload in any log line of the run.
+    assert_not_logged(
+        &s.env,
+        &[
+            &db_v1, &db_v2, &extra_v1, &frozen_v1, &frozen_v2, &shared_v1,
+        ],
+    );
+}
+
+async fn warning_events(consumer: &Client, object: &str) -> Vec<String> {
+    Api::<Event>::all(consumer.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some(object)
+                && e.type_.as_deref() == Some("Warning")
+        })
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_foreign_target_is_a_conflict_under_fail_and_adopted_under_adopt() {
+    // PGAP-12: the reference skipped such targets silently, even under Adopt.
+    let s = SyncEnv::start("related_conflict", &[0, 1, 2], None).await;
+    let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
+    ensure_namespace(&provider, "team-a").await.unwrap();
+    ensure_namespace(&consumer, "team-a").await.unwrap();
+    let source_value = random_token("source");
+    Api::<Secret>::namespaced(provider.clone(), "team-a")
+        .create(
+            &PostParams::default(),
+            &secret("team-a", "taken", &[], source_value.as_bytes()),
+        )
+        .await
+        .unwrap();
+    let consumer_secrets: Api<Secret> = Api::namespaced(consumer.clone(), "team-a");
+    consumer_secrets
+        .create(
+            &PostParams::default(),
+            &secret("team-a", "taken", &[("mine", "yes")], b"the consumer's own"),
+        )
+        .await
+        .unwrap();
+    set_cluster_binding(
+        &consumer,
+        json!({ "relatedResources": [
+            { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["taken"] } }
+        ] }),
+    )
+    .await;
+    wait_status(
+        "the conflict in the binding's status",
+        async || cluster_binding_status(&consumer).await,
+        |s| {
+            s.related_conflict_count == 1
+                && related_condition(s).is_some_and(|(status, reason, message)| {
+                    status == "False"
+                        && reason == "Conflicts"
+                        && message.contains("Secret team-a/taken on the consumer")
+                })
+        },
+    )
+    .await;
+    let warnings = wait_for("a Warning Event", 30, || async {
+        let w = warning_events(&consumer, "widgets").await;
+        Ok(w.iter()
+            .any(|e| e.starts_with("RelatedResourceConflict"))
+            .then_some(w))
+    })
+    .await;
+    assert!(
+        warnings.iter().any(|w| w.contains("team-a/taken")),
+        "{warnings:?}"
+    );
+    let untouched = consumer_secrets.get("taken").await.unwrap();
+    assert_eq!(
+        secret_value(&untouched),
+        Some(b"the consumer's own".to_vec())
+    );
+    assert!(
+        !untouched
+            .annotations()
+            .contains_key("core.kbind.io/related-binding")
+    );
+
+    // Adopt takes it over.
+    set_cluster_binding(&consumer, json!({ "conflictPolicy": "Adopt" })).await;
+    wait_for("the foreign Secret to be adopted", 30, || async {
+        Ok(consumer_secrets
+            .get_opt("taken")
+            .await
+            .map_err(|e| e.to_string())?
+            .filter(|s| {
+                secret_value(s) == Some(source_value.as_bytes().to_vec())
+                    && s.annotations()
+                        .contains_key("core.kbind.io/related-binding")
+            }))
+    })
+    .await;
+    wait_status(
+        "no conflict any more",
+        async || cluster_binding_status(&consumer).await,
+        |s| {
+            s.related_conflict_count == 0
+                && related_condition(s).is_some_and(|(status, _, _)| status == "True")
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_binding_reads_and_writes_only_its_own_namespace_and_refuses_bad_selectors() {
+    let s = SyncEnv::start("related_scope", &[0, 1, 2], None).await;
+    let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
+    for namespace in ["team-a", "team-b"] {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+        Api::<Secret>::namespaced(consumer.clone(), namespace)
+            .create(
+                &PostParams::default(),
+                &secret(namespace, &format!("{namespace}-secret"), &[], b"x"),
+            )
+            .await
+            .unwrap();
+        ensure_namespace(&provider, namespace).await.unwrap();
+        Api::<ConfigMap>::namespaced(provider.clone(), namespace)
+            .create(
+                &PostParams::default(),
+                &config_map(namespace, "settings", &[("kind", "settings")], namespace),
+            )
+            .await
+            .unwrap();
+    }
+    // A Binding in team-a with an empty selector: everything in scope — and its scope is team-a.
+    let bindings: Api<Binding> = Api::namespaced(consumer.clone(), "team-a");
+    let mut spec = binding_spec("provider", &["widgets.example.org"]);
+    spec.related_resources = serde_json::from_value(json!([
+        { "resource": "secrets", "direction": "FromConsumer" },
+        { "resource": "configmaps", "direction": "FromProvider",
+          "selector": { "labelSelector": { "matchLabels": { "kind": "settings" } } } },
+    ]))
+    .unwrap();
+    let binding = Binding::new("mine", spec);
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let provider_a: Api<Secret> = Api::namespaced(provider.clone(), "team-a");
+    wait_for("team-a's Secret on the provider", 30, || async {
+        provider_a
+            .get_opt("team-a-secret")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let consumer_a_maps: Api<ConfigMap> = Api::namespaced(consumer.clone(), "team-a");
+    wait_for("team-a's ConfigMap on the consumer", 30, || async {
+        Ok(consumer_a_maps
+            .get_opt("settings")
+            .await
+            .map_err(|e| e.to_string())?
+            .filter(|m| map_value(m).as_deref() == Some("team-a")))
+    })
+    .await;
+    let read_status = async || {
+        bindings
+            .get_opt("mine")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|b| b.status)
+    };
+    wait_status("RelatedResourcesSynced=True", read_status, |s| {
+        related_condition(s).is_some_and(|(status, _, _)| status == "True")
+    })
+    .await;
+    // Several passes later, nothing in team-b was read or written on either side.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        Api::<Secret>::namespaced(provider.clone(), "team-b")
+            .get_opt("team-b-secret")
+            .await
+            .unwrap()
+            .is_none(),
+        "team-b's Secret never leaves the consumer"
+    );
+    let consumer_b_map = Api::<ConfigMap>::namespaced(consumer.clone(), "team-b")
+        .get_opt("settings")
+        .await
+        .unwrap();
+    assert!(
+        consumer_b_map.is_none(),
+        "team-b's ConfigMap never reaches the consumer"
+    );
+
+    // An invalid selector: a condition naming it; nothing copied, nothing deleted.
+    bindings
+        .patch(
+            "mine",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "relatedResources": [
+                { "resource": "secrets", "direction": "FromConsumer" },
+                { "resource": "configmaps", "direction": "FromProvider",
+                  "selector": { "labelSelector": { "matchExpressions": [
+                      { "key": "kind", "operator": "In" } ] } } },
+            ] } })),
+        )
+        .await
+        .unwrap();
+    wait_status("InvalidSelector", read_status, |s| {
+        related_condition(s).is_some_and(|(status, reason, message)| {
+            status == "False"
+                && reason == "InvalidSelector"
+                && message.contains("relatedResources[1].selector.labelSelector")
+        })
+    })
+    .await;
+    Api::<Secret>::namespaced(consumer.clone(), "team-a")
+        .create(
+            &PostParams::default(),
+            &secret("team-a", "after-the-typo", &[], b"y"),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        provider_a
+            .get_opt("after-the-typo")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing is copied while a selector is invalid"
+    );
+    assert!(
+        provider_a.get_opt("team-a-secret").await.unwrap().is_some()
+            && consumer_a_maps.get_opt("settings").await.unwrap().is_some(),
+        "nothing is deleted while a selector is invalid"
+    );
+}
+
+/// What a provider credential needs for the Connection and Widgets, without Secrets.
+fn provider_rules_without_secrets() -> Vec<PolicyRule> {
+    vec![
+        rule("core.kcp.io", &["logicalclusters"], &["get"]),
+        rule("", &["namespaces"], &["get", "create"]),
+        rule(
+            "apiextensions.k8s.io",
+            &["customresourcedefinitions"],
+            &["get", "list", "watch"],
+        ),
+        rule(
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "create", "update", "patch"],
+        ),
+        rule(
+            "example.org",
+            &["widgets"],
+            &[
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ],
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn a_provider_credential_without_secret_permissions_is_reported_on_the_binding() {
+    let s = SyncEnv::start("related_forbidden", &[0, 1, 2], None).await;
+    let consumer = s.consumer.clone();
+    let provider_cluster = s.env.cluster("provider");
+    let user = provider_cluster.mint_user("no-secrets").await.unwrap();
+    provider_cluster
+        .grant(&user, "no-secrets", provider_rules_without_secrets())
+        .await
+        .unwrap();
+    put_secret(
+        &consumer,
+        "provider-kubeconfig",
+        "kubeconfig",
+        user.kubeconfig.as_bytes(),
+    )
+    .await
+    .unwrap();
+    set_cluster_binding(
+        &consumer,
+        json!({ "relatedResources": [
+            { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["db"] } }
+        ] }),
+    )
+    .await;
+    wait_status(
+        "Forbidden on the binding",
+        async || cluster_binding_status(&consumer).await,
+        |s| {
+            related_condition(s).is_some_and(|(status, reason, message)| {
+                status == "False"
+                    && reason == "Forbidden"
+                    && message.contains("provider credentials")
+                    && message.contains("secrets")
+            })
+        },
+    )
+    .await;
+}

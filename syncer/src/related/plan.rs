@@ -1,0 +1,722 @@
+//! What to do with a binding's related Secrets and ConfigMaps (REFERENCE-BEHAVIOUR §13, REL-1 …
+//! REL-7, with per-entry GC and conflict reporting): pure functions over plain data.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kbind_shared::api::{
+    ConflictPolicy, RelatedDirection, RelatedResource, RelatedResourceKind, RelatedSelector,
+};
+use kbind_shared::keys;
+use kube::core::{Selector, SelectorExt};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+
+/// The payload fields a copy carries (REL-4).
+pub const PAYLOAD_FIELDS: [&str; 5] = ["data", "stringData", "binaryData", "type", "immutable"];
+
+/// A cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Side {
+    /// The consumer (where the bindings live).
+    Consumer,
+    /// The provider.
+    Provider,
+}
+
+impl Side {
+    /// Lower-case name for messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Consumer => "consumer",
+            Side::Provider => "provider",
+        }
+    }
+}
+
+/// (source side, target side) of a direction (REL-2).
+pub fn sides(direction: RelatedDirection) -> (Side, Side) {
+    match direction {
+        RelatedDirection::FromProvider => (Side::Provider, Side::Consumer),
+        RelatedDirection::FromConsumer => (Side::Consumer, Side::Provider),
+    }
+}
+
+/// `Secret` or `ConfigMap`.
+pub fn kind_name(kind: RelatedResourceKind) -> &'static str {
+    match kind {
+        RelatedResourceKind::Secrets => "Secret",
+        RelatedResourceKind::Configmaps => "ConfigMap",
+    }
+}
+
+/// Where a copy lives: kind, side, namespace, name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TargetKey {
+    /// The kind.
+    pub kind: KindKey,
+    /// The cluster.
+    pub side: Side,
+    /// Namespace (copies keep the source's).
+    pub namespace: String,
+    /// Name (copies keep the source's).
+    pub name: String,
+}
+
+impl std::fmt::Display for TargetKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}/{} on the {}",
+            kind_name(self.kind.0),
+            self.namespace,
+            self.name,
+            self.side.as_str()
+        )
+    }
+}
+
+/// [`RelatedResourceKind`] with an order, for map keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KindKey(pub RelatedResourceKind);
+
+impl PartialOrd for KindKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for KindKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        kind_name(self.0).cmp(kind_name(other.0))
+    }
+}
+
+/// A Secret or ConfigMap as copying sees it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Item {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID (a precondition for deletes).
+    pub uid: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// The payload fields that are present ([`PAYLOAD_FIELDS`]).
+    pub payload: Map<String, Value>,
+}
+
+impl Item {
+    /// The UID of the binding whose copy this is, if it is one.
+    pub fn copied_by(&self) -> Option<&str> {
+        self.annotations
+            .get(keys::RELATED_BINDING_ANNOTATION)
+            .map(String::as_str)
+    }
+}
+
+/// One `relatedResources` entry, checked.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Stable id from the entry's content: what copies record.
+    pub id: String,
+    /// The kind.
+    pub kind: RelatedResourceKind,
+    /// Which way.
+    pub direction: RelatedDirection,
+    selector: Selector,
+    names: BTreeSet<String>,
+}
+
+impl Entry {
+    /// Checks an entry; an invalid label selector is an error naming the entry.
+    pub fn parse(index: usize, entry: &RelatedResource) -> Result<Self, String> {
+        let RelatedSelector {
+            label_selector,
+            names,
+        } = entry.selector.clone().unwrap_or_default();
+        let label_selector = label_selector.unwrap_or_default();
+        let invalid = |why: String| {
+            format!("relatedResources[{index}].selector.labelSelector is invalid: {why}")
+        };
+        for (key, value) in label_selector.match_labels.iter().flatten() {
+            check_label_key(key).map_err(invalid)?;
+            check_label_value(value).map_err(invalid)?;
+        }
+        for requirement in label_selector.match_expressions.iter().flatten() {
+            check_label_key(&requirement.key).map_err(invalid)?;
+            let values = requirement.values.as_deref().unwrap_or_default();
+            match requirement.operator.as_str() {
+                "In" | "NotIn" if values.is_empty() => {
+                    return Err(invalid(format!(
+                        "operator {} on key {:?} needs at least one value",
+                        requirement.operator, requirement.key
+                    )));
+                }
+                "Exists" | "DoesNotExist" if !values.is_empty() => {
+                    return Err(invalid(format!(
+                        "operator {} on key {:?} takes no values",
+                        requirement.operator, requirement.key
+                    )));
+                }
+                "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+                other => {
+                    return Err(invalid(format!(
+                        "unknown operator {other:?} (use In, NotIn, Exists or DoesNotExist)"
+                    )));
+                }
+            }
+            for value in values {
+                check_label_value(value).map_err(invalid)?;
+            }
+        }
+        let selector = Selector::try_from(label_selector).map_err(|e| invalid(e.to_string()))?;
+        Ok(Self {
+            id: entry_id(entry),
+            kind: entry.resource,
+            direction: entry.direction,
+            selector,
+            names: names.into_iter().collect(),
+        })
+    }
+
+    /// REL-3: the label selector (everything when omitted) and, when names are given, the name.
+    pub fn selects(&self, labels: &BTreeMap<String, String>, name: &str) -> bool {
+        self.selector.matches(labels) && (self.names.is_empty() || self.names.contains(name))
+    }
+}
+
+/// A short, stable id of an entry's content (kind, direction, selector).
+pub fn entry_id(entry: &RelatedResource) -> String {
+    let text = serde_json::to_string(&json!({
+        "resource": entry.resource,
+        "direction": entry.direction,
+        "selector": entry.selector,
+    }))
+    .expect("an entry serializes");
+    let digest = Sha256::digest(text.as_bytes());
+    digest[..4].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix
+        && (prefix.is_empty()
+            || prefix.len() > 253
+            || !prefix
+                .split('.')
+                .all(|part| !part.is_empty() && is_dns_label(part)))
+    {
+        return Err(format!("key {key:?} has an invalid prefix"));
+    }
+    if name.is_empty() || name.len() > 63 || !is_label_text(name) {
+        return Err(format!(
+            "key {key:?} must be 1–63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+        ));
+    }
+    Ok(())
+}
+
+fn check_label_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || (value.len() <= 63 && is_label_text(value)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "value {value:?} must be at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+        ))
+    }
+}
+
+fn is_label_text(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn is_dns_label(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    text.len() <= 63
+        && bytes
+            .first()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && bytes
+            .last()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
+
+/// A copy kbind wants to exist.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wanted {
+    /// The entries that select its source.
+    pub entries: BTreeSet<String>,
+    /// The source's payload.
+    pub payload: Map<String, Value>,
+}
+
+/// REL-3 for every entry: the copies that should exist, by target. `sources` gives the objects of
+/// one kind on one side (already limited to the binding's scope). kbind's own copies are never
+/// sources, so that two opposite entries cannot copy back and forth.
+pub fn wanted<'s>(
+    entries: &[Entry],
+    sources: impl Fn(RelatedResourceKind, Side) -> Vec<&'s Item>,
+) -> BTreeMap<TargetKey, Wanted> {
+    let mut out: BTreeMap<TargetKey, Wanted> = BTreeMap::new();
+    for entry in entries {
+        let (from, to) = sides(entry.direction);
+        for source in sources(entry.kind, from) {
+            if source.copied_by().is_some() || !entry.selects(&source.labels, &source.name) {
+                continue;
+            }
+            let key = TargetKey {
+                kind: KindKey(entry.kind),
+                side: to,
+                namespace: source.namespace.clone(),
+                name: source.name.clone(),
+            };
+            out.entry(key)
+                .or_insert_with(|| Wanted {
+                    entries: BTreeSet::new(),
+                    payload: source.payload.clone(),
+                })
+                .entries
+                .insert(entry.id.clone());
+        }
+    }
+    out
+}
+
+/// The identity a copy carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker<'a> {
+    /// The binding's UID.
+    pub binding_uid: &'a str,
+    /// The consumer cluster's identity.
+    pub local_uid: &'a str,
+}
+
+/// REL-4: the object applied for a copy: namespace and name, kbind's label and annotations only,
+/// and the source's payload.
+pub fn copy_body(key: &TargetKey, wanted: &Wanted, marker: &Marker<'_>) -> Value {
+    let mut body = json!({
+        "apiVersion": "v1",
+        "kind": kind_name(key.kind.0),
+        "metadata": {
+            "name": key.name,
+            "namespace": key.namespace,
+            "labels": { keys::MANAGED_LABEL: keys::TRUE },
+            "annotations": annotations(wanted, marker),
+        },
+    });
+    let object = body.as_object_mut().expect("an object");
+    for (field, value) in &wanted.payload {
+        object.insert(field.clone(), value.clone());
+    }
+    body
+}
+
+fn annotations(wanted: &Wanted, marker: &Marker<'_>) -> BTreeMap<&'static str, String> {
+    [
+        (
+            keys::CONSUMER_CLUSTER_UID_ANNOTATION,
+            marker.local_uid.to_owned(),
+        ),
+        (
+            keys::RELATED_BINDING_ANNOTATION,
+            marker.binding_uid.to_owned(),
+        ),
+        (
+            keys::RELATED_ENTRIES_ANNOTATION,
+            wanted.entries.iter().cloned().collect::<Vec<_>>().join(","),
+        ),
+    ]
+    .into()
+}
+
+/// What to do for one wanted copy, given the target that exists (if any).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// The copy is up to date.
+    Nothing,
+    /// Create or update it with server-side apply.
+    Apply,
+    /// Our copy is immutable (or changes its Secret type) and its payload changed: delete it (with
+    /// its UID as precondition) and create it again.
+    Replace,
+    /// The target exists and is not ours; leave it (conflictPolicy Fail, or another binding's
+    /// copy).
+    Conflict(String),
+}
+
+/// REL-4 decided, with conflicts reported (PGAP-12) instead of skipped silently.
+pub fn step(
+    existing: Option<&Item>,
+    wanted: &Wanted,
+    marker: &Marker<'_>,
+    policy: ConflictPolicy,
+) -> Step {
+    let Some(existing) = existing else {
+        return Step::Apply;
+    };
+    match existing.copied_by() {
+        Some(uid) if uid == marker.binding_uid => {}
+        Some(_) => {
+            return Step::Conflict("is a copy made by another binding".to_owned());
+        }
+        None if policy == ConflictPolicy::Fail => {
+            return Step::Conflict(
+                "exists without kbind's markers (conflictPolicy Fail)".to_owned(),
+            );
+        }
+        // Adopt: taken over as if it were ours.
+        None => {}
+    }
+    let payload_same = PAYLOAD_FIELDS
+        .iter()
+        .all(|f| *f == "stringData" || existing.payload.get(*f) == wanted.payload.get(*f));
+    let meta_same = existing.labels.get(keys::MANAGED_LABEL).map(String::as_str)
+        == Some(keys::TRUE)
+        && annotations(wanted, marker)
+            .iter()
+            .all(|(k, v)| existing.annotations.get(*k) == Some(v));
+    if payload_same && meta_same {
+        return Step::Nothing;
+    }
+    let immutable = existing.payload.get("immutable") == Some(&Value::Bool(true));
+    let type_changes = existing.payload.get("type").is_some()
+        && existing.payload.get("type") != wanted.payload.get("type");
+    if !payload_same && (immutable || type_changes) {
+        Step::Replace
+    } else {
+        Step::Apply
+    }
+}
+
+/// REL-5 per entry: our copies (by binding UID) that no entry wants any more. `targets` are the
+/// labelled objects of one kind on one side.
+pub fn garbage<'t>(
+    kind: RelatedResourceKind,
+    side: Side,
+    targets: impl IntoIterator<Item = &'t Item>,
+    wanted: &BTreeMap<TargetKey, Wanted>,
+    binding_uid: &str,
+) -> Vec<&'t Item> {
+    targets
+        .into_iter()
+        .filter(|t| t.copied_by() == Some(binding_uid))
+        .filter(|t| {
+            !wanted.contains_key(&TargetKey {
+                kind: KindKey(kind),
+                side,
+                namespace: t.namespace.clone(),
+                name: t.name.clone(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
+    fn entry(
+        kind: RelatedResourceKind,
+        direction: RelatedDirection,
+        labels: &[(&str, &str)],
+        names: &[&str],
+    ) -> RelatedResource {
+        RelatedResource {
+            group: String::new(),
+            resource: kind,
+            direction,
+            selector: Some(RelatedSelector {
+                label_selector: (!labels.is_empty()).then(|| LabelSelector {
+                    match_labels: Some(
+                        labels
+                            .iter()
+                            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                            .collect(),
+                    ),
+                    ..Default::default()
+                }),
+                names: names.iter().map(|n| (*n).to_owned()).collect(),
+            }),
+        }
+    }
+
+    fn item(namespace: &str, name: &str, labels: &[(&str, &str)], data: &str) -> Item {
+        Item {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            annotations: BTreeMap::new(),
+            payload: json!({ "data": { "k": data } })
+                .as_object()
+                .cloned()
+                .unwrap(),
+        }
+    }
+
+    const SECRETS: RelatedResourceKind = RelatedResourceKind::Secrets;
+    const MARKER: Marker<'static> = Marker {
+        binding_uid: "b-1",
+        local_uid: "consumer-1",
+    };
+
+    fn parse(entries: &[RelatedResource]) -> Vec<Entry> {
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Entry::parse(i, e).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn label_selector_and_names_must_both_match() {
+        let entries = parse(&[entry(
+            SECRETS,
+            RelatedDirection::FromProvider,
+            &[("app", "db")],
+            &["a", "b"],
+        )]);
+        let sources = [
+            item("ns", "a", &[("app", "db")], "1"),
+            item("ns", "b", &[("app", "web")], "2"),
+            item("ns", "c", &[("app", "db")], "3"),
+        ];
+        let wanted = wanted(&entries, |kind, side| {
+            assert_eq!((kind, side), (SECRETS, Side::Provider));
+            sources.iter().collect()
+        });
+        let names: Vec<_> = wanted.keys().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["a"]);
+        let key = wanted.keys().next().unwrap();
+        assert_eq!(key.side, Side::Consumer);
+    }
+
+    #[test]
+    fn an_empty_selector_selects_everything_in_scope_but_never_kbinds_own_copies() {
+        let entries = parse(&[RelatedResource {
+            group: String::new(),
+            resource: SECRETS,
+            direction: RelatedDirection::FromConsumer,
+            selector: None,
+        }]);
+        let mut copy = item("ns", "copy", &[], "x");
+        copy.annotations
+            .insert(keys::RELATED_BINDING_ANNOTATION.into(), "b-9".into());
+        let sources = [item("ns", "a", &[], "1"), copy];
+        let wanted = wanted(&entries, |_, _| sources.iter().collect());
+        assert_eq!(
+            wanted.keys().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+            ["a"]
+        );
+    }
+
+    #[test]
+    fn two_entries_of_one_kind_keep_each_others_copies() {
+        // LIM-18 / REL-5: the reference let these delete each other's copies.
+        let entries = parse(&[
+            entry(SECRETS, RelatedDirection::FromProvider, &[], &["a"]),
+            entry(SECRETS, RelatedDirection::FromProvider, &[], &["b"]),
+        ]);
+        let sources = [item("ns", "a", &[], "1"), item("ns", "b", &[], "2")];
+        let wanted = wanted(&entries, |_, _| sources.iter().collect());
+        assert_eq!(wanted.len(), 2);
+        let mut targets: Vec<Item> = ["a", "b", "gone"]
+            .iter()
+            .map(|n| {
+                let mut t = item("ns", n, &[], "1");
+                t.annotations
+                    .insert(keys::RELATED_BINDING_ANNOTATION.into(), "b-1".into());
+                t
+            })
+            .collect();
+        // Someone else's copy is never ours to collect.
+        let mut foreign = item("ns", "other", &[], "1");
+        foreign
+            .annotations
+            .insert(keys::RELATED_BINDING_ANNOTATION.into(), "b-2".into());
+        targets.push(foreign);
+        let garbage = garbage(SECRETS, Side::Consumer, &targets, &wanted, "b-1");
+        assert_eq!(
+            garbage.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["gone"]
+        );
+    }
+
+    #[test]
+    fn removing_an_entry_makes_its_copies_garbage() {
+        // REL-6 improved: with the entry gone nothing wants the copy.
+        let mut copy = item("ns", "a", &[], "1");
+        copy.annotations
+            .insert(keys::RELATED_BINDING_ANNOTATION.into(), "b-1".into());
+        let garbage = garbage(SECRETS, Side::Consumer, [&copy], &BTreeMap::new(), "b-1");
+        assert_eq!(garbage.len(), 1);
+    }
+
+    #[test]
+    fn copies_carry_only_kbinds_label_and_annotations_and_the_payload() {
+        let entries = parse(&[entry(
+            SECRETS,
+            RelatedDirection::FromProvider,
+            &[("app", "db")],
+            &[],
+        )]);
+        let mut source = item("ns", "a", &[("app", "db")], "1");
+        source.payload.insert("type".into(), json!("Opaque"));
+        source.payload.insert("immutable".into(), json!(true));
+        source
+            .annotations
+            .insert("secret-annotation".into(), "x".into());
+        let sources = [source];
+        let wanted = wanted(&entries, |_, _| sources.iter().collect());
+        let (key, want) = wanted.iter().next().unwrap();
+        let body = copy_body(key, want, &MARKER);
+        assert_eq!(
+            body,
+            json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": "a",
+                    "namespace": "ns",
+                    "labels": { "core.kbind.io/managed": "true" },
+                    "annotations": {
+                        "core.kbind.io/consumer-cluster-uid": "consumer-1",
+                        "core.kbind.io/related-binding": "b-1",
+                        "core.kbind.io/related-entries": entries[0].id,
+                    },
+                },
+                "data": { "k": "1" },
+                "type": "Opaque",
+                "immutable": true,
+            })
+        );
+    }
+
+    fn ours(wanted: &Wanted, data: &str) -> Item {
+        let mut t = item("ns", "a", &[(keys::MANAGED_LABEL, keys::TRUE)], data);
+        for (k, v) in annotations(wanted, &MARKER) {
+            t.annotations.insert(k.to_owned(), v);
+        }
+        t
+    }
+
+    #[test]
+    fn steps_write_only_what_differs_and_report_conflicts() {
+        let want = Wanted {
+            entries: ["e1".to_owned()].into(),
+            payload: json!({ "data": { "k": "1" } })
+                .as_object()
+                .cloned()
+                .unwrap(),
+        };
+        let fail = ConflictPolicy::Fail;
+        assert_eq!(step(None, &want, &MARKER, fail), Step::Apply);
+        assert_eq!(
+            step(Some(&ours(&want, "1")), &want, &MARKER, fail),
+            Step::Nothing
+        );
+        // Drift on the copy is repaired.
+        assert_eq!(
+            step(Some(&ours(&want, "2")), &want, &MARKER, fail),
+            Step::Apply
+        );
+        // An immutable copy is replaced, not left stale.
+        let mut frozen = ours(&want, "2");
+        frozen.payload.insert("immutable".into(), json!(true));
+        assert_eq!(step(Some(&frozen), &want, &MARKER, fail), Step::Replace);
+        // Unmarked: a conflict under Fail, adopted under Adopt.
+        let unmarked = item("ns", "a", &[], "1");
+        assert!(matches!(
+            step(Some(&unmarked), &want, &MARKER, fail),
+            Step::Conflict(_)
+        ));
+        assert_eq!(
+            step(Some(&unmarked), &want, &MARKER, ConflictPolicy::Adopt),
+            Step::Apply
+        );
+        // Another binding's copy is never taken, whatever the policy.
+        let mut theirs = ours(&want, "1");
+        theirs
+            .annotations
+            .insert(keys::RELATED_BINDING_ANNOTATION.into(), "b-2".into());
+        assert!(matches!(
+            step(Some(&theirs), &want, &MARKER, ConflictPolicy::Adopt),
+            Step::Conflict(_)
+        ));
+    }
+
+    #[test]
+    fn invalid_selectors_are_refused_with_the_entry_named() {
+        let bad = |requirement: LabelSelectorRequirement| RelatedResource {
+            group: String::new(),
+            resource: SECRETS,
+            direction: RelatedDirection::FromProvider,
+            selector: Some(RelatedSelector {
+                label_selector: Some(LabelSelector {
+                    match_expressions: Some(vec![requirement]),
+                    ..Default::default()
+                }),
+                names: Vec::new(),
+            }),
+        };
+        for (operator, key, values) in [
+            ("Equals", "app", None),
+            ("In", "app", None),
+            ("Exists", "app", Some(vec!["x".to_owned()])),
+            ("Exists", "bad key!", None),
+            ("In", "app", Some(vec!["no spaces".to_owned()])),
+        ] {
+            let error = Entry::parse(
+                3,
+                &bad(LabelSelectorRequirement {
+                    key: key.into(),
+                    operator: operator.into(),
+                    values,
+                }),
+            )
+            .unwrap_err();
+            assert!(
+                error.starts_with("relatedResources[3].selector.labelSelector is invalid"),
+                "{error}"
+            );
+        }
+        assert!(
+            Entry::parse(
+                0,
+                &bad(LabelSelectorRequirement {
+                    key: "example.org/tier".into(),
+                    operator: "NotIn".into(),
+                    values: Some(vec!["db".into()]),
+                })
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn entry_ids_follow_the_entry_content() {
+        let a = entry(SECRETS, RelatedDirection::FromProvider, &[], &["a"]);
+        let b = entry(SECRETS, RelatedDirection::FromProvider, &[], &["b"]);
+        assert_eq!(entry_id(&a), entry_id(&a.clone()));
+        assert_ne!(entry_id(&a), entry_id(&b));
+        assert_eq!(entry_id(&a).len(), 8);
+    }
+}

@@ -718,6 +718,11 @@ impl Worker {
 
     /// LIM-26-like: the target namespace is created only when a GET says it is missing.
     async fn ensure_namespace(&self, side: Side, namespace: &str) -> Result<(), kube::Error> {
+        // A Binding's own namespace exists on the consumer (the Binding lives there), and a
+        // namespace-scoped grant could not read it anyway.
+        if side == Side::Consumer && self.spec.namespace.is_some() {
+            return Ok(());
+        }
         let known = (side, namespace.to_owned());
         if self
             .known_namespaces

@@ -4,6 +4,7 @@
 - --discovery-interval={{ .Values.schemaManager.discoveryInterval }}
 - --binding-resync-interval={{ .Values.schemaManager.bindingResyncInterval }}
 - --heartbeat-lease-duration={{ .Values.schemaManager.heartbeatLeaseDuration }}
+- --namespace-buckets={{ .Values.schemaManager.namespaceBuckets }}
 {{- end -}}
 
 {{- define "kbind.syncer.args" -}}

@@ -327,3 +327,296 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
     let metrics = manager.metrics().await.unwrap();
     assert!(metrics.contains("kbind_assignment_overlaps 0"), "{metrics}");
 }
+
+/// Consumer and provider hold the same specs for `kind` in every namespace of `namespaces`.
+async fn agree(consumer: &Client, provider: &Client, kind: &str, namespaces: &[String]) {
+    let specs = |list: Vec<DynamicObject>| {
+        list.into_iter()
+            .map(|o| {
+                (
+                    (o.namespace().unwrap_or_default(), o.name_any()),
+                    o.data["spec"].clone(),
+                )
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    eventually(
+        &format!("{kind}s to agree"),
+        Duration::from_secs(90),
+        || async {
+            let (mut cs, mut ps) = (BTreeMap::new(), BTreeMap::new());
+            for namespace in namespaces {
+                let c: Api<DynamicObject> =
+                    Api::namespaced_with(consumer.clone(), namespace, &resource(kind));
+                let p: Api<DynamicObject> =
+                    Api::namespaced_with(provider.clone(), namespace, &resource(kind));
+                cs.extend(specs(
+                    c.list(&ListParams::default())
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .items,
+                ));
+                ps.extend(specs(
+                    p.list(&ListParams::default())
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .items,
+                ));
+            }
+            if cs == ps {
+                Ok(Some(cs.len()))
+            } else {
+                let missing: Vec<_> = cs.keys().filter(|k| ps.get(*k) != cs.get(*k)).collect();
+                let leaked: Vec<_> = ps.keys().filter(|k| !cs.contains_key(*k)).collect();
+                Err(format!(
+                    "differ: {missing:?}; leaked on the provider: {leaked:?}"
+                ))
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_keeps_both_sides_equal()
+ {
+    const NAMESPACES: usize = 8;
+    const PER_NAMESPACE: usize = 10;
+    const BUCKETS: usize = 4;
+    let mut env = TestEnv::start("sharding_scale", &["consumer", "provider"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    let kinds = ["Alpha", "Bravo"];
+    for kind in kinds {
+        install_crd(
+            &provider,
+            &crd(
+                &format!("{}s", kind.to_lowercase()),
+                "example.org",
+                kind,
+                &[("core.kbind.io/exported", "true")],
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    // Two leader-elected schema managers, each API split into 4 namespace buckets.
+    let mut managers = BTreeMap::new();
+    for name in ["manager-a", "manager-b"] {
+        managers.insert(
+            name,
+            start_schema_manager(
+                &mut env,
+                "consumer",
+                name,
+                &[
+                    "--leader-elect=true",
+                    "--leader-election-lease-duration=4s",
+                    "--namespace-buckets=4",
+                ],
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let first = start_syncer(&mut env, "consumer", "syncer-1", &[])
+        .await
+        .unwrap();
+    put_secret(
+        &consumer,
+        "p",
+        "kubeconfig",
+        env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(&consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
+    bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "all",
+                ClusterBindingSpec::from(binding_spec(
+                    "provider",
+                    &["alphas.example.org", "bravos.example.org"],
+                )),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_binding_condition(&bindings, "all", "Ready", "True", None)
+        .await
+        .unwrap();
+    let namespaces: Vec<String> = (0..NAMESPACES).map(|i| format!("ns-{i}")).collect();
+    for namespace in &namespaces {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+    }
+    let units: BTreeSet<String> = ["alphas", "bravos"]
+        .iter()
+        .flat_map(|api| (0..BUCKETS).map(move |k| format!("provider/{api}.example.org#{k}/4")))
+        .collect();
+    let all_owned_once = |expected_members: usize| {
+        let (consumer, units) = (consumer.clone(), units.clone());
+        async move {
+            let running = running(&consumer).await;
+            let owners = owners(&running);
+            let members = running.values().filter(|u| !u.is_empty()).count();
+            let ok = units
+                .iter()
+                .all(|u| owners.get(u).is_some_and(|o| o.len() == 1))
+                && members == expected_members;
+            if ok {
+                Ok(Some(()))
+            } else {
+                Err(format!("owners: {owners:?}"))
+            }
+        }
+    };
+    eventually(
+        "all 8 bucket units on the one syncer",
+        Duration::from_secs(30),
+        || all_owned_once(1),
+    )
+    .await
+    .unwrap();
+
+    // A sampler: never two live owners of a unit.
+    let sampling = Arc::new(AtomicBool::new(true));
+    let worst = Arc::new(AtomicUsize::new(0));
+    let sampler = tokio::spawn({
+        let (consumer, sampling, worst) = (consumer.clone(), sampling.clone(), worst.clone());
+        async move {
+            while sampling.load(Ordering::Relaxed) {
+                let most = owners(&running(&consumer).await)
+                    .values()
+                    .map(Vec::len)
+                    .max()
+                    .unwrap_or(0);
+                worst.fetch_max(most, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    // Churn: create 80 Alphas and 80 Bravos across 8 namespaces, then update and delete some,
+    // while the syncers scale 1 → 3 → 1 and the leader is killed.
+    let churn = tokio::spawn({
+        let (consumer, namespaces) = (consumer.clone(), namespaces.clone());
+        async move {
+            for round in 0..(PER_NAMESPACE as i64 + 6) {
+                for kind in ["Alpha", "Bravo"] {
+                    for namespace in &namespaces {
+                        let api: Api<DynamicObject> =
+                            Api::namespaced_with(consumer.clone(), namespace, &resource(kind));
+                        if round < PER_NAMESPACE as i64 {
+                            api.create(
+                                &PostParams::default(),
+                                &object(kind, &format!("o{round}"), round),
+                            )
+                            .await
+                            .unwrap();
+                        } else if round < PER_NAMESPACE as i64 + 3 {
+                            let name = format!("o{}", round - PER_NAMESPACE as i64);
+                            api.patch(
+                                &name,
+                                &PatchParams::default(),
+                                &Patch::Merge(&json!({ "spec": { "value": round * 100 } })),
+                            )
+                            .await
+                            .unwrap();
+                        } else {
+                            let name = format!("o{}", round - PER_NAMESPACE as i64);
+                            api.delete(&name, &DeleteParams::default()).await.unwrap();
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    });
+
+    // Scale up to three.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut extra = Vec::new();
+    for name in ["syncer-2", "syncer-3"] {
+        extra.push(start_syncer(&mut env, "consumer", name, &[]).await.unwrap());
+    }
+    eventually(
+        "the units spread over three syncers",
+        Duration::from_secs(30),
+        || all_owned_once(3),
+    )
+    .await
+    .unwrap();
+
+    // Kill the leader: the standby takes over and assignment continues (scale-down below needs it).
+    let leader = eventually("a leader", Duration::from_secs(10), || async {
+        let lease = Api::<Lease>::namespaced(consumer.clone(), KBIND_NAMESPACE)
+            .get_opt("kbind-schema-manager")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(lease.and_then(|l| l.spec?.holder_identity))
+    })
+    .await
+    .unwrap();
+    let leader_index = managers
+        .iter()
+        .find(|(name, _)| leader.starts_with(**name))
+        .map(|(_, p)| p.index)
+        .unwrap_or_else(|| panic!("leader {leader} is one of the managers"));
+    env.process(leader_index).kill();
+    eprintln!("killed the leading schema manager {leader}");
+
+    // Scale down to one: SIGTERM the two added syncers.
+    for program in &extra {
+        let process = env.process(program.index);
+        process.signal("TERM").unwrap();
+        let status = process.wait_exit(Duration::from_secs(15)).await;
+        assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    }
+    churn.await.unwrap();
+    eventually(
+        "every unit back on the first syncer (assigned by the new leader)",
+        Duration::from_secs(30),
+        || all_owned_once(1),
+    )
+    .await
+    .unwrap();
+    for kind in kinds {
+        agree(&consumer, &provider, kind, &namespaces).await;
+    }
+    sampling.store(false, Ordering::Relaxed);
+    sampler.await.unwrap();
+    assert_eq!(
+        worst.load(Ordering::Relaxed),
+        1,
+        "a unit had two live owners at a sampled instant"
+    );
+    // No stuck finalizers: deleting everything on the consumer empties both sides.
+    for kind in kinds {
+        for namespace in &namespaces {
+            Api::<DynamicObject>::namespaced_with(consumer.clone(), namespace, &resource(kind))
+                .delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await
+                .unwrap();
+        }
+    }
+    for kind in kinds {
+        agree(&consumer, &provider, kind, &namespaces).await;
+    }
+    let synced = metric_sum(&first.metrics().await.unwrap(), "kbind_synced_objects");
+    assert_eq!(synced, 0.0, "nothing left synced");
+}

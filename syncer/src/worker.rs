@@ -128,6 +128,10 @@ pub enum Error {
     /// A provider request failed.
     #[error("provider: {0}")]
     Provider(#[source] kube::Error),
+    /// This replica's membership is not current: it may no longer own the work, so it writes
+    /// nothing (checked immediately before every write).
+    #[error("fenced: the membership Lease was not renewed in time")]
+    Fenced,
 }
 
 struct Worker {
@@ -264,6 +268,9 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
 }
 
 fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) -> Action {
+    if let Error::Fenced = error {
+        return Action::requeue(Duration::from_secs(1));
+    }
     if let Error::Consumer(kube::Error::Api(s)) = error
         && s.is_conflict()
     {
@@ -276,6 +283,15 @@ fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) 
 }
 
 impl Worker {
+    /// The write fence, checked right before each write.
+    fn fence(&self) -> Result<(), Error> {
+        if self.ctx.membership.is_current() {
+            Ok(())
+        } else {
+            Err(Error::Fenced)
+        }
+    }
+
     fn consumer_api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
         match namespace {
             Some(ns) => Api::namespaced_with(self.ctx.client.clone(), ns, &self.spec.resource),
@@ -352,6 +368,7 @@ impl Worker {
         finalizers: Vec<String>,
     ) -> Result<(), Error> {
         let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": object.resource_version() } });
+        self.fence()?;
         match self
             .consumer_api(object.namespace().as_deref())
             .patch(
@@ -380,6 +397,7 @@ impl Worker {
             return Ok(());
         }
         let patch = json!({ "metadata": { "annotations": { keys::CONFLICT_ANNOTATION: reason } } });
+        self.fence()?;
         self.consumer_api(object.namespace().as_deref())
             .patch(
                 &object.name_any(),
@@ -550,6 +568,7 @@ async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action,
             &spec.local_uid,
             &object_uid,
         );
+        worker.fence()?;
         let applied = worker
             .provider_api(namespace.as_deref())
             .patch(
@@ -605,6 +624,7 @@ async fn status_down(
     }
     let current = object.data.get("status").cloned().unwrap_or(json!({}));
     let patch = json!({ "status": ownership::merge_patch(&current, &status) });
+    worker.fence()?;
     match worker
         .consumer_api(object.namespace().as_deref())
         .patch_status(
@@ -705,6 +725,7 @@ async fn delete(object: &DynamicObject, worker: &Worker) -> Result<Action, Error
                 == Owner::Ours =>
         {
             if copy.metadata.deletion_timestamp.is_none() {
+                worker.fence()?;
                 match api
                     .delete(&object.name_any(), &DeleteParams::default())
                     .await

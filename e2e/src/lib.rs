@@ -20,6 +20,7 @@ pub mod env;
 pub mod fixtures;
 pub mod kbind;
 pub mod process;
+pub mod sharding;
 pub mod tools;
 pub mod wait;
 

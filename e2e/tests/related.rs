@@ -639,6 +639,8 @@ async fn a_binding_reads_and_writes_only_its_own_namespace_and_refuses_bad_selec
         { "resource": "secrets", "direction": "FromConsumer" },
         { "resource": "configmaps", "direction": "FromProvider",
           "selector": { "labelSelector": { "matchLabels": { "kind": "settings" } } } },
+        // A selector that matches nothing: named on the binding, harmless otherwise.
+        { "resource": "configmaps", "direction": "FromConsumer", "selector": { "names": ["absent"] } },
     ]))
     .unwrap();
     let binding = Binding::new("mine", spec);
@@ -672,7 +674,9 @@ async fn a_binding_reads_and_writes_only_its_own_namespace_and_refuses_bad_selec
             .and_then(|b| b.status)
     };
     wait_status("RelatedResourcesSynced=True", read_status, |s| {
-        related_condition(s).is_some_and(|(status, _, _)| status == "True")
+        related_condition(s).is_some_and(|(status, _, message)| {
+            status == "True" && message.ends_with("relatedResources[2] selects nothing")
+        })
     })
     .await;
     // Several passes later, nothing in team-b was read or written on either side.

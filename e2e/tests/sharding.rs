@@ -11,69 +11,15 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
+use kbind_e2e::sharding::{object, owners, resource, running};
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, SchemaSource};
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-    PostParams,
-};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 const KINDS: [&str; 6] = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot"];
 const LEASE: Duration = Duration::from_secs(3);
-
-fn resource(kind: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.org", "v1", kind),
-        &format!("{}s", kind.to_lowercase()),
-    )
-}
-
-fn object(kind: &str, name: &str, value: i64) -> DynamicObject {
-    serde_json::from_value(json!({ "apiVersion": "example.org/v1", "kind": kind, "metadata": { "name": name }, "spec": { "value": value } })).unwrap()
-}
-
-/// Units each live syncer reports running, from the membership Leases.
-async fn running(consumer: &Client) -> BTreeMap<String, BTreeSet<String>> {
-    let leases: Api<Lease> = Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
-    let now = jiff::Timestamp::now();
-    leases
-        .list(&ListParams::default().labels("core.kbind.io/syncer-member=true"))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|l| {
-            let spec = l.spec.clone().unwrap_or_default();
-            let duration = jiff::SignedDuration::from_secs(i64::from(
-                spec.lease_duration_seconds.unwrap_or(0),
-            ));
-            spec.renew_time.is_some_and(|t| t.0 + duration > now)
-        })
-        .map(|l| {
-            let units = l
-                .annotations()
-                .get("core.kbind.io/running-units")
-                .and_then(|a| serde_json::from_str(a).ok())
-                .unwrap_or_default();
-            (
-                l.spec.and_then(|s| s.holder_identity).unwrap_or_default(),
-                units,
-            )
-        })
-        .collect()
-}
-
-fn owners(running: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (member, units) in running {
-        for unit in units {
-            out.entry(unit.clone()).or_default().push(member.clone());
-        }
-    }
-    out
-}
 
 #[tokio::test]
 async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {

@@ -1,5 +1,6 @@
 //! Assigning sync work to the live syncer replicas (REFERENCE: INTERFACES.md, the sharding
-//! issue): each managed CRD of each Connection is a work unit; units go to members by rendezvous
+//! issue): each managed CRD of each Connection (or each of its namespace buckets) and each binding
+//! with related resources is a work unit; units go to members by bounded-load rendezvous
 //! hashing, move only after their old owner drained them, and the result is written to a
 //! versioned ConfigMap that syncers watch. See `kbind_shared::shard` for the rules.
 

@@ -231,6 +231,31 @@ pub fn rendezvous<'m>(unit: &str, members: &'m BTreeSet<String>) -> Option<&'m s
         .map(String::as_str)
 }
 
+/// Where every unit should run: rendezvous hashing with bounded loads. Units are placed in the
+/// order of their own hash; each goes to the highest-scoring member that holds fewer than
+/// ⌈units / members⌉, so loads differ by at most one unit while a membership change still moves
+/// only a little more than 1/N of the units (plain rendezvous hashing left one member of three
+/// with twice the units of another at two dozen units).
+pub fn placement(units: &BTreeSet<String>, members: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if members.is_empty() {
+        return out;
+    }
+    let cap = units.len().div_ceil(members.len());
+    let mut loads: BTreeMap<&str, usize> = members.iter().map(|m| (m.as_str(), 0)).collect();
+    let mut order: Vec<&String> = units.iter().collect();
+    order.sort_by_cached_key(|u| Sha256::digest(u.as_bytes()));
+    for unit in order {
+        let mut ranked: Vec<&String> = members.iter().collect();
+        ranked.sort_by_key(|m| std::cmp::Reverse(score(m, unit)));
+        if let Some(member) = ranked.into_iter().find(|m| loads[m.as_str()] < cap) {
+            *loads.get_mut(member.as_str()).expect("a member") += 1;
+            out.insert(unit.clone(), member.clone());
+        }
+    }
+    out
+}
+
 /// One assignment round. `live` are members whose Lease is current; `running` is what each live
 /// member says it runs. A unit moves in two rounds — first unowned until its old owner no longer
 /// runs it (drain, acknowledged in its Lease), then to the new owner — so no unit ever has two
@@ -245,8 +270,9 @@ pub fn next(
         format: ASSIGNMENT_FORMAT,
         units: BTreeMap::new(),
     };
+    let placement = placement(units, live);
     for unit in units {
-        let Some(desired) = rendezvous(unit, live) else {
+        let Some(desired) = placement.get(unit) else {
             continue;
         };
         match current.units.get(unit) {
@@ -292,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn adding_a_member_moves_about_one_nth_of_the_units() {
+    fn plain_rendezvous_moves_only_the_new_members_units() {
         let units: BTreeSet<String> = (0..600)
             .map(|i| unit("p", &format!("r{i}.example.org")))
             .collect();
@@ -314,12 +340,50 @@ mod tests {
                 == moved,
             "only units won by the new member move"
         );
-        for member in ["a", "b", "c"] {
-            let owned = units
+    }
+
+    fn loads(placement: &BTreeMap<String, String>) -> Vec<usize> {
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for member in placement.values() {
+            *counts.entry(member).or_default() += 1;
+        }
+        counts.into_values().collect()
+    }
+
+    #[test]
+    fn placement_is_even_and_moves_little_more_than_one_nth_on_a_change() {
+        for (count, slack) in [(24usize, 3usize), (600, 20)] {
+            let units: BTreeSet<String> = (0..count)
+                .map(|i| format!("p/r{}.example.org#{}/4", i / 4, i % 4))
+                .collect();
+            let sizes = [1usize, 2, 3, 4, 5];
+            let members: Vec<BTreeSet<String>> = sizes
                 .iter()
-                .filter(|u| rendezvous(u, &three) == Some(member))
-                .count();
-            assert!((150..=250).contains(&owned), "{member} owns {owned} of 600");
+                .map(|n| (0..*n).map(|i| format!("syncer-{i}")).collect())
+                .collect();
+            let placements: Vec<_> = members.iter().map(|m| placement(&units, m)).collect();
+            for (n, p) in sizes.iter().zip(&placements) {
+                assert_eq!(p.len(), count, "every unit placed");
+                let loads = loads(p);
+                assert_eq!(loads.len(), *n);
+                let (max, min) = (loads.iter().max().unwrap(), loads.iter().min().unwrap());
+                assert!(max - min <= 1, "{n} members: loads {loads:?}");
+            }
+            for i in 0..sizes.len() - 1 {
+                let moved = units
+                    .iter()
+                    .filter(|u| placements[i][*u] != placements[i + 1][*u])
+                    .count();
+                let ideal = count / sizes[i + 1];
+                assert!(
+                    moved <= ideal + slack,
+                    "{} → {} members moved {moved} of {count} (ideal {ideal})",
+                    sizes[i],
+                    sizes[i + 1]
+                );
+            }
+            // The same inputs always give the same placement (any leader computes the same).
+            assert_eq!(placement(&units, &members[2]), placements[2]);
         }
     }
 
@@ -328,7 +392,7 @@ mod tests {
         let units = set(&["p/widgets.example.org"]);
         let u = "p/widgets.example.org".to_owned();
         let live = set(&["a", "b"]);
-        let desired = rendezvous(&u, &live).unwrap().to_owned();
+        let desired = placement(&units, &live)[&u].clone();
         let other = if desired == "a" { "b" } else { "a" }.to_owned();
         let current = Assignment {
             format: 1,

@@ -465,7 +465,11 @@ impl Worker {
                 types::RELATED_RESOURCES_SYNCED,
                 true,
                 reasons::AS_EXPECTED,
-                format!("{} related object(s) copied and in sync", outcome.in_sync),
+                format!(
+                    "{} related object(s) copied and in sync{}",
+                    outcome.in_sync,
+                    plan::unmatched_note(&entries, &wanted)
+                ),
             )
         };
         self.announce_new_conflicts(&binding, &outcome.conflicts)

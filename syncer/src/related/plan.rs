@@ -296,6 +296,26 @@ pub fn wanted<'s>(
     out
 }
 
+/// `"; relatedResources[1] selects nothing"` for entries that select no source yet (a typo in a
+/// name or label is then visible on the binding), else empty.
+pub fn unmatched_note(entries: &[Entry], wanted: &BTreeMap<TargetKey, Wanted>) -> String {
+    let used: BTreeSet<&str> = wanted
+        .values()
+        .flat_map(|w| w.entries.iter().map(String::as_str))
+        .collect();
+    let unmatched: Vec<String> = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !used.contains(e.id.as_str()))
+        .map(|(i, _)| format!("relatedResources[{i}]"))
+        .collect();
+    match unmatched.as_slice() {
+        [] => String::new(),
+        [one] => format!("; {one} selects nothing"),
+        many => format!("; {} select nothing", many.join(", ")),
+    }
+}
+
 /// The identity a copy carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Marker<'a> {
@@ -709,6 +729,21 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn entries_that_select_nothing_are_named() {
+        let entries = parse(&[
+            entry(SECRETS, RelatedDirection::FromProvider, &[], &["a"]),
+            entry(SECRETS, RelatedDirection::FromProvider, &[], &["typo"]),
+        ]);
+        let sources = [item("ns", "a", &[], "1")];
+        let wanted = wanted(&entries, |_, _| sources.iter().collect());
+        assert_eq!(
+            unmatched_note(&entries, &wanted),
+            "; relatedResources[1] selects nothing"
+        );
+        assert_eq!(unmatched_note(&entries[..1], &wanted), "");
     }
 
     #[test]

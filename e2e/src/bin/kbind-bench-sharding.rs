@@ -1,0 +1,325 @@
+//! Benchmark of sharded syncers on two real clusters. Prints figures; asserts nothing about time.
+//!
+//! A fixed workload (APIs × namespaces × objects, each API split into namespace buckets) is synced
+//! by N = 1, 2, 3, 4 fresh syncer replicas in turn; for each N it prints units and objects per
+//! replica (max/min) and each replica's RSS. Then, with three replicas running, a fourth joins and
+//! later one is SIGKILLed: it prints the time until every unit has exactly one owner again and
+//! the writes both API servers served to the synced objects meanwhile (zero is right: nothing
+//! changed).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::{apiserver_writes, install_crds, new_writes};
+use kbind_e2e::sharding::{object, owners, resource, running};
+use kbind_e2e::{TestEnv, eventually};
+use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, SchemaSource};
+use kube::api::{DynamicObject, PostParams};
+use kube::{Api, Client};
+
+const KINDS: [&str; 6] = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot"];
+
+#[derive(Parser)]
+#[command(name = "kbind-bench-sharding")]
+struct Args {
+    /// Bound APIs (at most 6).
+    #[arg(long, default_value_t = 6)]
+    apis: usize,
+    /// Namespaces holding objects.
+    #[arg(long, default_value_t = 8)]
+    namespaces: usize,
+    /// Objects per API and namespace.
+    #[arg(long, default_value_t = 25)]
+    objects: usize,
+    /// Namespace buckets per API (`--namespace-buckets`).
+    #[arg(long, default_value_t = 4)]
+    buckets: u32,
+    /// Largest replica count.
+    #[arg(long, default_value_t = 4)]
+    max_replicas: usize,
+}
+
+fn rss_mib(pid: Option<u32>, field: &str) -> f64 {
+    pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or_default()
+}
+
+fn synced_objects(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("kbind_synced_objects{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until every unit has exactly one live owner and `members` syncers run some.
+async fn settled(consumer: &Client, units: &BTreeSet<String>, members: usize) -> Duration {
+    let started = Instant::now();
+    eventually(
+        "every unit to have one owner",
+        Duration::from_secs(120),
+        || async {
+            let running = running(consumer).await;
+            let owners = owners(&running);
+            let busy = running.values().filter(|u| !u.is_empty()).count();
+            Ok((busy == members
+                && units
+                    .iter()
+                    .all(|u| owners.get(u).is_some_and(|o| o.len() == 1)))
+            .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    started.elapsed()
+}
+
+/// Writes to the synced objects' group on both API servers.
+async fn object_writes(consumer: &Client, provider: &Client) -> [BTreeMap<String, u64>; 2] {
+    let only = |w: BTreeMap<String, u64>| {
+        w.into_iter()
+            .filter(|(k, _)| k.contains("example.org/"))
+            .collect()
+    };
+    [
+        only(apiserver_writes(consumer).await.unwrap()),
+        only(apiserver_writes(provider).await.unwrap()),
+    ]
+}
+
+fn write_delta(before: &[BTreeMap<String, u64>; 2], after: &[BTreeMap<String, u64>; 2]) -> String {
+    let lines: Vec<String> = ["consumer", "provider"]
+        .iter()
+        .enumerate()
+        .flat_map(|(i, side)| {
+            new_writes(&before[i], &after[i])
+                .into_iter()
+                .map(move |w| format!("{side} {w}"))
+        })
+        .collect();
+    if lines.is_empty() {
+        "0".to_owned()
+    } else {
+        lines.join(", ")
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let kinds = &KINDS[..args.apis.clamp(1, KINDS.len())];
+    let mut env = TestEnv::start("bench_sharding", &["consumer", "provider"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    for kind in kinds {
+        install_crd(
+            &provider,
+            &crd(
+                &format!("{}s", kind.to_lowercase()),
+                "example.org",
+                kind,
+                &[("core.kbind.io/exported", "true")],
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let buckets = format!("--namespace-buckets={}", args.buckets);
+    start_schema_manager(
+        &mut env,
+        "consumer",
+        "schema-manager",
+        &["--leader-elect=false", &buckets],
+    )
+    .await
+    .unwrap();
+    put_secret(
+        &consumer,
+        "p",
+        "kubeconfig",
+        env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(&consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    let apis: Vec<String> = kinds
+        .iter()
+        .map(|k| format!("{}s.example.org", k.to_lowercase()))
+        .collect();
+    let api_names: Vec<&str> = apis.iter().map(String::as_str).collect();
+    let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
+    bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "all",
+                ClusterBindingSpec::from(binding_spec("provider", &api_names)),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_binding_condition(&bindings, "all", "Ready", "True", None)
+        .await
+        .unwrap();
+    let namespaces: Vec<String> = (0..args.namespaces).map(|i| format!("ns-{i}")).collect();
+    for namespace in &namespaces {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+    }
+    let mut objects = Vec::new();
+    for kind in kinds {
+        for namespace in &namespaces {
+            for i in 0..args.objects {
+                objects.push((*kind, namespace.clone(), format!("o{i}")));
+            }
+        }
+    }
+    let total = objects.len();
+    futures::stream::iter(objects)
+        .map(|(kind, namespace, name)| {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(consumer.clone(), &namespace, &resource(kind));
+            async move {
+                api.create(&PostParams::default(), &object(kind, &name, 1))
+                    .await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("creates");
+    let units: BTreeSet<String> = apis
+        .iter()
+        .flat_map(|api| {
+            kbind_shared::shard::api_units("provider", api, args.buckets)
+                .into_iter()
+                .map(|u| u.to_string())
+        })
+        .collect();
+
+    println!(
+        "kbind sharding benchmark on two real clusters (kube-apiserver v1.36.3, this machine: {} cores)",
+        std::thread::available_parallelism()
+            .map(|p| p.get())
+            .unwrap_or(0)
+    );
+    println!(
+        "workload: {} APIs x {} namespaces x {} objects = {total} objects; {} buckets per API = {} units",
+        kinds.len(),
+        args.namespaces,
+        args.objects,
+        args.buckets,
+        units.len()
+    );
+    println!(
+        "{:>3}  {:>14}  {:>16}  {:>26}  {:>10}",
+        "N", "units max/min", "objects max/min", "RSS per replica (MiB)", "settled in"
+    );
+    let mut generation = 0;
+    for n in 1..=args.max_replicas {
+        let started = Instant::now();
+        let mut replicas = Vec::new();
+        for _ in 0..n {
+            generation += 1;
+            let name = format!("syncer-{generation}");
+            replicas.push(
+                start_syncer(&mut env, "consumer", &name, &[])
+                    .await
+                    .unwrap(),
+            );
+        }
+        settled(&consumer, &units, n).await;
+        let counts = eventually("every object synced", Duration::from_secs(300), || async {
+            let mut counts = Vec::new();
+            for replica in &replicas {
+                counts.push(synced_objects(&replica.metrics().await?));
+            }
+            let sum: f64 = counts.iter().sum();
+            Ok((sum as usize == total).then_some(counts))
+        })
+        .await
+        .unwrap();
+        let took = started.elapsed();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let per_replica = running(&consumer).await;
+        let unit_counts: Vec<usize> = per_replica.values().map(BTreeSet::len).collect();
+        let rss: Vec<String> = replicas
+            .iter()
+            .map(|r| format!("{:.1}", rss_mib(env.process_ref(r.index).pid(), "VmRSS:")))
+            .collect();
+        println!(
+            "{n:>3}  {:>14}  {:>16}  {:>26}  {:>9.1?}",
+            format!(
+                "{}/{}",
+                unit_counts.iter().max().unwrap_or(&0),
+                unit_counts.iter().min().unwrap_or(&0)
+            ),
+            format!(
+                "{:.0}/{:.0}",
+                counts.iter().cloned().fold(f64::MIN, f64::max),
+                counts.iter().cloned().fold(f64::MAX, f64::min)
+            ),
+            rss.join(" "),
+            took
+        );
+        if n < args.max_replicas {
+            for replica in &replicas {
+                env.process(replica.index).signal("TERM").unwrap();
+            }
+            for replica in &replicas {
+                env.process(replica.index)
+                    .wait_exit(Duration::from_secs(15))
+                    .await;
+            }
+        }
+    }
+
+    // Rebalancing with the last set (max_replicas running): one leaves by SIGKILL, one joins.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = object_writes(&consumer, &provider).await;
+    let victim = running(&consumer)
+        .await
+        .into_iter()
+        .max_by_key(|(_, u)| u.len())
+        .map(|(m, _)| m)
+        .unwrap();
+    let index = (0..)
+        .map(|i| env.process_ref(i))
+        .position(|p| p.name() == victim)
+        .unwrap();
+    env.process(index).kill();
+    let after_death = settled(&consumer, &units, args.max_replicas - 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let death_writes = object_writes(&consumer, &provider).await;
+    generation += 1;
+    let joined_at = Instant::now();
+    start_syncer(&mut env, "consumer", &format!("syncer-{generation}"), &[])
+        .await
+        .unwrap();
+    settled(&consumer, &units, args.max_replicas).await;
+    let after_join = joined_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let join_writes = object_writes(&consumer, &provider).await;
+    println!("rebalance (membership Lease 3 s, assignment round ≤ 0.5 s):");
+    println!(
+        "  a member SIGKILLed: every unit owned again after {after_death:.1?}; object writes meanwhile: {}",
+        write_delta(&before, &death_writes)
+    );
+    println!(
+        "  a member joins:     every unit owned again after {after_join:.1?}; object writes meanwhile: {}",
+        write_delta(&death_writes, &join_writes)
+    );
+}

@@ -1,0 +1,65 @@
+//! Helpers for sharding tests and benchmarks: example kinds, and who runs which work unit.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::fixtures::KBIND_NAMESPACE;
+
+/// The example kind `kind` of `example.org/v1` (plural: lower case + `s`).
+pub fn resource(kind: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.org", "v1", kind),
+        &format!("{}s", kind.to_lowercase()),
+    )
+}
+
+/// An object of `kind` with `spec.value`.
+pub fn object(kind: &str, name: &str, value: i64) -> DynamicObject {
+    serde_json::from_value(json!({ "apiVersion": "example.org/v1", "kind": kind, "metadata": { "name": name }, "spec": { "value": value } })).unwrap()
+}
+
+/// Units each live syncer reports running, from the membership Leases.
+pub async fn running(consumer: &Client) -> BTreeMap<String, BTreeSet<String>> {
+    let leases: Api<Lease> = Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
+    let now = jiff::Timestamp::now();
+    leases
+        .list(&ListParams::default().labels("core.kbind.io/syncer-member=true"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|l| {
+            let spec = l.spec.clone().unwrap_or_default();
+            let duration = jiff::SignedDuration::from_secs(i64::from(
+                spec.lease_duration_seconds.unwrap_or(0),
+            ));
+            spec.renew_time.is_some_and(|t| t.0 + duration > now)
+        })
+        .map(|l| {
+            let units = l
+                .annotations()
+                .get("core.kbind.io/running-units")
+                .and_then(|a| serde_json::from_str(a).ok())
+                .unwrap_or_default();
+            (
+                l.spec.and_then(|s| s.holder_identity).unwrap_or_default(),
+                units,
+            )
+        })
+        .collect()
+}
+
+/// Unit → the live members running it.
+pub fn owners(running: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (member, units) in running {
+        for unit in units {
+            out.entry(unit.clone()).or_default().push(member.clone());
+        }
+    }
+    out
+}

@@ -12,7 +12,7 @@ use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::wait_established;
 use kbind_e2e::tools::{chart_dir, run_helm};
 use kbind_e2e::{TestEnv, eventually};
-use kbind_shared::api::ClusterBinding;
+use kbind_shared::api::{Binding, ClusterBinding};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 
@@ -205,6 +205,10 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
         RELEASE_NAMESPACE,
         "--set",
         "boundAPIGroups={example.org}",
+        "--set",
+        "relatedResources.enabled=true",
+        "--set",
+        "relatedResources.namespaces={team-a}",
     ]);
     let mut env = TestEnv::start("helm_rbac", &["consumer", "provider"])
         .await
@@ -214,6 +218,8 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
     ensure_namespace(&consumer, RELEASE_NAMESPACE)
         .await
         .unwrap();
+    // `relatedResources.namespaces` must exist before the chart binds Roles in them.
+    ensure_namespace(&consumer, "team-a").await.unwrap();
 
     // Server-side dry run first, then for real.
     apply_manifest_with(&consumer, &rendered, true)
@@ -290,6 +296,60 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
     )
     .await
     .unwrap();
+    // Related Secrets in team-a through the chart's `relatedResources` RBAC (REL-9): copied by
+    // the syncer, deleted with the Binding by the schema manager.
+    ensure_namespace(&provider, "team-a").await.unwrap();
+    let mut source = Secret {
+        string_data: Some([("password".to_owned(), "s3cret".to_owned())].into()),
+        ..Default::default()
+    };
+    source.metadata.name = Some("db".into());
+    Api::<Secret>::namespaced(provider.clone(), "team-a")
+        .create(&PostParams::default(), &source)
+        .await
+        .unwrap();
+    let mut spec = binding_spec("provider", &["widgets.example.org"]);
+    spec.related_resources = serde_json::from_value(serde_json::json!([
+        { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["db"] } }
+    ]))
+    .unwrap();
+    let team_bindings: Api<Binding> = Api::namespaced(consumer.clone(), "team-a");
+    team_bindings
+        .create(&PostParams::default(), &Binding::new("related", spec))
+        .await
+        .unwrap();
+    let team_secrets: Api<Secret> = Api::namespaced(consumer.clone(), "team-a");
+    eventually(
+        "the related Secret copied through the chart's RBAC",
+        Duration::from_secs(45),
+        || async { team_secrets.get_opt("db").await.map_err(|e| e.to_string()) },
+    )
+    .await
+    .unwrap();
+    team_bindings
+        .delete("related", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the copy deleted with its Binding through the chart's RBAC",
+        Duration::from_secs(45),
+        || async {
+            let gone = team_secrets
+                .get_opt("db")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+                && team_bindings
+                    .get_opt("related")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_none();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(consumer.clone(), RELEASE_NAMESPACE);
     assert!(
@@ -335,4 +395,109 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
             .map(String::as_str),
         Some("true")
     );
+}
+
+#[test]
+fn related_resources_rbac_is_off_by_default_and_follows_its_namespaces() {
+    let chart = chart_dir().display().to_string();
+    let render = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec![
+            "template",
+            "kbind",
+            &chart,
+            "--kube-version",
+            KUBE_VERSION,
+            "-n",
+            RELEASE_NAMESPACE,
+        ];
+        args.extend_from_slice(extra);
+        serde_yaml::Deserializer::from_str(&helm_ok(&args))
+            .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+            .filter(|d: &serde_json::Value| !d.is_null())
+            .collect()
+    };
+    let related = |docs: &[serde_json::Value]| -> Vec<(String, String, String)> {
+        docs.iter()
+            .filter(|d| {
+                d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-related"))
+            })
+            .map(|d| {
+                (
+                    d["kind"].as_str().unwrap_or_default().to_owned(),
+                    d["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    d["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
+            })
+            .collect()
+    };
+    assert!(related(&render(&[])).is_empty(), "nothing by default");
+    let on = render(&["--set", "relatedResources.enabled=true"]);
+    let mut found = related(&on);
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            (
+                "ClusterRole".into(),
+                "kbind-schema-manager-related".into(),
+                String::new()
+            ),
+            (
+                "ClusterRole".into(),
+                "kbind-syncer-related".into(),
+                String::new()
+            ),
+            (
+                "ClusterRoleBinding".into(),
+                "kbind-schema-manager-related".into(),
+                String::new()
+            ),
+            (
+                "ClusterRoleBinding".into(),
+                "kbind-syncer-related".into(),
+                String::new()
+            ),
+        ]
+    );
+    let rules = |name: &str| {
+        on.iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == name)
+            .map(|d| d["rules"].clone())
+            .unwrap()
+    };
+    assert_eq!(
+        rules("kbind-schema-manager-related"),
+        serde_json::json!([{ "apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["list", "delete"] }])
+    );
+    assert_eq!(
+        rules("kbind-syncer-related")[0]["verbs"],
+        serde_json::json!(["get", "list", "watch", "create", "patch", "delete"])
+    );
+    let scoped = related(&render(&[
+        "--set",
+        "relatedResources.enabled=true",
+        "--set",
+        "relatedResources.namespaces={team-a,team-b}",
+    ]));
+    assert!(
+        scoped
+            .iter()
+            .all(|(kind, _, _)| kind != "ClusterRoleBinding"),
+        "{scoped:?}"
+    );
+    let mut bound: Vec<&str> = scoped
+        .iter()
+        .filter(|(kind, _, _)| kind == "RoleBinding")
+        .map(|(_, _, ns)| ns.as_str())
+        .collect();
+    bound.sort();
+    assert_eq!(bound, ["team-a", "team-a", "team-b", "team-b"]);
 }

@@ -48,7 +48,7 @@ async fn main() -> ExitCode {
 }
 
 fn step(n: usize, text: &str) {
-    println!("\n[{n}/7] {text}");
+    println!("\n[{n}/8] {text}");
 }
 
 async fn run(args: &Args) -> Result<(), String> {
@@ -216,9 +216,59 @@ async fn run(args: &Args) -> Result<(), String> {
     .await?;
     println!("      status copied back to the consumer: {back}");
 
+    step(
+        7,
+        "related resources: the provider publishes Secret team-a/my-widget-connection; the ClusterBinding asks for provider Secrets labelled widget=my-widget (spec.relatedResources)",
+    );
+    let mut published = k8s_openapi::api::core::v1::Secret {
+        string_data: Some(
+            [(
+                "endpoint".to_owned(),
+                "https://widgets.example.org/my-widget".to_owned(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    published.metadata.name = Some("my-widget-connection".into());
+    published.metadata.labels = Some([("widget".to_owned(), "my-widget".to_owned())].into());
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(provider.clone(), "team-a")
+        .create(&PostParams::default(), &published)
+        .await
+        .map_err(|e| e.to_string())?;
+    bindings
+        .patch(
+            "widgets",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({ "spec": { "relatedResources": [
+                { "resource": "secrets", "direction": "FromProvider",
+                  "selector": { "labelSelector": { "matchLabels": { "widget": "my-widget" } } } }
+            ] } })),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let consumer_secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(consumer.clone(), "team-a");
+    let copied = eventually("the related Secret on the consumer", STEP_LIMIT, || async {
+        consumer_secrets
+            .get_opt("my-widget-connection")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await?;
+    let keys: Vec<&String> = copied.data.iter().flat_map(|d| d.keys()).collect();
+    println!(
+        "      consumer Secret team-a/my-widget-connection (keys {keys:?}), related-binding={}",
+        copied
+            .annotations()
+            .get("core.kbind.io/related-binding")
+            .map(String::as_str)
+            .unwrap_or("MISSING")
+    );
+
     let consumer_kubeconfig = env.cluster("consumer").admin_kubeconfig_path();
     let provider_kubeconfig = env.cluster("provider").admin_kubeconfig_path();
-    step(7, "explore (copy-paste):");
+    step(8, "explore (copy-paste):");
     println!(
         "      kubectl --kubeconfig {} get connections,clusterbindings",
         consumer_kubeconfig.display()
@@ -230,6 +280,10 @@ async fn run(args: &Args) -> Result<(), String> {
     println!(
         "      kubectl --kubeconfig {} get widgets -A -o yaml",
         provider_kubeconfig.display()
+    );
+    println!(
+        "      kubectl --kubeconfig {} get secret -n team-a my-widget-connection -o yaml",
+        consumer_kubeconfig.display()
     );
     println!(
         "      kubectl --kubeconfig {} explain connection.spec.schema",

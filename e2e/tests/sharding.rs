@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
@@ -407,6 +408,28 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     wait_binding_condition(&bindings, "all", "Ready", "True", None)
         .await
         .unwrap();
+    // Related resources are a unit of their own: a provider Secret follows through the scaling.
+    ensure_namespace(&provider, "shared").await.unwrap();
+    let provider_secrets: Api<Secret> = Api::namespaced(provider.clone(), "shared");
+    let mut published = Secret {
+        string_data: Some([("value".to_owned(), "v1".to_owned())].into()),
+        ..Default::default()
+    };
+    published.metadata.name = Some("published".into());
+    provider_secrets
+        .create(&PostParams::default(), &published)
+        .await
+        .unwrap();
+    bindings
+        .patch(
+            "all",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "relatedResources": [
+                { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["published"] } }
+            ] } })),
+        )
+        .await
+        .unwrap();
     let namespaces: Vec<String> = (0..NAMESPACES).map(|i| format!("ns-{i}")).collect();
     for namespace in &namespaces {
         ensure_namespace(&consumer, namespace).await.unwrap();
@@ -414,6 +437,7 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     let units: BTreeSet<String> = ["alphas", "bravos"]
         .iter()
         .flat_map(|api| (0..BUCKETS).map(move |k| format!("provider/{api}.example.org#{k}/4")))
+        .chain(["provider/clusterbinding:all".to_owned()])
         .collect();
     let all_owned_once = |expected_members: usize| {
         let (consumer, units) = (consumer.clone(), units.clone());
@@ -544,6 +568,33 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     for kind in kinds {
         agree(&consumer, &provider, kind, &namespaces).await;
     }
+    // The related Secret's unit moved with the rest and still follows its source.
+    provider_secrets
+        .patch(
+            "published",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "stringData": { "value": "v2" } })),
+        )
+        .await
+        .unwrap();
+    let copies: Api<Secret> = Api::namespaced(consumer.clone(), "shared");
+    eventually(
+        "the related Secret's change on the consumer",
+        Duration::from_secs(15),
+        || async {
+            let copy = copies
+                .get_opt("published")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(copy
+                .and_then(|c| c.data)
+                .and_then(|d| d.get("value").cloned())
+                .filter(|v| v.0 == b"v2")
+                .map(drop))
+        },
+    )
+    .await
+    .unwrap();
     sampling.store(false, Ordering::Relaxed);
     sampler.await.unwrap();
     assert_eq!(

@@ -200,7 +200,7 @@ async fn revoked_credentials_give_forbidden_events_and_recover_when_granted_agai
     )
     .await
     .unwrap();
-    // The syncer picks up new credentials by rebuilding its worker (re-checked every few seconds).
+    // The syncer picks up new credentials (it watches the Secret) by rebuilding its worker.
     let log = s.env.dir().join("syncer-0.log");
     wait_for(
         "the worker to be rebuilt with the new credential",

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod context;
+mod credentials;
 mod managed;
 mod membership;
 mod ownership;

@@ -6,31 +6,27 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::Connection;
 use kbind_shared::conditions::{self, types};
 use kbind_shared::keys;
-use kbind_shared::kubeconfig::InlineKubeconfig;
 use kbind_shared::shard::{self, Unit};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
+use crate::credentials::SecretCredentials;
 use crate::related;
 use crate::worker::{self, Buckets, WorkerSpec};
 
 /// How often the desired workers are re-evaluated without an event (the membership fence is
 /// checked this often).
 const RECHECK: Duration = Duration::from_secs(1);
-/// How long a read of a Connection's credentials is reused before the Secret is read again (to
-/// pick up rotated credentials without a Secret watch).
-const CREDENTIALS_TTL: Duration = Duration::from_secs(5);
 
 /// What a running worker was built from; any change rebuilds it (SCTL-5).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,14 +96,16 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let _ = crds.wait_until_ready().await;
     let _ = connections.wait_until_ready().await;
     let _ = assignment.wait_until_ready().await;
+    let credentials = SecretCredentials::new(ctx.client.clone(), changes.clone(), stop.clone());
     let binding_changes = ctx.binding_changes();
     let mut binding_changes = std::pin::pin!(binding_changes);
 
     let mut running: HashMap<String, Running> = HashMap::new();
     loop {
         let mine = my_units(&ctx, &assignment);
-        let mut wanted = desired_workers(&ctx, &crds, &connections, &mine).await;
-        wanted.extend(desired_related(&ctx, &connections, &mine).await);
+        let mut wanted = desired_workers(&crds, &connections, &credentials, &mine);
+        wanted.extend(desired_related(&ctx, &connections, &credentials, &mine));
+        credentials.retain(connections.state().iter().map(|c| c.as_ref()));
         let names: Vec<String> = running.keys().cloned().collect();
         for name in names {
             let keep = wanted
@@ -207,9 +205,10 @@ fn engaged(connections: &Store<Connection>, name: &str) -> Option<(Arc<Connectio
 
 /// The related-resources workers that should run: one per assigned binding unit whose binding
 /// lists related resources and whose Connection is engaged.
-async fn desired_related(
+fn desired_related(
     ctx: &Context,
     connections: &Store<Connection>,
+    credentials: &SecretCredentials,
     mine: &BTreeSet<Unit>,
 ) -> HashMap<String, (Key, Work)> {
     let mut wanted = HashMap::new();
@@ -234,12 +233,13 @@ async fn desired_related(
         let Some((connection, local_uid)) = engaged(connections, connection_name) else {
             continue;
         };
-        let (kubeconfig, credentials) = match read_credentials(ctx, &connection).await {
-            Ok(found) => found,
-            Err(e) => {
+        let (kubeconfig, credentials) = match credentials.read(&connection) {
+            Some(Ok(found)) => found,
+            Some(Err(e)) => {
                 tracing::warn!(unit = %unit, connection = %connection_name, error = %e, "cannot build the provider client");
                 continue;
             }
+            None => continue,
         };
         let uid = binding.meta().uid.clone().unwrap_or_default();
         let generation = binding.meta().generation.unwrap_or_default();
@@ -267,10 +267,10 @@ async fn desired_related(
 
 /// SCTL-2 … SCTL-5: the API workers that should run (for the assigned units only), keyed by CRD
 /// name.
-async fn desired_workers(
-    ctx: &Context,
+fn desired_workers(
     crds: &Store<CustomResourceDefinition>,
     connections: &Store<Connection>,
+    credentials: &SecretCredentials,
     mine: &BTreeSet<Unit>,
 ) -> HashMap<String, (Key, Work)> {
     let mut wanted = HashMap::new();
@@ -298,12 +298,13 @@ async fn desired_workers(
             tracing::warn!(crd = %name, "managed CRD has no served version; not syncing it");
             continue;
         };
-        let (kubeconfig, credentials) = match read_credentials(ctx, &connection).await {
-            Ok(found) => found,
-            Err(e) => {
+        let (kubeconfig, credentials) = match credentials.read(&connection) {
+            Some(Ok(found)) => found,
+            Some(Err(e)) => {
                 tracing::warn!(crd = %name, connection = %connection_name, error = %e, "cannot build the provider client");
                 continue;
             }
+            None => continue,
         };
         let key = Key {
             units: units.iter().map(ToString::to_string).collect(),
@@ -328,54 +329,4 @@ async fn desired_workers(
         wanted.insert(name, (key, Work::Api(spec)));
     }
     wanted
-}
-
-type Credentials = Result<(InlineKubeconfig, [u8; 32]), String>;
-
-/// Recently read credentials, by Connection name.
-static CREDENTIALS: std::sync::LazyLock<
-    std::sync::Mutex<HashMap<String, (std::time::Instant, Credentials)>>,
-> = std::sync::LazyLock::new(Default::default);
-
-async fn read_credentials(ctx: &Context, connection: &Connection) -> Credentials {
-    let name = connection.name_any();
-    if let Some((at, found)) = CREDENTIALS.lock().expect("not poisoned").get(&name)
-        && at.elapsed() < CREDENTIALS_TTL
-    {
-        return found.clone();
-    }
-    let found = read_credentials_now(ctx, connection).await;
-    CREDENTIALS
-        .lock()
-        .expect("not poisoned")
-        .insert(name, (std::time::Instant::now(), found.clone()));
-    found
-}
-
-async fn read_credentials_now(ctx: &Context, connection: &Connection) -> Credentials {
-    let reference = &connection.spec.kubeconfig_secret_ref;
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &reference.namespace)
-        .get(&reference.name)
-        .await
-        .map_err(|e| {
-            format!(
-                "read Secret {}/{}: {e}",
-                reference.namespace, reference.name
-            )
-        })?;
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(reference.effective_key()))
-        .map(|b| b.0.clone())
-        .ok_or_else(|| {
-            format!(
-                "Secret {}/{} has no key `{}`",
-                reference.namespace,
-                reference.name,
-                reference.effective_key()
-            )
-        })?;
-    let kubeconfig = InlineKubeconfig::parse(&bytes).map_err(|e| e.to_string())?;
-    Ok((kubeconfig, Sha256::digest(&bytes).into()))
 }

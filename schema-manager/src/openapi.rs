@@ -557,6 +557,30 @@ async fn get_json(client: &kube::Client, path: &str) -> Result<Value, kube::Erro
     serde_json::from_str(&text).map_err(kube::Error::SerdeError)
 }
 
+/// Fetched OpenAPI v3 documents by their `serverRelativeURL`, which carries the document's content
+/// hash (`?hash=…`): a changed document has a new URL, so a cached one is never stale. Bounded: it
+/// is emptied when it grows past [`DOCUMENT_CACHE_ENTRIES`].
+static DOCUMENTS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, Value>>> =
+    std::sync::LazyLock::new(Default::default);
+const DOCUMENT_CACHE_ENTRIES: usize = 128;
+
+/// One group version's document, from the cache when its URL names a content hash.
+async fn document(client: &kube::Client, path: &str) -> Result<Value, kube::Error> {
+    let cacheable = path.contains("hash=");
+    if cacheable && let Some(found) = DOCUMENTS.lock().expect("not poisoned").get(path) {
+        return Ok(found.clone());
+    }
+    let fetched = get_json(client, path).await?;
+    if cacheable {
+        let mut documents = DOCUMENTS.lock().expect("not poisoned");
+        if documents.len() >= DOCUMENT_CACHE_ENTRIES {
+            documents.clear();
+        }
+        documents.insert(path.to_owned(), fetched.clone());
+    }
+    Ok(fetched)
+}
+
 /// Synthesizes the CRDs of the provider's non-built-in groups (all of them, or only `only_group`).
 /// Group versions whose discovery or document cannot be read are skipped (OAPI-1, OAPI-3).
 pub async fn synthesize_from_provider(
@@ -590,7 +614,7 @@ pub async fn synthesize_from_provider(
             else {
                 continue;
             };
-            let Ok(document) = get_json(provider, path).await else {
+            let Ok(document) = document(provider, path).await else {
                 continue;
             };
             let names: BTreeSet<&str> = resources

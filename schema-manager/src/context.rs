@@ -28,6 +28,22 @@ pub struct Settings {
     pub namespace_buckets: u32,
 }
 
+/// How long an instance metadata cache lives without being read.
+pub const METADATA_CACHE_IDLE: Duration = Duration::from_secs(600);
+
+/// One API's instance metadata cache.
+pub struct MetadataCache {
+    store: Store<PartialObjectMeta<DynamicObject>>,
+    task: tokio::task::JoinHandle<()>,
+    used: std::time::Instant,
+}
+
+impl Drop for MetadataCache {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Shared by the reconcilers.
 pub struct Context {
     /// The consumer cluster.
@@ -43,9 +59,7 @@ pub struct Context {
     /// One provider client per Connection, shared by the reconcilers.
     pub providers: Providers,
     local_uid: OnceCell<String>,
-    instance_metadata: std::sync::Mutex<
-        std::collections::HashMap<String, Store<PartialObjectMeta<DynamicObject>>>,
-    >,
+    instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
 }
 
 impl Context {
@@ -69,8 +83,9 @@ impl Context {
         }
     }
 
-    /// A metadata-only cache of every instance of a bound API, started on first use and kept
-    /// (conflict counts read it instead of listing, LIM-16).
+    /// A metadata-only cache of every instance of a bound API, started on first use (conflict
+    /// counts read it instead of listing, LIM-16). Caches unused for [`METADATA_CACHE_IDLE`] (an
+    /// API no longer bound, a CRD gone) are stopped.
     pub fn instance_metadata(
         &self,
         resource: &ApiResource,
@@ -79,22 +94,32 @@ impl Context {
             "{}/{}/{}",
             resource.group, resource.version, resource.plural
         );
+        let now = std::time::Instant::now();
         let mut caches = self.instance_metadata.lock().expect("not poisoned");
-        caches
-            .entry(key)
-            .or_insert_with(|| {
-                let writer = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(
-                    resource.clone(),
-                );
-                let reader = writer.as_reader();
-                let api: Api<PartialObjectMeta<DynamicObject>> =
-                    Api::all_with(self.client.clone(), resource);
-                let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-                    .default_backoff();
-                tokio::spawn(async move { stream.for_each(|_| async {}).await });
-                reader
-            })
-            .clone()
+        caches.retain(|k, cache| {
+            let keep = *k == key || now.duration_since(cache.used) < METADATA_CACHE_IDLE;
+            if !keep {
+                tracing::debug!(api = %k, "stopping an unused instance metadata cache");
+            }
+            keep
+        });
+        let cache = caches.entry(key).or_insert_with(|| {
+            let writer =
+                reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(resource.clone());
+            let store = writer.as_reader();
+            let api: Api<PartialObjectMeta<DynamicObject>> =
+                Api::all_with(self.client.clone(), resource);
+            let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+                .default_backoff();
+            let task = tokio::spawn(async move { stream.for_each(|_| async {}).await });
+            MetadataCache {
+                store,
+                task,
+                used: now,
+            }
+        });
+        cache.used = now;
+        cache.store.clone()
     }
 
     /// The consumer's identity (ID-1), read once: a cluster does not change identity.

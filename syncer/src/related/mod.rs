@@ -356,7 +356,7 @@ impl Worker {
                 return Duration::from_secs(1);
             };
             let (reason, what) = if forbidden {
-                (reasons::FORBIDDEN, "is not allowed to list and watch")
+                (reasons::FORBIDDEN, "are not allowed to list and watch")
             } else {
                 (reasons::ERROR, "cannot list and watch")
             };

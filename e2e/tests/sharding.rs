@@ -22,6 +22,29 @@ use serde_json::json;
 const KINDS: [&str; 6] = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot"];
 const LEASE: Duration = Duration::from_secs(3);
 
+/// Samples the membership Leases every 100 ms while `sampling`; `worst` is the most live owners
+/// any unit had. Returns the first sample in which a unit had two, for the failure message.
+fn spawn_overlap_sampler(
+    consumer: &Client,
+    sampling: &Arc<AtomicBool>,
+    worst: &Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<Option<String>> {
+    let (consumer, sampling, worst) = (consumer.clone(), sampling.clone(), worst.clone());
+    tokio::spawn(async move {
+        let mut first_overlap = None;
+        while sampling.load(Ordering::Relaxed) {
+            let owners = owners(&running(&consumer).await);
+            let most = owners.values().map(Vec::len).max().unwrap_or(0);
+            if most > 1 && first_overlap.is_none() {
+                first_overlap = Some(format!("{} {owners:?}", jiff::Timestamp::now()));
+            }
+            worst.fetch_max(most, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        first_overlap
+    })
+}
+
 #[tokio::test]
 async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
     let mut env = TestEnv::start("sharding", &["consumer", "provider"])
@@ -124,20 +147,7 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
     // A sampler checks, all through the churn, that no unit ever has two live owners.
     let sampling = Arc::new(AtomicBool::new(true));
     let worst = Arc::new(AtomicUsize::new(0));
-    let sampler = tokio::spawn({
-        let (consumer, sampling, worst) = (consumer.clone(), sampling.clone(), worst.clone());
-        async move {
-            while sampling.load(Ordering::Relaxed) {
-                let most = owners(&running(&consumer).await)
-                    .values()
-                    .map(Vec::len)
-                    .max()
-                    .unwrap_or(0);
-                worst.fetch_max(most, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    });
+    let sampler = spawn_overlap_sampler(&consumer, &sampling, &worst);
 
     // Churn on every API while one syncer is SIGKILLed and another leaves with SIGTERM.
     let churn = tokio::spawn({
@@ -265,11 +275,12 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
         .unwrap();
     }
     sampling.store(false, Ordering::Relaxed);
-    sampler.await.unwrap();
+    let first_overlap = sampler.await.unwrap();
     assert_eq!(
         worst.load(Ordering::Relaxed),
         1,
-        "a unit had two live owners at a sampled instant"
+        "a unit had two live owners at a sampled instant: {}",
+        first_overlap.unwrap_or_default()
     );
     let metrics = manager.metrics().await.unwrap();
     assert!(metrics.contains("kbind_assignment_overlaps 0"), "{metrics}");
@@ -467,20 +478,7 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     // A sampler: never two live owners of a unit.
     let sampling = Arc::new(AtomicBool::new(true));
     let worst = Arc::new(AtomicUsize::new(0));
-    let sampler = tokio::spawn({
-        let (consumer, sampling, worst) = (consumer.clone(), sampling.clone(), worst.clone());
-        async move {
-            while sampling.load(Ordering::Relaxed) {
-                let most = owners(&running(&consumer).await)
-                    .values()
-                    .map(Vec::len)
-                    .max()
-                    .unwrap_or(0);
-                worst.fetch_max(most, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    });
+    let sampler = spawn_overlap_sampler(&consumer, &sampling, &worst);
     // Churn: create 80 Alphas and 80 Bravos across 8 namespaces, then update and delete some,
     // while the syncers scale 1 → 3 → 1 and the leader is killed.
     let churn = tokio::spawn({
@@ -531,6 +529,33 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     )
     .await
     .unwrap();
+
+    // Pause one syncer past its Lease (SIGSTOP 5 s, Lease 3 s): its units move to the other two;
+    // when it resumes it must not write for its old units — it rejoins as a new incarnation.
+    let paused = env.process(extra[0].index);
+    paused.signal("STOP").unwrap();
+    eventually(
+        "the paused syncer's units on the other two",
+        Duration::from_secs(30),
+        || all_owned_once(2),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.process(extra[0].index).signal("CONT").unwrap();
+    eventually(
+        "the resumed syncer back in the membership",
+        Duration::from_secs(30),
+        || all_owned_once(3),
+    )
+    .await
+    .unwrap();
+    let log = std::fs::read_to_string(env.dir().join("syncer-2.log")).unwrap();
+    assert!(
+        log.contains("the membership Lease lapsed; stopping all work and rejoining")
+            && log.contains("membership rejoined after a lapse"),
+        "the resumed syncer noticed its lapse"
+    );
 
     // Kill the leader: the standby takes over and assignment continues (scale-down below needs it).
     let leader = eventually("a leader", Duration::from_secs(10), || async {
@@ -596,11 +621,12 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     .await
     .unwrap();
     sampling.store(false, Ordering::Relaxed);
-    sampler.await.unwrap();
+    let first_overlap = sampler.await.unwrap();
     assert_eq!(
         worst.load(Ordering::Relaxed),
         1,
-        "a unit had two live owners at a sampled instant"
+        "a unit had two live owners at a sampled instant: {}",
+        first_overlap.unwrap_or_default()
     );
     // No stuck finalizers: deleting everything on the consumer empties both sides.
     for kind in kinds {

@@ -14,7 +14,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kbind_shared::api::{Binding, ClusterBinding};
 use kbind_shared::cache;
 use kbind_shared::keys;
-use kbind_shared::shard::{self, Assignment, Unit};
+use kbind_shared::shard::{self, Assignment, Member, Unit};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -28,13 +28,10 @@ use crate::context::Context;
 /// How often the assignment is recomputed without a change event.
 const ROUND: Duration = Duration::from_millis(500);
 
-/// The live members and what each runs, from the membership Leases.
-fn members(
-    leases: &[Lease],
-    now: jiff::Timestamp,
-) -> (BTreeSet<String>, BTreeMap<String, BTreeSet<String>>) {
-    let mut live = BTreeSet::new();
-    let mut running = BTreeMap::new();
+/// The live members (current Leases) and what each reports: incarnation, the assignment
+/// generation it applied, the units it runs. An unreadable annotation reads as zero or nothing.
+fn members(leases: &[Lease], now: jiff::Timestamp) -> BTreeMap<String, Member> {
+    let mut live = BTreeMap::new();
     for lease in leases {
         let Some(spec) = &lease.spec else { continue };
         let Some(member) = spec.holder_identity.clone().filter(|h| !h.is_empty()) else {
@@ -49,15 +46,27 @@ fn members(
         if lease.metadata.deletion_timestamp.is_some() || !current {
             continue;
         }
-        let units: BTreeSet<String> = lease
-            .annotations()
+        let annotations = lease.annotations();
+        let number = |key: &str| {
+            annotations
+                .get(key)
+                .and_then(|a| a.parse::<u64>().ok())
+                .unwrap_or_default()
+        };
+        let running: BTreeSet<String> = annotations
             .get(shard::RUNNING_UNITS_ANNOTATION)
             .and_then(|a| serde_json::from_str(a).ok())
             .unwrap_or_default();
-        live.insert(member.clone());
-        running.insert(member, units);
+        live.insert(
+            member,
+            Member {
+                incarnation: number(shard::INCARNATION_ANNOTATION),
+                observed: number(shard::OBSERVED_ASSIGNMENT_ANNOTATION),
+                running,
+            },
+        );
     }
-    (live, running)
+    live
 }
 
 /// Annotation on a consumer CRD: split its API into this many namespace buckets (overrides
@@ -208,7 +217,12 @@ async fn round(ctx: &Context, caches: &Caches, maps: &Api<ConfigMap>) -> Result<
         .iter()
         .map(|l| l.as_ref().clone())
         .collect();
-    let (live, running) = members(&leases, jiff::Timestamp::now());
+    let live = members(&leases, jiff::Timestamp::now());
+    let running: BTreeMap<String, BTreeSet<String>> = live
+        .iter()
+        .map(|(m, s)| (m.clone(), s.running.clone()))
+        .collect();
+    let names: BTreeSet<String> = live.keys().cloned().collect();
     let units = caches.units(ctx.settings.namespace_buckets);
     let current = caches
         .assignment
@@ -219,8 +233,8 @@ async fn round(ctx: &Context, caches: &Caches, maps: &Api<ConfigMap>) -> Result<
         .unwrap_or_default();
     ctx.metrics
         .assignment_overlaps
-        .set(shard::overlaps(&live, &running) as f64);
-    let next = shard::next(&units, &live, &running, &current);
+        .set(shard::overlaps(&names, &running) as f64);
+    let next = shard::next(&units, &live, &current);
     if next == current {
         return Ok(());
     }
@@ -270,18 +284,23 @@ mod tests {
     #[test]
     fn only_current_leases_are_live_members() {
         let now = jiff::Timestamp::from_second(1000).unwrap();
-        let (live, running) = members(
-            &[
-                lease("a", 2, r#"["p/x.y"]"#),
-                lease("b", 11, "[]"),
-                lease("c", 0, "garbage"),
-            ],
+        let mut with_numbers = lease("a", 2, r#"["p/x.y"]"#);
+        with_numbers.metadata.annotations.as_mut().unwrap().extend([
+            (shard::INCARNATION_ANNOTATION.to_owned(), "17".to_owned()),
+            (
+                shard::OBSERVED_ASSIGNMENT_ANNOTATION.to_owned(),
+                "4".to_owned(),
+            ),
+        ]);
+        let live = members(
+            &[with_numbers, lease("b", 11, "[]"), lease("c", 0, "garbage")],
             now,
         );
-        assert_eq!(live.into_iter().collect::<Vec<_>>(), ["a", "c"]);
-        assert_eq!(running["a"].iter().collect::<Vec<_>>(), ["p/x.y"]);
+        assert_eq!(live.keys().collect::<Vec<_>>(), ["a", "c"]);
+        assert_eq!(live["a"].running.iter().collect::<Vec<_>>(), ["p/x.y"]);
+        assert_eq!((live["a"].incarnation, live["a"].observed), (17, 4));
         assert!(
-            running["c"].is_empty(),
+            live["c"].running.is_empty() && live["c"].incarnation == 0,
             "an unreadable annotation counts as running nothing"
         );
     }

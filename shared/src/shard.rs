@@ -19,13 +19,54 @@ pub const RUNNING_UNITS_ANNOTATION: &str = "core.kbind.io/running-units";
 /// Prefix of each syncer's membership Lease name.
 pub const MEMBER_LEASE_PREFIX: &str = "kbind-syncer-";
 
+/// Annotation on a syncer's membership Lease: its incarnation, a number that changes whenever it
+/// (re)joins — at start and after a lapse (a pause longer than its fence). Units assigned to an
+/// earlier incarnation are not its own.
+pub const INCARNATION_ANNOTATION: &str = "core.kbind.io/incarnation";
+/// Annotation on a syncer's membership Lease: the generation of the newest assignment it has
+/// applied — nothing it runs lies outside that assignment. A drained unit moves only once its old
+/// owner has applied the generation that drained it.
+pub const OBSERVED_ASSIGNMENT_ANNOTATION: &str = "core.kbind.io/observed-assignment";
+
 /// Which member owns which unit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
     /// Format version, [`ASSIGNMENT_FORMAT`].
     pub format: u32,
+    /// Increases with every change.
+    #[serde(default)]
+    pub generation: u64,
     /// Unit → member identity. A unit absent here is unowned (being drained or waiting).
     pub units: BTreeMap<String, String>,
+    /// The incarnation of each member that owns units: a member runs its units only while it is
+    /// that incarnation.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub members: BTreeMap<String, u64>,
+    /// Units taken from a live owner and not yet given to anyone.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub draining: BTreeMap<String, Drain>,
+}
+
+/// A unit being taken from a live owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drain {
+    /// The owner it is taken from.
+    pub from: String,
+    /// That owner's incarnation.
+    pub incarnation: u64,
+    /// The assignment generation that took it.
+    pub since: u64,
+}
+
+/// What the leader knows of a live member, from its Lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Member {
+    /// [`INCARNATION_ANNOTATION`].
+    pub incarnation: u64,
+    /// [`OBSERVED_ASSIGNMENT_ANNOTATION`].
+    pub observed: u64,
+    /// [`RUNNING_UNITS_ANNOTATION`].
+    pub running: BTreeSet<String>,
 }
 
 /// Why an assignment cannot be read.
@@ -61,8 +102,11 @@ impl Assignment {
         serde_json::to_string(self).expect("an assignment serializes")
     }
 
-    /// The units assigned to `member`.
-    pub fn units_of(&self, member: &str) -> BTreeSet<String> {
+    /// The units assigned to `member` as `incarnation` (none for any other incarnation).
+    pub fn units_of(&self, member: &str, incarnation: u64) -> BTreeSet<String> {
+        if self.members.get(member) != Some(&incarnation) {
+            return BTreeSet::new();
+        }
         self.units
             .iter()
             .filter(|(_, m)| *m == member)
@@ -256,41 +300,84 @@ pub fn placement(units: &BTreeSet<String>, members: &BTreeSet<String>) -> BTreeM
     out
 }
 
-/// One assignment round. `live` are members whose Lease is current; `running` is what each live
-/// member says it runs. A unit moves in two rounds — first unowned until its old owner no longer
-/// runs it (drain, acknowledged in its Lease), then to the new owner — so no unit ever has two
-/// active owners. A dead member's units move once its Lease has expired (it fenced itself).
+/// One assignment round over the live members (current Leases). A unit moves from a live owner
+/// in two steps: it is marked draining (nobody's), and given to its new owner only once the old
+/// owner has applied that assignment generation and no longer runs it — so a unit never has two
+/// active owners, even if the old owner had not yet started it when the move began. A dead
+/// owner's units (Lease expired, or a new incarnation after a lapse: it fenced itself) move at
+/// once, unless some live member still reports running them.
 pub fn next(
     units: &BTreeSet<String>,
-    live: &BTreeSet<String>,
-    running: &BTreeMap<String, BTreeSet<String>>,
+    live: &BTreeMap<String, Member>,
     current: &Assignment,
 ) -> Assignment {
+    let generation = current.generation + 1;
+    let names: BTreeSet<String> = live.keys().cloned().collect();
+    let placement = placement(units, &names);
+    let alive = |owner: &str| {
+        live.get(owner).is_some_and(|m| {
+            current
+                .members
+                .get(owner)
+                .is_none_or(|i| *i == m.incarnation)
+        })
+    };
+    let running_elsewhere = |unit: &str, except: &str| {
+        live.iter()
+            .any(|(member, m)| member != except && m.running.contains(unit))
+    };
     let mut out = Assignment {
         format: ASSIGNMENT_FORMAT,
-        units: BTreeMap::new(),
+        generation: current.generation,
+        ..Default::default()
     };
-    let placement = placement(units, live);
     for unit in units {
         let Some(desired) = placement.get(unit) else {
             continue;
         };
-        match current.units.get(unit) {
-            Some(owner) if owner == desired => {
+        if let Some(owner) = current.units.get(unit) {
+            if owner == desired && alive(owner) {
                 out.units.insert(unit.clone(), owner.clone());
+            } else if alive(owner) {
+                let incarnation = live.get(owner).map(|m| m.incarnation).unwrap_or_default();
+                out.draining.insert(
+                    unit.clone(),
+                    Drain {
+                        from: owner.clone(),
+                        incarnation,
+                        since: generation,
+                    },
+                );
+            } else if !running_elsewhere(unit, desired) {
+                out.units.insert(unit.clone(), desired.clone());
             }
-            // Drain: take it from a live owner first.
-            Some(owner) if live.contains(owner) => {}
-            _ => {
-                let still_running_elsewhere = running.iter().any(|(member, units)| {
-                    member != desired && live.contains(member) && units.contains(unit)
-                });
-                if !still_running_elsewhere {
-                    out.units.insert(unit.clone(), desired.to_owned());
-                }
+        } else if let Some(drain) = current.draining.get(unit) {
+            let acknowledged = match live.get(&drain.from) {
+                None => true,
+                Some(m) if m.incarnation != drain.incarnation => true,
+                Some(m) => m.observed >= drain.since && !m.running.contains(unit),
+            };
+            if acknowledged && !running_elsewhere(unit, desired) {
+                out.units.insert(unit.clone(), desired.clone());
+            } else {
+                out.draining.insert(unit.clone(), drain.clone());
             }
+        } else if !running_elsewhere(unit, desired) {
+            out.units.insert(unit.clone(), desired.clone());
         }
     }
+    out.members = out
+        .units
+        .values()
+        .filter_map(|m| live.get(m).map(|s| (m.clone(), s.incarnation)))
+        .collect();
+    if out.units == current.units
+        && out.draining == current.draining
+        && out.members == current.members
+    {
+        return current.clone();
+    }
+    out.generation = generation;
     out
 }
 
@@ -387,33 +474,54 @@ mod tests {
         }
     }
 
+    fn member(incarnation: u64, observed: u64, running: &[&str]) -> Member {
+        Member {
+            incarnation,
+            observed,
+            running: set(running),
+        }
+    }
+
     #[test]
-    fn a_unit_moves_only_after_its_old_owner_drained_it() {
-        let units = set(&["p/widgets.example.org"]);
+    fn a_unit_moves_only_after_its_old_owner_applied_the_drain_and_stopped_it() {
         let u = "p/widgets.example.org".to_owned();
-        let live = set(&["a", "b"]);
-        let desired = placement(&units, &live)[&u].clone();
+        let units = set(&[u.as_str()]);
+        let names = set(&["a", "b"]);
+        let desired = placement(&units, &names)[&u].clone();
         let other = if desired == "a" { "b" } else { "a" }.to_owned();
         let current = Assignment {
             format: 1,
+            generation: 7,
             units: [(u.clone(), other.clone())].into(),
+            members: [(other.clone(), 1)].into(),
+            draining: BTreeMap::new(),
         };
-        // Round 1: taken from the old owner, given to nobody.
-        let running: BTreeMap<String, BTreeSet<String>> =
-            [(other.clone(), set(&["p/widgets.example.org"]))].into();
-        let round1 = next(&units, &live, &running, &current);
+        let live = |observed: u64, running: &[&str]| -> BTreeMap<String, Member> {
+            [
+                (other.clone(), member(1, observed, running)),
+                (desired.clone(), member(1, observed, &[])),
+            ]
+            .into()
+        };
+        // Round 1: taken from the old owner (draining since generation 8), given to nobody.
+        let round1 = next(&units, &live(7, &[u.as_str()]), &current);
+        assert_eq!(round1.generation, 8);
         assert!(!round1.units.contains_key(&u));
-        // Still running there: still nobody's.
+        assert_eq!(round1.draining[&u].since, 8);
+        // The old owner has not applied generation 8 yet (even if it does not run the unit: it may
+        // be about to start it from generation 7): still nobody's, and nothing changes.
+        assert_eq!(next(&units, &live(7, &[]), &round1), round1);
+        // Applied, but still running: nobody's.
+        assert_eq!(next(&units, &live(8, &[u.as_str()]), &round1), round1);
+        // Applied and stopped: now the new owner's, with its incarnation.
+        let round2 = next(&units, &live(8, &[]), &round1);
+        assert_eq!(round2.units.get(&u), Some(&desired));
+        assert_eq!(round2.members.get(&desired), Some(&1));
+        assert!(round2.draining.is_empty());
+        assert_eq!(round2.units_of(&desired, 1), set(&[u.as_str()]));
         assert!(
-            !next(&units, &live, &running, &round1)
-                .units
-                .contains_key(&u)
-        );
-        // Drained: now the new owner's.
-        let drained: BTreeMap<String, BTreeSet<String>> = [(other, BTreeSet::new())].into();
-        assert_eq!(
-            next(&units, &live, &drained, &round1).units.get(&u),
-            Some(&desired)
+            round2.units_of(&desired, 2).is_empty(),
+            "another incarnation"
         );
     }
 
@@ -422,12 +530,34 @@ mod tests {
         let u = "p/widgets.example.org".to_owned();
         let current = Assignment {
             format: 1,
+            generation: 3,
             units: [(u.clone(), "dead".to_owned())].into(),
+            members: [("dead".to_owned(), 1)].into(),
+            draining: BTreeMap::new(),
         };
-        let running: BTreeMap<String, BTreeSet<String>> =
-            [("dead".to_owned(), set(&[u.as_str()]))].into();
-        let next = next(&set(&[u.as_str()]), &set(&["alive"]), &running, &current);
+        let live: BTreeMap<String, Member> = [("alive".to_owned(), member(5, 0, &[]))].into();
+        let next = next(&set(&[u.as_str()]), &live, &current);
         assert_eq!(next.units.get(&u).map(String::as_str), Some("alive"));
+        assert_eq!(next.members.get("alive"), Some(&5));
+    }
+
+    #[test]
+    fn a_member_that_lapsed_and_rejoined_does_not_keep_its_old_units() {
+        // A new incarnation (restart, or a pause past the fence) means the old one stopped: its
+        // units are reassigned at once — possibly to the same member, as its new incarnation.
+        let u = "p/widgets.example.org".to_owned();
+        let units = set(&[u.as_str()]);
+        let current = Assignment {
+            format: 1,
+            generation: 3,
+            units: [(u.clone(), "a".to_owned())].into(),
+            members: [("a".to_owned(), 1)].into(),
+            draining: BTreeMap::new(),
+        };
+        let live: BTreeMap<String, Member> = [("a".to_owned(), member(2, 3, &[]))].into();
+        assert!(current.units_of("a", 2).is_empty());
+        let next = next(&units, &live, &current);
+        assert_eq!(next.units_of("a", 2), units);
     }
 
     #[test]
@@ -497,9 +627,16 @@ mod tests {
         assert!(Assignment::decode("nope").is_err());
         let a = Assignment {
             format: 1,
+            generation: 4,
             units: [("p/x.y".into(), "a".into())].into(),
+            members: [("a".into(), 9)].into(),
+            draining: BTreeMap::new(),
         };
         assert_eq!(Assignment::decode(&a.encode()).unwrap(), a);
-        assert_eq!(a.units_of("a"), set(&["p/x.y"]));
+        assert_eq!(a.units_of("a", 9), set(&["p/x.y"]));
+        // An assignment written before generations and incarnations still reads.
+        let old = Assignment::decode(r#"{"format":1,"units":{"p/x.y":"a"}}"#).unwrap();
+        assert_eq!(old.generation, 0);
+        assert!(old.units_of("a", 9).is_empty(), "no incarnation recorded");
     }
 }

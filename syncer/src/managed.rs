@@ -102,19 +102,38 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
 
     let mut running: HashMap<String, Running> = HashMap::new();
     loop {
-        let mine = my_units(&ctx, &assignment);
+        let (mine, generation) = my_units(&ctx, &assignment);
         let mut wanted = desired_workers(&crds, &connections, &credentials, &mine);
         wanted.extend(desired_related(&ctx, &connections, &credentials, &mine));
         credentials.retain(connections.state().iter().map(|c| c.as_ref()));
-        let names: Vec<String> = running.keys().cloned().collect();
-        for name in names {
-            let keep = wanted
-                .get(&name)
-                .is_some_and(|(key, _)| running[&name].key == *key);
-            if !keep {
-                tracing::info!(worker = %name, "stopping sync worker");
-                running.remove(&name).expect("listed").stop().await;
-            }
+        let stale: Vec<String> = running
+            .iter()
+            .filter(|(name, r)| wanted.get(*name).is_none_or(|(key, _)| r.key != *key))
+            .map(|(name, _)| name.clone())
+            .collect();
+        if !stale.is_empty() {
+            // Stop them all at once, report what still runs (the drain acknowledgement), and read
+            // the assignment again before starting anything: stopping may take seconds, and what
+            // was assigned before it may have moved since.
+            let stopping: Vec<Running> = stale
+                .iter()
+                .map(|name| {
+                    tracing::info!(worker = %name, "stopping sync worker");
+                    running.remove(name).expect("listed")
+                })
+                .collect();
+            futures::future::join_all(stopping.into_iter().map(Running::stop)).await;
+            report_running(&ctx, &running, generation);
+            continue;
+        }
+        if stop.is_cancelled() {
+            break;
+        }
+        if ctx.membership.is_lapsed() {
+            // Every worker of the old incarnation has stopped (`mine` was empty while lapsed).
+            report_running(&ctx, &running, generation);
+            ctx.membership.clear_lapse();
+            continue;
         }
         for (name, (key, work)) in wanted {
             if running.contains_key(&name) {
@@ -135,20 +154,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
                 },
             );
         }
-        // Report what runs now: the drain acknowledgement the assignment waits for.
-        let units: BTreeSet<String> = running
-            .values()
-            .flat_map(|r| r.key.units.iter().cloned())
-            .collect();
-        let apis = units
-            .iter()
-            .filter(|u| matches!(u.parse::<Unit>(), Ok(Unit::Api { .. })))
-            .count();
-        ctx.metrics
-            .syncer_assigned_apis
-            .with_label_values(&[ctx.membership.identity.as_str()])
-            .set(apis as f64);
-        ctx.membership.set_running(units);
+        report_running(&ctx, &running, generation);
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(RECHECK) => {}
@@ -156,43 +162,63 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             _ = futures::StreamExt::next(&mut binding_changes) => {}
         }
     }
-    for (_, worker) in running.drain() {
-        worker.stop().await;
-    }
-    ctx.membership.set_running(BTreeSet::new());
+    futures::future::join_all(running.drain().map(|(_, worker)| worker.stop())).await;
+    let (_, generation) = my_units(&ctx, &assignment);
+    ctx.membership.set_running(BTreeSet::new(), generation);
 }
 
-/// The units assigned to this replica; none while its membership is not current (the fence).
-fn my_units(ctx: &Context, assignment: &Store<ConfigMap>) -> BTreeSet<Unit> {
-    if !ctx.membership.is_current() {
-        return BTreeSet::new();
-    }
-    let Some(map) = assignment.state().into_iter().next() else {
-        return BTreeSet::new();
-    };
-    let text = map
-        .data
-        .as_ref()
-        .and_then(|d| d.get(shard::ASSIGNMENT_KEY))
-        .cloned()
+/// Reports what runs now and the assignment generation it conforms to: the drain acknowledgement
+/// the assignment waits for.
+fn report_running(ctx: &Context, running: &HashMap<String, Running>, generation: u64) {
+    let units: BTreeSet<String> = running
+        .values()
+        .flat_map(|r| r.key.units.iter().cloned())
+        .collect();
+    let apis = units
+        .iter()
+        .filter(|u| matches!(u.parse::<Unit>(), Ok(Unit::Api { .. })))
+        .count();
+    ctx.metrics
+        .syncer_assigned_apis
+        .with_label_values(&[ctx.membership.identity.as_str()])
+        .set(apis as f64);
+    ctx.membership.set_running(units, generation);
+}
+
+/// The units assigned to this replica (its current incarnation) and the assignment's generation;
+/// no units while its membership is not current (the fence).
+fn my_units(ctx: &Context, assignment: &Store<ConfigMap>) -> (BTreeSet<Unit>, u64) {
+    let text = assignment
+        .state()
+        .into_iter()
+        .next()
+        .and_then(|map| map.data.as_ref()?.get(shard::ASSIGNMENT_KEY).cloned())
         .unwrap_or_default();
-    match shard::Assignment::decode(&text) {
-        Ok(assignment) => assignment
-            .units_of(&ctx.membership.identity)
-            .into_iter()
-            .filter_map(|u| match u.parse::<Unit>() {
-                Ok(unit) => Some(unit),
-                Err(e) => {
-                    tracing::warn!(error = %e, "ignoring an assigned unit this kbind-syncer cannot read");
-                    None
-                }
-            })
-            .collect(),
+    if text.is_empty() {
+        return (BTreeSet::new(), 0);
+    }
+    let assignment = match shard::Assignment::decode(&text) {
+        Ok(assignment) => assignment,
         Err(e) => {
             tracing::error!(error = %e, "cannot read the work assignment; running nothing");
-            BTreeSet::new()
+            return (BTreeSet::new(), 0);
         }
+    };
+    if !ctx.membership.is_current() {
+        return (BTreeSet::new(), assignment.generation);
     }
+    let units = assignment
+        .units_of(&ctx.membership.identity, ctx.membership.incarnation())
+        .into_iter()
+        .filter_map(|u| match u.parse::<Unit>() {
+            Ok(unit) => Some(unit),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring an assigned unit this kbind-syncer cannot read");
+                None
+            }
+        })
+        .collect();
+    (units, assignment.generation)
 }
 
 /// The Connection, if it is engaged (Ready with a pinned consumer identity), and its identity.

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -26,8 +26,14 @@ pub struct Membership {
     leases: Api<Lease>,
     duration: Duration,
     renewed_at_ms: AtomicI64,
-    running: Mutex<BTreeSet<String>>,
+    /// Units running now and the assignment generation they conform to.
+    running: Mutex<(BTreeSet<String>, u64)>,
     changed: Notify,
+    /// Changes when this replica (re)joins: at start, and after a lapse.
+    incarnation: AtomicU64,
+    /// Set by a renewal that follows a lapse (no renewal within the fence window); cleared once
+    /// every unit of the old incarnation has stopped. No writes while set.
+    lapsed: AtomicBool,
 }
 
 fn now_ms() -> i64 {
@@ -45,7 +51,35 @@ impl Membership {
             renewed_at_ms: AtomicI64::new(i64::MIN / 2),
             running: Mutex::default(),
             changed: Notify::new(),
+            incarnation: AtomicU64::new(now_ms().unsigned_abs()),
+            lapsed: AtomicBool::new(false),
         }
+    }
+
+    /// This replica's current incarnation (see `kbind_shared::shard::INCARNATION_ANNOTATION`).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::SeqCst)
+    }
+
+    /// Whether a lapse is being cleaned up (every worker must stop; nothing is written).
+    pub fn is_lapsed(&self) -> bool {
+        self.lapsed.load(Ordering::SeqCst)
+    }
+
+    /// Ends a lapse: called once nothing of the old incarnation runs any more.
+    pub fn clear_lapse(&self) {
+        if self.lapsed.swap(false, Ordering::SeqCst) {
+            tracing::info!(
+                incarnation = self.incarnation(),
+                "membership rejoined after a lapse"
+            );
+            self.changed.notify_one();
+        }
+    }
+
+    fn within_fence(&self) -> bool {
+        now_ms() - self.renewed_at_ms.load(Ordering::SeqCst)
+            < (self.duration.as_millis() as i64) * 2 / 3
     }
 
     fn lease_name(&self) -> String {
@@ -53,37 +87,57 @@ impl Membership {
     }
 
     /// The fence: true while the Lease was renewed within 2/3 of its duration, so this replica
-    /// stops writing before anyone else may consider it gone.
+    /// stops writing before anyone else may consider it gone; and false after a lapse until every
+    /// worker of the old incarnation has stopped, so it cannot resume writing after a pause
+    /// without re-reading its assignment as a new incarnation.
     pub fn is_current(&self) -> bool {
-        now_ms() - self.renewed_at_ms.load(Ordering::Relaxed)
-            < (self.duration.as_millis() as i64) * 2 / 3
+        !self.is_lapsed() && self.within_fence()
     }
 
     /// Records the units this replica runs now and renews the Lease at once (the acknowledgement
     /// the assignment waits for when it moves a unit away).
-    pub fn set_running(&self, units: BTreeSet<String>) {
+    pub fn set_running(&self, units: BTreeSet<String>, observed_generation: u64) {
         let mut running = self.running.lock().expect("not poisoned");
-        if *running != units {
-            *running = units;
+        if *running != (units.clone(), observed_generation) {
+            *running = (units, observed_generation);
             self.changed.notify_one();
         }
     }
 
     async fn renew(&self) -> Result<(), kube::Error> {
-        let running: Vec<String> = self
-            .running
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .cloned()
-            .collect();
+        let ever_renewed = self.renewed_at_ms.load(Ordering::SeqCst) > i64::MIN / 4;
+        if ever_renewed && !self.within_fence() && !self.is_lapsed() {
+            // Paused or cut off past the fence: others may own our units by now. Rejoin as a new
+            // incarnation that owns nothing until the leader says so.
+            self.lapsed.store(true, Ordering::SeqCst);
+            self.incarnation
+                .store(now_ms().unsigned_abs(), Ordering::SeqCst);
+            tracing::warn!(
+                incarnation = self.incarnation(),
+                "the membership Lease lapsed; stopping all work and rejoining"
+            );
+        }
+        let (running, observed): (Vec<String>, u64) = {
+            let guard = self.running.lock().expect("not poisoned");
+            (guard.0.iter().cloned().collect(), guard.1)
+        };
+        // While a lapse is cleaned up nothing is written, so nothing is claimed either.
+        let running = if self.is_lapsed() {
+            Vec::new()
+        } else {
+            running
+        };
         let lease = json!({
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {
                 "name": self.lease_name(),
                 "labels": { keys::SYNCER_MEMBER_LABEL: keys::TRUE },
-                "annotations": { shard::RUNNING_UNITS_ANNOTATION: serde_json::to_string(&running).expect("strings serialize") },
+                "annotations": {
+                    shard::RUNNING_UNITS_ANNOTATION: serde_json::to_string(&running).expect("strings serialize"),
+                    shard::INCARNATION_ANNOTATION: self.incarnation().to_string(),
+                    shard::OBSERVED_ASSIGNMENT_ANNOTATION: observed.to_string(),
+                },
             },
             "spec": {
                 "holderIdentity": self.identity,
@@ -99,7 +153,7 @@ impl Membership {
                 &Patch::Apply(&lease),
             )
             .await?;
-        self.renewed_at_ms.store(started, Ordering::Relaxed);
+        self.renewed_at_ms.store(started, Ordering::SeqCst);
         Ok(())
     }
 
@@ -120,7 +174,7 @@ impl Membership {
 
     /// Deletes the Lease: this replica leaves the membership.
     pub async fn release(&self) {
-        self.renewed_at_ms.store(i64::MIN / 2, Ordering::Relaxed);
+        self.renewed_at_ms.store(i64::MIN / 2, Ordering::SeqCst);
         match self
             .leases
             .delete(&self.lease_name(), &DeleteParams::default())

@@ -144,6 +144,8 @@ struct Worker {
     warned_no_status: Mutex<bool>,
     states: Mutex<HashMap<(Option<String>, String), SyncState>>,
     in_flight: std::sync::atomic::AtomicI64,
+    /// Set when the worker stops: no new sync starts.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// Where an object stands, for `kbind_synced_objects` and `kbind_conflicts`.
@@ -229,6 +231,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         warned_no_status: Mutex::new(false),
         states: Mutex::default(),
         in_flight: Default::default(),
+        stopping: Default::default(),
     });
     let consumer_api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
     let consumer_writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
@@ -242,6 +245,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     .default_backoff()
     .applied_objects();
     let graceful = stop.clone();
+    let worker_for_stop = worker.clone();
     let controller = Controller::for_stream_with(consumer_events, consumer_objects, resource)
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.workers))
         .reconcile_on(provider_triggers)
@@ -253,9 +257,25 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
                 tracing::debug!(error = %e, "sync");
             }
         });
+    // Stopping: no new sync starts, the ones in flight finish (at most 5 s), then the controller
+    // is dropped. (kube-runtime's own graceful shutdown sometimes kept the controller alive for
+    // seconds with nothing in flight, and a unit cannot move until its worker has stopped.)
+    let drained = async {
+        use std::sync::atomic::Ordering;
+        stop.cancelled().await;
+        worker_for_stop.stopping.store(true, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while worker_for_stop.in_flight.load(Ordering::SeqCst) > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(api = %worker_for_stop.spec.api, "in-flight syncs did not finish within 5 s; abandoning them");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
     tokio::select! {
         _ = controller => {}
-        _ = async { stop.cancelled().await; tokio::time::sleep(Duration::from_secs(5)).await } => {}
+        _ = drained => {}
     }
     feeder.abort();
     for gauge in [
@@ -466,12 +486,18 @@ async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Ac
         .metrics
         .work_queue_depth
         .with_label_values(&[worker.spec.api.as_str()]);
-    gauge.set((worker.in_flight.fetch_add(1, Ordering::Relaxed) + 1) as f64);
+    gauge.set((worker.in_flight.fetch_add(1, Ordering::SeqCst) + 1) as f64);
+    // Counted first, then checked: a stop that sees no sync in flight has seen every sync that
+    // got past this check.
+    if worker.stopping.load(Ordering::SeqCst) {
+        gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
+        return Ok(Action::await_change());
+    }
     let name = object.name_any();
     tracing::trace!(object = %name, "sync start");
     let result = sync(object, worker.clone()).await;
     tracing::trace!(object = %name, ok = result.is_ok(), "sync end");
-    gauge.set((worker.in_flight.fetch_sub(1, Ordering::Relaxed) - 1) as f64);
+    gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
     result
 }
 

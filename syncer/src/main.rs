@@ -133,6 +133,7 @@ async fn run(args: Args) -> Result<(), String> {
             return Ok(());
         }
     };
+    membership.resume_incarnation().await;
     let renewing = CancellationToken::new();
     let renewer = tokio::spawn({
         let (membership, renewing) = (membership.clone(), renewing.clone());

@@ -56,6 +56,34 @@ impl Membership {
         }
     }
 
+    /// A restarted replica (same identity: same pod, so the previous process has exited) keeps
+    /// the incarnation its Lease records, and with it the work still assigned to it — a restart
+    /// moves nothing. A replica that paused without exiting is caught by the lapse check instead.
+    pub async fn resume_incarnation(&self) {
+        let Ok(Some(lease)) = self.leases.get_opt(&self.lease_name()).await else {
+            return;
+        };
+        let holder = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref());
+        let recorded = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(shard::INCARNATION_ANNOTATION))
+            .and_then(|i| i.parse::<u64>().ok());
+        if holder == Some(self.identity.as_str())
+            && let Some(incarnation) = recorded
+        {
+            self.incarnation.store(incarnation, Ordering::SeqCst);
+            tracing::info!(
+                incarnation,
+                "resuming the incarnation of this replica's Lease"
+            );
+        }
+    }
+
     /// This replica's current incarnation (see `kbind_shared::shard::INCARNATION_ANNOTATION`).
     pub fn incarnation(&self) -> u64 {
         self.incarnation.load(Ordering::SeqCst)

@@ -530,6 +530,15 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     .await
     .unwrap();
 
+    // Each replica's gauges agree with the assignment: 9 units in all, both APIs covered.
+    let mut assigned_units = 0.0;
+    for program in std::iter::once(&first).chain(extra.iter()) {
+        let metrics = program.metrics().await.unwrap();
+        assigned_units += metric_sum(&metrics, "kbind_syncer_assigned_units");
+        assert!(metric_sum(&metrics, "kbind_syncer_assigned_apis") <= 2.0);
+    }
+    assert_eq!(assigned_units, units.len() as f64);
+
     // Pause one syncer past its Lease (SIGSTOP 5 s, Lease 3 s): its units move to the other two;
     // when it resumes it must not write for its old units — it rejoins as a new incarnation.
     let paused = env.process(extra[0].index);

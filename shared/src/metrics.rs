@@ -30,6 +30,8 @@ pub struct Metrics {
     pub api_requests_total: IntCounterVec,
     /// `kbind_syncer_assigned_apis{identity}`
     pub syncer_assigned_apis: GaugeVec,
+    /// `kbind_syncer_assigned_units{identity}`
+    pub syncer_assigned_units: GaugeVec,
     /// `kbind_leader`
     pub leader: Gauge,
     /// `kbind_assignment_overlaps`: units more than one live syncer reports running (must be 0)
@@ -147,7 +149,13 @@ impl Metrics {
             syncer_assigned_apis: gauge_vec(
                 &registry,
                 "kbind_syncer_assigned_apis",
-                "Work units assigned to a syncer",
+                "APIs (of a Connection) a syncer runs, wholly or some of their namespace buckets",
+                &["identity"],
+            ),
+            syncer_assigned_units: gauge_vec(
+                &registry,
+                "kbind_syncer_assigned_units",
+                "Work units a syncer runs: APIs, namespace buckets, bindings' related resources",
                 &["identity"],
             ),
             leader,

@@ -174,14 +174,24 @@ fn report_running(ctx: &Context, running: &HashMap<String, Running>, generation:
         .values()
         .flat_map(|r| r.key.units.iter().cloned())
         .collect();
-    let apis = units
+    let apis: BTreeSet<(String, String)> = units
         .iter()
-        .filter(|u| matches!(u.parse::<Unit>(), Ok(Unit::Api { .. })))
-        .count();
+        .filter_map(|u| match u.parse::<Unit>() {
+            Ok(Unit::Api {
+                connection, api, ..
+            }) => Some((connection, api)),
+            _ => None,
+        })
+        .collect();
+    let identity = ctx.membership.identity.as_str();
     ctx.metrics
         .syncer_assigned_apis
-        .with_label_values(&[ctx.membership.identity.as_str()])
-        .set(apis as f64);
+        .with_label_values(&[identity])
+        .set(apis.len() as f64);
+    ctx.metrics
+        .syncer_assigned_units
+        .with_label_values(&[identity])
+        .set(units.len() as f64);
     ctx.membership.set_running(units, generation);
 }
 

@@ -217,10 +217,10 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
     // SIGTERM another: it hands its units back and releases its Lease.
     let leaver = before.keys().find(|m| **m != victim).unwrap().clone();
     let leaver_process = env.process(syncers[leaver.as_str()].index);
+    let terminated_at = Instant::now();
     leaver_process.signal("TERM").unwrap();
     let status = leaver_process.wait_exit(Duration::from_secs(10)).await;
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
-    churn.await.unwrap();
     eventually(
         "every unit on the last syncer",
         Duration::from_secs(30),
@@ -234,6 +234,13 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
     )
     .await
     .unwrap();
+    let handed_over_after = terminated_at.elapsed();
+    eprintln!("units of the SIGTERMed syncer running elsewhere after {handed_over_after:?}");
+    assert!(
+        handed_over_after <= Duration::from_secs(8),
+        "a SIGTERM handover left units unowned for {handed_over_after:?}"
+    );
+    churn.await.unwrap();
 
     // Both sides agree on every API.
     for kind in KINDS {

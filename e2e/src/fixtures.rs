@@ -571,3 +571,62 @@ pub fn binding_spec(connection: &str, apis: &[&str]) -> kbind_shared::api::Bindi
         related_resources: Vec::new(),
     }
 }
+
+/// `"<reason>: <message>"` of every Warning Event about `object` (by name) in `namespace` (all
+/// namespaces when `None`); empty when Events cannot be listed.
+pub async fn warning_events(client: &Client, namespace: Option<&str>, object: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    events
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some(object)
+                && e.type_.as_deref() == Some("Warning")
+        })
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// What a provider credential needs for the Connection: identity, CRD discovery, heartbeat.
+pub fn connection_rules() -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+    vec![
+        rule("core.kcp.io", &["logicalclusters"], &["get"]),
+        rule("", &["namespaces"], &["get", "create"]),
+        rule(
+            "apiextensions.k8s.io",
+            &["customresourcedefinitions"],
+            &["get", "list", "watch"],
+        ),
+        rule(
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "create", "update", "patch"],
+        ),
+    ]
+}
+
+/// [`connection_rules`] and Widgets (read-only when `widgets_writable` is false); no Secrets.
+pub fn provider_rules(widgets_writable: bool) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+    let widget_verbs: &[&str] = if widgets_writable {
+        &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ]
+    } else {
+        &["get", "list", "watch"]
+    };
+    let mut rules = connection_rules();
+    rules.push(rule("example.org", &["widgets"], widget_verbs));
+    rules
+}

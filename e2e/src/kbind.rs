@@ -159,3 +159,14 @@ pub fn new_writes(
         })
         .collect()
 }
+
+/// The sum of every sample of the metric family `name` (any labels) in a `/metrics` text.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

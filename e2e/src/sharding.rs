@@ -63,3 +63,67 @@ pub fn owners(running: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, 
     }
     out
 }
+
+/// `<plural>.example.org` of each kind.
+pub fn api_names(kinds: &[&str]) -> Vec<String> {
+    kinds
+        .iter()
+        .map(|k| format!("{}s.example.org", k.to_lowercase()))
+        .collect()
+}
+
+/// Installs an exported CRD for each kind on the provider.
+pub async fn export_kinds(provider: &Client, kinds: &[&str]) {
+    for kind in kinds {
+        crate::fixtures::install_crd(
+            provider,
+            &crate::fixtures::crd(
+                &format!("{}s", kind.to_lowercase()),
+                "example.org",
+                kind,
+                &[("core.kbind.io/exported", "true")],
+            ),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// On the consumer: the provider's admin kubeconfig in Secret `p`, Connection `provider`, and
+/// ClusterBinding `all` for the kinds' APIs, waited for until Ready. Returns the API names.
+pub async fn connect_and_bind_all(
+    env: &crate::TestEnv,
+    consumer: &Client,
+    kinds: &[&str],
+) -> Vec<String> {
+    use crate::fixtures::*;
+    use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, SchemaSource};
+    put_secret(
+        consumer,
+        "p",
+        "kubeconfig",
+        env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    let apis = api_names(kinds);
+    let names: Vec<&str> = apis.iter().map(String::as_str).collect();
+    let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
+    bindings
+        .create(
+            &kube::api::PostParams::default(),
+            &ClusterBinding::new(
+                "all",
+                ClusterBindingSpec::from(binding_spec("provider", &names)),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_binding_condition(&bindings, "all", "Ready", "True", None)
+        .await
+        .unwrap();
+    apis
+}

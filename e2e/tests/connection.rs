@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
-use k8s_openapi::api::rbac::v1::PolicyRule;
 use kbind_e2e::cluster::{User, ensure_namespace};
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
@@ -46,24 +45,6 @@ async fn setup(test: &str, extra_clusters: &[&str]) -> Setup {
         provider,
         manager,
     }
-}
-
-/// What a provider credential needs for the Connection: identity, CRD discovery, heartbeat.
-fn connection_rules() -> Vec<PolicyRule> {
-    vec![
-        rule("core.kcp.io", &["logicalclusters"], &["get"]),
-        rule("", &["namespaces"], &["get", "create"]),
-        rule(
-            "apiextensions.k8s.io",
-            &["customresourcedefinitions"],
-            &["get", "list", "watch"],
-        ),
-        rule(
-            "coordination.k8s.io",
-            &["leases"],
-            &["get", "create", "update", "patch"],
-        ),
-    ]
 }
 
 async fn granted_user(env: &TestEnv, name: &str) -> User {

@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
-use k8s_openapi::api::rbac::v1::PolicyRule;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
@@ -499,27 +498,6 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
     );
 }
 
-async fn warning_events(consumer: &Client, object: &str) -> Vec<String> {
-    Api::<Event>::all(consumer.clone())
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| {
-            e.involved_object.name.as_deref() == Some(object)
-                && e.type_.as_deref() == Some("Warning")
-        })
-        .map(|e| {
-            format!(
-                "{}: {}",
-                e.reason.unwrap_or_default(),
-                e.message.unwrap_or_default()
-            )
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_foreign_target_is_a_conflict_under_fail_and_adopted_under_adopt() {
     // PGAP-12: the reference skipped such targets silently, even under Adopt.
@@ -564,7 +542,7 @@ async fn a_foreign_target_is_a_conflict_under_fail_and_adopted_under_adopt() {
     )
     .await;
     let warnings = wait_for("a Warning Event", 30, || async {
-        let w = warning_events(&consumer, "widgets").await;
+        let w = warning_events(&consumer, None, "widgets").await;
         Ok(w.iter()
             .any(|e| e.starts_with("RelatedResourceConflict"))
             .then_some(w))
@@ -743,31 +721,6 @@ async fn a_binding_reads_and_writes_only_its_own_namespace_and_refuses_bad_selec
     );
 }
 
-/// What a provider credential needs for the Connection and Widgets, without Secrets.
-fn provider_rules_without_secrets() -> Vec<PolicyRule> {
-    vec![
-        rule("core.kcp.io", &["logicalclusters"], &["get"]),
-        rule("", &["namespaces"], &["get", "create"]),
-        rule(
-            "apiextensions.k8s.io",
-            &["customresourcedefinitions"],
-            &["get", "list", "watch"],
-        ),
-        rule(
-            "coordination.k8s.io",
-            &["leases"],
-            &["get", "create", "update", "patch"],
-        ),
-        rule(
-            "example.org",
-            &["widgets"],
-            &[
-                "get", "list", "watch", "create", "update", "patch", "delete",
-            ],
-        ),
-    ]
-}
-
 #[tokio::test]
 async fn a_provider_credential_without_secret_permissions_is_reported_on_the_binding() {
     let s = SyncEnv::start("related_forbidden", &[0, 1, 2], None).await;
@@ -775,7 +728,7 @@ async fn a_provider_credential_without_secret_permissions_is_reported_on_the_bin
     let provider_cluster = s.env.cluster("provider");
     let user = provider_cluster.mint_user("no-secrets").await.unwrap();
     provider_cluster
-        .grant(&user, "no-secrets", provider_rules_without_secrets())
+        .grant(&user, "no-secrets", provider_rules(true))
         .await
         .unwrap();
     put_secret(

@@ -12,9 +12,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
-use kbind_e2e::sharding::{object, owners, resource, running};
+use kbind_e2e::kbind::metric_sum;
+use kbind_e2e::sharding::{connect_and_bind_all, export_kinds, object, owners, resource, running};
 use kbind_e2e::{TestEnv, eventually};
-use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, SchemaSource};
+use kbind_shared::api::ClusterBinding;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -53,19 +54,7 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
     let consumer = env.cluster("consumer").admin_client().await.unwrap();
     let provider = env.cluster("provider").admin_client().await.unwrap();
     install_crds(&consumer).await.unwrap();
-    for kind in KINDS {
-        install_crd(
-            &provider,
-            &crd(
-                &format!("{}s", kind.to_lowercase()),
-                "example.org",
-                kind,
-                &[("core.kbind.io/exported", "true")],
-            ),
-        )
-        .await
-        .unwrap();
-    }
+    export_kinds(&provider, &KINDS).await;
     let manager = start_schema_manager(
         &mut env,
         "consumer",
@@ -88,34 +77,7 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
             .unwrap(),
         );
     }
-    put_secret(
-        &consumer,
-        "p",
-        "kubeconfig",
-        env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
-    create_connection(&consumer, &connection("provider", "p", SchemaSource::Crd))
-        .await
-        .unwrap();
-    let apis: Vec<String> = KINDS
-        .iter()
-        .map(|k| format!("{}s.example.org", k.to_lowercase()))
-        .collect();
-    let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
-    let api_names: Vec<&str> = apis.iter().map(String::as_str).collect();
-    let spec = binding_spec("provider", &api_names);
-    bindings
-        .create(
-            &PostParams::default(),
-            &ClusterBinding::new("all", ClusterBindingSpec::from(spec)),
-        )
-        .await
-        .unwrap();
-    wait_binding_condition(&bindings, "all", "Ready", "True", None)
-        .await
-        .unwrap();
+    let apis = connect_and_bind_all(&env, &consumer, &KINDS).await;
     ensure_namespace(&consumer, "team-a").await.unwrap();
 
     // Every unit owned by exactly one live syncer, and spread over the three.
@@ -343,13 +305,6 @@ async fn agree(consumer: &Client, provider: &Client, kind: &str, namespaces: &[S
     .unwrap();
 }
 
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test]
 async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_keeps_both_sides_equal()
  {
@@ -363,19 +318,7 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     let provider = env.cluster("provider").admin_client().await.unwrap();
     install_crds(&consumer).await.unwrap();
     let kinds = ["Alpha", "Bravo"];
-    for kind in kinds {
-        install_crd(
-            &provider,
-            &crd(
-                &format!("{}s", kind.to_lowercase()),
-                "example.org",
-                kind,
-                &[("core.kbind.io/exported", "true")],
-            ),
-        )
-        .await
-        .unwrap();
-    }
+    export_kinds(&provider, &kinds).await;
     // Two leader-elected schema managers, each API split into 4 namespace buckets.
     let mut managers = BTreeMap::new();
     for name in ["manager-a", "manager-b"] {
@@ -398,34 +341,8 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     let first = start_syncer(&mut env, "consumer", "syncer-1", &[])
         .await
         .unwrap();
-    put_secret(
-        &consumer,
-        "p",
-        "kubeconfig",
-        env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
-    create_connection(&consumer, &connection("provider", "p", SchemaSource::Crd))
-        .await
-        .unwrap();
+    connect_and_bind_all(&env, &consumer, &kinds).await;
     let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
-    bindings
-        .create(
-            &PostParams::default(),
-            &ClusterBinding::new(
-                "all",
-                ClusterBindingSpec::from(binding_spec(
-                    "provider",
-                    &["alphas.example.org", "bravos.example.org"],
-                )),
-            ),
-        )
-        .await
-        .unwrap();
-    wait_binding_condition(&bindings, "all", "Ready", "True", None)
-        .await
-        .unwrap();
     // Related resources are a unit of their own: a provider Secret follows through the scaling.
     ensure_namespace(&provider, "shared").await.unwrap();
     let provider_secrets: Api<Secret> = Api::namespaced(provider.clone(), "shared");

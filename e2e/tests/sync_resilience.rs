@@ -5,14 +5,13 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Event;
-use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use kbind_e2e::cluster::{User, ensure_namespace};
 use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
 use kbind_shared::api::ClusterBinding;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
 async fn wait_for<T, F, Fut>(what: &str, limit: u64, check: F) -> T
@@ -37,36 +36,6 @@ async fn ready(s: &SyncEnv) {
     .unwrap();
 }
 
-/// Everything a provider credential needs for Connection, schemas and Widgets.
-fn provider_rules(widgets: bool) -> Vec<PolicyRule> {
-    let mut rules = vec![
-        rule("core.kcp.io", &["logicalclusters"], &["get"]),
-        rule("", &["namespaces"], &["get", "create"]),
-        rule(
-            "apiextensions.k8s.io",
-            &["customresourcedefinitions"],
-            &["get", "list", "watch"],
-        ),
-        rule(
-            "coordination.k8s.io",
-            &["leases"],
-            &["get", "create", "update", "patch"],
-        ),
-    ];
-    if widgets {
-        rules.push(rule(
-            "example.org",
-            &["widgets"],
-            &[
-                "get", "list", "watch", "create", "update", "patch", "delete",
-            ],
-        ));
-    } else {
-        rules.push(rule("example.org", &["widgets"], &["get", "list", "watch"]));
-    }
-    rules
-}
-
 async fn granted(provider: &kbind_e2e::Cluster, name: &str) -> User {
     let user = provider.mint_user(name).await.unwrap();
     provider
@@ -74,27 +43,6 @@ async fn granted(provider: &kbind_e2e::Cluster, name: &str) -> User {
         .await
         .unwrap();
     user
-}
-
-async fn warning_reasons(consumer: &Client, namespace: &str, object: &str) -> Vec<String> {
-    Api::<Event>::namespaced(consumer.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.involved_object.name.as_deref() == Some(object)
-                && e.type_.as_deref() == Some("Warning")
-        })
-        .map(|e| {
-            format!(
-                "{}: {}",
-                e.reason.unwrap_or_default(),
-                e.message.unwrap_or_default()
-            )
-        })
-        .collect()
 }
 
 #[tokio::test]
@@ -244,7 +192,7 @@ async fn revoked_credentials_give_forbidden_events_and_recover_when_granted_agai
         .await
         .unwrap();
     let warnings = wait_for("a Forbidden Warning Event", 30, || async {
-        let w = warning_reasons(&s.consumer, "team-a", "denied").await;
+        let w = warning_events(&s.consumer, Some("team-a"), "denied").await;
         if w.iter().any(|r| r.starts_with("Forbidden")) {
             return Ok(Some(w));
         }
@@ -386,7 +334,7 @@ async fn ownership_markers_decide_and_adopt_never_takes_an_object_owned_by_anoth
         3,
         "the orphaned copy is untouched"
     );
-    let reasons = warning_reasons(&s.consumer, "team-a", "partial").await;
+    let reasons = warning_events(&s.consumer, Some("team-a"), "partial").await;
     assert!(
         reasons.iter().any(|r| r.starts_with("OwnedByAnother")),
         "{reasons:?}"
@@ -458,7 +406,7 @@ async fn provider_rejection_is_reported_and_other_objects_keep_syncing() {
     })
     .await;
     let warnings = wait_for("a ProviderRejected Warning", 30, || async {
-        let w = warning_reasons(&s.consumer, "team-a", "too-big").await;
+        let w = warning_events(&s.consumer, Some("team-a"), "too-big").await;
         Ok(w.iter()
             .any(|r| r.starts_with("ProviderRejected"))
             .then_some(w))

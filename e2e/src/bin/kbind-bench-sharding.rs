@@ -14,10 +14,10 @@ use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::metric_sum;
 use kbind_e2e::kbind::{apiserver_writes, install_crds, new_writes};
-use kbind_e2e::sharding::{object, owners, resource, running};
+use kbind_e2e::sharding::{connect_and_bind_all, export_kinds, object, owners, resource, running};
 use kbind_e2e::{TestEnv, eventually};
-use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, SchemaSource};
 use kube::api::{DynamicObject, PostParams};
 use kube::{Api, Client};
 
@@ -51,14 +51,6 @@ fn rss_mib(pid: Option<u32>, field: &str) -> f64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map(|kb| kb / 1024.0)
         .unwrap_or_default()
-}
-
-fn synced_objects(metrics: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("kbind_synced_objects{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Waits until every unit has exactly one live owner and `members` syncers run some.
@@ -123,19 +115,7 @@ async fn main() {
     let consumer = env.cluster("consumer").admin_client().await.unwrap();
     let provider = env.cluster("provider").admin_client().await.unwrap();
     install_crds(&consumer).await.unwrap();
-    for kind in kinds {
-        install_crd(
-            &provider,
-            &crd(
-                &format!("{}s", kind.to_lowercase()),
-                "example.org",
-                kind,
-                &[("core.kbind.io/exported", "true")],
-            ),
-        )
-        .await
-        .unwrap();
-    }
+    export_kinds(&provider, kinds).await;
     let buckets = format!("--namespace-buckets={}", args.buckets);
     start_schema_manager(
         &mut env,
@@ -145,36 +125,7 @@ async fn main() {
     )
     .await
     .unwrap();
-    put_secret(
-        &consumer,
-        "p",
-        "kubeconfig",
-        env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
-    create_connection(&consumer, &connection("provider", "p", SchemaSource::Crd))
-        .await
-        .unwrap();
-    let apis: Vec<String> = kinds
-        .iter()
-        .map(|k| format!("{}s.example.org", k.to_lowercase()))
-        .collect();
-    let api_names: Vec<&str> = apis.iter().map(String::as_str).collect();
-    let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
-    bindings
-        .create(
-            &PostParams::default(),
-            &ClusterBinding::new(
-                "all",
-                ClusterBindingSpec::from(binding_spec("provider", &api_names)),
-            ),
-        )
-        .await
-        .unwrap();
-    wait_binding_condition(&bindings, "all", "Ready", "True", None)
-        .await
-        .unwrap();
+    let apis = connect_and_bind_all(&env, &consumer, kinds).await;
     let namespaces: Vec<String> = (0..args.namespaces).map(|i| format!("ns-{i}")).collect();
     for namespace in &namespaces {
         ensure_namespace(&consumer, namespace).await.unwrap();
@@ -245,7 +196,10 @@ async fn main() {
         let counts = eventually("every object synced", Duration::from_secs(300), || async {
             let mut counts = Vec::new();
             for replica in &replicas {
-                counts.push(synced_objects(&replica.metrics().await?));
+                counts.push(metric_sum(
+                    &replica.metrics().await?,
+                    "kbind_synced_objects",
+                ));
             }
             let sum: f64 = counts.iter().sum();
             Ok((sum as usize == total).then_some(counts))

@@ -46,12 +46,74 @@ pub struct User {
     pub kubeconfig: String,
 }
 
-/// A free TCP port on 127.0.0.1, chosen by the OS.
+/// A free TCP port on 127.0.0.1 for a process a test starts.
+///
+/// Ports come from outside the kernel's ephemeral range (`ip_local_port_range`), so no other
+/// process's `bind(:0)` or outgoing connection can take one between this call and the child
+/// binding it, and this process never hands out the same port twice. Test binaries run one at a
+/// time; each starts at a random place in the range, so two that do overlap rarely meet.
 pub fn free_port() -> u16 {
+    static POOL: std::sync::OnceLock<Option<std::sync::Mutex<PortPool>>> =
+        std::sync::OnceLock::new();
+    let pool = POOL.get_or_init(|| PortPool::new(ephemeral_range()).map(std::sync::Mutex::new));
+    if let Some(pool) = pool {
+        let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..pool.len {
+            let port = pool.next();
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
+    // Every port outside the ephemeral range is taken: let the OS choose.
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("the OS hands out a loopback port")
+}
+
+/// The kernel's ephemeral port range, or Linux's default when it cannot be read.
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
+            Some((bounds.next()??, bounds.next()??))
+        })
+        .unwrap_or((32768, 60999))
+}
+
+/// Ports handed out in turn from the largest stretch outside the ephemeral range (never below
+/// 10000, where well-known services live).
+struct PortPool {
+    low: u16,
+    len: u16,
+    offset: u16,
+}
+
+impl PortPool {
+    /// `None` when the ephemeral range leaves no room.
+    fn new((ephemeral_low, ephemeral_high): (u16, u16)) -> Option<Self> {
+        const FLOOR: u16 = 10000;
+        let below = ephemeral_low.saturating_sub(FLOOR);
+        let above = u16::MAX - ephemeral_high.max(FLOOR - 1);
+        let (low, len) = if below >= above {
+            (FLOOR, below)
+        } else {
+            (ephemeral_high.max(FLOOR - 1) + 1, above)
+        };
+        (len > 0).then(|| Self {
+            low,
+            len,
+            offset: rand::rng().random_range(0..len),
+        })
+    }
+
+    fn next(&mut self) -> u16 {
+        let port = self.low + self.offset;
+        self.offset = (self.offset + 1) % self.len;
+        port
+    }
 }
 
 fn random_token() -> String {
@@ -444,5 +506,34 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), String>
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
         Err(e) => Err(format!("create Namespace {name}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PortPool;
+
+    fn ports(range: (u16, u16)) -> Option<(u16, u16)> {
+        PortPool::new(range).map(|p| (p.low, p.low + (p.len - 1)))
+    }
+
+    #[test]
+    fn ports_come_from_outside_the_ephemeral_range() {
+        // Linux's default: everything from 10000 up to just below it.
+        assert_eq!(ports((32768, 60999)), Some((10000, 32767)));
+        // A range starting low leaves the stretch above it.
+        assert_eq!(ports((15000, 40000)), Some((40001, 65535)));
+        // Nothing left: the caller falls back to the OS.
+        assert_eq!(ports((1024, 65535)), None);
+    }
+
+    #[test]
+    fn every_port_of_the_pool_is_handed_out_once_before_any_repeats() {
+        let mut pool = PortPool::new((20000, 65535)).expect("10000..=19999");
+        let mut seen: Vec<u16> = (0..pool.len).map(|_| pool.next()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 10000);
+        assert_eq!((seen[0], seen[9999]), (10000, 19999));
     }
 }

@@ -44,9 +44,29 @@ impl TestEnv {
             clusters: Vec::new(),
         };
         let starts = cluster_names.iter().map(|name| {
-            let cluster_dir = env.dir.join(name);
+            let env_dir = env.dir.clone();
             let binaries = binaries.clone();
-            async move { Cluster::start(name, &cluster_dir, &binaries).await }
+            async move {
+                // A start that fails (say, a port another program took first) is retried once,
+                // with fresh ports and a fresh directory; both failures are reported.
+                let mut failures = Vec::new();
+                for attempt in 1..=2 {
+                    let dir = match attempt {
+                        1 => env_dir.join(name),
+                        n => env_dir.join(format!("{name}-attempt{n}")),
+                    };
+                    match Cluster::start(name, &dir, &binaries).await {
+                        Ok(cluster) => return Ok(cluster),
+                        Err(e) => {
+                            eprintln!(
+                                "kbind e2e: cluster {name} failed to start (attempt {attempt}): {e}"
+                            );
+                            failures.push(format!("attempt {attempt}: {e}"));
+                        }
+                    }
+                }
+                Err(failures.join("\n"))
+            }
         });
         for result in futures::future::join_all(starts).await {
             match result {

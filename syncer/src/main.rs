@@ -6,6 +6,7 @@ mod context;
 mod credentials;
 mod managed;
 mod membership;
+mod namespaces;
 mod ownership;
 mod related;
 mod worker;

@@ -12,9 +12,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
 use kbind_shared::shard::{self, Unit};
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
-};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -24,6 +22,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
+use crate::namespaces;
 use crate::ownership::{self, Decision, Owner};
 
 /// What a worker syncs, and with which provider.
@@ -439,37 +438,25 @@ impl Worker {
         {
             return Ok(());
         }
-        let namespaces: Api<Namespace> = Api::all(self.provider.clone());
-        let exists = match namespaces.get_opt(namespace).await {
-            Ok(found) => found.is_some(),
-            // Credentials that may not read namespaces may still create them.
-            Err(kube::Error::Api(s)) if s.is_forbidden() => false,
-            Err(e) => return Err(e),
-        };
-        if !exists {
-            let object = Namespace {
-                metadata: ObjectMeta {
-                    name: Some(namespace.to_owned()),
-                    labels: Some(
-                        [
-                            (keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned()),
-                            (
-                                keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
-                                self.spec.local_uid.clone(),
-                            ),
-                        ]
-                        .into(),
-                    ),
-                    ..Default::default()
-                },
+        // KEY-4: on instance-created provider namespaces the consumer UID is a label.
+        let object = Namespace {
+            metadata: ObjectMeta {
+                name: Some(namespace.to_owned()),
+                labels: Some(
+                    [
+                        (keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned()),
+                        (
+                            keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
+                            self.spec.local_uid.clone(),
+                        ),
+                    ]
+                    .into(),
+                ),
                 ..Default::default()
-            };
-            match namespaces.create(&PostParams::default(), &object).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
-                Err(e) => return Err(e),
-            }
-        }
+            },
+            ..Default::default()
+        };
+        namespaces::create_if_missing(&self.provider, &object).await?;
         self.known_namespaces
             .lock()
             .expect("not poisoned")

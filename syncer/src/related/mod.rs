@@ -22,7 +22,7 @@ use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams,
-    PostParams, Preconditions,
+    Preconditions,
 };
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -33,6 +33,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{AnyBinding, Context};
+use crate::namespaces;
 use plan::{Entry, Item, KindKey, Marker, Side, Step, TargetKey, Wanted};
 
 /// The backstop when nothing happens.
@@ -736,34 +737,22 @@ impl Worker {
         {
             return Ok(());
         }
-        let namespaces: Api<Namespace> = Api::all(self.client(side).clone());
-        let exists = match namespaces.get_opt(namespace).await {
-            Ok(found) => found.is_some(),
-            Err(kube::Error::Api(s)) if s.is_forbidden() => false,
-            Err(e) => return Err(e),
-        };
-        if !exists {
-            let object = Namespace {
-                metadata: ObjectMeta {
-                    name: Some(namespace.to_owned()),
-                    labels: Some([(keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned())].into()),
-                    annotations: Some(
-                        [(
-                            keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
-                            self.spec.local_uid.clone(),
-                        )]
-                        .into(),
-                    ),
-                    ..Default::default()
-                },
+        let object = Namespace {
+            metadata: ObjectMeta {
+                name: Some(namespace.to_owned()),
+                labels: Some([(keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned())].into()),
+                annotations: Some(
+                    [(
+                        keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
+                        self.spec.local_uid.clone(),
+                    )]
+                    .into(),
+                ),
                 ..Default::default()
-            };
-            match namespaces.create(&PostParams::default(), &object).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
-                Err(e) => return Err(e),
-            }
-        }
+            },
+            ..Default::default()
+        };
+        namespaces::create_if_missing(self.client(side), &object).await?;
         self.known_namespaces
             .lock()
             .expect("not poisoned")

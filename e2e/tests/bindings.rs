@@ -7,6 +7,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
+use kbind_e2e::wait::wait_gone;
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{
     Binding, ClusterBinding, ClusterBindingSpec, PullPolicy, SchemaSource, UpdatePolicy,
@@ -456,16 +457,7 @@ async fn deleting_a_binding_removes_only_the_copies_no_remaining_binding_covers(
     // team-a loses its only Binding: its copy goes, the CRD stays (a Binding never removes it).
     a.delete("widgets", &DeleteParams::default()).await.unwrap();
     let provider_a = widgets(&s.provider, "team-a");
-    eventually("team-a's copy to go", Duration::from_secs(20), || async {
-        Ok(provider_a
-            .get_opt("w")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            .then_some(()))
-    })
-    .await
-    .unwrap();
+    wait_gone(&provider_a, "w", "team-a's copy to go", 20).await;
     eventually("both Bindings to go", Duration::from_secs(20), || async {
         let gone = a
             .get_opt("widgets")

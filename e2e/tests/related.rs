@@ -9,22 +9,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kbind_e2e::cluster::ensure_namespace;
-use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::{Binding, BindingStatus, ClusterBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-
-async fn wait_for<T, F, Fut>(what: &str, limit: u64, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>, String>>,
-{
-    eventually(what, Duration::from_secs(limit), check)
-        .await
-        .unwrap()
-}
 
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
     (!pairs.is_empty()).then(|| {
@@ -402,14 +392,12 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
     // Removing an entry removes only its copies (REL-6 improved).
     let without_extra = json!([entries[0], entries[2], entries[3]]);
     set_cluster_binding(&consumer, json!({ "relatedResources": without_extra })).await;
-    wait_for("the removed entry's copy to go", 15, || async {
-        Ok(consumer_secrets
-            .get_opt("extra")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            .then_some(()))
-    })
+    wait_gone(
+        &consumer_secrets,
+        "extra",
+        "the removed entry's copy to go",
+        15,
+    )
     .await;
     assert!(
         consumer_secrets

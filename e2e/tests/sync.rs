@@ -8,6 +8,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::ClusterBinding;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -23,16 +24,6 @@ async fn wait_binding_ready(consumer: &Client, name: &str) {
     )
     .await
     .unwrap();
-}
-
-async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>, String>>,
-{
-    eventually(what, Duration::from_secs(30), check)
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -76,7 +67,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
     let provider_widgets = widgets(&s.provider, "team-a");
 
     // Spec up, with ownership markers and nothing else from the consumer.
-    let copy = wait_for("the provider copy", || async {
+    let copy = wait_for("the provider copy", 30, || async {
         provider_widgets
             .get_opt("w1")
             .await
@@ -101,7 +92,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
     );
 
     // Status down.
-    wait_for("status to come back", || async {
+    wait_for("status to come back", 30, || async {
         let w = consumer_widgets
             .get("w1")
             .await
@@ -121,7 +112,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
         )
         .await
         .unwrap();
-    wait_for("the new spec upstream", || async {
+    wait_for("the new spec upstream", 30, || async {
         Ok((provider_widgets
             .get("w1")
             .await
@@ -139,7 +130,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
         )
         .await
         .unwrap();
-    wait_for("drift to be repaired", || async {
+    wait_for("drift to be repaired", 30, || async {
         Ok((provider_widgets
             .get("w1")
             .await
@@ -155,7 +146,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
         .delete("w1", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("the deleted copy to be recreated", || async {
+    wait_for("the deleted copy to be recreated", 30, || async {
         let copy = provider_widgets
             .get_opt("w1")
             .await
@@ -191,24 +182,8 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
         .delete("w1", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("the provider copy to go", || async {
-        Ok(provider_widgets
-            .get_opt("w1")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            .then_some(()))
-    })
-    .await;
-    wait_for("the consumer object to go", || async {
-        Ok(consumer_widgets
-            .get_opt("w1")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            .then_some(()))
-    })
-    .await;
+    wait_gone(&provider_widgets, "w1", "the provider copy to go", 30).await;
+    wait_gone(&consumer_widgets, "w1", "the consumer object to go", 30).await;
     drop(s.env);
 }
 
@@ -230,7 +205,7 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
         .create(&PostParams::default(), &widget("taken", 7))
         .await
         .unwrap();
-    wait_for("the conflict annotation", || async {
+    wait_for("the conflict annotation", 30, || async {
         let w = consumer_widgets
             .get("taken")
             .await
@@ -249,7 +224,7 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
         "the foreign object is untouched"
     );
     let bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    wait_for("Conflicts=True on the binding", || async {
+    wait_for("Conflicts=True on the binding", 30, || async {
         let b = bindings.get("widgets").await.map_err(|e| e.to_string())?;
         let status = b.status.unwrap_or_default();
         let c = kbind_shared::conditions::find(&status.conditions, "Conflicts").cloned();
@@ -269,7 +244,7 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
         )
         .await
         .unwrap();
-    wait_for("adoption", || async {
+    wait_for("adoption", 30, || async {
         let copy = provider_widgets
             .get("taken")
             .await
@@ -281,7 +256,7 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
         .then_some(()))
     })
     .await;
-    wait_for("the conflict annotation to clear", || async {
+    wait_for("the conflict annotation to clear", 30, || async {
         let w = consumer_widgets
             .get("taken")
             .await
@@ -319,7 +294,7 @@ async fn deleting_the_last_cluster_binding_removes_copies_and_the_crd_kbind_crea
         .unwrap();
     let provider_widgets = widgets(&s.provider, "team-a");
     for name in ["w1", "keep-me"] {
-        wait_for("provider copies", || async {
+        wait_for("provider copies", 30, || async {
             provider_widgets
                 .get_opt(name)
                 .await
@@ -332,24 +307,14 @@ async fn deleting_the_last_cluster_binding_removes_copies_and_the_crd_kbind_crea
         .delete("widgets", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("the owned copy to go", || async {
-        Ok(provider_widgets
-            .get_opt("w1")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            .then_some(()))
-    })
-    .await;
+    wait_gone(&provider_widgets, "w1", "the owned copy to go", 30).await;
     let crds: Api<CustomResourceDefinition> = Api::all(s.consumer.clone());
-    wait_for("the CRD kbind created to go", || async {
-        Ok(crds
-            .get_opt("widgets.example.org")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            .then_some(()))
-    })
+    wait_gone(
+        &crds,
+        "widgets.example.org",
+        "the CRD kbind created to go",
+        30,
+    )
     .await;
     assert!(
         provider_widgets.get_opt("keep-me").await.unwrap().is_some(),

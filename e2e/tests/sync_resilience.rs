@@ -7,22 +7,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kbind_e2e::cluster::{User, ensure_namespace};
-use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::ClusterBinding;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-
-async fn wait_for<T, F, Fut>(what: &str, limit: u64, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>, String>>,
-{
-    eventually(what, Duration::from_secs(limit), check)
-        .await
-        .unwrap()
-}
 
 async fn ready(s: &SyncEnv) {
     wait_binding_condition(
@@ -295,14 +285,12 @@ async fn ownership_markers_decide_and_adopt_never_takes_an_object_owned_by_anoth
         .delete("recreated", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("the consumer object to go", 30, || async {
-        Ok(consumer_widgets
-            .get_opt("recreated")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            .then_some(()))
-    })
+    wait_gone(
+        &consumer_widgets,
+        "recreated",
+        "the consumer object to go",
+        30,
+    )
     .await;
     consumer_widgets
         .create(&PostParams::default(), &widget("recreated", 4))

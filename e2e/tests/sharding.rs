@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -23,27 +23,45 @@ use serde_json::json;
 const KINDS: [&str; 6] = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot"];
 const LEASE: Duration = Duration::from_secs(3);
 
-/// Samples the membership Leases every 100 ms while `sampling`; `worst` is the most live owners
-/// any unit had. Returns the first sample in which a unit had two, for the failure message.
-fn spawn_overlap_sampler(
-    consumer: &Client,
-    sampling: &Arc<AtomicBool>,
-    worst: &Arc<AtomicUsize>,
-) -> tokio::task::JoinHandle<Option<String>> {
-    let (consumer, sampling, worst) = (consumer.clone(), sampling.clone(), worst.clone());
-    tokio::spawn(async move {
-        let mut first_overlap = None;
-        while sampling.load(Ordering::Relaxed) {
-            let owners = owners(&running(&consumer).await);
-            let most = owners.values().map(Vec::len).max().unwrap_or(0);
-            if most > 1 && first_overlap.is_none() {
-                first_overlap = Some(format!("{} {owners:?}", jiff::Timestamp::now()));
+/// Samples the membership Leases every 100 ms, from `start` until `assert_no_overlap`, for the
+/// most live owners any unit had.
+struct OverlapSampler {
+    sampling: Arc<AtomicBool>,
+    /// The most owners of one unit, and the first sample in which a unit had two.
+    task: tokio::task::JoinHandle<(usize, Option<String>)>,
+}
+
+impl OverlapSampler {
+    fn start(consumer: &Client) -> Self {
+        let sampling = Arc::new(AtomicBool::new(true));
+        let (consumer, keep_sampling) = (consumer.clone(), sampling.clone());
+        let task = tokio::spawn(async move {
+            let (mut worst, mut first_overlap) = (0, None);
+            while keep_sampling.load(Ordering::Relaxed) {
+                let owners = owners(&running(&consumer).await);
+                let most = owners.values().map(Vec::len).max().unwrap_or(0);
+                if most > 1 && first_overlap.is_none() {
+                    first_overlap = Some(format!("{} {owners:?}", jiff::Timestamp::now()));
+                }
+                worst = worst.max(most);
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            worst.fetch_max(most, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        first_overlap
-    })
+            (worst, first_overlap)
+        });
+        Self { sampling, task }
+    }
+
+    /// Stops sampling; every unit seen had exactly one live owner (and some unit was seen).
+    async fn assert_no_overlap(self) {
+        self.sampling.store(false, Ordering::Relaxed);
+        let (worst, first_overlap) = self.task.await.unwrap();
+        assert_eq!(
+            worst,
+            1,
+            "a unit had two live owners at a sampled instant: {}",
+            first_overlap.unwrap_or_default()
+        );
+    }
 }
 
 #[tokio::test]
@@ -107,9 +125,7 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
     assert!(spread >= 2, "6 units all on one of 3 syncers");
 
     // A sampler checks, all through the churn, that no unit ever has two live owners.
-    let sampling = Arc::new(AtomicBool::new(true));
-    let worst = Arc::new(AtomicUsize::new(0));
-    let sampler = spawn_overlap_sampler(&consumer, &sampling, &worst);
+    let sampler = OverlapSampler::start(&consumer);
 
     // Churn on every API while one syncer is SIGKILLed and another leaves with SIGTERM.
     let churn = tokio::spawn({
@@ -243,14 +259,7 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
         .await
         .unwrap();
     }
-    sampling.store(false, Ordering::Relaxed);
-    let first_overlap = sampler.await.unwrap();
-    assert_eq!(
-        worst.load(Ordering::Relaxed),
-        1,
-        "a unit had two live owners at a sampled instant: {}",
-        first_overlap.unwrap_or_default()
-    );
+    sampler.assert_no_overlap().await;
     let metrics = manager.metrics().await.unwrap();
     assert!(metrics.contains("kbind_assignment_overlaps 0"), "{metrics}");
 }
@@ -400,9 +409,7 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     .unwrap();
 
     // A sampler: never two live owners of a unit.
-    let sampling = Arc::new(AtomicBool::new(true));
-    let worst = Arc::new(AtomicUsize::new(0));
-    let sampler = spawn_overlap_sampler(&consumer, &sampling, &worst);
+    let sampler = OverlapSampler::start(&consumer);
     // Churn: create 80 Alphas and 80 Bravos across 8 namespaces, then update and delete some,
     // while the syncers scale 1 → 3 → 1 and the leader is killed.
     let churn = tokio::spawn({
@@ -553,14 +560,7 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     )
     .await
     .unwrap();
-    sampling.store(false, Ordering::Relaxed);
-    let first_overlap = sampler.await.unwrap();
-    assert_eq!(
-        worst.load(Ordering::Relaxed),
-        1,
-        "a unit had two live owners at a sampled instant: {}",
-        first_overlap.unwrap_or_default()
-    );
+    sampler.assert_no_overlap().await;
     // No stuck finalizers: deleting everything on the consumer empties both sides.
     for kind in kinds {
         for namespace in &namespaces {

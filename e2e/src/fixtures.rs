@@ -311,18 +311,26 @@ pub async fn apply_manifest(client: &Client, yaml: &str) -> Result<(), String> {
     apply_manifest_with(client, yaml, false).await
 }
 
+/// The documents of a multi-document YAML stream, empty ones left out.
+pub fn yaml_documents(yaml: &str) -> Result<Vec<serde_json::Value>, String> {
+    use serde::Deserialize;
+    let mut documents = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(yaml) {
+        let document = serde_json::Value::deserialize(document).map_err(|e| e.to_string())?;
+        if !document.is_null() {
+            documents.push(document);
+        }
+    }
+    Ok(documents)
+}
+
 /// [`apply_manifest`], optionally as a server-side dry run (validated and admitted, not stored).
 pub async fn apply_manifest_with(client: &Client, yaml: &str, dry_run: bool) -> Result<(), String> {
-    use serde::Deserialize;
     let discovery = kube::Discovery::new(client.clone())
         .run()
         .await
         .map_err(|e| e.to_string())?;
-    for document in serde_yaml::Deserializer::from_str(yaml) {
-        let object = serde_json::Value::deserialize(document).map_err(|e| e.to_string())?;
-        if object.is_null() {
-            continue;
-        }
+    for object in yaml_documents(yaml)? {
         let object: kube::api::DynamicObject =
             serde_json::from_value(object).map_err(|e| e.to_string())?;
         let types = object

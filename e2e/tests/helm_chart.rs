@@ -33,6 +33,23 @@ fn helm_ok(args: &[&str]) -> String {
     stdout.into_owned()
 }
 
+/// `helm template` of the chart as release `kbind` in [`RELEASE_NAMESPACE`], with `extra`
+/// arguments.
+fn template(extra: &[&str]) -> String {
+    let chart = chart_dir().display().to_string();
+    let mut args = vec![
+        "template",
+        "kbind",
+        &chart,
+        "--kube-version",
+        KUBE_VERSION,
+        "-n",
+        RELEASE_NAMESPACE,
+    ];
+    args.extend_from_slice(extra);
+    helm_ok(&args)
+}
+
 fn helm_err(args: &[&str]) -> String {
     let output = run_helm(args).unwrap();
     assert!(!output.status.success(), "helm {args:?} should have failed");
@@ -98,22 +115,7 @@ fn chart_lints_clean_and_its_schema_rejects_bad_values() {
 
 #[test]
 fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
-    let chart = chart_dir().display().to_string();
-    let rendered = helm_ok(&[
-        "template",
-        "kbind",
-        &chart,
-        "--kube-version",
-        KUBE_VERSION,
-        "-n",
-        RELEASE_NAMESPACE,
-        "--set",
-        "boundAPIGroups={example.org}",
-    ]);
-    let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&rendered)
-        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
-        .filter(|d: &serde_json::Value| !d.is_null())
-        .collect();
+    let docs = yaml_documents(&template(&["--set", "boundAPIGroups={example.org}"])).unwrap();
     let deployments: Vec<&serde_json::Value> =
         docs.iter().filter(|d| d["kind"] == "Deployment").collect();
     assert_eq!(deployments.len(), 2);
@@ -194,15 +196,7 @@ fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
 
 #[tokio::test]
 async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
-    let chart = chart_dir().display().to_string();
-    let rendered = helm_ok(&[
-        "template",
-        "kbind",
-        &chart,
-        "--kube-version",
-        KUBE_VERSION,
-        "-n",
-        RELEASE_NAMESPACE,
+    let rendered = template(&[
         "--set",
         "boundAPIGroups={example.org}",
         "--set",
@@ -399,23 +393,7 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
 
 #[test]
 fn related_resources_rbac_is_off_by_default_and_follows_its_namespaces() {
-    let chart = chart_dir().display().to_string();
-    let render = |extra: &[&str]| -> Vec<serde_json::Value> {
-        let mut args = vec![
-            "template",
-            "kbind",
-            &chart,
-            "--kube-version",
-            KUBE_VERSION,
-            "-n",
-            RELEASE_NAMESPACE,
-        ];
-        args.extend_from_slice(extra);
-        serde_yaml::Deserializer::from_str(&helm_ok(&args))
-            .filter_map(|d| serde::Deserialize::deserialize(d).ok())
-            .filter(|d: &serde_json::Value| !d.is_null())
-            .collect()
-    };
+    let render = |extra: &[&str]| yaml_documents(&template(extra)).unwrap();
     let related = |docs: &[serde_json::Value]| -> Vec<(String, String, String)> {
         docs.iter()
             .filter(|d| {

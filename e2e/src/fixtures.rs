@@ -73,6 +73,16 @@ pub async fn install_crd(client: &Client, crd: &CustomResourceDefinition) -> Res
     wait_established(&api, &name).await
 }
 
+/// The user's explicit opt-in: lets `connection` take over the consumer CRD `name`.
+pub async fn adopt_crd(client: &Client, name: &str, connection: &str) -> Result<(), String> {
+    let patch = json!({ "metadata": { "annotations": { "core.kbind.io/adopt": connection } } });
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+        .map_err(|e| format!("annotate CRD {name}: {e}"))
+}
+
 /// Sets (or removes, with `None`) a label on a CRD.
 pub async fn label_crd(
     client: &Client,
@@ -503,9 +513,19 @@ pub struct SyncEnv {
 impl SyncEnv {
     /// Starts it; `kubeconfig` is the provider credential in the Secret (default: the admin's).
     pub async fn start(test: &str, order: &[usize], kubeconfig: Option<String>) -> Self {
-        let mut env = TestEnv::start(test, &["consumer", "provider"])
-            .await
-            .expect("clusters start");
+        Self::start_with(test, order, kubeconfig, &[]).await
+    }
+
+    /// [`SyncEnv::start`] with more clusters, which kbind is not told about.
+    pub async fn start_with(
+        test: &str,
+        order: &[usize],
+        kubeconfig: Option<String>,
+        extra_clusters: &[&str],
+    ) -> Self {
+        let mut names = vec!["consumer", "provider"];
+        names.extend_from_slice(extra_clusters);
+        let mut env = TestEnv::start(test, &names).await.expect("clusters start");
         let consumer = env
             .cluster("consumer")
             .admin_client()

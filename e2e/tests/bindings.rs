@@ -339,7 +339,20 @@ async fn pull_policy_none_stamps_a_user_crd_and_unbind_keeps_it() {
         .await
         .unwrap();
 
+    // Safe by default: a CRD kbind did not create is stamped only after the user opts in.
     let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
+    wait_binding_condition(
+        &bindings,
+        "widgets",
+        "Ready",
+        "False",
+        Some("SchemaConflict"),
+    )
+    .await
+    .unwrap();
+    adopt_crd(&s.consumer, "widgets.example.org", "provider")
+        .await
+        .unwrap();
     wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
         .await
         .unwrap();
@@ -710,7 +723,8 @@ async fn a_binding_shadowed_by_a_cluster_binding_says_so() {
 
 #[tokio::test]
 async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
-    // §9.3 row OpenAPI/None, with LIM-8 improved: an existing CRD is stamped like the CRD source.
+    // §9.3 row OpenAPI/None, with LIM-8 improved: an existing CRD is stamped like the CRD source
+    // (once the user opted in with core.kbind.io/adopt).
     let s = setup("bind_openapi_none", false).await;
     install_crd(&s.provider, &gizmo_crd(None)).await.unwrap();
     install_crd(&s.provider, &crd("widgets", "example.org", "Widget", &[]))
@@ -724,7 +738,20 @@ async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
         .unwrap();
     install_crd(&s.consumer, &gizmo_crd(None)).await.unwrap();
 
+    // Safe by default: a CRD kbind did not create is stamped only after the user opts in.
     let bindings = cluster_bind(&s, "gizmos", "provider", &["gizmos.example.org"]).await;
+    wait_binding_condition(
+        &bindings,
+        "gizmos",
+        "Ready",
+        "False",
+        Some("SchemaConflict"),
+    )
+    .await
+    .unwrap();
+    adopt_crd(&s.consumer, "gizmos.example.org", "provider")
+        .await
+        .unwrap();
     wait_binding_condition(&bindings, "gizmos", "Ready", "True", None)
         .await
         .unwrap();

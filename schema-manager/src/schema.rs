@@ -142,28 +142,50 @@ pub async fn desired_for(
 }
 
 /// What [`install`] will do (SCH-4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Plan {
     /// Absent and not to be created (pullPolicy None).
     LeaveAbsent,
     /// Absent: create it, recording that kbind created it.
     Create,
-    /// Present with another hash, updates allowed: replace its spec.
+    /// Present with another hash, updates allowed: replace its spec (and mark it).
     Replace,
-    /// Present, creation not allowed (pullPolicy None): only stamp kbind's markers if needed.
+    /// Present, and the schema is not to be changed: only stamp kbind's markers.
     Stamp,
     /// Nothing to do.
     Keep,
+    /// Not kbind's to change: the message says whose it is and how to opt in.
+    Refuse(String),
 }
 
-/// SCH-4 as a pure decision.
+/// API groups kbind never installs or changes a CRD in, whatever a provider exports: its own and
+/// Kubernetes' (the core group, `*.k8s.io`, `*.kubernetes.io`).
+pub fn reserved_group(group: &str) -> bool {
+    let under = |domain: &str| group == domain || group.ends_with(&format!(".{domain}"));
+    group.is_empty() || group == keys::GROUP || under("k8s.io") || under("kubernetes.io")
+}
+
+/// SCH-4 as a pure decision, safe by default: kbind replaces or stamps only a CRD it created for
+/// this Connection or one already marked for it; anything else — a CRD another tool installed, one
+/// another Connection serves — is refused until the user annotates it
+/// `core.kbind.io/adopt=<connection>`. Reserved groups are refused outright.
 pub fn plan(
     existing: Option<&CustomResourceDefinition>,
-    desired_hash: &str,
+    desired: &CustomResourceDefinition,
     connection: &str,
     create: bool,
     update: bool,
 ) -> Plan {
+    let name = desired.name_any();
+    if reserved_group(&desired.spec.group) {
+        let group = match desired.spec.group.as_str() {
+            "" => "the core API group",
+            group => group,
+        };
+        return Plan::Refuse(format!(
+            "{group} is reserved for Kubernetes and kbind; kbind never installs or changes CRD {name}"
+        ));
+    }
     let Some(existing) = existing else {
         return if create {
             Plan::Create
@@ -172,19 +194,38 @@ pub fn plan(
         };
     };
     let annotation = |key: &str| existing.annotations().get(key).map(String::as_str);
-    if !create {
-        let marked = existing
-            .labels()
-            .get(keys::MANAGED_LABEL)
-            .map(String::as_str)
-            == Some(keys::TRUE)
-            && annotation(keys::CONNECTION_ANNOTATION) == Some(connection);
-        return if marked { Plan::Keep } else { Plan::Stamp };
+    let marked_for = (existing
+        .labels()
+        .get(keys::MANAGED_LABEL)
+        .map(String::as_str)
+        == Some(keys::TRUE))
+    .then(|| annotation(keys::CONNECTION_ANNOTATION))
+    .flatten();
+    let ours = match marked_for {
+        Some(marked) => marked == connection,
+        None => annotation(keys::CREATED_BY_ANNOTATION) == Some(connection),
+    };
+    if !ours && annotation(keys::ADOPT_ANNOTATION) != Some(connection) {
+        let owner = match marked_for {
+            Some(other) => format!("serves Connection {other}"),
+            None => "was not created by kbind".to_owned(),
+        };
+        return Plan::Refuse(format!(
+            "the consumer CRD {name} {owner}, so kbind leaves it alone; to let Connection {connection} take it over, annotate it {}={connection}",
+            keys::ADOPT_ANNOTATION
+        ));
     }
-    if update && annotation(keys::SCHEMA_HASH_ANNOTATION) != Some(desired_hash) {
+    let hash = desired
+        .annotations()
+        .get(keys::SCHEMA_HASH_ANNOTATION)
+        .map(String::as_str);
+    let marked = marked_for == Some(connection);
+    if create && update && annotation(keys::SCHEMA_HASH_ANNOTATION) != hash {
         Plan::Replace
-    } else {
+    } else if marked {
         Plan::Keep
+    } else {
+        Plan::Stamp
     }
 }
 
@@ -217,7 +258,7 @@ pub async fn install(
         .get_opt(&name)
         .await
         .map_err(|e| format!("read consumer CRD {name}: {e}"))?;
-    let plan = plan(existing.as_ref(), &hash, connection, create, update);
+    let plan = plan(existing.as_ref(), desired, connection, create, update);
     let in_sync = |crd: &CustomResourceDefinition| {
         crd.annotations().get(keys::SCHEMA_HASH_ANNOTATION) == Some(&hash)
     };
@@ -228,6 +269,10 @@ pub async fn install(
         )
     };
     match plan {
+        Plan::Refuse(_) => Ok(Installed {
+            plan,
+            in_sync: false,
+        }),
         Plan::LeaveAbsent => Ok(Installed {
             plan,
             in_sync: false,
@@ -251,7 +296,11 @@ pub async fn install(
             })
         }
         Plan::Replace => {
-            let mut crd = existing.expect("Replace implies an existing CRD");
+            let Some(mut crd) = existing else {
+                return Err(format!(
+                    "consumer CRD {name} vanished while it was being replaced"
+                ));
+            };
             crd.spec = desired.spec.clone();
             crd.labels_mut()
                 .insert(keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned());
@@ -391,33 +440,139 @@ mod tests {
 
     #[test]
     fn install_plan_matrix() {
-        // SCH-4
+        // SCH-4, safe by default: only kbind's own CRDs are replaced or stamped.
         let desired = desired_crd(&provider_crd(), "p").unwrap();
-        let hash = desired.annotations()["core.kbind.io/schema-hash"].clone();
-        assert_eq!(plan(None, &hash, "p", false, true), Plan::LeaveAbsent);
-        assert_eq!(plan(None, &hash, "p", true, false), Plan::Create);
-        assert_eq!(plan(Some(&desired), &hash, "p", true, true), Plan::Keep);
-        assert_eq!(
-            plan(Some(&desired), "sha256:other", "p", true, true),
-            Plan::Replace
+        let other_hash = {
+            let mut d = desired.clone();
+            d.annotations_mut()
+                .insert("core.kbind.io/schema-hash".into(), "sha256:other".into());
+            d
+        };
+        let with = |labels: &[(&str, &str)], annotations: &[(&str, &str)]| {
+            let mut crd = desired.clone();
+            crd.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+            );
+            crd.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+            );
+            crd
+        };
+        let managed = [("core.kbind.io/managed", "true")];
+        let marked_p = with(
+            &managed,
+            &[
+                ("core.kbind.io/connection", "p"),
+                (
+                    "core.kbind.io/schema-hash",
+                    &desired.annotations()["core.kbind.io/schema-hash"],
+                ),
+            ],
         );
-        assert_eq!(
-            plan(Some(&desired), "sha256:other", "p", true, false),
-            Plan::Keep,
-            "Once never updates"
+        let marked_q = with(&managed, &[("core.kbind.io/connection", "q")]);
+        let foreign = with(&[], &[]);
+        let created_unmarked = with(&[], &[("core.kbind.io/created-by", "p")]);
+        let foreign_adopted = with(&[], &[("core.kbind.io/adopt", "p")]);
+        let q_adopted = with(
+            &managed,
+            &[
+                ("core.kbind.io/connection", "q"),
+                ("core.kbind.io/adopt", "p"),
+            ],
         );
+        let adopted_for_q = with(&[], &[("core.kbind.io/adopt", "q")]);
+        let refused = |p: Plan| matches!(p, Plan::Refuse(_));
+        // (existing, desired, create, update) → plan
+        let cases: Vec<(
+            Option<&CustomResourceDefinition>,
+            &CustomResourceDefinition,
+            bool,
+            bool,
+            Plan,
+        )> = vec![
+            (None, &desired, false, true, Plan::LeaveAbsent),
+            (None, &desired, true, false, Plan::Create),
+            (Some(&marked_p), &desired, true, true, Plan::Keep),
+            (Some(&marked_p), &other_hash, true, true, Plan::Replace),
+            (Some(&marked_p), &other_hash, true, false, Plan::Keep),
+            (Some(&marked_p), &other_hash, false, true, Plan::Keep),
+            (Some(&created_unmarked), &desired, true, true, Plan::Replace),
+            (Some(&created_unmarked), &desired, false, true, Plan::Stamp),
+            (Some(&foreign_adopted), &desired, true, true, Plan::Replace),
+            (Some(&foreign_adopted), &desired, true, false, Plan::Stamp),
+            (Some(&foreign_adopted), &desired, false, true, Plan::Stamp),
+            (Some(&q_adopted), &desired, true, true, Plan::Replace),
+        ];
+        for (existing, desired, create, update, want) in cases {
+            assert_eq!(
+                plan(existing, desired, "p", create, update),
+                want,
+                "{:?} {create} {update}",
+                existing.map(|e| e.annotations())
+            );
+        }
+        for (existing, create, update) in [
+            (&foreign, true, true),
+            (&foreign, false, true),
+            (&foreign, true, false),
+            (&marked_q, true, true),
+            (&marked_q, false, true),
+            (&adopted_for_q, true, true),
+        ] {
+            let p = plan(Some(existing), &desired, "p", create, update);
+            assert!(refused(p.clone()), "{:?}: {p:?}", existing.annotations());
+        }
+        let Plan::Refuse(message) = plan(Some(&marked_q), &desired, "p", true, true) else {
+            unreachable!()
+        };
         assert_eq!(
-            plan(Some(&desired), &hash, "p", false, true),
-            Plan::Keep,
-            "None keeps a marked CRD"
+            message,
+            "the consumer CRD widgets.example.org serves Connection q, so kbind leaves it alone; to let Connection p take it over, annotate it core.kbind.io/adopt=p"
         );
-        assert_eq!(
-            plan(Some(&desired), &hash, "q", false, true),
-            Plan::Stamp,
-            "None stamps markers"
-        );
-        let mut unmarked = desired.clone();
-        unmarked.metadata.labels = None;
-        assert_eq!(plan(Some(&unmarked), &hash, "p", false, true), Plan::Stamp);
+        let Plan::Refuse(message) = plan(Some(&foreign), &desired, "p", true, true) else {
+            unreachable!()
+        };
+        assert!(message.contains("was not created by kbind"), "{message}");
+    }
+
+    #[test]
+    fn reserved_groups_are_refused_whatever_exists() {
+        for (group, reserved) in [
+            ("", true),
+            ("core.kbind.io", true),
+            ("k8s.io", true),
+            ("apps.k8s.io", true),
+            ("networking.k8s.io", true),
+            ("kubernetes.io", true),
+            ("resource.kubernetes.io", true),
+            ("example.org", false),
+            ("cert-manager.io", false),
+            ("cluster.x-k8s.io", false),
+            ("notk8s.io", false),
+            ("kbind.io", false),
+        ] {
+            assert_eq!(reserved_group(group), reserved, "{group}");
+            let mut desired = desired_crd(&provider_crd(), "p").unwrap();
+            desired.spec.group = group.into();
+            let adopted = {
+                let mut c = desired.clone();
+                c.annotations_mut()
+                    .insert("core.kbind.io/adopt".into(), "p".into());
+                c
+            };
+            for existing in [None, Some(&desired), Some(&adopted)] {
+                assert_eq!(
+                    matches!(plan(existing, &desired, "p", true, true), Plan::Refuse(_)),
+                    reserved,
+                    "{group}"
+                );
+            }
+        }
     }
 }

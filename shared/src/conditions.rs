@@ -50,6 +50,9 @@ pub mod reasons {
     pub const CONFLICTS: &str = "Conflicts";
     /// A request failed for another reason.
     pub const ERROR: &str = "Error";
+    /// A consumer CRD an API needs is not kbind's to change (another owner, another Connection,
+    /// or a reserved group).
+    pub const SCHEMA_CONFLICT: &str = "SchemaConflict";
 }
 
 /// The status of a condition.

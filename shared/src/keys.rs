@@ -56,6 +56,10 @@ pub const DEFAULT_KUBECONFIG_KEY: &str = "kubeconfig";
 /// Annotation on a consumer CRD that kbind created (as opposed to one it only stamped), so that
 /// cleanup never deletes a CRD it did not create (LIM-9).
 pub const CREATED_BY_ANNOTATION: &str = "core.kbind.io/created-by";
+/// Annotation a user puts on a consumer CRD that kbind did not create (or that another Connection
+/// serves) to let the named Connection take it over: replace its schema and mark it. Without it
+/// kbind never changes such a CRD.
+pub const ADOPT_ANNOTATION: &str = "core.kbind.io/adopt";
 /// Label on each syncer's membership Lease.
 pub const SYNCER_MEMBER_LABEL: &str = "core.kbind.io/syncer-member";
 /// Annotation on a related Secret/ConfigMap copy: the ids of the `relatedResources` entries

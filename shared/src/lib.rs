@@ -4,10 +4,12 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod apply;
 pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod conditions;
+pub mod credential;
 pub mod identity;
 pub mod keys;
 pub mod kubeconfig;

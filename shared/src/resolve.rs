@@ -103,13 +103,37 @@ pub fn resolve<'a>(
     cluster_bindings: impl IntoIterator<Item = &'a ClusterBinding>,
     bindings: impl IntoIterator<Item = &'a Binding>,
 ) -> Option<Resolution> {
+    resolve_among(api, namespace, None, cluster_bindings, bindings)
+}
+
+/// [`resolve`] among the bindings that name `connection`, the Connection whose provider serves
+/// the API here (the consumer CRD's marker). A binding naming another Connection cannot take an
+/// API over — kbind refuses to re-mark its CRD — so it neither covers nor freezes its instances.
+pub fn resolve_served_by<'a>(
+    connection: &str,
+    api: &str,
+    namespace: Option<&str>,
+    cluster_bindings: impl IntoIterator<Item = &'a ClusterBinding>,
+    bindings: impl IntoIterator<Item = &'a Binding>,
+) -> Option<Resolution> {
+    resolve_among(api, namespace, Some(connection), cluster_bindings, bindings)
+}
+
+fn resolve_among<'a>(
+    api: &str,
+    namespace: Option<&str>,
+    connection: Option<&str>,
+    cluster_bindings: impl IntoIterator<Item = &'a ClusterBinding>,
+    bindings: impl IntoIterator<Item = &'a Binding>,
+) -> Option<Resolution> {
+    let serves = |spec: &BindingSpec| connection.is_none_or(|c| spec.connection_ref.name == c);
     let first = |mut found: Vec<Resolution>| {
         found.sort_by(|a, b| a.name.cmp(&b.name));
         found.into_iter().next()
     };
     let cluster_wide: Vec<Resolution> = cluster_bindings
         .into_iter()
-        .filter(|b| covers(*b, api))
+        .filter(|b| covers(*b, api) && serves(b.binding_spec()))
         .map(resolution)
         .collect();
     if let Some(found) = first(cluster_wide) {
@@ -118,7 +142,11 @@ pub fn resolve<'a>(
     let namespace = namespace?;
     let local: Vec<Resolution> = bindings
         .into_iter()
-        .filter(|b| b.namespace().as_deref() == Some(namespace) && covers(*b, api))
+        .filter(|b| {
+            b.namespace().as_deref() == Some(namespace)
+                && covers(*b, api)
+                && serves(b.binding_spec())
+        })
         .map(resolution)
         .collect();
     first(local)
@@ -208,5 +236,24 @@ mod tests {
         ];
         let none: [Binding; 0] = [];
         assert_eq!(resolve(W, None, &cbs, &none).unwrap().name, "b");
+    }
+
+    #[test]
+    fn bindings_naming_another_connection_neither_cover_nor_freeze_an_api() {
+        // Safe by default: the CRD serves Connection p; a ClusterBinding for q that sorts first
+        // (and is not Ready, its CRD being refused) does not stop p's instances.
+        let mut other = cluster_binding("a-other", &[W], false);
+        other.spec.binding.connection_ref.name = "q".into();
+        let cbs = [other, cluster_binding("b", &[W], true)];
+        let mut other_local = binding("team-a", "a-local", &[W], false);
+        other_local.spec.connection_ref.name = "q".into();
+        let bs = [other_local, binding("team-a", "z-local", &[W], true)];
+        let none: [ClusterBinding; 0] = [];
+        assert_eq!(resolve(W, None, &cbs, &bs).unwrap().name, "a-other");
+        let served = resolve_served_by("p", W, None, &cbs, &bs).unwrap();
+        assert_eq!((served.name.as_str(), served.is_bound()), ("b", true));
+        let served = resolve_served_by("p", W, Some("team-a"), &none, &bs).unwrap();
+        assert_eq!((served.name.as_str(), served.is_bound()), ("z-local", true));
+        assert!(resolve_served_by("r", W, Some("team-a"), &cbs, &bs).is_none());
     }
 }

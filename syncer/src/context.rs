@@ -66,11 +66,18 @@ impl Context {
         }
     }
 
-    /// RES over the caches: the binding covering an instance of `api` in `namespace`.
-    pub fn resolve(&self, api: &str, namespace: Option<&str>) -> Option<Resolution> {
+    /// RES over the caches: the binding of `connection` (the one serving `api` here) covering an
+    /// instance of `api` in `namespace`.
+    pub fn resolve(
+        &self,
+        connection: &str,
+        api: &str,
+        namespace: Option<&str>,
+    ) -> Option<Resolution> {
         let cluster_bindings = self.cluster_bindings.state();
         let bindings = self.bindings.state();
-        resolve::resolve(
+        resolve::resolve_served_by(
+            connection,
             api,
             namespace,
             cluster_bindings.iter().map(|b| b.as_ref()),

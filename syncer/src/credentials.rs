@@ -8,16 +8,15 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Secret;
 use kbind_shared::api::Connection;
-use kbind_shared::kubeconfig::InlineKubeconfig;
+use kbind_shared::credential::ProviderCredential;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// A parsed credential and the digest of its bytes (a change rebuilds the workers).
-pub type Credentials = Result<(InlineKubeconfig, [u8; 32]), String>;
+pub type Credentials = Result<ProviderCredential, String>;
 
 struct Watched {
     store: Store<Secret>,
@@ -58,10 +57,7 @@ impl SecretCredentials {
             .store
             .get(&ObjectRef::new(&reference.name).within(&reference.namespace));
         let Some(secret) = secret else {
-            return Some(Err(format!(
-                "Secret {}/{} not found",
-                reference.namespace, reference.name
-            )));
+            return Some(ProviderCredential::from_secret(None, reference));
         };
         let version = (
             secret.resource_version().unwrap_or_default(),
@@ -73,7 +69,7 @@ impl SecretCredentials {
         {
             return Some(found.clone());
         }
-        let found = parse(&secret, &reference.namespace, &reference.name, &version.1);
+        let found = ProviderCredential::from_secret(Some(&secret), reference);
         *parsed = Some((version, found.clone()));
         Some(found)
     }
@@ -140,15 +136,4 @@ impl SecretCredentials {
         watched.insert(key, entry.clone());
         entry
     }
-}
-
-fn parse(secret: &Secret, namespace: &str, name: &str, key: &str) -> Credentials {
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| b.0.clone())
-        .ok_or_else(|| format!("Secret {namespace}/{name} has no key `{key}`"))?;
-    let kubeconfig = InlineKubeconfig::parse(&bytes).map_err(|e| e.to_string())?;
-    Ok((kubeconfig, Sha256::digest(&bytes).into()))
 }

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::Connection;
 use kbind_shared::conditions::{self, types};
+use kbind_shared::credential::ProviderCredential;
 use kbind_shared::keys;
 use kbind_shared::shard::{self, Unit};
 use kube::runtime::reflector::{self, Store};
@@ -37,7 +38,8 @@ struct Key {
     generation: i64,
     connection: String,
     local_uid: String,
-    credentials: [u8; 32],
+    /// The digest of the verified provider credential.
+    credentials: String,
 }
 
 /// A worker to run.
@@ -239,6 +241,26 @@ fn engaged(connections: &Store<Connection>, name: &str) -> Option<(Arc<Connectio
         .then_some((connection, status.local_cluster_uid))
 }
 
+/// The Connection's provider credential, if kbind may write with it: its cluster identity was
+/// verified against the pin (`kbind_shared::credential`). A Secret swapped to another cluster
+/// stops the Connection's workers here, before they could write anything with it.
+fn verified_credential(
+    credentials: &SecretCredentials,
+    connection: &Connection,
+) -> Option<ProviderCredential> {
+    match credentials.read(connection)? {
+        Ok(credential) if credential.is_verified(connection.status.as_ref()) => Some(credential),
+        Ok(_) => {
+            tracing::debug!(connection = %connection.name_any(), "the provider credential is not verified yet; waiting for the schema manager");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(connection = %connection.name_any(), error = %e, "cannot use the provider credential");
+            None
+        }
+    }
+}
+
 /// The related-resources workers that should run: one per assigned binding unit whose binding
 /// lists related resources and whose Connection is engaged.
 fn desired_related(
@@ -269,13 +291,12 @@ fn desired_related(
         let Some((connection, local_uid)) = engaged(connections, connection_name) else {
             continue;
         };
-        let (kubeconfig, credentials) = match credentials.read(&connection) {
-            Some(Ok(found)) => found,
-            Some(Err(e)) => {
-                tracing::warn!(unit = %unit, connection = %connection_name, error = %e, "cannot build the provider client");
-                continue;
-            }
-            None => continue,
+        let Some(ProviderCredential {
+            kubeconfig,
+            digest: credentials,
+        }) = verified_credential(credentials, &connection)
+        else {
+            continue;
         };
         let uid = binding.meta().uid.clone().unwrap_or_default();
         let generation = binding.meta().generation.unwrap_or_default();
@@ -334,13 +355,12 @@ fn desired_workers(
             tracing::warn!(crd = %name, "managed CRD has no served version; not syncing it");
             continue;
         };
-        let (kubeconfig, credentials) = match credentials.read(&connection) {
-            Some(Ok(found)) => found,
-            Some(Err(e)) => {
-                tracing::warn!(crd = %name, connection = %connection_name, error = %e, "cannot build the provider client");
-                continue;
-            }
-            None => continue,
+        let Some(ProviderCredential {
+            kubeconfig,
+            digest: credentials,
+        }) = verified_credential(credentials, &connection)
+        else {
+            continue;
         };
         let key = Key {
             units: units.iter().map(ToString::to_string).collect(),

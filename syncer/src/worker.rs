@@ -12,7 +12,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
 use kbind_shared::shard::{self, Unit};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, Preconditions,
+};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -495,7 +497,9 @@ async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action,
     }
     let spec = &worker.spec;
     let namespace = object.namespace();
-    let resolution = worker.ctx.resolve(&spec.api, namespace.as_deref());
+    let resolution = worker
+        .ctx
+        .resolve(&spec.connection, &spec.api, namespace.as_deref());
 
     // SYNC-3: deletion, bound or not.
     if object.metadata.deletion_timestamp.is_some() {
@@ -572,7 +576,7 @@ async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action,
         {
             return forbidden_or(&worker, &object, "create the provider namespace", e).await;
         }
-        let body = ownership::spec_up_body(
+        let mut body = ownership::spec_up_body(
             &spec.resource.api_version,
             &spec.resource.kind,
             namespace.as_deref(),
@@ -581,6 +585,13 @@ async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action,
             &spec.local_uid,
             &object_uid,
         );
+        // OWN on fresh facts: with no copy in the cache, the first write only creates. Anything
+        // that exists under the name (created in the instant the cache has not seen yet) answers
+        // 409, and the next sync classifies it from the cache — it is never forced over.
+        let creating = provider_copy.is_none();
+        if creating {
+            kbind_shared::apply::create_only(&mut body);
+        }
         worker.fence()?;
         let applied = worker
             .provider_api(namespace.as_deref())
@@ -600,6 +611,21 @@ async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action,
                     .with_label_values(&["spec_up"])
                     .observe(started.elapsed().as_secs_f64());
                 provider_status = applied.data.get("status").cloned();
+            }
+            Err(e) if creating && kbind_shared::apply::exists(&e) => {
+                tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object appeared before the first spec-up; classifying it");
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {
+                // The provider namespace went away under us: forget it, create it next time.
+                if let Some(ns) = namespace.as_deref() {
+                    worker
+                        .known_namespaces
+                        .lock()
+                        .expect("not poisoned")
+                        .remove(ns);
+                }
+                return Err(Error::Provider(kube::Error::Api(s)));
             }
             Err(e) => {
                 return forbidden_or(&worker, &object, "apply the spec to the provider", e).await;
@@ -739,12 +765,17 @@ async fn delete(object: &DynamicObject, worker: &Worker) -> Result<Action, Error
         {
             if copy.metadata.deletion_timestamp.is_none() {
                 worker.fence()?;
-                match api
-                    .delete(&object.name_any(), &DeleteParams::default())
-                    .await
-                {
+                // Exactly the copy just classified as ours: its UID is the precondition.
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: copy.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(&object.name_any(), &params).await {
                     Ok(_) => worker.count("delete", "ok"),
-                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                    Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
                     Err(e) => {
                         worker.count("delete", "error");
                         return Err(Error::Provider(e));

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kbind_shared::api::{
     ApiScope, Binding, BindingStatus, ClusterBinding, Connection, PullPolicy, UpdatePolicy,
 };
-use kbind_shared::conditions::{self, Desired, types};
+use kbind_shared::conditions::{self, Desired, reasons, types};
 use kbind_shared::keys;
 use kbind_shared::resolve::BindingObject;
 use kube::api::{
@@ -73,6 +73,8 @@ where
 {
     let controller = Controller::new(api, watcher::Config::default());
     let store = controller.store();
+    let crd_store = store.clone();
+
     // BIND triggers: Connection events map to the bindings that name the Connection.
     controller
         .watches(
@@ -84,6 +86,21 @@ where
                     .state()
                     .into_iter()
                     .filter(|b| b.binding_spec().connection_ref.name == name)
+                    .map(|b| ObjectRef::from_obj(b.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        // A consumer CRD changing (the user's `core.kbind.io/adopt` opt-in, markers edited by
+        // hand) re-evaluates the bindings that list it at once; metadata only.
+        .watches(
+            Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(ctx.client.clone()),
+            watcher::Config::default(),
+            move |crd| {
+                let name = crd.name_any();
+                crd_store
+                    .state()
+                    .into_iter()
+                    .filter(|b| b.binding_spec().apis.iter().any(|a| a.name == name))
                     .map(|b| ObjectRef::from_obj(b.as_ref()))
                     .collect::<Vec<_>>()
             },
@@ -300,6 +317,9 @@ async fn api_state<B: Scoped>(
         Ok(installed) => installed,
         Err(message) => return ApiState::Pending(message),
     };
+    if let schema::Plan::Refuse(message) = installed.plan {
+        return ApiState::SchemaConflict(message);
+    }
     if installed.plan == schema::Plan::LeaveAbsent {
         return ApiState::Pending(
             "the consumer CRD is not installed and pullPolicy is None: supply it".into(),
@@ -391,6 +411,7 @@ async fn write_status<B: Scoped>(
     if status == before {
         return Ok(());
     }
+    warn_on_new_schema_conflict(binding, ctx, &before, &status).await;
     let mut updated = binding.clone();
     updated.set_binding_status(status);
     B::api(&ctx.client, binding)
@@ -398,6 +419,38 @@ async fn write_status<B: Scoped>(
         .await
         .map_err(Error::Consumer)?;
     Ok(())
+}
+
+/// A `SchemaConflict` Warning Event when the Ready message about one starts or changes: the
+/// user must act (annotate the CRD, or drop the API), so it is announced, once per change.
+async fn warn_on_new_schema_conflict<B: Scoped>(
+    binding: &B,
+    ctx: &Context,
+    before: &BindingStatus,
+    after: &BindingStatus,
+) {
+    let conflict = |status: &BindingStatus| {
+        conditions::find(&status.conditions, types::READY)
+            .filter(|c| c.reason == reasons::SCHEMA_CONFLICT)
+            .map(|c| c.message.clone())
+    };
+    let Some(message) = conflict(after) else {
+        return;
+    };
+    if conflict(before).as_ref() == Some(&message) {
+        return;
+    }
+    let recorder = kube::runtime::events::Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: reasons::SCHEMA_CONFLICT.into(),
+        note: Some(message),
+        action: "InstallSchema".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &binding.object_ref(&())).await {
+        tracing::debug!(error = %e, "cannot publish Event");
+    }
 }
 
 /// Where an API's instances stay covered after `leaving` goes: by a remaining ClusterBinding
@@ -683,9 +736,19 @@ async fn delete_provider_copy(
         return Ok(false);
     }
     if copy.metadata.deletion_timestamp.is_none() {
-        match api.delete(&name, &DeleteParams::default()).await {
+        // Exactly the copy just classified as ours: its UID is the precondition (a foreign object
+        // re-created under the name since is never deleted).
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: copy.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(&name, &params).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
+            Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(true),
             Err(e) => {
                 return Err(format!(
                     "delete provider copy of {name}: {}",

@@ -34,6 +34,9 @@ pub enum ApiState {
     ClusterScopedInBinding,
     /// RBAC denied reading the provider schema; other APIs still proceed (QRK-17 fixed).
     Forbidden(String),
+    /// The consumer CRD is not kbind's to change (another owner, another Connection, a reserved
+    /// group): the message names the owner and the opt-in. Other APIs still proceed.
+    SchemaConflict(String),
     /// Waiting (schema not installable yet, CRD missing under pullPolicy None, …).
     Pending(String),
     /// Installed; `in_sync` tells whether it matches the provider schema.
@@ -66,6 +69,13 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
     let cluster_scoped = names(|s| matches!(s, ApiState::ClusterScopedInBinding));
     let forbidden = messages(|s| {
         if let ApiState::Forbidden(m) = s {
+            Some(m)
+        } else {
+            None
+        }
+    });
+    let schema_conflicts = messages(|s| {
+        if let ApiState::SchemaConflict(m) = s {
             Some(m)
         } else {
             None
@@ -126,6 +136,8 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
                 cluster_scoped.join(", ")
             ),
         ))
+    } else if !schema_conflicts.is_empty() {
+        Some((reasons::SCHEMA_CONFLICT, schema_conflicts.join("; ")))
     } else if !forbidden.is_empty() {
         Some((reasons::FORBIDDEN, forbidden.join("; ")))
     } else if !pending.is_empty() {
@@ -269,6 +281,33 @@ mod tests {
         assert_eq!(get(&out, "PermissionDenied").status, Status::True);
         assert_eq!(get(&out, "Ready").reason, "Forbidden");
         assert_eq!(bound.len(), 1, "the allowed API is still bound");
+    }
+
+    #[test]
+    fn schema_conflict_names_the_owner_and_does_not_stop_the_others() {
+        let (out, bound) = evaluate(&[
+            (
+                "certificates.cert-manager.io".into(),
+                ApiState::SchemaConflict(
+                    "the consumer CRD certificates.cert-manager.io was not created by kbind".into(),
+                ),
+            ),
+            ("b.x".into(), bound(Conflicts::default())),
+        ]);
+        let ready = get(&out, "Ready");
+        assert_eq!(
+            (ready.status, ready.reason),
+            (Status::False, "SchemaConflict")
+        );
+        assert!(
+            ready
+                .message
+                .contains("certificates.cert-manager.io: the consumer CRD"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(get(&out, "Synced").reason, "SchemaConflict");
+        assert_eq!(bound.len(), 1, "the other API is still bound");
     }
 
     #[test]

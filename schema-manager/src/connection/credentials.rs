@@ -1,54 +1,32 @@
-//! Provider credentials: reading the Connection's Secret (CONN-3) and keeping one provider client
-//! per Connection, rebuilt whenever the Secret's kubeconfig changes (credential rotation, LIM-1).
+//! Provider credentials: reading the Connection's Secret (CONN-3) and keeping one verified
+//! provider client per Connection, replaced when a rotated credential is verified (LIM-1).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Secret;
 use kbind_shared::api::KubeconfigSecretRef;
+use kbind_shared::credential::ProviderCredential;
 use kbind_shared::kubeconfig::InlineKubeconfig;
 use kbind_shared::metrics::Metrics;
 use kube::{Api, Client};
-use sha2::{Digest, Sha256};
 
-/// A provider client and what it was built from.
+/// A provider client and the credential it was built from.
 #[derive(Clone)]
 pub struct Provider {
     /// Client for the provider.
     pub client: Client,
     /// The validated kubeconfig (server, default namespace).
     pub kubeconfig: InlineKubeconfig,
-    fingerprint: [u8; 32],
+    /// `sha256:<hex>` of the kubeconfig bytes.
+    pub digest: String,
 }
 
-/// The kubeconfig bytes of a Secret, or what is wrong with it (a message naming the Secret and
-/// the problem, never its contents).
-pub fn kubeconfig_bytes<'s>(
-    secret: Option<&'s Secret>,
-    reference: &KubeconfigSecretRef,
-) -> Result<&'s [u8], String> {
-    let (namespace, name, key) = (
-        &reference.namespace,
-        &reference.name,
-        reference.effective_key(),
-    );
-    let secret = secret.ok_or_else(|| format!("Secret {namespace}/{name} not found"))?;
-    let data = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .ok_or_else(|| format!("Secret {namespace}/{name} has no key `{key}`"))?;
-    if data.0.is_empty() {
-        return Err(format!("Secret {namespace}/{name} key `{key}` is empty"));
-    }
-    Ok(&data.0)
-}
-
-/// Reads the Secret a Connection references and returns its validated kubeconfig.
-pub async fn read_kubeconfig(
+/// Reads the Secret a Connection references and returns its validated credential.
+pub async fn read_credential(
     consumer: &Client,
     reference: &KubeconfigSecretRef,
-) -> Result<(InlineKubeconfig, [u8; 32]), String> {
+) -> Result<ProviderCredential, String> {
     let secrets: Api<Secret> = Api::namespaced(consumer.clone(), &reference.namespace);
     let secret = secrets.get_opt(&reference.name).await.map_err(|e| {
         format!(
@@ -56,31 +34,24 @@ pub async fn read_kubeconfig(
             reference.namespace, reference.name
         )
     })?;
-    let bytes = kubeconfig_bytes(secret.as_ref(), reference)?;
-    let kubeconfig = InlineKubeconfig::parse(bytes).map_err(|e| {
-        format!(
-            "Secret {}/{} key `{}`: {e}",
-            reference.namespace,
-            reference.name,
-            reference.effective_key()
-        )
-    })?;
-    Ok((kubeconfig, Sha256::digest(bytes).into()))
+    ProviderCredential::from_secret(secret.as_ref(), reference)
 }
 
-/// One provider client per Connection.
+/// One provider client per Connection, holding only credentials whose cluster identity was
+/// verified (see `kbind_shared::credential`): nothing but the Connection reconcile, right after
+/// it checked the identity, puts a client here.
 #[derive(Default)]
 pub struct Providers {
     by_connection: Mutex<HashMap<String, Provider>>,
 }
 
 impl Providers {
-    /// The provider client for `connection`, rebuilt if the kubeconfig changed since last time.
-    pub async fn client(
+    /// A client for `credential`: the verified one if it was built from the same credential,
+    /// else a new one that is *not* kept until [`Providers::verified`] says so.
+    pub async fn build(
         &self,
         connection: &str,
-        kubeconfig: InlineKubeconfig,
-        fingerprint: [u8; 32],
+        credential: ProviderCredential,
         metrics: &Metrics,
     ) -> Result<Provider, String> {
         if let Some(existing) = self
@@ -88,34 +59,39 @@ impl Providers {
             .lock()
             .expect("not poisoned")
             .get(connection)
-            && existing.fingerprint == fingerprint
+            && existing.digest == credential.digest
         {
             return Ok(existing.clone());
         }
-        let client = kubeconfig
+        let client = credential
+            .kubeconfig
             .counted_client(connection, Some(&metrics.api_requests_total))
             .await
             .map_err(|e| e.to_string())?;
-        let provider = Provider {
+        Ok(Provider {
             client,
-            kubeconfig,
-            fingerprint,
-        };
+            kubeconfig: credential.kubeconfig,
+            digest: credential.digest,
+        })
+    }
+
+    /// Keeps `provider` as the Connection's client: its cluster identity matched the pin.
+    pub fn verified(&self, connection: &str, provider: &Provider) {
         let previous = self
             .by_connection
             .lock()
             .expect("not poisoned")
             .insert(connection.to_owned(), provider.clone());
-        if previous.is_some() {
+        if previous.is_some_and(|p| p.digest != provider.digest) {
             tracing::info!(
                 connection,
-                "provider credentials changed; rebuilt the provider client"
+                "provider credentials changed and were verified; using the new client"
             );
         }
-        Ok(provider)
     }
 
-    /// The provider client of a Connection: the cached one, else one built from its Secret now.
+    /// The verified provider client of a Connection: the kept one, else one built from its Secret
+    /// now if that credential is the one `status.verifiedCredential` records.
     pub async fn for_connection(
         &self,
         consumer: &Client,
@@ -126,9 +102,17 @@ impl Providers {
         if let Some(existing) = self.by_connection.lock().expect("not poisoned").get(&name) {
             return Ok(existing.clone());
         }
-        let (kubeconfig, fingerprint) =
-            read_kubeconfig(consumer, &connection.spec.kubeconfig_secret_ref).await?;
-        self.client(&name, kubeconfig, fingerprint, metrics).await
+        let reference = &connection.spec.kubeconfig_secret_ref;
+        let credential = read_credential(consumer, reference).await?;
+        if !credential.is_verified(connection.status.as_ref()) {
+            return Err(format!(
+                "the credential in Secret {}/{} has not been verified against the provider's pinned cluster identity yet",
+                reference.namespace, reference.name
+            ));
+        }
+        let provider = self.build(&name, credential, metrics).await?;
+        self.verified(&name, &provider);
+        Ok(provider)
     }
 
     /// Forgets the client of a deleted Connection.
@@ -137,54 +121,5 @@ impl Providers {
             .lock()
             .expect("not poisoned")
             .remove(connection);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::ByteString;
-
-    fn reference() -> KubeconfigSecretRef {
-        KubeconfigSecretRef {
-            namespace: "kbind".into(),
-            name: "p".into(),
-            key: String::new(),
-        }
-    }
-
-    fn secret(entries: &[(&str, &[u8])]) -> Secret {
-        Secret {
-            data: Some(
-                entries
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
-                    .collect(),
-            ),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn missing_secret_key_or_data_is_named() {
-        assert_eq!(
-            kubeconfig_bytes(None, &reference()).unwrap_err(),
-            "Secret kbind/p not found"
-        );
-        let other_key = secret(&[("config", b"x")]);
-        assert_eq!(
-            kubeconfig_bytes(Some(&other_key), &reference()).unwrap_err(),
-            "Secret kbind/p has no key `kubeconfig`"
-        );
-        let empty = secret(&[("kubeconfig", b"")]);
-        assert_eq!(
-            kubeconfig_bytes(Some(&empty), &reference()).unwrap_err(),
-            "Secret kbind/p key `kubeconfig` is empty"
-        );
-        let ok = secret(&[("kubeconfig", b"apiVersion: v1")]);
-        assert_eq!(
-            kubeconfig_bytes(Some(&ok), &reference()).unwrap(),
-            b"apiVersion: v1"
-        );
     }
 }

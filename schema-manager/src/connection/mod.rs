@@ -229,18 +229,14 @@ async fn connect(
     let name = connection.name_any();
 
     // CONN-3: credentials.
-    let (kubeconfig, fingerprint) =
-        match credentials::read_kubeconfig(&ctx.client, &connection.spec.kubeconfig_secret_ref)
+    let credential =
+        match credentials::read_credential(&ctx.client, &connection.spec.kubeconfig_secret_ref)
             .await
         {
             Ok(found) => found,
             Err(message) => return Ok((Outcome::SecretInvalid(message), None)),
         };
-    let provider = match ctx
-        .providers
-        .client(&name, kubeconfig, fingerprint, &ctx.metrics)
-        .await
-    {
+    let provider = match ctx.providers.build(&name, credential, &ctx.metrics).await {
         Ok(provider) => provider,
         Err(message) => return Ok((Outcome::SecretInvalid(message), None)),
     };
@@ -276,6 +272,9 @@ async fn connect(
     if status.local_cluster_uid.is_empty() {
         status.local_cluster_uid = local_uid;
     }
+    // Only now may this credential be used for writes, here and by the syncers.
+    status.verified_credential = provider.digest.clone();
+    ctx.providers.verified(&name, &provider);
 
     // CONN-7: discovery.
     let exports = match discovery::discover(&provider.client, connection.spec.schema.source).await {
@@ -350,9 +349,15 @@ async fn install_all(
             match crate::schema::desired_for(provider, &name, status.active_schema_source, export)
                 .await
             {
-                Ok(desired) => crate::schema::install(consumer, &desired, &name, true, update)
-                    .await
-                    .map(drop),
+                Ok(desired) => {
+                    match crate::schema::install(consumer, &desired, &name, true, update).await {
+                        Ok(crate::schema::Installed {
+                            plan: crate::schema::Plan::Refuse(message),
+                            ..
+                        }) => Err(message),
+                        other => other.map(drop),
+                    }
+                }
                 Err(crate::schema::Problem::Forbidden(m) | crate::schema::Problem::Pending(m)) => {
                     Err(m)
                 }

@@ -157,6 +157,11 @@ pub struct ConnectionStatus {
         rename = "localClusterUID"
     )]
     pub local_cluster_uid: String,
+    /// `sha256:<hex>` of the kubeconfig bytes whose cluster identity kbind last checked against
+    /// `remoteClusterUID`. kbind's programs write to the provider only with a credential whose
+    /// digest matches: a Secret swapped to another cluster is never used, not even briefly.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub verified_credential: String,
     /// The schema source in use: `CRD` or `OpenAPI` (what `Auto` resolved to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_schema_source: Option<ActiveSchemaSource>,

@@ -1,0 +1,433 @@
+//! Safe by default, on real clusters with kbind's programs as real processes: each test triggers a
+//! hazard from outside — a Secret swapped to another cluster, a provider exporting a CRD the
+//! consumer owns, a second Connection serving the same API — and shows nothing was written where
+//! it must not be and nothing was lost.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::crd_manifests;
+use kbind_e2e::wait::wait_for;
+use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, SchemaSource};
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+/// Everything kbind could have written on a cluster: Widgets, kbind-labelled Leases, Namespaces
+/// and Secrets.
+async fn kbind_writes_on(client: &Client) -> Vec<String> {
+    let managed = ListParams::default().labels("core.kbind.io/managed=true");
+    let mut found: Vec<String> = Api::<DynamicObject>::all_with(client.clone(), &widget_resource())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .iter()
+        .map(|w| {
+            format!(
+                "Widget {}/{}",
+                w.namespace().unwrap_or_default(),
+                w.name_any()
+            )
+        })
+        .collect();
+    for lease in Api::<Lease>::all(client.clone())
+        .list(&managed)
+        .await
+        .unwrap()
+        .items
+    {
+        found.push(format!("Lease {}", lease.name_any()));
+    }
+    for ns in Api::<Namespace>::all(client.clone())
+        .list(&managed)
+        .await
+        .unwrap()
+        .items
+    {
+        found.push(format!("Namespace {}", ns.name_any()));
+    }
+    for secret in Api::<Secret>::all(client.clone())
+        .list(&managed)
+        .await
+        .unwrap()
+        .items
+    {
+        found.push(format!("Secret {}", secret.name_any()));
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_secret_swapped_to_another_cluster_is_never_written_to_and_swapping_back_resumes() {
+    // Guarantee 0 (CONN-6, ID-3 made airtight): the syncer and the heartbeat write only with a
+    // credential whose cluster identity was verified against the pin.
+    let s = SyncEnv::start_with("safety_swap", &[0, 1, 2], None, &["other"]).await;
+    let other = s.env.cluster("other").admin_client().await.unwrap();
+    install_crd(&other, &widget_crd()).await.unwrap();
+    wait_binding_condition(
+        &Api::<ClusterBinding>::all(s.consumer.clone()),
+        "widgets",
+        "Ready",
+        "True",
+        None,
+    )
+    .await
+    .unwrap();
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    for i in 0..50 {
+        consumer_widgets
+            .create(&PostParams::default(), &widget(&format!("w{i}"), i))
+            .await
+            .unwrap();
+    }
+    let provider_widgets = widgets(&s.provider, "team-a");
+    wait_for("50 provider copies", 60, || async {
+        let n = provider_widgets
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        Ok((n == 50).then_some(()))
+    })
+    .await;
+
+    // Churn: every object changes, all the time, while the Secret is swapped.
+    let churn = {
+        let api = consumer_widgets.clone();
+        tokio::spawn(async move {
+            for round in 100.. {
+                for i in 0..50 {
+                    let patch = json!({ "spec": { "size": round * 100 + i } });
+                    let _ = api
+                        .patch(
+                            &format!("w{i}"),
+                            &PatchParams::default(),
+                            &Patch::Merge(&patch),
+                        )
+                        .await;
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let other_kubeconfig = s.env.cluster("other").admin_kubeconfig();
+    put_secret(
+        &s.consumer,
+        "provider-kubeconfig",
+        "kubeconfig",
+        other_kubeconfig.as_bytes(),
+    )
+    .await
+    .unwrap();
+    wait_condition(
+        &s.consumer,
+        "provider",
+        "Ready",
+        "False",
+        Some("ClusterIdentityChanged"),
+    )
+    .await
+    .unwrap();
+    // Keep churning for a while with the wrong credential in place.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    churn.abort();
+    let written = kbind_writes_on(&other).await;
+    assert!(
+        written.is_empty(),
+        "kbind wrote to a cluster whose identity does not match the pin: {written:?}"
+    );
+
+    // Swap back: the verified credential is used again and sync resumes.
+    put_secret(
+        &s.consumer,
+        "provider-kubeconfig",
+        "kubeconfig",
+        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    consumer_widgets
+        .patch(
+            "w7",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 777 } })),
+        )
+        .await
+        .unwrap();
+    wait_for("the change after swapping back", 30, || async {
+        let copy = provider_widgets
+            .get("w7")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((copy.data["spec"]["size"] == 777).then_some(()))
+    })
+    .await;
+    let written = kbind_writes_on(&other).await;
+    assert!(written.is_empty(), "{written:?}");
+}
+
+/// What must stay byte-for-byte the same on a CRD kbind may not touch.
+fn fingerprint(crd: &CustomResourceDefinition) -> String {
+    format!(
+        "{:?} {:?} {:?} {}",
+        crd.metadata.resource_version,
+        crd.labels(),
+        crd.annotations(),
+        serde_json::to_string(&crd.spec).unwrap()
+    )
+}
+
+async fn get_crd(client: &Client, name: &str) -> CustomResourceDefinition {
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .get(name)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_provider_exporting_a_crd_the_consumer_owns_never_changes_it_until_the_user_opts_in() {
+    // Guarantee 1: a consumer CRD kbind did not create is never replaced or re-marked; kbind's
+    // own group is refused outright.
+    let s = SyncEnv::start("safety_crd_takeover", &[0, 1, 2], None).await;
+    // The provider exports kbind's own Binding CRD and a cert-manager-like CRD, which the consumer
+    // already has (installed by its admin, with another schema).
+    let mut bindings_crd = crd_manifests()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name_any() == "bindings.core.kbind.io")
+        .unwrap();
+    bindings_crd
+        .labels_mut()
+        .insert("core.kbind.io/exported".into(), "true".into());
+    install_crd(&s.provider, &bindings_crd).await.unwrap();
+    let exported_certificates = crd(
+        "certificates",
+        "cert-manager.io",
+        "Certificate",
+        &[("core.kbind.io/exported", "true")],
+    );
+    install_crd(&s.provider, &exported_certificates)
+        .await
+        .unwrap();
+    let mut users_certificates = crd("certificates", "cert-manager.io", "Certificate", &[]);
+    users_certificates.spec.versions[0].additional_printer_columns = Some(vec![
+        serde_json::from_value(
+            json!({ "name": "Issuer", "type": "string", "jsonPath": ".spec.issuer" }),
+        )
+        .unwrap(),
+    ]);
+    install_crd(&s.consumer, &users_certificates).await.unwrap();
+    let before_bindings = fingerprint(&get_crd(&s.consumer, "bindings.core.kbind.io").await);
+    let before_certificates =
+        fingerprint(&get_crd(&s.consumer, "certificates.cert-manager.io").await);
+
+    // A user binding lists them (Widgets stay in their own binding).
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    cluster_bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "takeover",
+                ClusterBindingSpec {
+                    binding: binding_spec(
+                        "provider",
+                        &["bindings.core.kbind.io", "certificates.cert-manager.io"],
+                    ),
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let b = wait_binding_condition(
+        &cluster_bindings,
+        "takeover",
+        "Ready",
+        "False",
+        Some("SchemaConflict"),
+    )
+    .await
+    .unwrap();
+    let ready = b
+        .status
+        .as_ref()
+        .and_then(|s| kbind_shared::conditions::find(&s.conditions, "Ready").cloned())
+        .unwrap();
+    assert!(
+        ready.message.contains("core.kbind.io is reserved")
+            && ready
+                .message
+                .contains("certificates.cert-manager.io was not created by kbind"),
+        "{}",
+        ready.message
+    );
+    let events = warning_events(&s.consumer, None, "takeover").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("SchemaConflict: ")),
+        "{events:?}"
+    );
+    // Other APIs of the Connection are unaffected.
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    widgets(&s.consumer, "team-a")
+        .create(&PostParams::default(), &widget("w1", 1))
+        .await
+        .unwrap();
+    wait_for("the Widget upstream", 30, || async {
+        widgets(&s.provider, "team-a")
+            .get_opt("w1")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+
+    // autoBind lists every export: the same refusal.
+    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "autoBind": true } })),
+        )
+        .await
+        .unwrap();
+    wait_binding_condition(
+        &cluster_bindings,
+        "provider",
+        "Ready",
+        "False",
+        Some("SchemaConflict"),
+    )
+    .await
+    .unwrap();
+    // Several binding resyncs later, both consumer CRDs are unchanged.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        fingerprint(&get_crd(&s.consumer, "bindings.core.kbind.io").await),
+        before_bindings
+    );
+    assert_eq!(
+        fingerprint(&get_crd(&s.consumer, "certificates.cert-manager.io").await),
+        before_certificates
+    );
+
+    // The explicit opt-in: the user lets the Connection take the cert-manager-like CRD over.
+    adopt_crd(&s.consumer, "certificates.cert-manager.io", "provider")
+        .await
+        .unwrap();
+    wait_for(
+        "the adopted CRD to carry the provider's schema",
+        30,
+        || async {
+            let crd = get_crd(&s.consumer, "certificates.cert-manager.io").await;
+            Ok((crd
+                .annotations()
+                .get("core.kbind.io/connection")
+                .map(String::as_str)
+                == Some("provider")
+                && crd.spec.versions[0].additional_printer_columns.is_none())
+            .then_some(()))
+        },
+    )
+    .await;
+    // kbind's own group stays refused, opt-in or not.
+    assert_eq!(
+        fingerprint(&get_crd(&s.consumer, "bindings.core.kbind.io").await),
+        before_bindings
+    );
+}
+
+#[tokio::test]
+async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_it() {
+    // Guarantee 1: two Connections serving one API → the second reports a conflict; the CRD's
+    // marker never flips; every instance keeps syncing to the first provider.
+    let s = SyncEnv::start_with("safety_two_connections", &[0, 1, 2], None, &["second"]).await;
+    let second = s.env.cluster("second").admin_client().await.unwrap();
+    install_crd(&second, &widget_crd()).await.unwrap();
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    wait_binding_condition(&cluster_bindings, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+
+    put_secret(
+        &s.consumer,
+        "second",
+        "kubeconfig",
+        s.env.cluster("second").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    create_connection(
+        &s.consumer,
+        &connection("second", "second", SchemaSource::Crd),
+    )
+    .await
+    .unwrap();
+    wait_condition(&s.consumer, "second", "Ready", "True", None)
+        .await
+        .unwrap();
+    cluster_bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "second-widgets",
+                ClusterBindingSpec {
+                    binding: binding_spec("second", &["widgets.example.org"]),
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let b = wait_binding_condition(
+        &cluster_bindings,
+        "second-widgets",
+        "Ready",
+        "False",
+        Some("SchemaConflict"),
+    )
+    .await
+    .unwrap();
+    let status = b.status.unwrap();
+    let message = &kbind_shared::conditions::find(&status.conditions, "Ready")
+        .unwrap()
+        .message;
+    assert!(message.contains("serves Connection provider"), "{message}");
+
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    for i in 0..5 {
+        widgets(&s.consumer, "team-a")
+            .create(&PostParams::default(), &widget(&format!("w{i}"), i))
+            .await
+            .unwrap();
+    }
+    wait_for("5 copies on the first provider", 30, || async {
+        let n = widgets(&s.provider, "team-a")
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        Ok((n == 5).then_some(()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let crd = get_crd(&s.consumer, "widgets.example.org").await;
+    assert_eq!(
+        crd.annotations()
+            .get("core.kbind.io/connection")
+            .map(String::as_str),
+        Some("provider")
+    );
+    let on_second = kbind_writes_on(&second).await;
+    assert!(
+        on_second.iter().all(|w| !w.starts_with("Widget")),
+        "{on_second:?}"
+    );
+}

@@ -431,3 +431,178 @@ async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_i
         "{on_second:?}"
     );
 }
+
+#[tokio::test]
+async fn a_provider_object_created_just_before_the_first_spec_up_is_a_conflict_never_overwritten() {
+    // Guarantee 4: ownership is decided on fresh facts. The syncer is paused while, for each of
+    // ten names, a consumer object and a foreign provider object appear; after it resumes, its
+    // provider cache may not have seen the foreign one yet — the first write only creates, so each
+    // is reported as a conflict and never overwritten.
+    let mut s = SyncEnv::start("safety_fresh_facts", &[0, 1, 2], None).await;
+    wait_binding_condition(
+        &Api::<ClusterBinding>::all(s.consumer.clone()),
+        "widgets",
+        "Ready",
+        "True",
+        None,
+    )
+    .await
+    .unwrap();
+    for client in [&s.consumer, &s.provider] {
+        ensure_namespace(client, "team-a").await.unwrap();
+    }
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    let syncer = s.syncer.index;
+    s.env.process(syncer).signal("STOP").unwrap();
+    for i in 0..10 {
+        let name = format!("race-{i}");
+        consumer_widgets
+            .create(&PostParams::default(), &widget(&name, 1))
+            .await
+            .unwrap();
+        provider_widgets
+            .create(&PostParams::default(), &widget(&name, 99))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.env.process(syncer).signal("CONT").unwrap();
+    for i in 0..10 {
+        let name = format!("race-{i}");
+        wait_for(&format!("{name} reported as a conflict"), 30, || async {
+            let w = consumer_widgets
+                .get(&name)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((w
+                .annotations()
+                .get("core.kbind.io/conflict")
+                .map(String::as_str)
+                == Some("ForeignObjectExists"))
+            .then_some(()))
+        })
+        .await;
+    }
+    for i in 0..10 {
+        let foreign = provider_widgets.get(&format!("race-{i}")).await.unwrap();
+        assert_eq!(foreign.data["spec"]["size"], 99, "overwritten");
+        assert!(
+            !foreign
+                .annotations()
+                .contains_key("core.kbind.io/consumer-object-uid"),
+            "re-marked"
+        );
+        assert!(
+            foreign
+                .managed_fields()
+                .iter()
+                .all(|f| f.manager.as_deref() != Some("kbind-konnector")),
+            "kbind wrote to a foreign object"
+        );
+    }
+
+    // A provider namespace deleted under a synced object: the next object there syncs again (the
+    // known-namespace cache is forgotten on NotFound).
+    ensure_namespace(&s.consumer, "team-b").await.unwrap();
+    let consumer_b = widgets(&s.consumer, "team-b");
+    let provider_b = widgets(&s.provider, "team-b");
+    consumer_b
+        .create(&PostParams::default(), &widget("first", 1))
+        .await
+        .unwrap();
+    wait_for("the first copy in team-b", 30, || async {
+        provider_b.get_opt("first").await.map_err(|e| e.to_string())
+    })
+    .await;
+    Api::<Namespace>::all(s.provider.clone())
+        .delete("team-b", &Default::default())
+        .await
+        .unwrap();
+    kbind_e2e::wait::wait_gone(
+        &Api::<Namespace>::all(s.provider.clone()),
+        "team-b",
+        "the provider namespace team-b to be gone",
+        60,
+    )
+    .await;
+    consumer_b
+        .create(&PostParams::default(), &widget("second", 2))
+        .await
+        .unwrap();
+    wait_for(
+        "a copy in the re-created provider namespace",
+        30,
+        || async {
+            provider_b
+                .get_opt("second")
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_create_only_apply_creates_what_is_absent_and_refuses_what_exists() {
+    // Guarantee 4, the mechanism on a real API server: kbind_shared::apply::create_only makes a
+    // server-side apply create-only, and the object it creates is owned by an Apply entry (so later
+    // applies still remove the fields they drop).
+    let env = kbind_e2e::TestEnv::start("safety_create_only", &["provider"])
+        .await
+        .unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    ensure_namespace(&provider, "a").await.unwrap();
+    let api = widgets(&provider, "a");
+    let params = PatchParams::apply("kbind-konnector").force();
+    let body = |name: &str, spec: serde_json::Value| {
+        let mut body = json!({ "apiVersion": "example.org/v1", "kind": "Widget", "metadata": { "name": name, "namespace": "a" }, "spec": spec });
+        kbind_shared::apply::create_only(&mut body);
+        body
+    };
+    let created = api
+        .patch(
+            "new",
+            &params,
+            &Patch::Apply(body("new", json!({ "size": 1, "extra": true }))),
+        )
+        .await
+        .unwrap();
+    let entry = &created.managed_fields()[0];
+    assert_eq!(
+        (entry.manager.as_deref(), entry.operation.as_deref()),
+        (Some("kbind-konnector"), Some("Apply"))
+    );
+    let again = api
+        .patch(
+            "new",
+            &params,
+            &Patch::Apply(body("new", json!({ "size": 2 }))),
+        )
+        .await
+        .unwrap_err();
+    assert!(kbind_shared::apply::exists(&again), "{again}");
+    api.create(&PostParams::default(), &widget("foreign", 99))
+        .await
+        .unwrap();
+    let refused = api
+        .patch(
+            "foreign",
+            &params,
+            &Patch::Apply(body("foreign", json!({ "size": 1 }))),
+        )
+        .await
+        .unwrap_err();
+    assert!(kbind_shared::apply::exists(&refused), "{refused}");
+    assert_eq!(api.get("foreign").await.unwrap().data["spec"]["size"], 99);
+    // A plain apply afterwards drops the field it no longer sends.
+    let plain = json!({ "apiVersion": "example.org/v1", "kind": "Widget", "metadata": { "name": "new", "namespace": "a" }, "spec": { "size": 3 } });
+    let updated = api
+        .patch("new", &params, &Patch::Apply(plain))
+        .await
+        .unwrap();
+    assert_eq!(updated.data["spec"], json!({ "size": 3 }));
+}

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::{wait_for, wait_gone};
@@ -134,7 +134,8 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
     // REL-1 … REL-7 with per-entry GC (LIM-18), watch-driven updates, and BCL-4.
     let s = SyncEnv::start("related_both_ways", &[0, 1, 2], None).await;
     let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
-    // Sources: on the provider a labelled Secret (team-a does not exist on the consumer yet), a
+    // Sources: on the provider a labelled Secret (team-a does not exist on the consumer yet, and
+    // kbind never creates consumer namespaces), a
     // Secret picked by name, and an immutable one; on the consumer a ConfigMap by name and a
     // labelled Secret.
     ensure_namespace(&provider, "team-a").await.unwrap();
@@ -197,7 +198,28 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
     ]);
     set_cluster_binding(&consumer, json!({ "relatedResources": entries })).await;
 
-    // Copies appear on the other side, in namespaces created for them.
+    // Safe by default: a FromProvider copy waits for its consumer namespace; it is not created.
+    wait_status(
+        "copies waiting for the consumer namespace team-a",
+        async || cluster_binding_status(&consumer).await,
+        |s| {
+            related_condition(s).is_some_and(|(status, _, message)| {
+                status == "False"
+                    && message.contains("waits for namespace team-a to exist on the consumer")
+            })
+        },
+    )
+    .await;
+    assert!(
+        Api::<Namespace>::all(consumer.clone())
+            .get_opt("team-a")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    ensure_namespace(&consumer, "team-a").await.unwrap();
+
+    // Copies appear on the other side (provider namespaces are created for them).
     let consumer_secrets: Api<Secret> = Api::namespaced(consumer.clone(), "team-a");
     let copy = wait_for("the labelled Secret on the consumer", 30, || async {
         consumer_secrets
@@ -487,7 +509,7 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
 }
 
 #[tokio::test]
-async fn a_foreign_target_is_a_conflict_under_fail_and_adopted_under_adopt() {
+async fn a_foreign_target_is_a_conflict_under_fail_and_adopt_takes_over_only_provider_objects() {
     // PGAP-12: the reference skipped such targets silently, even under Adopt.
     let s = SyncEnv::start("related_conflict", &[0, 1, 2], None).await;
     let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
@@ -551,29 +573,139 @@ async fn a_foreign_target_is_a_conflict_under_fail_and_adopted_under_adopt() {
             .contains_key("core.kbind.io/related-binding")
     );
 
-    // Adopt takes it over.
-    set_cluster_binding(&consumer, json!({ "conflictPolicy": "Adopt" })).await;
-    wait_for("the foreign Secret to be adopted", 30, || async {
-        Ok(consumer_secrets
-            .get_opt("taken")
+    // Safe by default: Adopt never takes over a consumer object kbind did not create. It adopts
+    // a foreign provider object (FromConsumer) instead, and never deletes what it adopted.
+    let outbound_value = random_token("outbound");
+    consumer_secrets
+        .create(
+            &PostParams::default(),
+            &secret("team-a", "outbound", &[], outbound_value.as_bytes()),
+        )
+        .await
+        .unwrap();
+    let provider_secrets: Api<Secret> = Api::namespaced(provider.clone(), "team-a");
+    provider_secrets
+        .create(
+            &PostParams::default(),
+            &secret("team-a", "outbound", &[], b"the provider's own"),
+        )
+        .await
+        .unwrap();
+    set_cluster_binding(
+        &consumer,
+        json!({ "conflictPolicy": "Adopt", "relatedResources": [
+            { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["taken"] } },
+            { "resource": "secrets", "direction": "FromConsumer", "selector": { "names": ["outbound"] } },
+        ] }),
+    )
+    .await;
+    wait_for("the foreign provider Secret to be adopted", 30, || async {
+        Ok(provider_secrets
+            .get_opt("outbound")
             .await
             .map_err(|e| e.to_string())?
             .filter(|s| {
-                secret_value(s) == Some(source_value.as_bytes().to_vec())
+                secret_value(s) == Some(outbound_value.as_bytes().to_vec())
                     && s.annotations()
-                        .contains_key("core.kbind.io/related-binding")
+                        .get("core.kbind.io/related-adopted")
+                        .is_some_and(|v| v == "true")
             }))
     })
     .await;
     wait_status(
-        "no conflict any more",
+        "the consumer-side conflict stays under Adopt",
         async || cluster_binding_status(&consumer).await,
         |s| {
-            s.related_conflict_count == 0
-                && related_condition(s).is_some_and(|(status, _, _)| status == "True")
+            s.related_conflict_count == 1
+                && related_condition(s).is_some_and(|(status, _, message)| {
+                    status == "False" && message.contains("never takes over a consumer object")
+                })
         },
     )
     .await;
+    let untouched = consumer_secrets.get("taken").await.unwrap();
+    assert_eq!(
+        secret_value(&untouched),
+        Some(b"the consumer's own".to_vec())
+    );
+
+    // Dropping both entries: the adopted provider object stays (kbind did not create it), and the
+    // consumer's own Secret was never kbind's to delete.
+    set_cluster_binding(&consumer, json!({ "relatedResources": [] })).await;
+    Api::<Secret>::namespaced(provider.clone(), "team-a")
+        .delete("taken", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        provider_secrets
+            .get_opt("outbound")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        secret_value(&consumer_secrets.get("taken").await.unwrap()),
+        Some(b"the consumer's own".to_vec())
+    );
+}
+
+#[tokio::test]
+async fn adopt_never_overwrites_or_deletes_a_consumer_config_map_kbind_did_not_create() {
+    // Safe by default, guarantee 3: a provider publishing a ConfigMap named like one the consumer
+    // owns (think kube-system/coredns) cannot overwrite it under Adopt, nor delete it later.
+    let s = SyncEnv::start("related_adopt_consumer", &[0, 1, 2], None).await;
+    let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
+    for client in [&consumer, &provider] {
+        ensure_namespace(client, "infra").await.unwrap();
+    }
+    let consumer_maps: Api<ConfigMap> = Api::namespaced(consumer.clone(), "infra");
+    consumer_maps
+        .create(
+            &PostParams::default(),
+            &config_map("infra", "coredns", &[], "the consumer's DNS"),
+        )
+        .await
+        .unwrap();
+    let before = consumer_maps.get("coredns").await.unwrap();
+    let provider_maps: Api<ConfigMap> = Api::namespaced(provider.clone(), "infra");
+    provider_maps
+        .create(
+            &PostParams::default(),
+            &config_map("infra", "coredns", &[], "hijacked"),
+        )
+        .await
+        .unwrap();
+    set_cluster_binding(
+        &consumer,
+        json!({ "conflictPolicy": "Adopt", "relatedResources": [
+            { "resource": "configmaps", "direction": "FromProvider", "selector": { "names": ["coredns"] } },
+        ] }),
+    )
+    .await;
+    wait_status(
+        "the conflict under Adopt",
+        async || cluster_binding_status(&consumer).await,
+        |s| s.related_conflict_count == 1,
+    )
+    .await;
+    provider_maps
+        .delete("coredns", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_status(
+        "no conflict once the source is gone",
+        async || cluster_binding_status(&consumer).await,
+        |s| s.related_conflict_count == 0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = consumer_maps.get("coredns").await.unwrap();
+    assert_eq!(map_value(&after).as_deref(), Some("the consumer's DNS"));
+    assert_eq!(
+        after.metadata.resource_version,
+        before.metadata.resource_version
+    );
 }
 
 #[tokio::test]

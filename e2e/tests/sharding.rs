@@ -354,6 +354,8 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
     // Related resources are a unit of their own: a provider Secret follows through the scaling.
     ensure_namespace(&provider, "shared").await.unwrap();
+    // kbind never creates consumer namespaces for related copies.
+    ensure_namespace(&consumer, "shared").await.unwrap();
     let provider_secrets: Api<Secret> = Api::namespaced(provider.clone(), "shared");
     let mut published = Secret {
         string_data: Some([("value".to_owned(), "v1".to_owned())].into()),

@@ -65,6 +65,9 @@ pub const SYNCER_MEMBER_LABEL: &str = "core.kbind.io/syncer-member";
 /// Annotation on a related Secret/ConfigMap copy: the ids of the `relatedResources` entries
 /// that select it (comma-separated, see `kbind_shared::related::entry_id`).
 pub const RELATED_ENTRIES_ANNOTATION: &str = "core.kbind.io/related-entries";
+/// Annotation on a provider object a related-resources entry took over under `conflictPolicy:
+/// Adopt` (rather than created): kbind updates it but never deletes it.
+pub const RELATED_ADOPTED_ANNOTATION: &str = "core.kbind.io/related-adopted";
 /// SSA field manager of the syncer's related-resources condition on a binding's status.
 pub const RELATED_STATUS_FIELD_MANAGER: &str = "kbind-syncer-related";
 /// Default Lease name of the schema manager's leader election.

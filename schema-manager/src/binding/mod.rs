@@ -673,6 +673,12 @@ async fn delete_related_copies(
                     .get(keys::RELATED_BINDING_ANNOTATION)
                     .map(String::as_str)
                     != Some(binding_uid)
+                    // Taken over under Adopt, not created: kbind never deletes it.
+                    || copy
+                        .annotations()
+                        .get(keys::RELATED_ADOPTED_ANNOTATION)
+                        .map(String::as_str)
+                        == Some(keys::TRUE)
                 {
                     continue;
                 }

@@ -506,7 +506,7 @@ impl Worker {
         outcome: &mut Outcome,
     ) {
         let mut existing = self.target(key);
-        let mut decided = plan::step(existing.as_ref(), want, marker, policy);
+        let mut decided = plan::step(existing.as_ref(), key.side, want, marker, policy);
         if existing.is_none() {
             // Not among our labelled copies: it may still exist without our label.
             match self
@@ -516,7 +516,7 @@ impl Worker {
             {
                 Ok(Some(found)) => {
                     existing = Some(item(&found));
-                    decided = plan::step(existing.as_ref(), want, marker, policy);
+                    decided = plan::step(existing.as_ref(), key.side, want, marker, policy);
                 }
                 Ok(None) => {}
                 Err(e) => return self.failed(outcome, format!("read {key}"), &e),
@@ -530,26 +530,62 @@ impl Worker {
             Step::Conflict(why) => {
                 outcome.conflicts.insert(key.clone(), why);
             }
-            Step::Apply => {
-                if existing.is_none()
-                    && let Err(e) = self.ensure_namespace(key.side, &key.namespace).await
-                {
+            Step::Create => {
+                if let Err(e) = self.ensure_namespace(key.side, &key.namespace).await {
                     return self.failed(
                         outcome,
                         format!(
-                            "create namespace {} on the {}",
+                            "prepare namespace {} on the {}",
                             key.namespace,
                             key.side.as_str()
                         ),
                         &e,
                     );
                 }
-                match self.apply(key, want, marker).await {
+                match self.apply(key, want, marker, Write::CreateOnly).await {
+                    Ok(()) => outcome.in_sync += 1,
+                    // Something appeared under the name since the read: the next pass classifies
+                    // it; it is never forced over.
+                    Err(e) if kbind_shared::apply::exists(&e) => {
+                        outcome.errors.push((
+                            false,
+                            format!(
+                                "{key} appeared while kbind was creating it; checking it again"
+                            ),
+                        ));
+                    }
+                    Err(kube::Error::Api(s)) if s.is_not_found() && key.side == Side::Consumer => {
+                        outcome.errors.push((
+                            false,
+                            format!(
+                                "{key} waits for namespace {} to exist on the consumer (kbind creates no consumer namespaces)",
+                                key.namespace
+                            ),
+                        ));
+                    }
+                    Err(e) => {
+                        if matches!(&e, kube::Error::Api(s) if s.is_not_found()) {
+                            // The provider namespace went away: create it again next time.
+                            self.known_namespaces
+                                .lock()
+                                .expect("not poisoned")
+                                .remove(&(key.side, key.namespace.clone()));
+                        }
+                        self.failed(outcome, format!("write {key}"), &e)
+                    }
+                }
+            }
+            Step::Adopt | Step::Apply => {
+                let adopted =
+                    decided == Step::Adopt || existing.as_ref().is_some_and(plan::Item::adopted);
+                let write = if adopted { Write::Adopted } else { Write::Ours };
+                match self.apply(key, want, marker, write).await {
                     Ok(()) => outcome.in_sync += 1,
                     // A field the API server will not change in place (an immutable Secret's
-                    // data, a Secret's type): replace our copy.
+                    // data, a Secret's type): replace our copy — only one kbind created.
                     Err(kube::Error::Api(s))
                         if s.code == 422
+                            && !adopted
                             && existing
                                 .as_ref()
                                 .is_some_and(|e| e.copied_by() == Some(marker.binding_uid)) =>
@@ -572,8 +608,12 @@ impl Worker {
         key: &TargetKey,
         want: &Wanted,
         marker: &Marker<'_>,
+        write: Write,
     ) -> Result<(), kube::Error> {
-        let body = plan::copy_body(key, want, marker);
+        let mut body = plan::copy_body(key, want, marker, write == Write::Adopted);
+        if write == Write::CreateOnly {
+            kbind_shared::apply::create_only(&mut body);
+        }
         self.api(key.kind.0, key.side, &key.namespace)
             .patch(
                 &key.name,
@@ -613,7 +653,7 @@ impl Worker {
             }
         }
         tracing::info!(target = %key, "replaced an immutable related copy whose source changed");
-        match self.apply(key, want, marker).await {
+        match self.apply(key, want, marker, Write::CreateOnly).await {
             Ok(()) => outcome.in_sync += 1,
             Err(e) => self.failed(outcome, format!("write {key}"), &e),
         }
@@ -696,7 +736,7 @@ impl Worker {
                     Ok(list) => {
                         for object in list.items {
                             let copy = item(&object);
-                            if copy.copied_by() == Some(self.spec.uid.as_str()) {
+                            if copy.copied_by() == Some(self.spec.uid.as_str()) && !copy.adopted() {
                                 self.delete(kind, side, &copy, outcome).await;
                             }
                         }
@@ -721,11 +761,10 @@ impl Worker {
         outcome.errors.push((forbidden, message));
     }
 
-    /// LIM-26-like: the target namespace is created only when a GET says it is missing.
+    /// LIM-26-like: a provider namespace is created only when a GET says it is missing. Consumer
+    /// namespaces are never created (safe by default): a copy waits until its namespace exists.
     async fn ensure_namespace(&self, side: Side, namespace: &str) -> Result<(), kube::Error> {
-        // A Binding's own namespace exists on the consumer (the Binding lives there), and a
-        // namespace-scoped grant could not read it anyway.
-        if side == Side::Consumer && self.spec.namespace.is_some() {
+        if side == Side::Consumer {
             return Ok(());
         }
         let known = (side, namespace.to_owned());
@@ -838,4 +877,15 @@ impl Worker {
             tracing::warn!(binding = %describe(&self.spec), error = %describe_error(&e), "cannot write the related-resources status");
         }
     }
+}
+
+/// How a related copy is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    /// Nothing exists under the name: create only (see `kbind_shared::apply`).
+    CreateOnly,
+    /// Update kbind's own copy.
+    Ours,
+    /// Update an object kbind took over under `Adopt`, keeping that mark.
+    Adopted,
 }

@@ -115,6 +115,14 @@ impl Item {
             .get(keys::RELATED_BINDING_ANNOTATION)
             .map(String::as_str)
     }
+
+    /// Whether kbind took this object over (`Adopt`) rather than created it: never deleted.
+    pub fn adopted(&self) -> bool {
+        self.annotations
+            .get(keys::RELATED_ADOPTED_ANNOTATION)
+            .map(String::as_str)
+            == Some(keys::TRUE)
+    }
 }
 
 /// One `relatedResources` entry, checked.
@@ -327,7 +335,12 @@ pub struct Marker<'a> {
 
 /// REL-4: the object applied for a copy: namespace and name, kbind's label and annotations only,
 /// and the source's payload.
-pub fn copy_body(key: &TargetKey, wanted: &Wanted, marker: &Marker<'_>) -> Value {
+/// `adopted` keeps the mark of an object kbind took over rather than created.
+pub fn copy_body(key: &TargetKey, wanted: &Wanted, marker: &Marker<'_>, adopted: bool) -> Value {
+    let mut annotations = annotations(wanted, marker);
+    if adopted {
+        annotations.insert(keys::RELATED_ADOPTED_ANNOTATION, keys::TRUE.to_owned());
+    }
     let mut body = json!({
         "apiVersion": "v1",
         "kind": kind_name(key.kind.0),
@@ -335,7 +348,7 @@ pub fn copy_body(key: &TargetKey, wanted: &Wanted, marker: &Marker<'_>) -> Value
             "name": key.name,
             "namespace": key.namespace,
             "labels": { keys::MANAGED_LABEL: keys::TRUE },
-            "annotations": annotations(wanted, marker),
+            "annotations": annotations,
         },
     });
     let object = body.as_object_mut().expect("an object");
@@ -368,38 +381,51 @@ fn annotations(wanted: &Wanted, marker: &Marker<'_>) -> BTreeMap<&'static str, S
 pub enum Step {
     /// The copy is up to date.
     Nothing,
-    /// Create or update it with server-side apply.
+    /// Nothing exists under the name: create the copy, create-only (something that appeared
+    /// meanwhile is classified on the next pass, never forced over).
+    Create,
+    /// Update our copy with server-side apply.
     Apply,
+    /// Take over an unmarked provider object (`conflictPolicy: Adopt`): it is updated from now on
+    /// but, not being kbind's creation, never deleted.
+    Adopt,
     /// Our copy is immutable (or changes its Secret type) and its payload changed: delete it (with
     /// its UID as precondition) and create it again.
     Replace,
-    /// The target exists and is not ours; leave it (conflictPolicy Fail, or another binding's
-    /// copy).
+    /// The target exists and is not ours to change; leave it (conflictPolicy Fail, a consumer
+    /// object kbind did not create, another binding's copy, an adopted immutable object).
     Conflict(String),
 }
 
-/// REL-4 decided, with conflicts reported (PGAP-12) instead of skipped silently.
+/// REL-4 decided, with conflicts reported (PGAP-12) instead of skipped silently. Safe by
+/// default: a consumer object kbind did not create is never taken over, whatever the policy.
 pub fn step(
     existing: Option<&Item>,
+    target_side: Side,
     wanted: &Wanted,
     marker: &Marker<'_>,
     policy: ConflictPolicy,
 ) -> Step {
     let Some(existing) = existing else {
-        return Step::Apply;
+        return Step::Create;
     };
     match existing.copied_by() {
         Some(uid) if uid == marker.binding_uid => {}
         Some(_) => {
             return Step::Conflict("is a copy made by another binding".to_owned());
         }
+        None if target_side == Side::Consumer => {
+            return Step::Conflict(
+                "exists without kbind's markers (kbind never takes over a consumer object it did not create)"
+                    .to_owned(),
+            );
+        }
         None if policy == ConflictPolicy::Fail => {
             return Step::Conflict(
                 "exists without kbind's markers (conflictPolicy Fail)".to_owned(),
             );
         }
-        // Adopt: taken over as if it were ours.
-        None => {}
+        None => return Step::Adopt,
     }
     let payload_same = PAYLOAD_FIELDS
         .iter()
@@ -415,15 +441,21 @@ pub fn step(
     let immutable = existing.payload.get("immutable") == Some(&Value::Bool(true));
     let type_changes = existing.payload.get("type").is_some()
         && existing.payload.get("type") != wanted.payload.get("type");
-    if !payload_same && (immutable || type_changes) {
-        Step::Replace
-    } else {
-        Step::Apply
+    match (
+        !payload_same && (immutable || type_changes),
+        existing.adopted(),
+    ) {
+        (true, false) => Step::Replace,
+        (true, true) => Step::Conflict(
+            "is immutable and was adopted, not created, by kbind, so it is not replaced".to_owned(),
+        ),
+        (false, _) => Step::Apply,
     }
 }
 
 /// REL-5 per entry: our copies (by binding UID) that no entry wants any more. `targets` are the
-/// labelled objects of one kind on one side.
+/// labelled objects of one kind on one side. Only what kbind created is ever garbage: an adopted
+/// object stays.
 pub fn garbage<'t>(
     kind: RelatedResourceKind,
     side: Side,
@@ -433,7 +465,7 @@ pub fn garbage<'t>(
 ) -> Vec<&'t Item> {
     targets
         .into_iter()
-        .filter(|t| t.copied_by() == Some(binding_uid))
+        .filter(|t| t.copied_by() == Some(binding_uid) && !t.adopted())
         .filter(|t| {
             !wanted.contains_key(&TargetKey {
                 kind: KindKey(kind),
@@ -607,7 +639,11 @@ mod tests {
         let sources = [source];
         let wanted = wanted(&entries, |_, _| sources.iter().collect());
         let (key, want) = wanted.iter().next().unwrap();
-        let body = copy_body(key, want, &MARKER);
+        let body = copy_body(key, want, &MARKER, false);
+        assert_eq!(
+            copy_body(key, want, &MARKER, true)["metadata"]["annotations"]["core.kbind.io/related-adopted"],
+            "true"
+        );
         assert_eq!(
             body,
             json!({
@@ -647,40 +683,79 @@ mod tests {
                 .cloned()
                 .unwrap(),
         };
-        let fail = ConflictPolicy::Fail;
-        assert_eq!(step(None, &want, &MARKER, fail), Step::Apply);
-        assert_eq!(
-            step(Some(&ours(&want, "1")), &want, &MARKER, fail),
-            Step::Nothing
-        );
-        // Drift on the copy is repaired.
-        assert_eq!(
-            step(Some(&ours(&want, "2")), &want, &MARKER, fail),
-            Step::Apply
-        );
-        // An immutable copy is replaced, not left stale.
+        let (fail, adopt) = (ConflictPolicy::Fail, ConflictPolicy::Adopt);
+        let (consumer, provider) = (Side::Consumer, Side::Provider);
+        let unmarked = item("ns", "a", &[], "1");
+        let (current, drifted) = (ours(&want, "1"), ours(&want, "2"));
         let mut frozen = ours(&want, "2");
         frozen.payload.insert("immutable".into(), json!(true));
-        assert_eq!(step(Some(&frozen), &want, &MARKER, fail), Step::Replace);
-        // Unmarked: a conflict under Fail, adopted under Adopt.
-        let unmarked = item("ns", "a", &[], "1");
-        assert!(matches!(
-            step(Some(&unmarked), &want, &MARKER, fail),
-            Step::Conflict(_)
-        ));
-        assert_eq!(
-            step(Some(&unmarked), &want, &MARKER, ConflictPolicy::Adopt),
-            Step::Apply
-        );
-        // Another binding's copy is never taken, whatever the policy.
+        let mut adopted = ours(&want, "2");
+        adopted
+            .annotations
+            .insert(keys::RELATED_ADOPTED_ANNOTATION.into(), keys::TRUE.into());
+        let mut adopted_frozen = adopted.clone();
+        adopted_frozen
+            .payload
+            .insert("immutable".into(), json!(true));
         let mut theirs = ours(&want, "1");
         theirs
             .annotations
             .insert(keys::RELATED_BINDING_ANNOTATION.into(), "b-2".into());
-        assert!(matches!(
-            step(Some(&theirs), &want, &MARKER, ConflictPolicy::Adopt),
-            Step::Conflict(_)
-        ));
+        let conflict = Step::Conflict(String::new());
+        // (existing, target side, policy) → step; any Conflict matches `conflict`.
+        let cases: Vec<(Option<&Item>, Side, ConflictPolicy, Step)> = vec![
+            // Absent: created, create-only.
+            (None, consumer, fail, Step::Create),
+            (None, provider, adopt, Step::Create),
+            // Ours and current: nothing; drift is repaired.
+            (Some(&current), consumer, fail, Step::Nothing),
+            (Some(&drifted), provider, fail, Step::Apply),
+            // An immutable copy is replaced, not left stale — unless kbind only adopted it.
+            (Some(&frozen), consumer, fail, Step::Replace),
+            (Some(&adopted), provider, adopt, Step::Apply),
+            (Some(&adopted_frozen), provider, adopt, conflict.clone()),
+            // Unmarked: a conflict under Fail; under Adopt taken over on the provider only.
+            (Some(&unmarked), provider, fail, conflict.clone()),
+            (Some(&unmarked), provider, adopt, Step::Adopt),
+            (Some(&unmarked), consumer, fail, conflict.clone()),
+            (Some(&unmarked), consumer, adopt, conflict.clone()),
+            // Another binding's copy is never taken, whatever the policy.
+            (Some(&theirs), provider, adopt, conflict.clone()),
+            (Some(&theirs), consumer, adopt, conflict.clone()),
+        ];
+        for (existing, side, policy, want_step) in cases {
+            let got = step(existing, side, &want, &MARKER, policy);
+            match (&got, &want_step) {
+                (Step::Conflict(_), Step::Conflict(_)) => {}
+                _ => assert_eq!(got, want_step, "{existing:?} {side:?} {policy:?}"),
+            }
+        }
+        let Step::Conflict(why) = step(Some(&unmarked), consumer, &want, &MARKER, adopt) else {
+            unreachable!()
+        };
+        assert!(why.contains("never takes over a consumer object"), "{why}");
+    }
+
+    #[test]
+    fn adopted_objects_are_never_garbage() {
+        let want = Wanted {
+            entries: ["e1".to_owned()].into(),
+            payload: Map::new(),
+        };
+        let created = ours(&want, "1");
+        let mut adopted = ours(&want, "1");
+        adopted.name = "b".into();
+        adopted
+            .annotations
+            .insert(keys::RELATED_ADOPTED_ANNOTATION.into(), keys::TRUE.into());
+        let garbage = garbage(
+            SECRETS,
+            Side::Provider,
+            [&created, &adopted],
+            &BTreeMap::new(),
+            "b-1",
+        );
+        assert_eq!(garbage, vec![&created]);
     }
 
     #[test]

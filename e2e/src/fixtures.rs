@@ -304,6 +304,7 @@ fn start_program(
         format!("--metrics-bind-address={metrics}"),
         format!("--health-probe-bind-address={probes}"),
         format!("--namespace={KBIND_NAMESPACE}"),
+        format!("--provider-secret-namespaces={SECRET_NAMESPACE},{KBIND_NAMESPACE}"),
     ];
     args.extend(defaults.iter().map(|a| (*a).to_owned()));
     args.retain(|a| !overridden.contains(&flag(a)));

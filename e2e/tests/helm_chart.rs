@@ -245,15 +245,23 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
     let syncer_kubeconfig = env.dir().join("syncer-sa.kubeconfig");
     std::fs::write(&manager_kubeconfig, &manager.kubeconfig).unwrap();
     std::fs::write(&syncer_kubeconfig, &syncer.kubeconfig).unwrap();
+    // As the chart runs them (its default providerSecretNamespaces: the release namespace).
     let namespace_flag = format!("--namespace={RELEASE_NAMESPACE}");
+    let secrets_flag = format!("--provider-secret-namespaces={RELEASE_NAMESPACE}");
     start_schema_manager_as(
         &mut env,
         &manager_kubeconfig,
         "schema-manager",
-        &[&namespace_flag],
+        &[&namespace_flag, &secrets_flag],
     )
     .unwrap();
-    start_syncer_as(&mut env, &syncer_kubeconfig, "syncer-0", &[&namespace_flag]).unwrap();
+    start_syncer_as(
+        &mut env,
+        &syncer_kubeconfig,
+        "syncer-0",
+        &[&namespace_flag, &secrets_flag],
+    )
+    .unwrap();
 
     // The one file, with the provider Secret in the release namespace.
     install_crd(&provider, &widget_crd()).await.unwrap();

@@ -606,3 +606,97 @@ async fn a_create_only_apply_creates_what_is_absent_and_refuses_what_exists() {
         .unwrap();
     assert_eq!(updated.data["spec"], json!({ "size": 3 }));
 }
+
+/// Requests kbind's programs made to the consumer so far (`kbind_api_requests_total`).
+async fn consumer_requests(programs: &[&Program]) -> f64 {
+    let mut total = 0.0;
+    for program in programs {
+        let text = program.metrics().await.unwrap();
+        total += text
+            .lines()
+            .filter(|l| {
+                l.starts_with("kbind_api_requests_total{") && l.contains("cluster=\"consumer\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    total
+}
+
+#[tokio::test]
+async fn a_secret_outside_the_allowed_namespaces_is_refused_without_a_hot_loop() {
+    // Guarantee 6: --provider-secret-namespaces is enforced by kbind itself (not only by RBAC),
+    // with a clear condition, and nothing retries in a hot loop.
+    let mut env = kbind_e2e::TestEnv::start("safety_secret_namespace", &["consumer", "provider"])
+        .await
+        .unwrap();
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    let manager = start_schema_manager(
+        &mut env,
+        "consumer",
+        "schema-manager",
+        &["--leader-elect=false"],
+    )
+    .await
+    .unwrap();
+    let syncer = start_syncer(&mut env, "consumer", "syncer-0", &[])
+        .await
+        .unwrap();
+    ensure_namespace(&consumer, "elsewhere").await.unwrap();
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("p".into());
+    secret.metadata.namespace = Some("elsewhere".into());
+    secret.string_data = Some(
+        [(
+            "kubeconfig".to_owned(),
+            env.cluster("provider").admin_kubeconfig(),
+        )]
+        .into(),
+    );
+    Api::<Secret>::namespaced(consumer.clone(), "elsewhere")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    // Idle baseline: what kbind asks of the consumer in 10 s with nothing to do.
+    let programs = [&manager, &syncer];
+    for program in programs {
+        wait_for("the metrics endpoint", 30, || async {
+            Ok(program.metrics().await.ok().map(drop))
+        })
+        .await;
+    }
+    let start = consumer_requests(&programs).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle = consumer_requests(&programs).await - start;
+
+    let mut refused = connection("outside", "p", SchemaSource::Crd);
+    refused.spec.kubeconfig_secret_ref.namespace = "elsewhere".into();
+    create_connection(&consumer, &refused).await.unwrap();
+    let c = wait_condition(&consumer, "outside", "SecretValid", "False", None)
+        .await
+        .unwrap();
+    let message = kbind_shared::conditions::find(&c.status.unwrap().conditions, "SecretValid")
+        .unwrap()
+        .message
+        .clone();
+    assert!(
+        message.contains("Secret elsewhere/p is in a namespace kbind does not read provider credentials from (allowed: kbind, kbind-system)"),
+        "{message}"
+    );
+    let start = consumer_requests(&programs).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let refusing = consumer_requests(&programs).await - start;
+    println!("consumer requests in 10 s: idle {idle}, with the refused Connection {refusing}");
+    assert!(
+        refusing <= idle + 20.0,
+        "kbind retries a refused Secret in a loop: {refusing} requests in 10 s (idle: {idle})"
+    );
+    // Nothing was held: no finalizer on a Secret kbind may not use.
+    let held = Api::<Secret>::namespaced(consumer.clone(), "elsewhere")
+        .get("p")
+        .await
+        .unwrap();
+    assert!(held.finalizers().is_empty(), "{:?}", held.finalizers());
+}

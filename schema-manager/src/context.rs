@@ -26,6 +26,8 @@ pub struct Settings {
     pub heartbeat_lease_duration: Duration,
     /// Namespace buckets each managed API's sync work is split into (1: not split).
     pub namespace_buckets: u32,
+    /// Where provider kubeconfig Secrets may live (`--provider-secret-namespaces`).
+    pub provider_secret_namespaces: Vec<String>,
 }
 
 /// How long an instance metadata cache lives without being read.

@@ -116,6 +116,7 @@ async fn run(args: Args) -> Result<(), String> {
             binding_resync_interval: args.binding_resync_interval,
             heartbeat_lease_duration: args.heartbeat_lease_duration,
             namespace_buckets: args.namespace_buckets,
+            provider_secret_namespaces: args.common.provider_secret_namespaces(),
         },
         args.common.namespace(),
     ));

@@ -24,6 +24,11 @@ pub struct CommonArgs {
     #[arg(long, env = "KBIND_NAMESPACE")]
     pub namespace: Option<String>,
 
+    /// Namespaces (comma-separated) where provider kubeconfig Secrets may live; a Connection
+    /// referencing a Secret elsewhere is refused [default: kbind's own namespace]
+    #[arg(long, env = "KBIND_PROVIDER_SECRET_NAMESPACES", value_delimiter = ',')]
+    pub provider_secret_namespaces: Vec<String>,
+
     /// Address of the Prometheus endpoint `/metrics`; `0` disables it
     #[arg(long, env = "KBIND_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:8080", value_parser = parse_bind_address)]
     pub metrics_bind_address: BindAddress,
@@ -49,6 +54,24 @@ impl CommonArgs {
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| keys::DEFAULT_NAMESPACE.to_owned())
+    }
+}
+
+impl CommonArgs {
+    /// Where provider kubeconfig Secrets may live: `--provider-secret-namespaces`, else kbind's
+    /// own namespace.
+    pub fn provider_secret_namespaces(&self) -> Vec<String> {
+        let listed: Vec<String> = self
+            .provider_secret_namespaces
+            .iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if listed.is_empty() {
+            vec![self.namespace()]
+        } else {
+            listed
+        }
     }
 }
 

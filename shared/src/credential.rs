@@ -61,6 +61,24 @@ impl ProviderCredential {
     }
 }
 
+/// Whether kbind may read the Secret `reference` names: only in the namespaces the operator
+/// allowed (`--provider-secret-namespaces`), enforced here and not only by RBAC, so a Connection
+/// cannot point kbind at any Secret its ServiceAccount happens to be able to read.
+pub fn check_secret_namespace(
+    reference: &KubeconfigSecretRef,
+    allowed: &[String],
+) -> Result<(), String> {
+    if allowed.contains(&reference.namespace) {
+        return Ok(());
+    }
+    Err(format!(
+        "Secret {}/{} is in a namespace kbind does not read provider credentials from (allowed: {}); move the Secret there, or allow its namespace (--provider-secret-namespaces, chart value providerSecretNamespaces)",
+        reference.namespace,
+        reference.name,
+        allowed.join(", ")
+    ))
+}
+
 /// `sha256:<hex>` of kubeconfig bytes. A digest of a credential reveals nothing usable about it.
 pub fn digest(bytes: &[u8]) -> String {
     let hash = Sha256::digest(bytes);
@@ -120,6 +138,21 @@ mod tests {
             "{bad}"
         );
         assert!(!bad.contains("hunter2"), "{bad}");
+    }
+
+    #[test]
+    fn secrets_only_in_allowed_namespaces() {
+        let allowed = ["kbind".to_owned(), "team-creds".to_owned()];
+        assert!(check_secret_namespace(&reference(), &allowed).is_ok());
+        let elsewhere = KubeconfigSecretRef {
+            namespace: "kube-system".into(),
+            ..reference()
+        };
+        assert_eq!(
+            check_secret_namespace(&elsewhere, &allowed).unwrap_err(),
+            "Secret kube-system/p is in a namespace kbind does not read provider credentials from (allowed: kbind, team-creds); move the Secret there, or allow its namespace (--provider-secret-namespaces, chart value providerSecretNamespaces)"
+        );
+        assert!(check_secret_namespace(&reference(), &[]).is_err());
     }
 
     #[test]

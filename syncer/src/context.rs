@@ -32,6 +32,8 @@ pub struct Context {
     pub workers: u16,
     /// This replica's membership (and its write fence).
     pub membership: Arc<Membership>,
+    /// Where provider kubeconfig Secrets may live (`--provider-secret-namespaces`).
+    pub provider_secret_namespaces: Vec<String>,
     cluster_bindings: Store<ClusterBinding>,
     bindings: Store<Binding>,
     binding_changes: broadcast::Sender<()>,
@@ -46,6 +48,7 @@ impl Context {
         resync_interval: Duration,
         workers: u16,
         membership: Arc<Membership>,
+        provider_secret_namespaces: Vec<String>,
     ) -> Self {
         let (binding_changes, _) = broadcast::channel(64);
         let cluster_bindings =
@@ -60,6 +63,7 @@ impl Context {
             resync_interval,
             workers,
             membership,
+            provider_secret_namespaces,
             cluster_bindings,
             bindings,
             binding_changes,

@@ -29,6 +29,7 @@ struct Watched {
 /// The watched kubeconfig Secrets, by (namespace, name).
 pub struct SecretCredentials {
     client: Client,
+    allowed_namespaces: Vec<String>,
     changes: Arc<Notify>,
     stop: CancellationToken,
     watched: Mutex<HashMap<(String, String), Arc<Watched>>>,
@@ -36,9 +37,16 @@ pub struct SecretCredentials {
 
 impl SecretCredentials {
     /// Watches notify `changes`; all of them end with `stop`.
-    pub fn new(client: Client, changes: Arc<Notify>, stop: CancellationToken) -> Self {
+    /// Only Secrets in `allowed_namespaces` are ever watched or read.
+    pub fn new(
+        client: Client,
+        allowed_namespaces: Vec<String>,
+        changes: Arc<Notify>,
+        stop: CancellationToken,
+    ) -> Self {
         Self {
             client,
+            allowed_namespaces,
             changes,
             stop,
             watched: Mutex::default(),
@@ -49,6 +57,11 @@ impl SecretCredentials {
     /// listing notifies `changes`).
     pub fn read(&self, connection: &Connection) -> Option<Credentials> {
         let reference = &connection.spec.kubeconfig_secret_ref;
+        if let Err(refused) =
+            kbind_shared::credential::check_secret_namespace(reference, &self.allowed_namespaces)
+        {
+            return Some(Err(refused));
+        }
         let watched = self.watch(&reference.namespace, &reference.name);
         if !watched.listed.load(Ordering::Acquire) {
             return None;

@@ -126,6 +126,7 @@ async fn run(args: Args) -> Result<(), String> {
         args.resync_interval,
         args.workers,
         membership.clone(),
+        args.common.provider_secret_namespaces(),
     );
     let ctx = tokio::select! {
         ctx = start => Arc::new(ctx),

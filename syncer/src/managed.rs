@@ -98,7 +98,12 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let _ = crds.wait_until_ready().await;
     let _ = connections.wait_until_ready().await;
     let _ = assignment.wait_until_ready().await;
-    let credentials = SecretCredentials::new(ctx.client.clone(), changes.clone(), stop.clone());
+    let credentials = SecretCredentials::new(
+        ctx.client.clone(),
+        ctx.provider_secret_namespaces.clone(),
+        changes.clone(),
+        stop.clone(),
+    );
     let binding_changes = ctx.binding_changes();
     let mut binding_changes = std::pin::pin!(binding_changes);
 

@@ -219,7 +219,12 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
         (None, Some(connection)) => {
             let provider = ctx
                 .providers
-                .for_connection(&ctx.client, &connection, &ctx.metrics)
+                .for_connection(
+                    &ctx.client,
+                    &connection,
+                    &ctx.settings.provider_secret_namespaces,
+                    &ctx.metrics,
+                )
                 .await;
             let mut states = Vec::new();
             for api in &binding.binding_spec().apis {
@@ -503,7 +508,12 @@ async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Er
     let (provider, local_uid) = match &connection {
         Some(c) => (
             ctx.providers
-                .for_connection(client, c, &ctx.metrics)
+                .for_connection(
+                    client,
+                    c,
+                    &ctx.settings.provider_secret_namespaces,
+                    &ctx.metrics,
+                )
                 .await
                 .ok(),
             c.status

@@ -26,7 +26,9 @@ pub struct Provider {
 pub async fn read_credential(
     consumer: &Client,
     reference: &KubeconfigSecretRef,
+    allowed_namespaces: &[String],
 ) -> Result<ProviderCredential, String> {
+    kbind_shared::credential::check_secret_namespace(reference, allowed_namespaces)?;
     let secrets: Api<Secret> = Api::namespaced(consumer.clone(), &reference.namespace);
     let secret = secrets.get_opt(&reference.name).await.map_err(|e| {
         format!(
@@ -96,14 +98,16 @@ impl Providers {
         &self,
         consumer: &Client,
         connection: &kbind_shared::api::Connection,
+        allowed_namespaces: &[String],
         metrics: &Metrics,
     ) -> Result<Provider, String> {
         let name = kube::ResourceExt::name_any(connection);
+        let reference = &connection.spec.kubeconfig_secret_ref;
+        kbind_shared::credential::check_secret_namespace(reference, allowed_namespaces)?;
         if let Some(existing) = self.by_connection.lock().expect("not poisoned").get(&name) {
             return Ok(existing.clone());
         }
-        let reference = &connection.spec.kubeconfig_secret_ref;
-        let credential = read_credential(consumer, reference).await?;
+        let credential = read_credential(consumer, reference, allowed_namespaces).await?;
         if !credential.is_verified(connection.status.as_ref()) {
             return Err(format!(
                 "the credential in Secret {}/{} has not been verified against the provider's pinned cluster identity yet",

@@ -122,7 +122,12 @@ async fn reconcile(connection: Arc<Connection>, state: Arc<State>) -> Result<Act
     let reference = &connection.spec.kubeconfig_secret_ref;
     let api: Api<Connection> = Api::all(state.ctx.client.clone());
 
-    if connection.meta().deletion_timestamp.is_none() {
+    let allowed = kbind_shared::credential::check_secret_namespace(
+        reference,
+        &state.ctx.settings.provider_secret_namespaces,
+    )
+    .is_ok();
+    if connection.meta().deletion_timestamp.is_none() && allowed {
         state
             .secrets
             .track(&name, &reference.namespace, &reference.name);
@@ -229,13 +234,16 @@ async fn connect(
     let name = connection.name_any();
 
     // CONN-3: credentials.
-    let credential =
-        match credentials::read_credential(&ctx.client, &connection.spec.kubeconfig_secret_ref)
-            .await
-        {
-            Ok(found) => found,
-            Err(message) => return Ok((Outcome::SecretInvalid(message), None)),
-        };
+    let credential = match credentials::read_credential(
+        &ctx.client,
+        &connection.spec.kubeconfig_secret_ref,
+        &ctx.settings.provider_secret_namespaces,
+    )
+    .await
+    {
+        Ok(found) => found,
+        Err(message) => return Ok((Outcome::SecretInvalid(message), None)),
+    };
     let provider = match ctx.providers.build(&name, credential, &ctx.metrics).await {
         Ok(provider) => provider,
         Err(message) => return Ok((Outcome::SecretInvalid(message), None)),

@@ -9,7 +9,7 @@ use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::core::v1::Secret;
 use kbind_shared::api::Connection;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
@@ -49,7 +49,8 @@ impl SecretWatches {
         let registry = self.watches.clone();
         let watched = key.clone();
         let task = tokio::spawn(async move {
-            let mut events = watcher(api, config).boxed();
+            // Backoff on errors (a Secret kbind may not read must not become a hot loop).
+            let mut events = watcher(api, config).default_backoff().boxed();
             while let Some(event) = events.next().await {
                 match event {
                     Ok(

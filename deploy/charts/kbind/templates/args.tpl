@@ -5,12 +5,19 @@
 - --binding-resync-interval={{ .Values.schemaManager.bindingResyncInterval }}
 - --heartbeat-lease-duration={{ .Values.schemaManager.heartbeatLeaseDuration }}
 - --namespace-buckets={{ .Values.schemaManager.namespaceBuckets }}
+{{ include "kbind.provider-secret-namespaces" . }}
 {{- end -}}
 
 {{- define "kbind.syncer.args" -}}
 - --workers={{ .Values.syncer.workers }}
 - --resync-interval={{ .Values.syncer.resyncInterval }}
 - --membership-lease-duration={{ .Values.syncer.membershipLeaseDuration }}
+{{ include "kbind.provider-secret-namespaces" . }}
+{{- end -}}
+
+{{/* Both programs refuse provider Secrets outside these namespaces (as the RBAC does). */}}
+{{- define "kbind.provider-secret-namespaces" -}}
+- --provider-secret-namespaces={{ join "," (default (list .Release.Namespace) .Values.providerSecretNamespaces) }}
 {{- end -}}
 
 {{- define "kbind.schema-manager.affinity" -}}

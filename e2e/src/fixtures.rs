@@ -524,6 +524,17 @@ impl SyncEnv {
         kubeconfig: Option<String>,
         extra_clusters: &[&str],
     ) -> Self {
+        Self::start_full(test, order, kubeconfig, extra_clusters, &[]).await
+    }
+
+    /// [`SyncEnv::start_with`], with more flags for the schema manager.
+    pub async fn start_full(
+        test: &str,
+        order: &[usize],
+        kubeconfig: Option<String>,
+        extra_clusters: &[&str],
+        manager_args: &[&str],
+    ) -> Self {
         let mut names = vec!["consumer", "provider"];
         names.extend_from_slice(extra_clusters);
         let mut env = TestEnv::start(test, &names).await.expect("clusters start");
@@ -543,14 +554,11 @@ impl SyncEnv {
         install_crd(&provider, &widget_crd())
             .await
             .expect("widgets CRD");
-        start_schema_manager(
-            &mut env,
-            "consumer",
-            "schema-manager",
-            &["--leader-elect=false"],
-        )
-        .await
-        .expect("schema manager");
+        let mut args = vec!["--leader-elect=false"];
+        args.extend_from_slice(manager_args);
+        start_schema_manager(&mut env, "consumer", "schema-manager", &args)
+            .await
+            .expect("schema manager");
         let syncer = start_syncer(&mut env, "consumer", "syncer-0", &[])
             .await
             .expect("syncer");

@@ -25,20 +25,21 @@ struct Setup {
 }
 
 async fn setup(test: &str, extra_clusters: &[&str]) -> Setup {
+    setup_with(test, extra_clusters, &[]).await
+}
+
+async fn setup_with(test: &str, extra_clusters: &[&str], manager_args: &[&str]) -> Setup {
     let mut names = vec!["consumer", "provider"];
     names.extend_from_slice(extra_clusters);
     let mut env = TestEnv::start(test, &names).await.expect("clusters start");
     let consumer = env.cluster("consumer").admin_client().await.unwrap();
     let provider = env.cluster("provider").admin_client().await.unwrap();
     install_crds(&consumer).await.unwrap();
-    let manager = start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false"],
-    )
-    .await
-    .unwrap();
+    let mut args = vec!["--leader-elect=false"];
+    args.extend_from_slice(manager_args);
+    let manager = start_schema_manager(&mut env, "consumer", "schema-manager", &args)
+        .await
+        .unwrap();
     Setup {
         env,
         consumer,
@@ -933,8 +934,9 @@ async fn bad_credentials_each_get_a_clear_condition_and_nothing_crashes() {
 
 #[tokio::test]
 async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
-    // AUTO-1, AUTO-3 (deleting only a ClusterBinding the Connection controls)
-    let s = setup("conn_autobind", &[]).await;
+    // AUTO-1, AUTO-3 (deleting only a ClusterBinding the Connection controls, and only once the
+    // exports have been missing for the grace period)
+    let s = setup_with("conn_autobind", &[], &["--autobind-grace-period=3s"]).await;
     install_crd(
         &s.provider,
         &crd(
@@ -1049,7 +1051,8 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
         .unwrap();
     }
 
-    // No exports left: the ClusterBinding it controls is deleted (AUTO-3).
+    // No exports left for longer than the grace: the ClusterBinding it controls is deleted
+    // (AUTO-3).
     for name in ["widgets.example.org", "gadgets.example.org"] {
         label_crd(&s.provider, name, "core.kbind.io/exported", None)
             .await

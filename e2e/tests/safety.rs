@@ -700,3 +700,212 @@ async fn a_secret_outside_the_allowed_namespaces_is_refused_without_a_hot_loop()
         .unwrap();
     assert!(held.finalizers().is_empty(), "{:?}", held.finalizers());
 }
+
+async fn widgets_count(api: &Api<DynamicObject>) -> usize {
+    api.list(&ListParams::default()).await.unwrap().items.len()
+}
+
+async fn connection_status(consumer: &Client) -> kbind_shared::api::ConnectionStatus {
+    Api::<kbind_shared::api::Connection>::all(consumer.clone())
+        .get("provider")
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default()
+}
+
+async fn set_auto_bind(consumer: &Client, on: bool) {
+    Api::<kbind_shared::api::Connection>::all(consumer.clone())
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "autoBind": on } })),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn no_automatic_event_deletes_a_crd_or_an_object() {
+    // Guarantee 2: an export missing for 2 s, one missing past the grace, autoBind turned off and
+    // the Connection deleted — none deletes the consumer CRD or any of the 50 objects.
+    let s = SyncEnv::start_full(
+        "safety_no_cascade",
+        &[0, 1],
+        None,
+        &[],
+        &["--discovery-interval=1s", "--autobind-grace-period=8s"],
+    )
+    .await;
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    set_auto_bind(&s.consumer, true).await;
+    wait_binding_condition(&cluster_bindings, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    let provider_widgets = widgets(&s.provider, "team-a");
+    for i in 0..50 {
+        consumer_widgets
+            .create(&PostParams::default(), &widget(&format!("w{i}"), i))
+            .await
+            .unwrap();
+    }
+    wait_for("50 provider copies", 60, || async {
+        Ok((widgets_count(&provider_widgets).await == 50).then_some(()))
+    })
+    .await;
+    let crds: Api<CustomResourceDefinition> = Api::all(s.consumer.clone());
+    let crd_uid = crds.get("widgets.example.org").await.unwrap().uid();
+    let intact = || async {
+        let crd = crds.get_opt("widgets.example.org").await.unwrap();
+        assert_eq!(
+            crd.as_ref().and_then(|c| c.uid()),
+            crd_uid,
+            "the CRD was deleted"
+        );
+        assert_eq!(
+            widgets_count(&consumer_widgets).await,
+            50,
+            "objects were deleted"
+        );
+        crd.unwrap()
+    };
+    let exported = |on: bool| {
+        let provider = s.provider.clone();
+        async move {
+            label_crd(
+                &provider,
+                "widgets.example.org",
+                "core.kbind.io/exported",
+                on.then_some("true"),
+            )
+            .await
+            .unwrap()
+        }
+    };
+
+    // A 2 s blip: discovered as missing (recorded with its time), listed all along.
+    exported(false).await;
+    wait_for("the missing export recorded", 30, || async {
+        Ok((!connection_status(&s.consumer)
+            .await
+            .missing_exports
+            .is_empty())
+        .then_some(()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        cluster_bindings
+            .get("provider")
+            .await
+            .unwrap()
+            .spec
+            .apis
+            .iter()
+            .any(|a| a.name == "widgets.example.org")
+    );
+    exported(true).await;
+    wait_for("the record cleared", 30, || async {
+        Ok(connection_status(&s.consumer)
+            .await
+            .missing_exports
+            .is_empty()
+            .then_some(()))
+    })
+    .await;
+    intact().await;
+
+    // Missing past the grace: autoBind drops it; CRD and objects stay, the CRD marked unbound,
+    // provider copies kept (orphaned).
+    exported(false).await;
+    kbind_e2e::wait::wait_gone(
+        &cluster_bindings,
+        "provider",
+        "the autoBind binding to go",
+        60,
+    )
+    .await;
+    let crd = intact().await;
+    assert!(
+        crd.annotations().contains_key("core.kbind.io/unbound"),
+        "{:?}",
+        crd.annotations()
+    );
+    assert_eq!(
+        widgets_count(&provider_widgets).await,
+        50,
+        "provider copies were deleted"
+    );
+    let w = consumer_widgets.get("w1").await.unwrap();
+    assert!(w.finalizers().is_empty(), "{:?}", w.finalizers());
+    let events = warning_events(&s.consumer, None, "provider").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("AutoBindDropped")),
+        "{events:?}"
+    );
+
+    // Exported again: bound again, the mark comes off, objects sync again.
+    exported(true).await;
+    wait_binding_condition(&cluster_bindings, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    wait_for("the unbound mark removed", 30, || async {
+        let crd = crds
+            .get("widgets.example.org")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((!crd.annotations().contains_key("core.kbind.io/unbound")).then_some(()))
+    })
+    .await;
+    consumer_widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 1001 } })),
+        )
+        .await
+        .unwrap();
+    wait_for("a change synced after rebinding", 30, || async {
+        let copy = provider_widgets
+            .get("w1")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((copy.data["spec"]["size"] == 1001).then_some(()))
+    })
+    .await;
+
+    // autoBind turned off: the same.
+    set_auto_bind(&s.consumer, false).await;
+    kbind_e2e::wait::wait_gone(
+        &cluster_bindings,
+        "provider",
+        "the autoBind binding to go",
+        60,
+    )
+    .await;
+    intact().await;
+
+    // The Connection deleted (autoBind on again): the same.
+    set_auto_bind(&s.consumer, true).await;
+    wait_binding_condition(&cluster_bindings, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .delete("provider", &Default::default())
+        .await
+        .unwrap();
+    kbind_e2e::wait::wait_gone(
+        &Api::<kbind_shared::api::Connection>::all(s.consumer.clone()),
+        "provider",
+        "the Connection to go",
+        60,
+    )
+    .await;
+    let crd = intact().await;
+    assert!(crd.annotations().contains_key("core.kbind.io/unbound"));
+}

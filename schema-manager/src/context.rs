@@ -28,6 +28,8 @@ pub struct Settings {
     pub namespace_buckets: u32,
     /// Where provider kubeconfig Secrets may live (`--provider-secret-namespaces`).
     pub provider_secret_namespaces: Vec<String>,
+    /// How long an export must be missing before autoBind drops it.
+    pub autobind_grace_period: Duration,
 }
 
 /// How long an instance metadata cache lives without being read.

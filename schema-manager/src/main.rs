@@ -49,6 +49,11 @@ struct Args {
     #[arg(long, env = "KBIND_BINDING_RESYNC_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     binding_resync_interval: Duration,
 
+    /// How long an API must be missing from the provider's exports before autoBind stops binding
+    /// it (its CRD and objects are kept even then)
+    #[arg(long, env = "KBIND_AUTOBIND_GRACE_PERIOD", default_value = "10m", value_parser = parse_duration)]
+    autobind_grace_period: Duration,
+
     /// leaseDurationSeconds of the provider heartbeat Lease
     #[arg(long, env = "KBIND_HEARTBEAT_LEASE_DURATION", default_value = "60s", value_parser = parse_duration)]
     heartbeat_lease_duration: Duration,
@@ -117,6 +122,7 @@ async fn run(args: Args) -> Result<(), String> {
             heartbeat_lease_duration: args.heartbeat_lease_duration,
             namespace_buckets: args.namespace_buckets,
             provider_secret_namespaces: args.common.provider_secret_namespaces(),
+            autobind_grace_period: args.autobind_grace_period,
         },
         args.common.namespace(),
     ));

@@ -219,7 +219,7 @@ pub fn plan(
         .annotations()
         .get(keys::SCHEMA_HASH_ANNOTATION)
         .map(String::as_str);
-    let marked = marked_for == Some(connection);
+    let marked = marked_for == Some(connection) && annotation(keys::UNBOUND_ANNOTATION).is_none();
     if create && update && annotation(keys::SCHEMA_HASH_ANNOTATION) != hash {
         Plan::Replace
     } else if marked {
@@ -310,6 +310,7 @@ pub async fn install(
                 connection.to_owned(),
             );
             annotations.insert(keys::SCHEMA_HASH_ANNOTATION.to_owned(), hash.clone());
+            annotations.remove(keys::UNBOUND_ANNOTATION);
             api.replace(&name, &PostParams::default(), &crd)
                 .await
                 .map_err(reject)?;
@@ -321,7 +322,10 @@ pub async fn install(
         Plan::Stamp => {
             let patch = json!({ "metadata": {
                 "labels": { keys::MANAGED_LABEL: keys::TRUE },
-                "annotations": { keys::CONNECTION_ANNOTATION: connection },
+                "annotations": {
+                    keys::CONNECTION_ANNOTATION: connection,
+                    keys::UNBOUND_ANNOTATION: null,
+                },
             }});
             let stamped = api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -476,6 +480,10 @@ mod tests {
             ],
         );
         let marked_q = with(&managed, &[("core.kbind.io/connection", "q")]);
+        let mut unbound_p = marked_p.clone();
+        unbound_p
+            .annotations_mut()
+            .insert("core.kbind.io/unbound".into(), "kept".into());
         let foreign = with(&[], &[]);
         let created_unmarked = with(&[], &[("core.kbind.io/created-by", "p")]);
         let foreign_adopted = with(&[], &[("core.kbind.io/adopt", "p")]);
@@ -508,6 +516,9 @@ mod tests {
             (Some(&foreign_adopted), &desired, true, false, Plan::Stamp),
             (Some(&foreign_adopted), &desired, false, true, Plan::Stamp),
             (Some(&q_adopted), &desired, true, true, Plan::Replace),
+            // Bound again after an automatic unbind: the mark is taken off.
+            (Some(&unbound_p), &desired, true, true, Plan::Stamp),
+            (Some(&unbound_p), &desired, false, true, Plan::Stamp),
         ];
         for (existing, desired, create, update, want) in cases {
             assert_eq!(

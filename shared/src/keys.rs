@@ -60,6 +60,10 @@ pub const CREATED_BY_ANNOTATION: &str = "core.kbind.io/created-by";
 /// serves) to let the named Connection take it over: replace its schema and mark it. Without it
 /// kbind never changes such a CRD.
 pub const ADOPT_ANNOTATION: &str = "core.kbind.io/adopt";
+/// Annotation on a consumer CRD kbind created whose automatic binding went away (autoBind turned
+/// off, an export missing past its grace, the Connection deleted): kbind kept the CRD and its
+/// objects instead of deleting them; the value says why. Removed when the API is bound again.
+pub const UNBOUND_ANNOTATION: &str = "core.kbind.io/unbound";
 /// Label on each syncer's membership Lease.
 pub const SYNCER_MEMBER_LABEL: &str = "core.kbind.io/syncer-member";
 /// Annotation on a related Secret/ConfigMap copy: the ids of the `relatedResources` entries

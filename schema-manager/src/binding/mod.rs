@@ -535,6 +535,10 @@ async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Er
         .items;
     let uid = binding.meta().uid.clone().unwrap_or_default();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    // Safe by default: a binding autoBind made goes away without a user asking for it (autoBind
+    // off, an export missing past its grace, the Connection deleted). Its instances are orphaned
+    // — finalizers released, provider copies kept — and its CRDs are kept, marked unbound.
+    let automatic = is_automatic(binding.meta());
 
     let mut waiting = 0;
     for api in &spec.apis {
@@ -583,7 +587,10 @@ async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Er
                 .get(keys::DELETION_POLICY_ANNOTATION)
                 .map(String::as_str)
                 == Some(keys::DELETION_POLICY_ORPHAN);
-            if !orphan && let Some(provider) = &provider {
+            if !orphan
+                && !automatic
+                && let Some(provider) = &provider
+            {
                 match delete_provider_copy(&provider.client, &resource, &object, &local_uid).await {
                     Ok(true) => {
                         waiting += 1;
@@ -596,16 +603,20 @@ async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Er
             release_syncer_finalizer(client, &resource, &object).await?;
         }
         if waiting == 0 && !B::NAMESPACED {
-            delete_crd_if_ours(
-                &crds,
-                &crd,
-                &connection_name,
-                &api.name,
-                &uid,
-                &cluster_bindings,
-                &bindings,
-            )
-            .await?;
+            let last = LastBinding {
+                crds: &crds,
+                crd: &crd,
+                connection: &connection_name,
+                api: &api.name,
+                leaving_uid: &uid,
+                cluster_bindings: &cluster_bindings,
+                bindings: &bindings,
+            };
+            if automatic {
+                last.mark_unbound(&binding.name_any()).await?;
+            } else {
+                last.delete_crd_if_ours().await?;
+            }
         }
     }
     // BCL-4, for every kind and side (not only the declared entries: an entry removed while no
@@ -801,36 +812,84 @@ async fn release_syncer_finalizer(
     }
 }
 
-async fn delete_crd_if_ours(
-    crds: &Api<CustomResourceDefinition>,
-    crd: &CustomResourceDefinition,
-    connection: &str,
-    api: &str,
-    leaving_uid: &str,
-    cluster_bindings: &[ClusterBinding],
-    bindings: &[Binding],
-) -> Result<(), Error> {
-    let listed_elsewhere = cluster_bindings
-        .iter()
-        .map(|b| (&b.metadata, &b.spec.binding))
-        .chain(bindings.iter().map(|b| (&b.metadata, &b.spec)))
-        .any(|(meta, spec)| {
-            meta.deletion_timestamp.is_none()
-                && meta.uid.as_deref() != Some(leaving_uid)
-                && spec.apis.iter().any(|a| a.name == api)
-        });
-    let created_by_us = crd
-        .annotations()
-        .get(keys::CREATED_BY_ANNOTATION)
-        .map(String::as_str)
-        == Some(connection);
-    if listed_elsewhere || !created_by_us {
-        return Ok(());
+/// Whether a binding was made by autoBind: controlled by a Connection.
+fn is_automatic(meta: &kube::api::ObjectMeta) -> bool {
+    meta.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true)
+            && o.kind == "Connection"
+            && o.api_version.starts_with(&format!("{}/", keys::GROUP))
+    })
+}
+
+/// An API's consumer CRD as its (possibly last) binding goes.
+struct LastBinding<'a> {
+    crds: &'a Api<CustomResourceDefinition>,
+    crd: &'a CustomResourceDefinition,
+    connection: &'a str,
+    api: &'a str,
+    leaving_uid: &'a str,
+    cluster_bindings: &'a [ClusterBinding],
+    bindings: &'a [Binding],
+}
+
+impl LastBinding<'_> {
+    /// Whether kbind created the CRD for this Connection, it still serves it, and no other
+    /// binding lists the API.
+    fn ours_and_last(&self) -> bool {
+        let listed_elsewhere = self
+            .cluster_bindings
+            .iter()
+            .map(|b| (&b.metadata, &b.spec.binding))
+            .chain(self.bindings.iter().map(|b| (&b.metadata, &b.spec)))
+            .any(|(meta, spec)| {
+                meta.deletion_timestamp.is_none()
+                    && meta.uid.as_deref() != Some(self.leaving_uid)
+                    && spec.apis.iter().any(|a| a.name == self.api)
+            });
+        let annotation = |key: &str| self.crd.annotations().get(key).map(String::as_str);
+        !listed_elsewhere
+            && annotation(keys::CREATED_BY_ANNOTATION) == Some(self.connection)
+            && annotation(keys::CONNECTION_ANNOTATION) == Some(self.connection)
     }
-    match crds.delete(api, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(Error::Consumer(e)),
+
+    /// LIM-9: only the explicit deletion of the last binding removes a CRD kbind created (its UID
+    /// is the precondition).
+    async fn delete_crd_if_ours(&self) -> Result<(), Error> {
+        if !self.ours_and_last() {
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: self.crd.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self.crds.delete(self.api, &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
+            Err(e) => Err(Error::Consumer(e)),
+        }
+    }
+
+    /// The automatic unbind: the CRD (and so every object) stays, annotated to say why.
+    async fn mark_unbound(&self, binding: &str) -> Result<(), Error> {
+        if !self.ours_and_last() {
+            return Ok(());
+        }
+        let note = format!(
+            "ClusterBinding {binding} made by autoBind went away without a user deleting it; kbind kept this CRD and its objects (delete the CRD yourself if they are no longer wanted)"
+        );
+        let patch = json!({ "metadata": { "annotations": { keys::UNBOUND_ANNOTATION: note } } });
+        match self
+            .crds
+            .patch(self.api, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(e) => Err(Error::Consumer(e)),
+        }
     }
 }
 

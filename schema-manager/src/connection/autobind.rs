@@ -1,7 +1,8 @@
 //! autoBind (REFERENCE-BEHAVIOUR §7): a ClusterBinding named after the Connection, listing every
 //! exported API, owned by the Connection.
 
-use kbind_shared::api::{ClusterBinding, Connection, ExportedApi};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kbind_shared::api::{ClusterBinding, Connection, ConnectionStatus, MissingExport};
 use kbind_shared::keys;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -11,9 +12,7 @@ const FIELD_MANAGER: &str = "kbind-schema-manager";
 
 /// AUTO-1: the ClusterBinding's fields kbind owns (server-side apply leaves the rest, such as
 /// `conflictPolicy` and `relatedResources`, to the user).
-pub fn desired(connection: &Connection, exports: &[ExportedApi]) -> Value {
-    let mut apis: Vec<&str> = exports.iter().map(|a| a.name.as_str()).collect();
-    apis.sort_unstable();
+pub fn desired(connection: &Connection, apis: &[String]) -> Value {
     let owner = connection.controller_owner_ref(&()).map(|mut o| {
         o.block_owner_deletion = Some(true);
         o
@@ -42,36 +41,63 @@ fn controlled_by(binding: &ClusterBinding, connection: &Connection) -> bool {
         .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
 }
 
-/// What autoBind should do about the ClusterBinding named after the Connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Apply the desired ClusterBinding.
-    Apply,
-    /// Delete it, if this Connection controls it.
-    DeleteOwned,
-    /// Leave it as it is.
-    Keep,
+/// The APIs the autoBind ClusterBinding lists, and the missing exports still in their grace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    /// Sorted names to list.
+    pub apis: Vec<String>,
+    /// APIs listed though no longer exported, with when that was first seen.
+    pub missing: Vec<MissingExport>,
+    /// APIs whose grace ran out now: no longer listed (their CRDs and objects are kept).
+    pub dropped: Vec<String>,
 }
 
-/// AUTO-1/AUTO-3/AUTO-4, improved: turning autoBind off removes the owned ClusterBinding
-/// (LIM-12), and a single empty discovery result after a non-empty one tears nothing down — only a
-/// second empty result in a row does.
-pub fn step(auto_bind: bool, exports: usize, previously_exported: bool) -> Step {
-    match (auto_bind, exports, previously_exported) {
-        (false, _, _) => Step::DeleteOwned,
-        (true, 0, true) => Step::Keep,
-        (true, 0, false) => Step::DeleteOwned,
-        (true, _, _) => Step::Apply,
+/// Safe by default (improving AUTO-3/AUTO-4): an API the binding lists stays listed until it has
+/// been missing from the exports for `grace` of wall-clock time, counted from `missing` (kept in
+/// the Connection's status, so a restart or a fast second discovery resets nothing).
+pub fn listing(
+    exports: &[String],
+    listed: &[String],
+    missing: &[MissingExport],
+    now: jiff::Timestamp,
+    grace: std::time::Duration,
+) -> Listing {
+    let mut apis: Vec<String> = exports.to_vec();
+    let (mut still_missing, mut dropped) = (Vec::new(), Vec::new());
+    for name in listed.iter().filter(|l| !exports.contains(l)) {
+        let since = missing
+            .iter()
+            .find(|m| m.name == *name)
+            .map_or(now, |m| m.since.0);
+        let expired = jiff::SignedDuration::try_from(grace)
+            .ok()
+            .and_then(|g| since.checked_add(g).ok())
+            .is_some_and(|end| end <= now);
+        if expired {
+            dropped.push(name.clone());
+        } else {
+            apis.push(name.clone());
+            still_missing.push(MissingExport {
+                name: name.clone(),
+                since: Time(since),
+            });
+        }
+    }
+    apis.sort_unstable();
+    apis.dedup();
+    still_missing.sort_by(|a, b| a.name.cmp(&b.name));
+    Listing {
+        apis,
+        missing: still_missing,
+        dropped,
     }
 }
 
 /// Whether `existing` already is what [`desired`] would apply.
-fn is_current(existing: &ClusterBinding, connection: &Connection, exports: &[ExportedApi]) -> bool {
-    let mut want: Vec<&str> = exports.iter().map(|a| a.name.as_str()).collect();
-    want.sort_unstable();
+fn is_current(existing: &ClusterBinding, connection: &Connection, apis: &[String]) -> bool {
     let have: Vec<&str> = existing.spec.apis.iter().map(|a| a.name.as_str()).collect();
     controlled_by(existing, connection)
-        && have == want
+        && have == apis.iter().map(String::as_str).collect::<Vec<_>>()
         && existing.spec.connection_ref.name == connection.name_any()
         && existing
             .labels()
@@ -80,55 +106,108 @@ fn is_current(existing: &ClusterBinding, connection: &Connection, exports: &[Exp
             == Some(keys::TRUE)
 }
 
-/// Applies [`step`]; writes only when the ClusterBinding differs from what it should be, and only
-/// ever deletes a ClusterBinding this Connection controls (the reference deleted any with the
-/// name, QRK-6).
+/// AUTO-1 … AUTO-4, safe by default: applies the listing (writing only when the ClusterBinding
+/// differs), records the missing exports in `status`, and deletes the ClusterBinding only when
+/// autoBind is off or nothing is left to list — and only one this Connection controls (the
+/// reference deleted any with the name, QRK-6). Removing it never deletes a CRD or an object
+/// (see `binding::cleanup`). Returns the APIs dropped now.
 pub async fn reconcile(
     consumer: &Client,
     connection: &Connection,
-    exports: &[ExportedApi],
-    previously_exported: bool,
-) -> Result<(), String> {
+    status: &mut ConnectionStatus,
+    grace: std::time::Duration,
+) -> Result<Vec<String>, String> {
     let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
     let name = connection.name_any();
-    let step = step(
-        connection.spec.auto_bind,
-        exports.len(),
-        previously_exported,
-    );
-    if step == Step::Keep {
-        return Ok(());
-    }
     let existing = bindings
         .get_opt(&name)
         .await
-        .map_err(|e| format!("read ClusterBinding {name}: {e}"))?;
-    match (step, existing) {
-        (Step::DeleteOwned, Some(existing)) if controlled_by(&existing, connection) => {
-            delete(consumer, &name).await
-        }
-        (Step::Apply, Some(existing)) if is_current(&existing, connection, exports) => Ok(()),
-        (Step::Apply, _) => bindings
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(desired(connection, exports)),
-            )
-            .await
-            .map(drop)
-            .map_err(|e| format!("apply autoBind ClusterBinding {name}: {e}")),
-        _ => Ok(()),
+        .map_err(|e| format!("read ClusterBinding {name}: {e}"))?
+        .filter(|b| controlled_by(b, connection));
+    if !connection.spec.auto_bind {
+        status.missing_exports.clear();
+        return match existing {
+            Some(_) => delete_owned(consumer, connection)
+                .await
+                .map(|()| Vec::new()),
+            None => Ok(Vec::new()),
+        };
     }
+    let exports: Vec<String> = status
+        .exported_apis
+        .iter()
+        .map(|a| a.name.clone())
+        .collect();
+    let listed: Vec<String> = existing
+        .as_ref()
+        .map(|b| b.spec.apis.iter().map(|a| a.name.clone()).collect())
+        .unwrap_or_default();
+    let plan = listing(
+        &exports,
+        &listed,
+        &status.missing_exports,
+        jiff::Timestamp::now(),
+        grace,
+    );
+    status.missing_exports = plan.missing.clone();
+    match existing {
+        _ if plan.apis.is_empty() => {
+            if listed.is_empty() {
+                return Ok(plan.dropped);
+            }
+            delete_owned(consumer, connection).await?;
+        }
+        Some(existing) if is_current(&existing, connection, &plan.apis) => {}
+        _ => {
+            bindings
+                .patch(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(desired(connection, &plan.apis)),
+                )
+                .await
+                .map_err(|e| format!("apply autoBind ClusterBinding {name}: {e}"))?;
+        }
+    }
+    Ok(plan.dropped)
 }
 
-/// CDEL-2: requests deletion of the autoBind ClusterBinding (NotFound is fine).
-pub async fn delete(consumer: &Client, name: &str) -> Result<(), String> {
+/// CDEL-2: requests deletion of the autoBind ClusterBinding — only if this Connection controls
+/// it, never a user's ClusterBinding that happens to have the Connection's name.
+pub async fn delete_owned(consumer: &Client, connection: &Connection) -> Result<(), String> {
+    let name = connection.name_any();
+    let api = Api::<ClusterBinding>::all(consumer.clone());
+    let Some(existing) = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("read ClusterBinding {name}: {e}"))?
+    else {
+        return Ok(());
+    };
+    if !controlled_by(&existing, connection) {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: existing.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    delete_precise(consumer, &name, &params).await
+}
+
+async fn delete_precise(
+    consumer: &Client,
+    name: &str,
+    params: &DeleteParams,
+) -> Result<(), String> {
     match Api::<ClusterBinding>::all(consumer.clone())
-        .delete(name, &DeleteParams::default())
+        .delete(name, params)
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
         Err(e) => Err(format!("delete autoBind ClusterBinding {name}: {e}")),
     }
 }
@@ -136,26 +215,104 @@ pub async fn delete(consumer: &Client, name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kbind_shared::api::{ApiScope, ConnectionSpec, KubeconfigSecretRef};
+    use kbind_shared::api::{ConnectionSpec, KubeconfigSecretRef};
 
     #[test]
-    fn one_empty_discovery_is_not_enough_to_tear_down() {
-        assert_eq!(step(true, 2, false), Step::Apply);
-        assert_eq!(
-            step(true, 0, true),
-            Step::Keep,
-            "the first empty result after exports"
+    fn a_missing_export_stays_listed_for_the_grace_period() {
+        let t0 = jiff::Timestamp::from_second(1_000_000).unwrap();
+        let grace = std::time::Duration::from_secs(600);
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let missing = |name: &str, at: jiff::Timestamp| MissingExport {
+            name: name.into(),
+            since: Time(at),
+        };
+        let at = |secs: i64| {
+            t0.checked_add(jiff::SignedDuration::from_secs(secs))
+                .unwrap()
+        };
+        // (exports, listed, recorded missing, now) → (apis, missing, dropped)
+        let cases = [
+            // New exports are listed, sorted.
+            (
+                names(&["b", "a"]),
+                names(&[]),
+                vec![],
+                t0,
+                names(&["a", "b"]),
+                vec![],
+                names(&[]),
+            ),
+            // Gone now: still listed, its absence recorded from now.
+            (
+                names(&["a"]),
+                names(&["a", "b"]),
+                vec![],
+                t0,
+                names(&["a", "b"]),
+                vec![missing("b", t0)],
+                names(&[]),
+            ),
+            // Two empty discoveries in a row, a moment apart: nothing dropped (the old guard).
+            (
+                names(&[]),
+                names(&["a"]),
+                vec![missing("a", t0)],
+                at(1),
+                names(&["a"]),
+                vec![missing("a", t0)],
+                names(&[]),
+            ),
+            // Back before the grace ran out: the record is cleared.
+            (
+                names(&["a", "b"]),
+                names(&["a", "b"]),
+                vec![missing("b", t0)],
+                at(599),
+                names(&["a", "b"]),
+                vec![],
+                names(&[]),
+            ),
+            // Missing for the whole grace: dropped.
+            (
+                names(&["a"]),
+                names(&["a", "b"]),
+                vec![missing("b", t0)],
+                at(600),
+                names(&["a"]),
+                vec![],
+                names(&["b"]),
+            ),
+            (
+                names(&[]),
+                names(&["a"]),
+                vec![missing("a", t0)],
+                at(601),
+                names(&[]),
+                vec![],
+                names(&["a"]),
+            ),
+        ];
+        for (exports, listed, recorded, now, apis, still, dropped) in cases {
+            let got = listing(&exports, &listed, &recorded, now, grace);
+            assert_eq!(
+                got,
+                Listing {
+                    apis,
+                    missing: still,
+                    dropped
+                },
+                "{exports:?} {listed:?} {recorded:?} {now}"
+            );
+        }
+        // A grace no timestamp can hold never expires (and never panics).
+        let got = listing(
+            &[],
+            &names(&["a"]),
+            &[missing("a", t0)],
+            at(10),
+            std::time::Duration::MAX,
         );
-        assert_eq!(
-            step(true, 0, false),
-            Step::DeleteOwned,
-            "empty twice in a row"
-        );
-        assert_eq!(
-            step(false, 2, true),
-            Step::DeleteOwned,
-            "autoBind turned off (LIM-12)"
-        );
+        assert_eq!(got.apis, names(&["a"]));
     }
 
     #[test]
@@ -173,16 +330,12 @@ mod tests {
             },
         );
         connection.metadata.uid = Some("conn-uid".into());
-        let export = |name: &str| ExportedApi {
-            name: name.into(),
-            group: "g".into(),
-            resource: "r".into(),
-            scope: ApiScope::Namespaced,
-            versions: vec!["v1".into()],
-        };
         let body = desired(
             &connection,
-            &[export("widgets.example.org"), export("gadgets.example.org")],
+            &[
+                "gadgets.example.org".to_owned(),
+                "widgets.example.org".to_owned(),
+            ],
         );
         assert_eq!(
             body["spec"]["apis"],

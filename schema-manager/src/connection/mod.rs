@@ -294,7 +294,6 @@ async fn connect(
             return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
         }
     };
-    let previously_exported = !status.exported_apis.is_empty();
     status.active_schema_source = Some(exports.source);
     status.exported_apis = exports.apis;
 
@@ -305,16 +304,42 @@ async fn connect(
         return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
     }
 
-    // CONN-9: autoBind (and removal of the owned ClusterBinding when it is turned off, LIM-12).
-    if let Err(message) = autobind::reconcile(
+    // CONN-9: autoBind (and removal of the owned ClusterBinding when it is turned off, LIM-12),
+    // with a wall-clock grace for missing exports.
+    match autobind::reconcile(
         &ctx.client,
         connection,
-        &status.exported_apis,
-        previously_exported,
+        status,
+        ctx.settings.autobind_grace_period,
     )
     .await
     {
-        return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
+        Ok(dropped) => {
+            for api in dropped {
+                let note = format!(
+                    "{api} was missing from the provider's exports for longer than {}; autoBind no longer binds it. Its CRD and objects are kept",
+                    humantime::format_duration(ctx.settings.autobind_grace_period)
+                );
+                tracing::info!(connection = %name, %api, "autoBind dropped an API after its grace period");
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: "AutoBindDropped".into(),
+                    note: Some(note),
+                    action: "AutoBind".into(),
+                    secondary: None,
+                };
+                if let Err(e) = state
+                    .recorder
+                    .publish(&event, &connection.object_ref(&()))
+                    .await
+                {
+                    tracing::debug!(error = %e, "cannot publish Event");
+                }
+            }
+        }
+        Err(message) => {
+            return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
+        }
     }
 
     // CONN-10: heartbeat; failures are only logged (HB-4).
@@ -486,11 +511,10 @@ fn truncate(text: &str, max: usize) -> String {
 async fn cleanup(connection: Arc<Connection>, state: &State) -> Result<Action, Error> {
     let client = &state.ctx.client;
     let name = connection.name_any();
-    if connection.spec.auto_bind {
-        autobind::delete(client, &name)
-            .await
-            .map_err(Error::Provider)?;
-    }
+    // Only the ClusterBinding this Connection controls; removing it keeps CRDs and objects.
+    autobind::delete_owned(client, &connection)
+        .await
+        .map_err(Error::Provider)?;
 
     // CDEL-3: wait for every binding that references this Connection.
     let references = |spec_name: &str| spec_name == name;

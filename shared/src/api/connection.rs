@@ -173,10 +173,26 @@ pub struct ConnectionStatus {
     )]
     #[schemars(transform = schema::atomic_list)]
     pub exported_apis: Vec<ExportedApi>,
+    /// APIs the autoBind ClusterBinding still lists although the provider stopped exporting
+    /// them, with when that was first seen: each is dropped only after the schema manager's
+    /// `--autobind-grace-period` (kept here so that a restart does not reset the clock).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::atomic_list)]
+    pub missing_exports: Vec<MissingExport>,
     /// Ready, SecretValid, Connected, PermissionDenied, SchemaInSync.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = schema::list_map_by_type)]
     pub conditions: Vec<Condition>,
+}
+
+/// An API autoBind still binds although the provider no longer exports it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MissingExport {
+    /// `<plural>.<group>`.
+    pub name: String,
+    /// When its absence was first seen.
+    pub since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }
 
 /// The schema source in use.

@@ -139,6 +139,7 @@ pub fn connection(name: &str, secret: &str, source: SchemaSource) -> Connection 
                 ..Default::default()
             },
             auto_bind: false,
+            access: Default::default(),
         },
     )
 }

@@ -27,6 +27,7 @@ fn connection(name: &str, secret: &str) -> Connection {
             },
             schema: Default::default(),
             auto_bind: false,
+            access: Default::default(),
         },
     )
 }

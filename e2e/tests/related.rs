@@ -66,6 +66,18 @@ async fn set_cluster_binding(consumer: &Client, spec: Value) {
         .unwrap();
 }
 
+/// Secrets go to the provider only with the Connection owner's consent (`spec.access`).
+async fn allow_secrets_to_provider(consumer: &Client) {
+    Api::<kbind_shared::api::Connection>::all(consumer.clone())
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "access": { "secretsToProvider": true } } })),
+        )
+        .await
+        .unwrap();
+}
+
 /// Waits until `status` says what `check` wants; returns it.
 async fn wait_status<F>(what: &str, read: impl AsyncFn() -> Option<BindingStatus>, check: F)
 where
@@ -196,6 +208,7 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
           "selector": { "labelSelector": { "matchExpressions": [
               { "key": "share", "operator": "In", "values": ["yes"] } ] } } },
     ]);
+    allow_secrets_to_provider(&consumer).await;
     set_cluster_binding(&consumer, json!({ "relatedResources": entries })).await;
 
     // Safe by default: a FromProvider copy waits for its consumer namespace; it is not created.
@@ -591,6 +604,7 @@ async fn a_foreign_target_is_a_conflict_under_fail_and_adopt_takes_over_only_pro
         )
         .await
         .unwrap();
+    allow_secrets_to_provider(&consumer).await;
     set_cluster_binding(
         &consumer,
         json!({ "conflictPolicy": "Adopt", "relatedResources": [
@@ -731,6 +745,7 @@ async fn a_binding_reads_and_writes_only_its_own_namespace_and_refuses_bad_selec
             .unwrap();
     }
     // A Binding in team-a with an empty selector: everything in scope — and its scope is team-a.
+    allow_secrets_to_provider(&consumer).await;
     let bindings: Api<Binding> = Api::namespaced(consumer.clone(), "team-a");
     let mut spec = binding_spec("provider", &["widgets.example.org"]);
     spec.related_resources = serde_json::from_value(json!([

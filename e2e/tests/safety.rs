@@ -909,3 +909,155 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
     let crd = intact().await;
     assert!(crd.annotations().contains_key("core.kbind.io/unbound"));
 }
+
+#[tokio::test]
+async fn a_connection_serves_only_the_namespaces_and_secrets_its_owner_allows() {
+    // Guarantee 5: a Binding outside spec.access.bindingNamespaces gets a clear condition and
+    // nothing syncs; a FromConsumer Secret entry needs spec.access.secretsToProvider.
+    let s = SyncEnv::start("safety_access", &[0, 1], None).await;
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "access": { "bindingNamespaces": ["team-a"] } } })),
+        )
+        .await
+        .unwrap();
+    let mut team_secret = Secret::default();
+    team_secret.metadata.name = Some("db".into());
+    team_secret.string_data = Some([("password".to_owned(), "s3cret".to_owned())].into());
+    for namespace in ["team-a", "team-b"] {
+        ensure_namespace(&s.consumer, namespace).await.unwrap();
+        Api::<Secret>::namespaced(s.consumer.clone(), namespace)
+            .create(&PostParams::default(), &team_secret)
+            .await
+            .unwrap();
+    }
+    let binding = |namespace: &str| {
+        let mut spec = binding_spec("provider", &["widgets.example.org"]);
+        spec.related_resources = serde_json::from_value(json!([
+            { "resource": "secrets", "direction": "FromConsumer", "selector": { "names": ["db"] } }
+        ]))
+        .unwrap();
+        let mut b = kbind_shared::api::Binding::new("widgets", spec);
+        b.metadata.namespace = Some(namespace.into());
+        b
+    };
+    let in_b: Api<kbind_shared::api::Binding> = Api::namespaced(s.consumer.clone(), "team-b");
+    in_b.create(&PostParams::default(), &binding("team-b"))
+        .await
+        .unwrap();
+    let b = wait_binding_condition(&in_b, "widgets", "Ready", "False", Some("NotAllowed"))
+        .await
+        .unwrap();
+    let message = &kbind_shared::conditions::find(&b.status.as_ref().unwrap().conditions, "Ready")
+        .unwrap()
+        .message;
+    assert!(
+        message.contains("does not serve Bindings in namespace team-b"),
+        "{message}"
+    );
+    // Nothing was installed for it either.
+    assert!(
+        Api::<CustomResourceDefinition>::all(s.consumer.clone())
+            .get_opt("widgets.example.org")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // team-a may use it, but its Secret may not leave the consumer yet.
+    let in_a: Api<kbind_shared::api::Binding> = Api::namespaced(s.consumer.clone(), "team-a");
+    in_a.create(&PostParams::default(), &binding("team-a"))
+        .await
+        .unwrap();
+    wait_binding_condition(&in_a, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    let b = wait_binding_condition(
+        &in_a,
+        "widgets",
+        "RelatedResourcesSynced",
+        "False",
+        Some("NotAllowed"),
+    )
+    .await
+    .unwrap();
+    let related = kbind_shared::conditions::find(
+        &b.status.as_ref().unwrap().conditions,
+        "RelatedResourcesSynced",
+    )
+    .unwrap()
+    .message
+    .clone();
+    assert!(
+        related.contains("spec.access.secretsToProvider"),
+        "{related}"
+    );
+    widgets(&s.consumer, "team-a")
+        .create(&PostParams::default(), &widget("w1", 1))
+        .await
+        .unwrap();
+    wait_for("the team-a Widget upstream", 30, || async {
+        widgets(&s.provider, "team-a")
+            .get_opt("w1")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for namespace in ["team-a", "team-b"] {
+        assert!(
+            Api::<Secret>::namespaced(s.provider.clone(), namespace)
+                .get_opt("db")
+                .await
+                .unwrap()
+                .is_none(),
+            "a Secret of {namespace} left the consumer"
+        );
+    }
+
+    // The owner allows Secrets: team-a's is copied; team-b's still never is.
+    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "access": { "secretsToProvider": true } } })),
+        )
+        .await
+        .unwrap();
+    wait_for("team-a's Secret on the provider", 30, || async {
+        Api::<Secret>::namespaced(s.provider.clone(), "team-a")
+            .get_opt("db")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        Api::<Secret>::namespaced(s.provider.clone(), "team-b")
+            .get_opt("db")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // The API server itself refuses what is not a namespace name (CEL).
+    let refused = Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "access": { "bindingNamespaces": ["Team_A"] } } })),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("each entry must be a namespace name"),
+        "{refused}"
+    );
+}

@@ -40,6 +40,8 @@ struct Key {
     local_uid: String,
     /// The digest of the verified provider credential.
     credentials: String,
+    /// Whether the Connection lets Secrets go to the provider (related workers).
+    secrets_to_provider: bool,
 }
 
 /// A worker to run.
@@ -296,6 +298,14 @@ fn desired_related(
         let Some((connection, local_uid)) = engaged(connections, connection_name) else {
             continue;
         };
+        // A Binding in a namespace the Connection does not serve gets no worker (its Ready
+        // condition says why).
+        if let Some(namespace) = namespace
+            && !connection.spec.access.allows_bindings_in(namespace)
+        {
+            continue;
+        }
+        let secrets_to_provider = connection.spec.access.secrets_to_provider;
         let Some(ProviderCredential {
             kubeconfig,
             digest: credentials,
@@ -312,6 +322,7 @@ fn desired_related(
             connection: connection_name.clone(),
             local_uid: local_uid.clone(),
             credentials,
+            secrets_to_provider,
         };
         let spec = related::RelatedSpec {
             namespace: namespace.clone(),
@@ -321,6 +332,7 @@ fn desired_related(
             connection: connection_name.clone(),
             local_uid,
             kubeconfig,
+            secrets_to_provider,
         };
         wanted.insert(unit.to_string(), (key, Work::Related(spec)));
     }
@@ -374,6 +386,7 @@ fn desired_workers(
             connection: connection_name.clone(),
             local_uid: local_uid.clone(),
             credentials,
+            secrets_to_provider: false,
         };
         let spec =
             WorkerSpec {

@@ -208,7 +208,12 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
             })
         }
     };
+    let denied = connection
+        .as_ref()
+        .and_then(|c| outcome::access_denied(c, binding.namespace().as_deref()));
     let (desired, bound_apis) = match (gate, connection) {
+        // Nothing is installed or synced for a Binding the Connection does not serve.
+        _ if denied.is_some() => (denied.into_iter().collect(), Some(Vec::new())),
         (Some(message), _) => (vec![outcome::connection_pending(message)], None),
         (None, None) => (
             vec![outcome::connection_pending(format!(

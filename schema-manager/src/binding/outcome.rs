@@ -226,6 +226,30 @@ pub fn connection_pending(message: String) -> Desired<'static> {
     }
 }
 
+/// Reason for a Binding in a namespace its Connection does not serve (`spec.access`).
+pub const NOT_ALLOWED: &str = "NotAllowed";
+
+/// The Ready condition of a Binding whose namespace the Connection's `spec.access` leaves out;
+/// `None` when it may use it. Pure: the gate before anything is installed or synced.
+pub fn access_denied(
+    connection: &kbind_shared::api::Connection,
+    binding_namespace: Option<&str>,
+) -> Option<Desired<'static>> {
+    let namespace = binding_namespace?;
+    if connection.spec.access.allows_bindings_in(namespace) {
+        return None;
+    }
+    Some(Desired {
+        type_: types::READY,
+        status: Status::False,
+        reason: NOT_ALLOWED,
+        message: format!(
+            "Connection {} does not serve Bindings in namespace {namespace} (its spec.access.bindingNamespaces); ask its owner, or use a Connection that does",
+            kube::ResourceExt::name_any(connection)
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +305,54 @@ mod tests {
         assert_eq!(get(&out, "PermissionDenied").status, Status::True);
         assert_eq!(get(&out, "Ready").reason, "Forbidden");
         assert_eq!(bound.len(), 1, "the allowed API is still bound");
+    }
+
+    #[test]
+    fn bindings_only_in_the_namespaces_a_connection_serves() {
+        use kbind_shared::api::{
+            Connection, ConnectionAccess, ConnectionSpec, KubeconfigSecretRef,
+        };
+        let connection = |namespaces: Option<&[&str]>| {
+            Connection::new(
+                "provider",
+                ConnectionSpec {
+                    kubeconfig_secret_ref: KubeconfigSecretRef {
+                        namespace: "kbind".into(),
+                        name: "p".into(),
+                        key: String::new(),
+                    },
+                    schema: Default::default(),
+                    auto_bind: false,
+                    access: ConnectionAccess {
+                        binding_namespaces: namespaces
+                            .map(|n| n.iter().map(|s| (*s).to_owned()).collect()),
+                        secrets_to_provider: false,
+                    },
+                },
+            )
+        };
+        // (allowed namespaces, the binding's namespace) → denied?
+        type Case<'a> = (Option<&'a [&'a str]>, Option<&'a str>, bool);
+        let cases: [Case; 6] = [
+            (None, Some("team-a"), false),
+            (Some(&["team-a"]), Some("team-a"), false),
+            (Some(&["team-a"]), Some("team-b"), true),
+            (Some(&[]), Some("team-a"), true),
+            (Some(&[]), None, false),
+            (Some(&["team-a"]), None, false),
+        ];
+        for (allowed, namespace, denied) in cases {
+            let got = access_denied(&connection(allowed), namespace);
+            assert_eq!(got.is_some(), denied, "{allowed:?} {namespace:?}");
+            if let Some(d) = got {
+                assert_eq!((d.status, d.reason), (Status::False, NOT_ALLOWED));
+                assert!(
+                    d.message.contains("does not serve Bindings in namespace"),
+                    "{}",
+                    d.message
+                );
+            }
+        }
     }
 
     #[test]

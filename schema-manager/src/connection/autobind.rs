@@ -327,6 +327,7 @@ mod tests {
                 },
                 schema: Default::default(),
                 auto_bind: true,
+                access: Default::default(),
             },
         );
         connection.metadata.uid = Some("conn-uid".into());

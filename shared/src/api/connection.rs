@@ -53,6 +53,41 @@ pub struct ConnectionSpec {
     /// exported API, so newly exported APIs start syncing without another step.
     #[serde(default)]
     pub auto_bind: bool,
+
+    /// Who may use this Connection's credentials, and what may leave this cluster through them.
+    #[serde(default, skip_serializing_if = "ConnectionAccess::is_default")]
+    pub access: ConnectionAccess,
+}
+
+/// Who may use a Connection, and what may leave the consumer through it. ClusterBindings (which,
+/// like the Connection, only cluster administrators create) may always use it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectionAccess {
+    /// Namespaces whose Bindings may use this Connection. Omitted: every namespace; an empty
+    /// list: none. A Binding elsewhere is reported (`Ready=False`, reason `NotAllowed`) and
+    /// nothing of it syncs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = schema::namespace_set)]
+    pub binding_namespaces: Option<Vec<String>>,
+    /// Whether `relatedResources` entries may copy Secrets from this cluster to the provider
+    /// (`FromConsumer`). Default false: no Secret leaves this cluster through the Connection
+    /// unless its owner allows it.
+    #[serde(default)]
+    pub secrets_to_provider: bool,
+}
+
+impl ConnectionAccess {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether a Binding in `namespace` may use the Connection.
+    pub fn allows_bindings_in(&self, namespace: &str) -> bool {
+        self.binding_namespaces
+            .as_ref()
+            .is_none_or(|allowed| allowed.iter().any(|n| n == namespace))
+    }
 }
 
 /// Where the provider kubeconfig lives.

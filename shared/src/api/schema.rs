@@ -85,3 +85,19 @@ pub fn api_name(schema: &mut Schema) {
 pub fn non_empty(schema: &mut Schema) {
     set(schema, "minLength", json!(1));
 }
+
+/// A set of namespace names (DNS labels), bounded.
+pub fn namespace_set(schema: &mut Schema) {
+    set(schema, "x-kubernetes-list-type", json!("set"));
+    set(schema, "maxItems", json!(256));
+    set(
+        schema,
+        "items",
+        json!({ "type": "string", "maxLength": 63 }),
+    );
+    add_rule(
+        schema,
+        "self.all(n, size(n) <= 63 && n.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))",
+        "each entry must be a namespace name (a DNS label)",
+    );
+}

@@ -57,6 +57,8 @@ pub struct RelatedSpec {
     pub generation: i64,
     /// The Connection.
     pub connection: String,
+    /// Whether the Connection lets Secrets be copied to the provider (`spec.access`).
+    pub secrets_to_provider: bool,
     /// The consumer's pinned identity.
     pub local_uid: String,
     /// Provider credentials.
@@ -344,6 +346,26 @@ impl Worker {
                 return RESYNC;
             }
         };
+        // Safe by default: Secrets leave this cluster only if the Connection's owner allowed it.
+        // Nothing copied, nothing deleted.
+        if let Err(message) = plan::check_access(
+            &entries,
+            self.spec.secrets_to_provider,
+            &self.spec.connection,
+        ) {
+            self.report(
+                &binding,
+                Desired::new(
+                    types::RELATED_RESOURCES_SYNCED,
+                    false,
+                    plan::NOT_ALLOWED,
+                    message,
+                ),
+                0,
+            )
+            .await;
+            return RESYNC;
+        }
         // Every watch must have listed: deciding on a partial view could delete good copies.
         for ((kind, side, _), watched) in &self.watched {
             let (listed, error, forbidden) = {

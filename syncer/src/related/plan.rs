@@ -196,6 +196,36 @@ impl Entry {
     }
 }
 
+/// Reason when an entry asks for what the Connection does not allow.
+pub const NOT_ALLOWED: &str = "NotAllowed";
+
+/// Safe by default: an entry copying Secrets to the provider (`FromConsumer`) needs the
+/// Connection's `spec.access.secretsToProvider`.
+pub fn check_access(
+    entries: &[Entry],
+    secrets_to_provider: bool,
+    connection: &str,
+) -> Result<(), String> {
+    if secrets_to_provider {
+        return Ok(());
+    }
+    let refused: Vec<String> = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| {
+            e.kind == RelatedResourceKind::Secrets && e.direction == RelatedDirection::FromConsumer
+        })
+        .map(|(i, _)| format!("relatedResources[{i}]"))
+        .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} would copy Secrets to the provider, which Connection {connection} does not allow (spec.access.secretsToProvider); nothing was copied",
+        refused.join(", ")
+    ))
+}
+
 /// A short, stable id of an entry's content (kind, direction, selector).
 pub fn entry_id(entry: &RelatedResource) -> String {
     let text = serde_json::to_string(&json!({
@@ -525,6 +555,7 @@ mod tests {
     }
 
     const SECRETS: RelatedResourceKind = RelatedResourceKind::Secrets;
+    const CONFIGMAPS: RelatedResourceKind = RelatedResourceKind::Configmaps;
     const MARKER: Marker<'static> = Marker {
         binding_uid: "b-1",
         local_uid: "consumer-1",
@@ -734,6 +765,30 @@ mod tests {
             unreachable!()
         };
         assert!(why.contains("never takes over a consumer object"), "{why}");
+    }
+
+    #[test]
+    fn secrets_go_to_the_provider_only_when_the_connection_allows_it() {
+        let entry = |kind, direction| RelatedResource {
+            group: String::new(),
+            resource: kind,
+            direction,
+            selector: Default::default(),
+        };
+        let entries = parse(&[
+            entry(SECRETS, RelatedDirection::FromProvider),
+            entry(CONFIGMAPS, RelatedDirection::FromConsumer),
+        ]);
+        assert!(check_access(&entries, false, "p").is_ok());
+        let entries = parse(&[
+            entry(CONFIGMAPS, RelatedDirection::FromConsumer),
+            entry(SECRETS, RelatedDirection::FromConsumer),
+        ]);
+        assert_eq!(
+            check_access(&entries, false, "p").unwrap_err(),
+            "relatedResources[1] would copy Secrets to the provider, which Connection p does not allow (spec.access.secretsToProvider); nothing was copied"
+        );
+        assert!(check_access(&entries, true, "p").is_ok());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 - --discovery-interval={{ .Values.schemaManager.discoveryInterval }}
 - --binding-resync-interval={{ .Values.schemaManager.bindingResyncInterval }}
 - --heartbeat-lease-duration={{ .Values.schemaManager.heartbeatLeaseDuration }}
+- --autobind-grace-period={{ .Values.schemaManager.autobindGracePeriod }}
 - --namespace-buckets={{ .Values.schemaManager.namespaceBuckets }}
 {{ include "kbind.provider-secret-namespaces" . }}
 {{- end -}}

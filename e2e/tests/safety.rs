@@ -798,6 +798,15 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
         .then_some(()))
     })
     .await;
+    wait_condition(
+        &s.consumer,
+        "provider",
+        "Unbound",
+        "True",
+        Some("ExportsMissing"),
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         cluster_bindings
@@ -848,6 +857,14 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
         events.iter().any(|e| e.starts_with("AutoBindDropped")),
         "{events:?}"
     );
+    let c = wait_condition(&s.consumer, "provider", "Unbound", "True", Some("CRDsKept"))
+        .await
+        .unwrap();
+    let kept = kbind_shared::conditions::find(&c.status.unwrap().conditions, "Unbound")
+        .unwrap()
+        .message
+        .clone();
+    assert!(kept.contains("widgets.example.org"), "{kept}");
 
     // Exported again: bound again, the mark comes off, objects sync again.
     exported(true).await;

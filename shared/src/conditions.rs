@@ -22,6 +22,9 @@ pub mod types {
     pub const PERMISSION_DENIED: &str = "PermissionDenied";
     /// A binding's related Secrets and ConfigMaps are copied (written by the syncer).
     pub const RELATED_RESOURCES_SYNCED: &str = "RelatedResourcesSynced";
+    /// Some of a Connection's APIs are about to lose, or have lost, their automatic binding
+    /// (their CRDs and objects are kept).
+    pub const UNBOUND: &str = "Unbound";
 }
 
 /// COND-2: condition reasons.

@@ -3,6 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kbind_shared::api::{ClusterBinding, Connection, ConnectionStatus, MissingExport};
+use kbind_shared::conditions::{Desired, reasons, types};
 use kbind_shared::keys;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -92,6 +93,49 @@ pub fn listing(
         dropped,
     }
 }
+
+/// The Connection's `Unbound` condition: exports missing within their grace, and CRDs kept after
+/// their automatic binding went away (annotated `core.kbind.io/unbound`).
+pub fn unbound_condition(
+    missing: &[MissingExport],
+    kept: &[String],
+    grace: std::time::Duration,
+) -> Desired<'static> {
+    if !missing.is_empty() {
+        let list: Vec<String> = missing
+            .iter()
+            .map(|m| format!("{} (since {})", m.name, m.since.0))
+            .collect();
+        return Desired::new(
+            types::UNBOUND,
+            true,
+            EXPORTS_MISSING,
+            format!(
+                "missing from the provider's exports: {}; autoBind stops binding them after {} (their CRDs and objects are kept)",
+                list.join(", "),
+                humantime::format_duration(grace)
+            ),
+        );
+    }
+    if !kept.is_empty() {
+        return Desired::new(
+            types::UNBOUND,
+            true,
+            CRDS_KEPT,
+            format!(
+                "no longer bound automatically; kbind kept their CRDs and objects (annotated {}): {}",
+                keys::UNBOUND_ANNOTATION,
+                kept.join(", ")
+            ),
+        );
+    }
+    Desired::new(types::UNBOUND, false, reasons::AS_EXPECTED, "")
+}
+
+/// Reason: exports are missing, within their grace period.
+pub const EXPORTS_MISSING: &str = "ExportsMissing";
+/// Reason: CRDs were kept after their automatic binding went away.
+pub const CRDS_KEPT: &str = "CRDsKept";
 
 /// Whether `existing` already is what [`desired`] would apply.
 fn is_current(existing: &ClusterBinding, connection: &Connection, apis: &[String]) -> bool {
@@ -313,6 +357,40 @@ mod tests {
             std::time::Duration::MAX,
         );
         assert_eq!(got.apis, names(&["a"]));
+    }
+
+    #[test]
+    fn the_unbound_condition_says_what_is_missing_and_what_was_kept() {
+        use kbind_shared::conditions::Status;
+        let grace = std::time::Duration::from_secs(600);
+        let t0 = Time(jiff::Timestamp::from_second(1_000_000).unwrap());
+        let missing = [MissingExport {
+            name: "widgets.example.org".into(),
+            since: t0,
+        }];
+        let kept = ["gadgets.example.org".to_owned()];
+        let none = unbound_condition(&[], &[], grace);
+        assert_eq!((none.status, none.reason), (Status::False, "AsExpected"));
+        let pending = unbound_condition(&missing, &kept, grace);
+        assert_eq!(
+            (pending.status, pending.reason),
+            (Status::True, EXPORTS_MISSING)
+        );
+        assert!(
+            pending
+                .message
+                .contains("widgets.example.org (since 1970-01-12T13:46:40Z)")
+                && pending.message.contains("after 10m"),
+            "{}",
+            pending.message
+        );
+        let dropped = unbound_condition(&[], &kept, grace);
+        assert_eq!((dropped.status, dropped.reason), (Status::True, CRDS_KEPT));
+        assert!(
+            dropped.message.ends_with("gadgets.example.org"),
+            "{}",
+            dropped.message
+        );
     }
 
     #[test]

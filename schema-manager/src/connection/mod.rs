@@ -183,6 +183,19 @@ async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Err
     let mut status = before.clone();
     let (outcome, provider_error) = connect(&connection, state, &mut status).await?;
     conditions_for(&mut status, &outcome, &connection);
+    let kept = kept_crds(&ctx.client, &name)
+        .await
+        .map_err(Error::Consumer)?;
+    conditions::set(
+        &mut status.conditions,
+        autobind::unbound_condition(
+            &status.missing_exports,
+            &kept,
+            ctx.settings.autobind_grace_period,
+        ),
+        connection.meta().generation,
+        &Time(jiff::Timestamp::now()),
+    );
     if matches!(outcome, Outcome::Ready { .. }) {
         let schema = schema_in_sync(&ctx.client, &connection.name_any())
             .await
@@ -403,6 +416,29 @@ async fn install_all(
         }
     }
     first_problem.map_or(Ok(()), Err)
+}
+
+/// The CRDs kbind kept for this Connection after their automatic binding went away (metadata
+/// only, kbind's managed CRDs only).
+async fn kept_crds(client: &kube::Client, connection: &str) -> Result<Vec<String>, kube::Error> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds = Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)))
+        .await?;
+    let mut kept: Vec<String> = crds
+        .items
+        .iter()
+        .filter(|c| {
+            c.annotations()
+                .get(keys::CONNECTION_ANNOTATION)
+                .map(String::as_str)
+                == Some(connection)
+                && c.annotations().contains_key(keys::UNBOUND_ANNOTATION)
+        })
+        .map(|c| c.name_any())
+        .collect();
+    kept.sort();
+    Ok(kept)
 }
 
 /// LIM-13: the Connection's `SchemaInSync`, from the bindings that use it (each knows whether

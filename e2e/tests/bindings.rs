@@ -288,9 +288,21 @@ async fn bad_binding_input_is_reported_per_api_and_nothing_is_deleted() {
         &["widgets.example.org", "missing.example.org"],
     )
     .await;
-    let b = wait_binding_condition(&others, "others", "Ready", "False", Some("APINotExported"))
+    wait_binding_condition(&others, "others", "Ready", "False", Some("APINotExported"))
         .await
         .unwrap();
+    // The exported API is bound once its CRD is established (a moment later).
+    let b = eventually(
+        "the exported API bound next to the missing one",
+        Duration::from_secs(30),
+        || async {
+            let b = others.get("others").await.map_err(|e| e.to_string())?;
+            let bound = b.status.as_ref().is_some_and(|s| !s.bound_apis.is_empty());
+            Ok(bound.then_some(b))
+        },
+    )
+    .await
+    .unwrap();
     let status = b.status.unwrap();
     assert!(
         status

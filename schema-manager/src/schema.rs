@@ -236,6 +236,19 @@ pub struct Installed {
     pub plan: Plan,
     /// Whether the installed CRD carries the desired hash (SchemaInSync).
     pub in_sync: bool,
+    /// Whether the API server serves it yet (`Established`): a binding is Ready only then.
+    pub established: bool,
+}
+
+/// Whether the API server serves a CRD's resource (its `Established` condition is True).
+pub fn established(crd: &CustomResourceDefinition) -> bool {
+    crd.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
 }
 
 /// Applies [`plan`] for `desired` on the consumer. API server rejections (a scope change, a
@@ -269,17 +282,15 @@ pub async fn install(
         )
     };
     match plan {
-        Plan::Refuse(_) => Ok(Installed {
+        Plan::Refuse(_) | Plan::LeaveAbsent => Ok(Installed {
             plan,
             in_sync: false,
-        }),
-        Plan::LeaveAbsent => Ok(Installed {
-            plan,
-            in_sync: false,
+            established: false,
         }),
         Plan::Keep => Ok(Installed {
             plan,
             in_sync: existing.as_ref().is_some_and(in_sync),
+            established: existing.as_ref().is_some_and(established),
         }),
         Plan::Create => {
             let mut crd = desired.clone();
@@ -287,12 +298,14 @@ pub async fn install(
                 keys::CREATED_BY_ANNOTATION.to_owned(),
                 connection.to_owned(),
             );
-            api.create(&PostParams::default(), &crd)
+            let created = api
+                .create(&PostParams::default(), &crd)
                 .await
                 .map_err(reject)?;
             Ok(Installed {
                 plan,
                 in_sync: true,
+                established: established(&created),
             })
         }
         Plan::Replace => {
@@ -311,12 +324,14 @@ pub async fn install(
             );
             annotations.insert(keys::SCHEMA_HASH_ANNOTATION.to_owned(), hash.clone());
             annotations.remove(keys::UNBOUND_ANNOTATION);
-            api.replace(&name, &PostParams::default(), &crd)
+            let replaced = api
+                .replace(&name, &PostParams::default(), &crd)
                 .await
                 .map_err(reject)?;
             Ok(Installed {
                 plan,
                 in_sync: true,
+                established: established(&replaced),
             })
         }
         Plan::Stamp => {
@@ -334,6 +349,7 @@ pub async fn install(
             Ok(Installed {
                 plan,
                 in_sync: in_sync(&stamped),
+                established: established(&stamped),
             })
         }
     }

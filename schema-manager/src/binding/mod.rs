@@ -335,6 +335,11 @@ async fn api_state<B: Scoped>(
             "the consumer CRD is not installed and pullPolicy is None: supply it".into(),
         );
     }
+    // Ready means usable: not before the API server serves the CRD (its Established condition
+    // re-triggers this reconcile through the CRD watch).
+    if !installed.established {
+        return ApiState::Pending(format!("the consumer CRD {api} is not established yet"));
+    }
     let conflicts = count_conflicts(ctx, &desired, binding.covered_namespace().as_deref()).await;
     ApiState::Bound {
         hash,

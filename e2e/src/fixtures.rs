@@ -469,6 +469,53 @@ where
     .await
 }
 
+/// Waits until the ClusterBinding `name` is Ready.
+pub async fn wait_cluster_binding_ready(consumer: &Client, name: &str) {
+    wait_binding_condition(
+        &Api::<kbind_shared::api::ClusterBinding>::all(consumer.clone()),
+        name,
+        "Ready",
+        "True",
+        None,
+    )
+    .await
+    .expect("the ClusterBinding becomes Ready");
+}
+
+/// Merges `spec` into the Connection `name`.
+pub async fn patch_connection(consumer: &Client, name: &str, spec: serde_json::Value) {
+    Api::<Connection>::all(consumer.clone())
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .expect("the Connection patch applies");
+}
+
+/// Sets a consumer Widget's `spec.size` and waits until its provider copy has it.
+pub async fn resize_and_wait_upstream(
+    consumer: &Api<kube::api::DynamicObject>,
+    provider: &Api<kube::api::DynamicObject>,
+    name: &str,
+    size: i64,
+) {
+    consumer
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": size } })),
+        )
+        .await
+        .expect("the Widget patch applies");
+    crate::wait::wait_for(&format!("size {size} of {name} upstream"), 30, || async {
+        let copy = provider.get(name).await.map_err(|e| e.to_string())?;
+        Ok((copy.data["spec"]["size"] == size).then_some(()))
+    })
+    .await;
+}
+
 /// Widgets in a namespace.
 pub fn widgets(client: &Client, namespace: &str) -> Api<kube::api::DynamicObject> {
     Api::namespaced_with(client.clone(), namespace, &widget_resource())

@@ -68,14 +68,12 @@ async fn set_cluster_binding(consumer: &Client, spec: Value) {
 
 /// Secrets go to the provider only with the Connection owner's consent (`spec.access`).
 async fn allow_secrets_to_provider(consumer: &Client) {
-    Api::<kbind_shared::api::Connection>::all(consumer.clone())
-        .patch(
-            "provider",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "access": { "secretsToProvider": true } } })),
-        )
-        .await
-        .unwrap();
+    patch_connection(
+        consumer,
+        "provider",
+        json!({ "access": { "secretsToProvider": true } }),
+    )
+    .await;
 }
 
 /// Waits until `status` says what `check` wants; returns it.

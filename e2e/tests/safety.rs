@@ -69,15 +69,7 @@ async fn a_secret_swapped_to_another_cluster_is_never_written_to_and_swapping_ba
     let s = SyncEnv::start_with("safety_swap", &[0, 1, 2], None, &["other"]).await;
     let other = s.env.cluster("other").admin_client().await.unwrap();
     install_crd(&other, &widget_crd()).await.unwrap();
-    wait_binding_condition(
-        &Api::<ClusterBinding>::all(s.consumer.clone()),
-        "widgets",
-        "Ready",
-        "True",
-        None,
-    )
-    .await
-    .unwrap();
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let consumer_widgets = widgets(&s.consumer, "team-a");
     for i in 0..50 {
@@ -156,22 +148,7 @@ async fn a_secret_swapped_to_another_cluster_is_never_written_to_and_swapping_ba
     wait_condition(&s.consumer, "provider", "Ready", "True", None)
         .await
         .unwrap();
-    consumer_widgets
-        .patch(
-            "w7",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 777 } })),
-        )
-        .await
-        .unwrap();
-    wait_for("the change after swapping back", 30, || async {
-        let copy = provider_widgets
-            .get("w7")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((copy.data["spec"]["size"] == 777).then_some(()))
-    })
-    .await;
+    resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "w7", 777).await;
     let written = kbind_writes_on(&other).await;
     assert!(written.is_empty(), "{written:?}");
 }
@@ -290,14 +267,7 @@ async fn a_provider_exporting_a_crd_the_consumer_owns_never_changes_it_until_the
     .await;
 
     // autoBind lists every export: the same refusal.
-    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
-        .patch(
-            "provider",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "autoBind": true } })),
-        )
-        .await
-        .unwrap();
+    patch_connection(&s.consumer, "provider", json!({ "autoBind": true })).await;
     wait_binding_condition(
         &cluster_bindings,
         "provider",
@@ -439,15 +409,7 @@ async fn a_provider_object_created_just_before_the_first_spec_up_is_a_conflict_n
     // provider cache may not have seen the foreign one yet — the first write only creates, so each
     // is reported as a conflict and never overwritten.
     let mut s = SyncEnv::start("safety_fresh_facts", &[0, 1, 2], None).await;
-    wait_binding_condition(
-        &Api::<ClusterBinding>::all(s.consumer.clone()),
-        "widgets",
-        "Ready",
-        "True",
-        None,
-    )
-    .await
-    .unwrap();
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
     for client in [&s.consumer, &s.provider] {
         ensure_namespace(client, "team-a").await.unwrap();
     }
@@ -715,14 +677,7 @@ async fn connection_status(consumer: &Client) -> kbind_shared::api::ConnectionSt
 }
 
 async fn set_auto_bind(consumer: &Client, on: bool) {
-    Api::<kbind_shared::api::Connection>::all(consumer.clone())
-        .patch(
-            "provider",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "autoBind": on } })),
-        )
-        .await
-        .unwrap();
+    patch_connection(consumer, "provider", json!({ "autoBind": on })).await;
 }
 
 #[tokio::test]
@@ -879,22 +834,7 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
         Ok((!crd.annotations().contains_key("core.kbind.io/unbound")).then_some(()))
     })
     .await;
-    consumer_widgets
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 1001 } })),
-        )
-        .await
-        .unwrap();
-    wait_for("a change synced after rebinding", 30, || async {
-        let copy = provider_widgets
-            .get("w1")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((copy.data["spec"]["size"] == 1001).then_some(()))
-    })
-    .await;
+    resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "w1", 1001).await;
 
     // autoBind turned off: the same.
     set_auto_bind(&s.consumer, false).await;
@@ -935,14 +875,12 @@ async fn a_connection_serves_only_the_namespaces_and_secrets_its_owner_allows() 
     wait_condition(&s.consumer, "provider", "Ready", "True", None)
         .await
         .unwrap();
-    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
-        .patch(
-            "provider",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "access": { "bindingNamespaces": ["team-a"] } } })),
-        )
-        .await
-        .unwrap();
+    patch_connection(
+        &s.consumer,
+        "provider",
+        json!({ "access": { "bindingNamespaces": ["team-a"] } }),
+    )
+    .await;
     let mut team_secret = Secret::default();
     team_secret.metadata.name = Some("db".into());
     team_secret.string_data = Some([("password".to_owned(), "s3cret".to_owned())].into());
@@ -1038,14 +976,12 @@ async fn a_connection_serves_only_the_namespaces_and_secrets_its_owner_allows() 
     }
 
     // The owner allows Secrets: team-a's is copied; team-b's still never is.
-    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
-        .patch(
-            "provider",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "access": { "secretsToProvider": true } } })),
-        )
-        .await
-        .unwrap();
+    patch_connection(
+        &s.consumer,
+        "provider",
+        json!({ "access": { "secretsToProvider": true } }),
+    )
+    .await;
     wait_for("team-a's Secret on the provider", 30, || async {
         Api::<Secret>::namespaced(s.provider.clone(), "team-a")
             .get_opt("db")

@@ -11,26 +11,14 @@ use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::ClusterBinding;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
-
-async fn wait_binding_ready(consumer: &Client, name: &str) {
-    wait_binding_condition(
-        &Api::<ClusterBinding>::all(consumer.clone()),
-        name,
-        "Ready",
-        "True",
-        None,
-    )
-    .await
-    .unwrap();
-}
 
 #[tokio::test]
 async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
     // GEN-5, SCH-2, SYNC-5 … SYNC-9, SYNC-12, IDEL-3
     let s = SyncEnv::start("sync_both_ways", &[2, 1, 0], None).await;
-    wait_binding_ready(&s.consumer, "widgets").await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
 
     // The consumer CRD: one version, conversion None, kbind's markers, created by kbind.
     let crd = Api::<CustomResourceDefinition>::all(s.consumer.clone())
@@ -191,7 +179,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
 async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
     // OWN-1 … OWN-3, BIND-10 (QRK-4 fixed), SYNC-7
     let s = SyncEnv::start("sync_conflict", &[0, 1, 2], None).await;
-    wait_binding_ready(&s.consumer, "widgets").await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.provider, "team-a").await.unwrap();
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let provider_widgets = widgets(&s.provider, "team-a");
@@ -270,7 +258,7 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
 async fn deleting_the_last_cluster_binding_removes_copies_and_the_crd_kbind_created() {
     // BCL-3 exact, PGAP-1, LIM-9
     let s = SyncEnv::start("sync_unbind", &[0, 1, 2], None).await;
-    wait_binding_ready(&s.consumer, "widgets").await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let consumer_widgets = widgets(&s.consumer, "team-a");
     consumer_widgets
@@ -327,7 +315,7 @@ async fn no_writes_while_idle_or_after_a_syncer_restart_with_200_synced_objects(
     // The write-efficiency headline: counted by both API servers themselves.
     use kbind_e2e::kbind::{apiserver_writes, new_writes};
     let mut s = SyncEnv::start("sync_zero_writes", &[0, 1, 2], None).await;
-    wait_binding_ready(&s.consumer, "widgets").await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let consumer_widgets = widgets(&s.consumer, "team-a");
     const N: usize = 200;

@@ -248,6 +248,18 @@ fn engaged(connections: &Store<Connection>, name: &str) -> Option<(Arc<Connectio
         .then_some((connection, status.local_cluster_uid))
 }
 
+/// An engaged Connection, its consumer identity and its verified credential: all a worker needs
+/// before it may write.
+fn usable(
+    connections: &Store<Connection>,
+    credentials: &SecretCredentials,
+    name: &str,
+) -> Option<(Arc<Connection>, String, ProviderCredential)> {
+    let (connection, local_uid) = engaged(connections, name)?;
+    let credential = verified_credential(credentials, &connection)?;
+    Some((connection, local_uid, credential))
+}
+
 /// The Connection's provider credential, if kbind may write with it: its cluster identity was
 /// verified against the pin (`kbind_shared::credential`). A Secret swapped to another cluster
 /// stops the Connection's workers here, before they could write anything with it.
@@ -295,7 +307,9 @@ fn desired_related(
         {
             continue;
         }
-        let Some((connection, local_uid)) = engaged(connections, connection_name) else {
+        let Some((connection, local_uid, credential)) =
+            usable(connections, credentials, connection_name)
+        else {
             continue;
         };
         // A Binding in a namespace the Connection does not serve gets no worker (its Ready
@@ -306,13 +320,10 @@ fn desired_related(
             continue;
         }
         let secrets_to_provider = connection.spec.access.secrets_to_provider;
-        let Some(ProviderCredential {
+        let ProviderCredential {
             kubeconfig,
             digest: credentials,
-        }) = verified_credential(credentials, &connection)
-        else {
-            continue;
-        };
+        } = credential;
         let uid = binding.meta().uid.clone().unwrap_or_default();
         let generation = binding.meta().generation.unwrap_or_default();
         let key = Key {
@@ -365,20 +376,18 @@ fn desired_workers(
         let Some(buckets) = Buckets::of(&units) else {
             continue;
         };
-        let Some((connection, local_uid)) = engaged(connections, &connection_name) else {
-            continue;
-        };
         let Some(resource) = worker::instance_resource(&crd) else {
             tracing::warn!(crd = %name, "managed CRD has no served version; not syncing it");
             continue;
         };
-        let Some(ProviderCredential {
-            kubeconfig,
-            digest: credentials,
-        }) = verified_credential(credentials, &connection)
+        let Some((_, local_uid, credential)) = usable(connections, credentials, &connection_name)
         else {
             continue;
         };
+        let ProviderCredential {
+            kubeconfig,
+            digest: credentials,
+        } = credential;
         let key = Key {
             units: units.iter().map(ToString::to_string).collect(),
             uid: crd.metadata.uid.clone().unwrap_or_default(),

@@ -35,31 +35,25 @@ async fn kbind_writes_on(client: &Client) -> Vec<String> {
             )
         })
         .collect();
-    for lease in Api::<Lease>::all(client.clone())
-        .list(&managed)
-        .await
-        .unwrap()
-        .items
-    {
-        found.push(format!("Lease {}", lease.name_any()));
-    }
-    for ns in Api::<Namespace>::all(client.clone())
-        .list(&managed)
-        .await
-        .unwrap()
-        .items
-    {
-        found.push(format!("Namespace {}", ns.name_any()));
-    }
-    for secret in Api::<Secret>::all(client.clone())
-        .list(&managed)
-        .await
-        .unwrap()
-        .items
-    {
-        found.push(format!("Secret {}", secret.name_any()));
-    }
+    found.extend(labelled::<Lease>(client, &managed).await);
+    found.extend(labelled::<Namespace>(client, &managed).await);
+    found.extend(labelled::<Secret>(client, &managed).await);
     found
+}
+
+/// `"<Kind> <name>"` of every `K` that `params` selects.
+async fn labelled<K>(client: &Client, params: &ListParams) -> Vec<String>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    Api::<K>::all(client.clone())
+        .list(params)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| format!("{} {}", K::kind(&()), o.name_any()))
+        .collect()
 }
 
 #[tokio::test]
@@ -433,19 +427,11 @@ async fn a_provider_object_created_just_before_the_first_spec_up_is_a_conflict_n
     tokio::time::sleep(Duration::from_millis(300)).await;
     s.env.process(syncer).signal("CONT").unwrap();
     for i in 0..10 {
-        let name = format!("race-{i}");
-        wait_for(&format!("{name} reported as a conflict"), 30, || async {
-            let w = consumer_widgets
-                .get(&name)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok((w
-                .annotations()
-                .get("core.kbind.io/conflict")
-                .map(String::as_str)
-                == Some("ForeignObjectExists"))
-            .then_some(()))
-        })
+        wait_conflict(
+            &consumer_widgets,
+            &format!("race-{i}"),
+            "ForeignObjectExists",
+        )
         .await;
     }
     for i in 0..10 {

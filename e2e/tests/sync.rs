@@ -193,19 +193,7 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
         .create(&PostParams::default(), &widget("taken", 7))
         .await
         .unwrap();
-    wait_for("the conflict annotation", 30, || async {
-        let w = consumer_widgets
-            .get("taken")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((w
-            .annotations()
-            .get("core.kbind.io/conflict")
-            .map(String::as_str)
-            == Some("ForeignObjectExists"))
-        .then_some(()))
-    })
-    .await;
+    wait_conflict(&consumer_widgets, "taken", "ForeignObjectExists").await;
     assert_eq!(
         provider_widgets.get("taken").await.unwrap().data["spec"]["size"],
         1,

@@ -298,19 +298,7 @@ async fn ownership_markers_decide_and_adopt_never_takes_an_object_owned_by_anoth
         .unwrap();
 
     for name in ["partial", "recreated"] {
-        wait_for(&format!("{name}: OwnedByAnother"), 30, || async {
-            let w = consumer_widgets
-                .get(name)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok((w
-                .annotations()
-                .get("core.kbind.io/conflict")
-                .map(String::as_str)
-                == Some("OwnedByAnother"))
-            .then_some(()))
-        })
-        .await;
+        wait_conflict(&consumer_widgets, name, "OwnedByAnother").await;
     }
     assert_eq!(
         provider_widgets.get("partial").await.unwrap().data["spec"]["size"],

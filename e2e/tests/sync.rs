@@ -392,3 +392,74 @@ async fn no_writes_while_idle_or_after_a_syncer_restart_with_200_synced_objects(
     );
     eprintln!("{N} synced objects: 0 writes in 30 s idle, 0 writes after a syncer restart");
 }
+
+#[tokio::test]
+async fn conflict_counts_follow_the_objects_without_waiting_for_a_resync() {
+    // BIND-5d live (LIM-16 followed through): with the binding resync at 10 minutes, the count and
+    // the Conflicts condition still follow a foreign provider object appearing and going.
+    let s = SyncEnv::start_full(
+        "sync_conflicts_live",
+        &[0, 1, 2],
+        None,
+        &[],
+        &["--binding-resync-interval=10m"],
+    )
+    .await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    for client in [&s.provider, &s.consumer] {
+        ensure_namespace(client, "team-a").await.unwrap();
+    }
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    let bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    let conflicts = || async {
+        let status = bindings
+            .get("widgets")
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        let condition = kbind_shared::conditions::find(&status.conditions, "Conflicts")
+            .map(|c| c.status.clone())
+            .unwrap_or_default();
+        let count = status.bound_apis.first().map_or(0, |a| a.conflict_count);
+        Ok::<_, String>((count, condition))
+    };
+    provider_widgets
+        .create(&PostParams::default(), &widget("taken", 1))
+        .await
+        .unwrap();
+    consumer_widgets
+        .create(&PostParams::default(), &widget("taken", 7))
+        .await
+        .unwrap();
+    wait_conflict(&consumer_widgets, "taken", "ForeignObjectExists").await;
+    let started = std::time::Instant::now();
+    wait_for("conflictCount 1 and Conflicts=True", 5, || async {
+        Ok((conflicts().await? == (1, "True".to_owned())).then_some(()))
+    })
+    .await;
+    println!("conflict counted after {:?}", started.elapsed());
+
+    // The foreign object goes: kbind creates its copy, the annotation clears, the count follows.
+    provider_widgets
+        .delete("taken", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the conflict annotation to clear", 30, || async {
+        let w = consumer_widgets
+            .get("taken")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((!w.annotations().contains_key("core.kbind.io/conflict")).then_some(()))
+    })
+    .await;
+    let started = std::time::Instant::now();
+    wait_for("conflictCount 0 and Conflicts=False", 5, || async {
+        Ok((conflicts().await? == (0, "False".to_owned())).then_some(()))
+    })
+    .await;
+    println!("conflict cleared after {:?}", started.elapsed());
+}

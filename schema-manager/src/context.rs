@@ -48,6 +48,60 @@ impl Drop for MetadataCache {
     }
 }
 
+/// The instances of one API that carry a conflict annotation, kept only to notice when that set
+/// changes (it holds only conflicting objects, so it stays small).
+#[derive(Default)]
+struct ConflictingSet {
+    current: std::collections::HashSet<(Option<String>, String)>,
+    relisting: Option<std::collections::HashSet<(Option<String>, String)>>,
+}
+
+impl ConflictingSet {
+    /// Records one watch event; true when the set of conflicting instances changed.
+    fn observe(&mut self, event: &watcher::Event<PartialObjectMeta<DynamicObject>>) -> bool {
+        let key = |o: &PartialObjectMeta<DynamicObject>| {
+            (
+                o.metadata.namespace.clone(),
+                o.metadata.name.clone().unwrap_or_default(),
+            )
+        };
+        let conflicting = |o: &PartialObjectMeta<DynamicObject>| {
+            o.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(kbind_shared::keys::CONFLICT_ANNOTATION))
+        };
+        match event {
+            watcher::Event::Apply(o) => {
+                if conflicting(o) {
+                    self.current.insert(key(o))
+                } else {
+                    self.current.remove(&key(o))
+                }
+            }
+            watcher::Event::Delete(o) => self.current.remove(&key(o)),
+            watcher::Event::Init => {
+                self.relisting = Some(Default::default());
+                false
+            }
+            watcher::Event::InitApply(o) => {
+                if conflicting(o) {
+                    self.relisting
+                        .get_or_insert_with(Default::default)
+                        .insert(key(o));
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                let listed = self.relisting.take().unwrap_or_default();
+                let changed = listed != self.current;
+                self.current = listed;
+                changed
+            }
+        }
+    }
+}
+
 /// Shared by the reconcilers.
 pub struct Context {
     /// The consumer cluster.
@@ -64,6 +118,7 @@ pub struct Context {
     pub providers: Providers,
     local_uid: OnceCell<String>,
     instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
+    conflict_changes: tokio::sync::broadcast::Sender<String>,
 }
 
 impl Context {
@@ -84,7 +139,14 @@ impl Context {
             providers: Providers::default(),
             local_uid: OnceCell::new(),
             instance_metadata: Default::default(),
+            conflict_changes: tokio::sync::broadcast::channel(256).0,
         }
+    }
+
+    /// The APIs (`<plural>.<group>`) whose set of conflicting instances just changed, as the
+    /// instance metadata caches see it: bindings re-count at once instead of at their next resync.
+    pub fn conflict_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.conflict_changes.subscribe()
     }
 
     /// A metadata-only cache of every instance of a bound API, started on first use (conflict
@@ -115,7 +177,23 @@ impl Context {
                 Api::all_with(self.client.clone(), resource);
             let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
                 .default_backoff();
-            let task = tokio::spawn(async move { stream.for_each(|_| async {}).await });
+            let mut conflicting = ConflictingSet::default();
+            let (changes, api_name) = (
+                self.conflict_changes.clone(),
+                format!("{}.{}", resource.plural, resource.group),
+            );
+            let task = tokio::spawn(async move {
+                stream
+                    .for_each(|event| {
+                        if let Ok(event) = event
+                            && conflicting.observe(&event)
+                        {
+                            let _ = changes.send(api_name.clone());
+                        }
+                        async {}
+                    })
+                    .await
+            });
             MetadataCache {
                 store,
                 task,
@@ -132,5 +210,80 @@ impl Context {
             .get_or_try_init(|| cluster_identity(&self.client))
             .await
             .cloned()
+    }
+}
+
+/// The object to hand to kube-runtime's finalizer helper. Reconciles are also triggered from other
+/// watches (a Connection's Secret, a binding's Connection or CRD), and then the cached object can
+/// predate the finalizer this program just added: the helper's JSON-patch `test` would fail with
+/// `422 Invalid` and the object converge only on a retry. Without our finalizer in the cached
+/// copy, read it fresh first (once per new object).
+pub async fn fresh_unless_finalized<K>(
+    api: &Api<K>,
+    object: std::sync::Arc<K>,
+    finalizer: &str,
+) -> Result<std::sync::Arc<K>, kube::Error>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let meta = object.meta();
+    if meta.deletion_timestamp.is_some() || meta.finalizers.iter().flatten().any(|f| f == finalizer)
+    {
+        return Ok(object);
+    }
+    let name = meta.name.clone().unwrap_or_default();
+    Ok(match api.get_opt(&name).await? {
+        Some(fresh) => std::sync::Arc::new(fresh),
+        None => object,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(name: &str, conflict: bool) -> PartialObjectMeta<DynamicObject> {
+        let mut metadata = kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("team-a".into()),
+            ..Default::default()
+        };
+        if conflict {
+            metadata.annotations = Some(
+                [(
+                    kbind_shared::keys::CONFLICT_ANNOTATION.to_owned(),
+                    "ForeignObjectExists".to_owned(),
+                )]
+                .into(),
+            );
+        }
+        PartialObjectMeta {
+            types: None,
+            metadata,
+            _phantom: std::marker::PhantomData,
+        }
+    }
+
+    #[test]
+    fn only_changes_of_the_conflicting_set_are_reported() {
+        let mut set = ConflictingSet::default();
+        // (event, changed?)
+        let steps = [
+            (watcher::Event::Init, false),
+            (watcher::Event::InitApply(object("a", true)), false),
+            (watcher::Event::InitApply(object("b", false)), false),
+            (watcher::Event::InitDone, true),
+            (watcher::Event::Apply(object("b", false)), false),
+            (watcher::Event::Apply(object("a", true)), false),
+            (watcher::Event::Apply(object("b", true)), true),
+            (watcher::Event::Apply(object("a", false)), true),
+            (watcher::Event::Delete(object("b", true)), true),
+            (watcher::Event::Delete(object("c", false)), false),
+            (watcher::Event::Init, false),
+            (watcher::Event::InitDone, false),
+        ];
+        for (i, (event, changed)) in steps.iter().enumerate() {
+            assert_eq!(set.observe(event), *changed, "step {i}");
+        }
     }
 }

@@ -74,6 +74,27 @@ where
     let controller = Controller::new(api, watcher::Config::default());
     let store = controller.store();
     let crd_store = store.clone();
+    // BIND-5d live: a change in which instances conflict re-counts the bindings listing the API.
+    let conflict_store = store.clone();
+    let conflict_triggers = futures::stream::unfold(ctx.conflict_changes(), |mut changes| async {
+        loop {
+            match changes.recv().await {
+                Ok(api) => return Some((api, changes)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+    .flat_map(move |api| {
+        futures::stream::iter(
+            conflict_store
+                .state()
+                .into_iter()
+                .filter(|b| b.binding_spec().apis.iter().any(|a| a.name == api))
+                .map(|b| ObjectRef::from_obj(b.as_ref()))
+                .collect::<Vec<_>>(),
+        )
+    });
 
     // BIND triggers: Connection events map to the bindings that name the Connection.
     controller
@@ -105,6 +126,7 @@ where
                     .collect::<Vec<_>>()
             },
         )
+        .reconcile_on(conflict_triggers)
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile::<B>, error_policy::<B>, ctx)
         .for_each(|result| async move {
@@ -156,6 +178,12 @@ impl Scoped for ClusterBinding {
 fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) -> Action {
     match error {
         Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
+        // A write raced with another (a status write from a cache a moment old): the fresh object
+        // is on its way through the watch; retry at once, without a warning.
+        Error::Consumer(kube::Error::Api(s)) if s.is_conflict() => {
+            tracing::debug!(binding = %binding.describe(), "write conflict; retrying");
+            Action::requeue(Duration::from_millis(200))
+        }
         e => {
             tracing::warn!(binding = %binding.describe(), error = %e, "binding reconcile failed");
             Action::requeue(
@@ -169,6 +197,9 @@ fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) ->
 
 async fn reconcile<B: Scoped>(binding: Arc<B>, ctx: Arc<Context>) -> Result<Action, Error> {
     let api = B::api(&ctx.client, &binding);
+    let binding = crate::context::fresh_unless_finalized(&api, binding, keys::CLEANUP_FINALIZER)
+        .await
+        .map_err(Error::Consumer)?;
     finalizer(&api, keys::CLEANUP_FINALIZER, binding, |event| async {
         match event {
             finalizer::Event::Apply(b) => apply(b, &ctx).await,

@@ -110,6 +110,11 @@ fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -
     match error {
         Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
         Error::Provider(_) => Action::requeue(state.ctx.settings.discovery_interval),
+        // A status write raced with another: retry at once, without a warning.
+        Error::Consumer(kube::Error::Api(s)) if s.is_conflict() => {
+            tracing::debug!(connection = %connection.name_any(), "write conflict; retrying");
+            Action::requeue(Duration::from_millis(200))
+        }
         e => {
             tracing::warn!(connection = %connection.name_any(), error = %e, kind = e.metric_label(), "Connection reconcile failed");
             Action::requeue(Duration::from_secs(5))
@@ -134,6 +139,10 @@ async fn reconcile(connection: Arc<Connection>, state: Arc<State>) -> Result<Act
         // CONN-2.1: hold the Secret before anything else, so credentials outlive teardown.
         add_secret_finalizer(&state, &connection).await?;
     }
+    let connection =
+        crate::context::fresh_unless_finalized(&api, connection, keys::CLEANUP_FINALIZER)
+            .await
+            .map_err(Error::Consumer)?;
     finalizer(&api, keys::CLEANUP_FINALIZER, connection, |event| async {
         match event {
             finalizer::Event::Apply(connection) => apply(connection, &state).await,

@@ -861,3 +861,66 @@ async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
         "the installed CRD is untouched"
     );
 }
+
+#[tokio::test]
+async fn update_policy_once_over_an_unmarked_crd_is_reported_until_adopted_then_only_stamped() {
+    // LIM-7 decided: an existing unmarked consumer CRD is never silently left unmarked while the
+    // binding says Ready. It is a SchemaConflict until the user opts in; then, under Once, kbind
+    // only stamps its markers (an update of the schema is what Once forbids; the markers are
+    // kbind's bookkeeping) and the objects sync.
+    let s = setup("bind_once_unmarked", true).await;
+    install_crd(&s.provider, &exported("widgets", "Widget"))
+        .await
+        .unwrap();
+    connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Once).await;
+    let mut users = crd("widgets", "example.org", "Widget", &[]);
+    users.spec.versions[0].additional_printer_columns = Some(vec![
+        serde_json::from_value(
+            json!({ "name": "Size", "type": "integer", "jsonPath": ".spec.size" }),
+        )
+        .unwrap(),
+    ]);
+    install_crd(&s.consumer, &users).await.unwrap();
+    let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
+    wait_binding_condition(
+        &bindings,
+        "widgets",
+        "Ready",
+        "False",
+        Some("SchemaConflict"),
+    )
+    .await
+    .unwrap();
+    adopt_crd(&s.consumer, "widgets.example.org", "provider")
+        .await
+        .unwrap();
+    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    let stamped = consumer_crd(&s, "widgets.example.org").await.unwrap();
+    assert_eq!(
+        stamped
+            .annotations()
+            .get("core.kbind.io/connection")
+            .map(String::as_str),
+        Some("provider")
+    );
+    assert!(
+        stamped.spec.versions[0]
+            .additional_printer_columns
+            .is_some(),
+        "Once keeps the user's schema"
+    );
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    widgets(&s.consumer, "team-a")
+        .create(&PostParams::default(), &widget("w1", 1))
+        .await
+        .unwrap();
+    kbind_e2e::wait::wait_for("the Widget upstream", 30, || async {
+        widgets(&s.provider, "team-a")
+            .get_opt("w1")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+}

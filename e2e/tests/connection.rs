@@ -1072,4 +1072,51 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
     )
     .await
     .unwrap();
+
+    // Safe by default: a user's ClusterBinding that happens to have the Connection's name is
+    // neither taken over by autoBind nor deleted with the Connection.
+    let mine = kbind_shared::api::ClusterBinding::new(
+        "provider",
+        kbind_shared::api::ClusterBindingSpec {
+            binding: binding_spec("someone-else", &["things.example.org"]),
+        },
+    );
+    bindings
+        .create(&PostParams::default(), &mine)
+        .await
+        .unwrap();
+    let before = bindings.get("provider").await.unwrap();
+    label_crd(
+        &s.provider,
+        "widgets.example.org",
+        "core.kbind.io/exported",
+        Some("true"),
+    )
+    .await
+    .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = bindings.get("provider").await.unwrap();
+    assert_eq!(
+        (&after.spec, after.owner_references(), after.labels()),
+        (&before.spec, before.owner_references(), before.labels()),
+        "autoBind changed a user's ClusterBinding"
+    );
+    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .delete("provider", &DeleteParams::default())
+        .await
+        .unwrap();
+    kbind_e2e::wait::wait_gone(
+        &Api::<kbind_shared::api::Connection>::all(s.consumer.clone()),
+        "provider",
+        "the Connection to go",
+        60,
+    )
+    .await;
+    assert!(
+        bindings.get_opt("provider").await.unwrap().is_some(),
+        "the Connection's deletion took a user's ClusterBinding with it"
+    );
 }

@@ -166,8 +166,17 @@ pub async fn reconcile(
     let existing = bindings
         .get_opt(&name)
         .await
-        .map_err(|e| format!("read ClusterBinding {name}: {e}"))?
-        .filter(|b| controlled_by(b, connection));
+        .map_err(|e| format!("read ClusterBinding {name}: {e}"))?;
+    if connection.spec.auto_bind
+        && existing
+            .as_ref()
+            .is_some_and(|b| !controlled_by(b, connection))
+    {
+        // Never take over a user's ClusterBinding that happens to have the Connection's name.
+        tracing::warn!(connection = %name, "a ClusterBinding named after the Connection exists and is not autoBind's; autoBind leaves it alone");
+        return Ok(Vec::new());
+    }
+    let existing = existing.filter(|b| controlled_by(b, connection));
     if !connection.spec.auto_bind {
         status.missing_exports.clear();
         return match existing {

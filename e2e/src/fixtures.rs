@@ -494,6 +494,40 @@ pub async fn patch_connection(consumer: &Client, name: &str, spec: serde_json::V
         .expect("the Connection patch applies");
 }
 
+/// Creates the Widget `namespace/name` on the consumer and waits for its provider copy.
+pub async fn create_widget_and_wait_upstream(
+    consumer: &Client,
+    provider: &Client,
+    namespace: &str,
+    name: &str,
+    size: i64,
+) {
+    widgets(consumer, namespace)
+        .create(&PostParams::default(), &widget(name, size))
+        .await
+        .expect("the Widget is created");
+    crate::wait::wait_for(
+        &format!("Widget {namespace}/{name} upstream"),
+        30,
+        || async {
+            widgets(provider, namespace)
+                .get_opt(name)
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+}
+
+/// Deletes the Connection `name` and waits until it is gone.
+pub async fn delete_connection(consumer: &Client, name: &str) {
+    let api = Api::<Connection>::all(consumer.clone());
+    api.delete(name, &Default::default())
+        .await
+        .expect("the Connection deletion is accepted");
+    crate::wait::wait_gone(&api, name, "the Connection to go", 60).await;
+}
+
 /// Sets a consumer Widget's `spec.size` and waits until its provider copy has it.
 pub async fn resize_and_wait_upstream(
     consumer: &Api<kube::api::DynamicObject>,

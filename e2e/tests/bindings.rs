@@ -113,6 +113,23 @@ fn exported(plural: &str, kind: &str) -> CustomResourceDefinition {
     )
 }
 
+/// Safe by default: the binding reports a SchemaConflict for a CRD kbind did not create until the
+/// user opts in (`core.kbind.io/adopt`); then it becomes Ready.
+async fn refused_until_adopted(
+    s: &Setup,
+    bindings: &Api<ClusterBinding>,
+    binding: &str,
+    crd: &str,
+) {
+    wait_binding_condition(bindings, binding, "Ready", "False", Some("SchemaConflict"))
+        .await
+        .unwrap();
+    adopt_crd(&s.consumer, crd, "provider").await.unwrap();
+    wait_binding_condition(bindings, binding, "Ready", "True", None)
+        .await
+        .unwrap();
+}
+
 async fn consumer_crd(s: &Setup, name: &str) -> Option<CustomResourceDefinition> {
     Api::<CustomResourceDefinition>::all(s.consumer.clone())
         .get_opt(name)
@@ -353,21 +370,7 @@ async fn pull_policy_none_stamps_a_user_crd_and_unbind_keeps_it() {
 
     // Safe by default: a CRD kbind did not create is stamped only after the user opts in.
     let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
-    wait_binding_condition(
-        &bindings,
-        "widgets",
-        "Ready",
-        "False",
-        Some("SchemaConflict"),
-    )
-    .await
-    .unwrap();
-    adopt_crd(&s.consumer, "widgets.example.org", "provider")
-        .await
-        .unwrap();
-    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    refused_until_adopted(&s, &bindings, "widgets", "widgets.example.org").await;
     let stamped = consumer_crd(&s, "widgets.example.org").await.unwrap();
     assert_eq!(
         stamped
@@ -752,21 +755,7 @@ async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
 
     // Safe by default: a CRD kbind did not create is stamped only after the user opts in.
     let bindings = cluster_bind(&s, "gizmos", "provider", &["gizmos.example.org"]).await;
-    wait_binding_condition(
-        &bindings,
-        "gizmos",
-        "Ready",
-        "False",
-        Some("SchemaConflict"),
-    )
-    .await
-    .unwrap();
-    adopt_crd(&s.consumer, "gizmos.example.org", "provider")
-        .await
-        .unwrap();
-    wait_binding_condition(&bindings, "gizmos", "Ready", "True", None)
-        .await
-        .unwrap();
+    refused_until_adopted(&s, &bindings, "gizmos", "gizmos.example.org").await;
     let stamped = consumer_crd(&s, "gizmos.example.org").await.unwrap();
     assert_eq!(
         stamped
@@ -882,21 +871,7 @@ async fn update_policy_once_over_an_unmarked_crd_is_reported_until_adopted_then_
     ]);
     install_crd(&s.consumer, &users).await.unwrap();
     let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
-    wait_binding_condition(
-        &bindings,
-        "widgets",
-        "Ready",
-        "False",
-        Some("SchemaConflict"),
-    )
-    .await
-    .unwrap();
-    adopt_crd(&s.consumer, "widgets.example.org", "provider")
-        .await
-        .unwrap();
-    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    refused_until_adopted(&s, &bindings, "widgets", "widgets.example.org").await;
     let stamped = consumer_crd(&s, "widgets.example.org").await.unwrap();
     assert_eq!(
         stamped
@@ -912,15 +887,5 @@ async fn update_policy_once_over_an_unmarked_crd_is_reported_until_adopted_then_
         "Once keeps the user's schema"
     );
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
-    widgets(&s.consumer, "team-a")
-        .create(&PostParams::default(), &widget("w1", 1))
-        .await
-        .unwrap();
-    kbind_e2e::wait::wait_for("the Widget upstream", 30, || async {
-        widgets(&s.provider, "team-a")
-            .get_opt("w1")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
 }

@@ -1104,17 +1104,7 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
         (&before.spec, before.owner_references(), before.labels()),
         "autoBind changed a user's ClusterBinding"
     );
-    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
-        .delete("provider", &DeleteParams::default())
-        .await
-        .unwrap();
-    kbind_e2e::wait::wait_gone(
-        &Api::<kbind_shared::api::Connection>::all(s.consumer.clone()),
-        "provider",
-        "the Connection to go",
-        60,
-    )
-    .await;
+    delete_connection(&s.consumer, "provider").await;
     assert!(
         bindings.get_opt("provider").await.unwrap().is_some(),
         "the Connection's deletion took a user's ClusterBinding with it"

@@ -248,17 +248,7 @@ async fn a_provider_exporting_a_crd_the_consumer_owns_never_changes_it_until_the
     );
     // Other APIs of the Connection are unaffected.
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
-    widgets(&s.consumer, "team-a")
-        .create(&PostParams::default(), &widget("w1", 1))
-        .await
-        .unwrap();
-    wait_for("the Widget upstream", 30, || async {
-        widgets(&s.provider, "team-a")
-            .get_opt("w1")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
 
     // autoBind lists every export: the same refusal.
     patch_connection(&s.consumer, "provider", json!({ "autoBind": true })).await;
@@ -838,17 +828,7 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
     wait_binding_condition(&cluster_bindings, "provider", "Ready", "True", None)
         .await
         .unwrap();
-    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
-        .delete("provider", &Default::default())
-        .await
-        .unwrap();
-    kbind_e2e::wait::wait_gone(
-        &Api::<kbind_shared::api::Connection>::all(s.consumer.clone()),
-        "provider",
-        "the Connection to go",
-        60,
-    )
-    .await;
+    delete_connection(&s.consumer, "provider").await;
     let crd = intact().await;
     assert!(crd.annotations().contains_key("core.kbind.io/unbound"));
 }
@@ -938,17 +918,7 @@ async fn a_connection_serves_only_the_namespaces_and_secrets_its_owner_allows() 
         related.contains("spec.access.secretsToProvider"),
         "{related}"
     );
-    widgets(&s.consumer, "team-a")
-        .create(&PostParams::default(), &widget("w1", 1))
-        .await
-        .unwrap();
-    wait_for("the team-a Widget upstream", 30, || async {
-        widgets(&s.provider, "team-a")
-            .get_opt("w1")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     for namespace in ["team-a", "team-b"] {
         assert!(

@@ -309,25 +309,17 @@ mod tests {
 
     #[test]
     fn bindings_only_in_the_namespaces_a_connection_serves() {
-        use kbind_shared::api::{
-            Connection, ConnectionAccess, ConnectionSpec, KubeconfigSecretRef,
-        };
+        use kbind_shared::api::{Connection, ConnectionAccess, ConnectionSpec};
         let connection = |namespaces: Option<&[&str]>| {
             Connection::new(
                 "provider",
                 ConnectionSpec {
-                    kubeconfig_secret_ref: KubeconfigSecretRef {
-                        namespace: "kbind".into(),
-                        name: "p".into(),
-                        key: String::new(),
-                    },
-                    schema: Default::default(),
-                    auto_bind: false,
                     access: ConnectionAccess {
                         binding_namespaces: namespaces
                             .map(|n| n.iter().map(|s| (*s).to_owned()).collect()),
                         secrets_to_provider: false,
                     },
+                    ..ConnectionSpec::for_secret("kbind", "p")
                 },
             )
         };

@@ -268,7 +268,7 @@ async fn delete_precise(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kbind_shared::api::{ConnectionSpec, KubeconfigSecretRef};
+    use kbind_shared::api::ConnectionSpec;
 
     #[test]
     fn a_missing_export_stays_listed_for_the_grace_period() {
@@ -407,14 +407,8 @@ mod tests {
         let mut connection = Connection::new(
             "provider",
             ConnectionSpec {
-                kubeconfig_secret_ref: KubeconfigSecretRef {
-                    namespace: "kbind".into(),
-                    name: "p".into(),
-                    key: String::new(),
-                },
-                schema: Default::default(),
                 auto_bind: true,
-                access: Default::default(),
+                ..ConnectionSpec::for_secret("kbind", "p")
             },
         );
         connection.metadata.uid = Some("conn-uid".into());

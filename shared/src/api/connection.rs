@@ -59,6 +59,23 @@ pub struct ConnectionSpec {
     pub access: ConnectionAccess,
 }
 
+impl ConnectionSpec {
+    /// A spec reading the kubeconfig from the Secret `namespace/name` (key `kubeconfig`), with
+    /// the default schema policy, no autoBind and the default access.
+    pub fn for_secret(namespace: &str, name: &str) -> Self {
+        Self {
+            kubeconfig_secret_ref: KubeconfigSecretRef {
+                namespace: namespace.into(),
+                name: name.into(),
+                key: default_kubeconfig_key(),
+            },
+            schema: SchemaPolicy::default(),
+            auto_bind: false,
+            access: ConnectionAccess::default(),
+        }
+    }
+}
+
 /// Who may use a Connection, and what may leave the consumer through it. ClusterBindings (which,
 /// like the Connection, only cluster administrators create) may always use it.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -550,18 +550,21 @@ pub async fn resize_and_wait_upstream(
     .await;
 }
 
-/// Waits until the consumer Widget `name` carries the conflict annotation `reason`.
-pub async fn wait_conflict(consumer: &Api<kube::api::DynamicObject>, name: &str, reason: &str) {
-    crate::wait::wait_for(&format!("{name}: conflict {reason}"), 30, || async {
+/// Waits until the consumer Widget `name` carries the conflict annotation `reason` (`None`: none).
+pub async fn wait_conflict(
+    consumer: &Api<kube::api::DynamicObject>,
+    name: &str,
+    reason: Option<&str>,
+) {
+    crate::wait::wait_for(&format!("{name}: conflict {reason:?}"), 30, || async {
         let w = consumer.get(name).await.map_err(|e| e.to_string())?;
-        Ok((w
+        let current = w
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get("core.kbind.io/conflict"))
-            .map(String::as_str)
-            == Some(reason))
-        .then_some(()))
+            .map(String::as_str);
+        Ok((current == reason).then_some(()))
     })
     .await;
 }

@@ -420,7 +420,7 @@ async fn a_provider_object_created_just_before_the_first_spec_up_is_a_conflict_n
         wait_conflict(
             &consumer_widgets,
             &format!("race-{i}"),
-            "ForeignObjectExists",
+            Some("ForeignObjectExists"),
         )
         .await;
     }

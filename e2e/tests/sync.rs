@@ -193,7 +193,7 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
         .create(&PostParams::default(), &widget("taken", 7))
         .await
         .unwrap();
-    wait_conflict(&consumer_widgets, "taken", "ForeignObjectExists").await;
+    wait_conflict(&consumer_widgets, "taken", Some("ForeignObjectExists")).await;
     assert_eq!(
         provider_widgets.get("taken").await.unwrap().data["spec"]["size"],
         1,
@@ -232,14 +232,7 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
         .then_some(()))
     })
     .await;
-    wait_for("the conflict annotation to clear", 30, || async {
-        let w = consumer_widgets
-            .get("taken")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((!w.annotations().contains_key("core.kbind.io/conflict")).then_some(()))
-    })
-    .await;
+    wait_conflict(&consumer_widgets, "taken", None).await;
 }
 
 #[tokio::test]
@@ -435,7 +428,7 @@ async fn conflict_counts_follow_the_objects_without_waiting_for_a_resync() {
         .create(&PostParams::default(), &widget("taken", 7))
         .await
         .unwrap();
-    wait_conflict(&consumer_widgets, "taken", "ForeignObjectExists").await;
+    wait_conflict(&consumer_widgets, "taken", Some("ForeignObjectExists")).await;
     let started = std::time::Instant::now();
     wait_for("conflictCount 1 and Conflicts=True", 5, || async {
         Ok((conflicts().await? == (1, "True".to_owned())).then_some(()))
@@ -448,14 +441,7 @@ async fn conflict_counts_follow_the_objects_without_waiting_for_a_resync() {
         .delete("taken", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("the conflict annotation to clear", 30, || async {
-        let w = consumer_widgets
-            .get("taken")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((!w.annotations().contains_key("core.kbind.io/conflict")).then_some(()))
-    })
-    .await;
+    wait_conflict(&consumer_widgets, "taken", None).await;
     let started = std::time::Instant::now();
     wait_for("conflictCount 0 and Conflicts=False", 5, || async {
         Ok((conflicts().await? == (0, "False".to_owned())).then_some(()))

@@ -298,7 +298,7 @@ async fn ownership_markers_decide_and_adopt_never_takes_an_object_owned_by_anoth
         .unwrap();
 
     for name in ["partial", "recreated"] {
-        wait_conflict(&consumer_widgets, name, "OwnedByAnother").await;
+        wait_conflict(&consumer_widgets, name, Some("OwnedByAnother")).await;
     }
     assert_eq!(
         provider_widgets.get("partial").await.unwrap().data["spec"]["size"],

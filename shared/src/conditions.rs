@@ -116,6 +116,18 @@ impl<'a> Desired<'a> {
     }
 }
 
+/// The longest message kbind writes into a status field (characters): text from a provider or a
+/// Secret is bounded before anyone reads it.
+pub const MAX_MESSAGE: usize = 1000;
+
+/// `text` cut to at most `max` characters (an ellipsis marks the cut), never inside a character.
+pub fn bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
 /// Sets `desired` in `conditions` like Kubernetes' `meta.SetStatusCondition`: a new condition is
 /// appended; an existing one gets the new reason, message and `observedGeneration`, and a new
 /// `lastTransitionTime` only if its status changed. Returns whether anything changed.
@@ -283,5 +295,13 @@ mod tests {
         assert!(remove(&mut conds, types::SECRET_VALID));
         assert!(!remove(&mut conds, types::SECRET_VALID));
         assert_eq!(find(&conds, types::READY).unwrap().reason, "Pending");
+    }
+
+    #[test]
+    fn bounded_cuts_on_a_character_boundary() {
+        assert_eq!(bounded("abc", 3), "abc");
+        assert_eq!(bounded("abcd", 3), "abc…");
+        assert_eq!(bounded("ééé", 2), "éé…");
+        assert_eq!(bounded("", 0), "");
     }
 }

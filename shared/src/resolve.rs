@@ -61,7 +61,9 @@ pub struct Resolution {
     pub namespace: Option<String>,
     /// The binding's name.
     pub name: String,
-    /// Whether the binding is Ready (RES-5: only a Ready binding makes the instance bound).
+    /// Whether the binding has the API bound (RES-5, per API: its `status.apis` entry says bound
+    /// through the Connection it names; a status without entries — written by an older schema
+    /// manager — falls back to the binding's `Ready`).
     pub ready: bool,
     /// The Connection it names.
     pub connection: String,
@@ -70,7 +72,7 @@ pub struct Resolution {
 }
 
 impl Resolution {
-    /// RES-5: found and Ready.
+    /// RES-5: found, and the API bound there.
     pub fn is_bound(&self) -> bool {
         self.ready
     }
@@ -81,14 +83,26 @@ fn covers<B: BindingObject>(binding: &B, api: &str) -> bool {
         && binding.binding_spec().apis.iter().any(|a| a.name == api)
 }
 
-fn resolution<B: BindingObject>(binding: &B) -> Resolution {
+/// Whether `binding` has `api` bound: per API (one bad API never stops the others).
+pub fn api_bound<B: BindingObject>(binding: &B, api: &str) -> bool {
+    let connection = &binding.binding_spec().connection_ref.name;
+    binding.binding_status().is_some_and(|s| {
+        if s.apis.is_empty() {
+            conditions::is_true(&s.conditions, types::READY)
+        } else {
+            s.apis
+                .iter()
+                .any(|a| a.name == api && a.bound && a.connection == *connection)
+        }
+    })
+}
+
+fn resolution<B: BindingObject>(binding: &B, api: &str) -> Resolution {
     let spec = binding.binding_spec();
     Resolution {
         namespace: binding.namespace(),
         name: binding.name_any(),
-        ready: binding
-            .binding_status()
-            .is_some_and(|s| conditions::is_true(&s.conditions, types::READY)),
+        ready: api_bound(binding, api),
         connection: spec.connection_ref.name.clone(),
         conflict_policy: spec.conflict_policy,
     }
@@ -134,7 +148,7 @@ fn resolve_among<'a>(
     let cluster_wide: Vec<Resolution> = cluster_bindings
         .into_iter()
         .filter(|b| covers(*b, api) && serves(b.binding_spec()))
-        .map(resolution)
+        .map(|b| resolution(b, api))
         .collect();
     if let Some(found) = first(cluster_wide) {
         return Some(found);
@@ -147,7 +161,7 @@ fn resolve_among<'a>(
                 && covers(*b, api)
                 && serves(b.binding_spec())
         })
-        .map(resolution)
+        .map(|b| resolution(b, api))
         .collect();
     first(local)
 }
@@ -236,6 +250,40 @@ mod tests {
         ];
         let none: [Binding; 0] = [];
         assert_eq!(resolve(W, None, &cbs, &none).unwrap().name, "b");
+    }
+
+    #[test]
+    fn each_api_is_bound_on_its_own_and_an_old_status_falls_back_to_ready() {
+        use crate::api::ApiStatus;
+        const G: &str = "gadgets.example.org";
+        let entry = |name: &str, connection: &str, bound: bool| ApiStatus {
+            name: name.into(),
+            connection: connection.into(),
+            bound,
+            reason: String::new(),
+            message: String::new(),
+        };
+        // Not Ready as a whole (G is cluster-scoped in a Binding, say), W still bound.
+        let mut b = binding("team-a", "mine", &[W, G], false);
+        b.status = Some(BindingStatus {
+            apis: vec![entry(W, "p", true), entry(G, "p", false)],
+            ..Default::default()
+        });
+        let none: [ClusterBinding; 0] = [];
+        let bs = [b.clone()];
+        assert!(resolve(W, Some("team-a"), &none, &bs).unwrap().is_bound());
+        assert!(!resolve(G, Some("team-a"), &none, &bs).unwrap().is_bound());
+        // An entry recorded for another Connection (a move under way) binds nothing.
+        b.status = Some(BindingStatus {
+            apis: vec![entry(W, "q", true)],
+            ..Default::default()
+        });
+        assert!(!resolve(W, Some("team-a"), &none, &[b]).unwrap().is_bound());
+        // A status an older schema manager wrote (no entries): Ready decides.
+        let old = [binding("team-a", "old", &[W], true)];
+        assert!(resolve(W, Some("team-a"), &none, &old).unwrap().is_bound());
+        let old = [binding("team-a", "old", &[W], false)];
+        assert!(!resolve(W, Some("team-a"), &none, &old).unwrap().is_bound());
     }
 
     #[test]

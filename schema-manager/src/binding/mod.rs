@@ -2,7 +2,9 @@
 //! install the schemas of the listed APIs, report per-API problems, count conflicts, and on
 //! deletion drain exactly the instances no remaining binding covers.
 
+pub mod ledger;
 pub mod outcome;
+pub mod release;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,20 +18,18 @@ use kbind_shared::api::{
 use kbind_shared::conditions::{self, Desired, reasons, types};
 use kbind_shared::keys;
 use kbind_shared::resolve::BindingObject;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::credentials::Provider;
 use crate::context::Context;
 use crate::schema;
+use ledger::{Going, Left, Step};
 use outcome::{ApiState, Conflicts};
 
 const DRAIN_RECHECK: Duration = Duration::from_secs(2);
@@ -203,7 +203,7 @@ async fn reconcile<B: Scoped>(binding: Arc<B>, ctx: Arc<Context>) -> Result<Acti
     finalizer(&api, keys::CLEANUP_FINALIZER, binding, |event| async {
         match event {
             finalizer::Event::Apply(b) => apply(b, &ctx).await,
-            finalizer::Event::Cleanup(b) => cleanup(b, &ctx).await,
+            finalizer::Event::Cleanup(b) => release::cleanup(b, &ctx).await,
         }
     })
     .await
@@ -213,45 +213,60 @@ async fn reconcile<B: Scoped>(binding: Arc<B>, ctx: Arc<Context>) -> Result<Acti
     })
 }
 
-/// BIND-3 … BIND-13.
+/// BIND-3 … BIND-13, and every edit converging (BIND-16, AUTO-2, LIM-22, QRK-25 fixed).
 async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Error> {
-    let requeue = Action::requeue(ctx.settings.binding_resync_interval);
-    let connection_name = binding.binding_spec().connection_ref.name.clone();
+    let spec = binding.binding_spec();
+    let connection_name = spec.connection_ref.name.clone();
+
+    // What the binding holds against what it lists: let go of the rest first, so a moved API is
+    // drained from its old provider before anything is installed for the new one.
+    let held = ledger::held(binding.binding_status(), spec);
+    let steps = ledger::steps(&held, spec, false);
+    let going = let_go(binding.as_ref(), &steps, ctx).await?;
+    let requeue = if going.is_empty() {
+        Action::requeue(ctx.settings.binding_resync_interval)
+    } else {
+        Action::requeue(DRAIN_RECHECK)
+    };
+    let moving = |api: &str| {
+        going
+            .iter()
+            .find(|g| g.held.api == api && g.to.is_some())
+            .map(|g| ApiState::Moving {
+                from: g.held.connection.clone(),
+                message: outcome::going_message(g),
+            })
+    };
+
     let connection = Api::<Connection>::all(ctx.client.clone())
         .get_opt(&connection_name)
         .await
         .map_err(Error::Consumer)?;
-
     // BIND-3: the Connection gate.
     let gate = match &connection {
-        None => Some(format!("Connection {connection_name} not found yet")),
+        None => Some(outcome::connection_pending(format!(
+            "Connection {connection_name} not found yet"
+        ))),
         Some(c) => {
             let conds = c
                 .status
                 .as_ref()
                 .map(|s| s.conditions.as_slice())
                 .unwrap_or_default();
-            (!conditions::is_true(conds, types::READY)).then(|| {
+            let pending = (!conditions::is_true(conds, types::READY)).then(|| {
                 let why = conditions::find(conds, types::READY)
                     .map(|r| format!(": {}", r.message))
                     .unwrap_or_default();
-                format!("Connection {connection_name} is not Ready yet{why}")
-            })
+                outcome::connection_pending(format!(
+                    "Connection {connection_name} is not Ready yet{why}"
+                ))
+            });
+            // Nothing is installed or synced for a Binding the Connection does not serve.
+            outcome::access_denied(c, binding.namespace().as_deref()).or(pending)
         }
     };
-    let denied = connection
-        .as_ref()
-        .and_then(|c| outcome::access_denied(c, binding.namespace().as_deref()));
-    let (desired, bound_apis) = match (gate, connection) {
-        // Nothing is installed or synced for a Binding the Connection does not serve.
-        _ if denied.is_some() => (denied.into_iter().collect(), Some(Vec::new())),
-        (Some(message), _) => (vec![outcome::connection_pending(message)], None),
-        (None, None) => (
-            vec![outcome::connection_pending(format!(
-                "Connection {connection_name} not found yet"
-            ))],
-            None,
-        ),
+    let mut states = Vec::new();
+    let (desired, bound) = match (gate, connection) {
         (None, Some(connection)) => {
             let provider = ctx
                 .providers
@@ -262,27 +277,71 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
                     &ctx.metrics,
                 )
                 .await;
-            let mut states = Vec::new();
-            for api in &binding.binding_spec().apis {
-                let state = match &provider {
-                    Ok(provider) => {
+            for api in &spec.apis {
+                let state = match (moving(&api.name), &provider) {
+                    (Some(moving), _) => moving,
+                    (None, Ok(provider)) => {
                         api_state(binding.as_ref(), &connection, provider, &api.name, ctx).await
                     }
-                    Err(message) => ApiState::Pending(message.clone()),
+                    (None, Err(message)) => ApiState::Pending(message.clone()),
                 };
                 states.push((api.name.clone(), state));
             }
             let (mut desired, bound) = outcome::evaluate(&states);
             if B::NAMESPACED {
-                let covered =
-                    covered_by_cluster_bindings(&ctx.client, binding.binding_spec()).await;
+                let covered = covered_by_cluster_bindings(&ctx.client, spec).await;
                 outcome::note_precedence(&mut desired, &covered);
             }
             (desired, Some(bound))
         }
+        (gate, _) => {
+            let gate = gate.unwrap_or_else(|| outcome::connection_pending(String::new()));
+            for api in &spec.apis {
+                let state = moving(&api.name).unwrap_or_else(|| ApiState::Gated {
+                    reason: gate.reason,
+                    message: gate.message.clone(),
+                });
+                states.push((api.name.clone(), state));
+            }
+            // A Binding that may not use its Connection holds nothing installed.
+            let bound = (gate.reason == outcome::NOT_ALLOWED).then(Vec::new);
+            (vec![gate], bound)
+        }
     };
-    write_status(binding.as_ref(), ctx, desired, bound_apis).await?;
+    let entries = outcome::entries(&connection_name, &states, &going);
+    write_status(binding.as_ref(), ctx, desired, bound, Some(entries)).await?;
     Ok(requeue)
+}
+
+/// Runs the release and move steps; returns those not finished yet. Listing the other bindings
+/// (to know what still covers an API) happens only when there is something to let go.
+async fn let_go<B: Scoped>(
+    binding: &B,
+    steps: &[Step],
+    ctx: &Context,
+) -> Result<Vec<Going>, Error> {
+    if steps.iter().all(|s| matches!(s, Step::Bind(_))) {
+        return Ok(Vec::new());
+    }
+    let others = release::Others::list(&ctx.client).await?;
+    let mut going = Vec::new();
+    for step in steps {
+        let (held, to, mode) = match step {
+            Step::Bind(_) => continue,
+            Step::Release(held) => (held, None, release::Mode::Unbind),
+            Step::Move { from, to } => (from, Some(to.as_str()), release::Mode::Move),
+        };
+        let left = release::release_api(binding, held, mode, to, ctx, &others).await?;
+        if left != Left::Nothing {
+            tracing::debug!(binding = %binding.describe(), api = %held.api, ?left, "letting go");
+            going.push(Going {
+                held: held.clone(),
+                to: to.map(str::to_owned),
+                left,
+            });
+        }
+    }
+    Ok(going)
 }
 
 /// The APIs of a Binding that a ClusterBinding also lists, with that ClusterBinding's name: its
@@ -380,7 +439,7 @@ async fn api_state<B: Scoped>(
 }
 
 /// The instances' API of a consumer CRD: its storage version.
-fn instance_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
+pub(crate) fn instance_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
     let version = schema::select_version(&crd.spec.versions)?;
     Some(ApiResource {
         group: crd.spec.group.clone(),
@@ -391,7 +450,7 @@ fn instance_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
     })
 }
 
-fn instances(
+pub(crate) fn instances(
     client: &Client,
     resource: &ApiResource,
     namespace: Option<&str>,
@@ -431,11 +490,12 @@ async fn count_conflicts(
 }
 
 /// BIND-12: writes the status when anything changed.
-async fn write_status<B: Scoped>(
+pub(crate) async fn write_status<B: Scoped>(
     binding: &B,
     ctx: &Context,
     desired: Vec<Desired<'_>>,
     bound_apis: Option<Vec<kbind_shared::api::BoundApi>>,
+    apis: Option<Vec<kbind_shared::api::ApiStatus>>,
 ) -> Result<(), Error> {
     let before = binding.binding_status().cloned().unwrap_or_default();
     let mut status: BindingStatus = before.clone();
@@ -448,6 +508,9 @@ async fn write_status<B: Scoped>(
     }
     if let Some(bound) = bound_apis {
         status.bound_apis = bound;
+    }
+    if let Some(apis) = apis {
+        status.apis = apis;
     }
     let namespace = binding.namespace().unwrap_or_default();
     ctx.metrics
@@ -496,488 +559,5 @@ async fn warn_on_new_schema_conflict<B: Scoped>(
     };
     if let Err(e) = recorder.publish(&event, &binding.object_ref(&())).await {
         tracing::debug!(error = %e, "cannot publish Event");
-    }
-}
-
-/// Where an API's instances stay covered after `leaving` goes: by a remaining ClusterBinding
-/// (everywhere) or by remaining Bindings (their namespaces). LIM-22: exact, per namespace.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Coverage {
-    /// A remaining ClusterBinding covers every namespace.
-    pub everywhere: bool,
-    /// Namespaces a remaining Binding covers.
-    pub namespaces: Vec<String>,
-}
-
-/// Computes the [`Coverage`] that remains for `api` of `connection` without the leaving binding.
-pub fn remaining_coverage(
-    api: &str,
-    connection: &str,
-    leaving_uid: &str,
-    cluster_bindings: &[ClusterBinding],
-    bindings: &[Binding],
-) -> Coverage {
-    let remains = |meta: &kube::api::ObjectMeta, spec: &kbind_shared::api::BindingSpec| {
-        meta.deletion_timestamp.is_none()
-            && meta.uid.as_deref() != Some(leaving_uid)
-            && spec.connection_ref.name == connection
-            && spec.apis.iter().any(|a| a.name == api)
-    };
-    Coverage {
-        everywhere: cluster_bindings
-            .iter()
-            .any(|b| remains(&b.metadata, &b.spec)),
-        namespaces: bindings
-            .iter()
-            .filter(|b| remains(&b.metadata, &b.spec))
-            .filter_map(|b| b.namespace())
-            .collect(),
-    }
-}
-
-/// §14 BCL, exact: drain the instances no remaining binding covers, wait for their provider copies
-/// to be gone (PGAP-1), and remove a consumer CRD only when a ClusterBinding goes, nothing else
-/// lists the API, and kbind created the CRD (LIM-9).
-async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Error> {
-    let client = &ctx.client;
-    let spec = binding.binding_spec();
-    let connection_name = spec.connection_ref.name.clone();
-    let connection = Api::<Connection>::all(client.clone())
-        .get_opt(&connection_name)
-        .await
-        .map_err(Error::Consumer)?;
-    let (provider, local_uid) = match &connection {
-        Some(c) => (
-            ctx.providers
-                .for_connection(
-                    client,
-                    c,
-                    &ctx.settings.provider_secret_namespaces,
-                    &ctx.metrics,
-                )
-                .await
-                .ok(),
-            c.status
-                .as_ref()
-                .map(|s| s.local_cluster_uid.clone())
-                .unwrap_or_default(),
-        ),
-        None => (None, String::new()),
-    };
-    let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Consumer)?
-        .items;
-    let bindings = Api::<Binding>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Consumer)?
-        .items;
-    let uid = binding.meta().uid.clone().unwrap_or_default();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    // Safe by default: a binding autoBind made goes away without a user asking for it (autoBind
-    // off, an export missing past its grace, the Connection deleted). Its instances are orphaned
-    // — finalizers released, provider copies kept — and its CRDs are kept, marked unbound.
-    let automatic = is_automatic(binding.meta());
-
-    let mut waiting = 0;
-    for api in &spec.apis {
-        let coverage = remaining_coverage(
-            &api.name,
-            &connection_name,
-            &uid,
-            &cluster_bindings,
-            &bindings,
-        );
-        if coverage.everywhere {
-            continue;
-        }
-        let Some(crd) = crds.get_opt(&api.name).await.map_err(Error::Consumer)? else {
-            continue;
-        };
-        let Some(resource) = instance_resource(&crd) else {
-            continue;
-        };
-        let scope = binding.covered_namespace();
-        let list = match instances(client, &resource, scope.as_deref())
-            .list(&ListParams::default())
-            .await
-        {
-            Ok(list) => list.items,
-            Err(kube::Error::Api(s)) if s.is_not_found() => Vec::new(),
-            Err(e) => return Err(Error::Consumer(e)),
-        };
-        for object in list {
-            let namespace = object.namespace();
-            if namespace
-                .as_ref()
-                .is_some_and(|ns| coverage.namespaces.contains(ns))
-            {
-                continue;
-            }
-            if !object
-                .finalizers()
-                .iter()
-                .any(|f| f == keys::SYNCER_FINALIZER)
-            {
-                continue;
-            }
-            let orphan = object
-                .annotations()
-                .get(keys::DELETION_POLICY_ANNOTATION)
-                .map(String::as_str)
-                == Some(keys::DELETION_POLICY_ORPHAN);
-            if !orphan
-                && !automatic
-                && let Some(provider) = &provider
-            {
-                match delete_provider_copy(&provider.client, &resource, &object, &local_uid).await {
-                    Ok(true) => {
-                        waiting += 1;
-                        continue;
-                    }
-                    Ok(false) => {}
-                    Err(message) => return Err(Error::Cleanup(message)),
-                }
-            }
-            release_syncer_finalizer(client, &resource, &object).await?;
-        }
-        if waiting == 0 && !B::NAMESPACED {
-            let last = LastBinding {
-                crds: &crds,
-                crd: &crd,
-                connection: &connection_name,
-                api: &api.name,
-                leaving_uid: &uid,
-                cluster_bindings: &cluster_bindings,
-                bindings: &bindings,
-            };
-            if automatic {
-                last.mark_unbound(&binding.name_any()).await?;
-            } else {
-                last.delete_crd_if_ours().await?;
-            }
-        }
-    }
-    // BCL-4, for every kind and side (not only the declared entries: an entry removed while no
-    // syncer ran may have left copies): delete this binding's related copies. Sources are never
-    // touched (REL-7). Deleting is immediate; the next pass confirms none came back.
-    let related = delete_related_copies(
-        client,
-        provider.as_ref().map(|p| &p.client),
-        binding.covered_namespace().as_deref(),
-        &uid,
-    )
-    .await?;
-    if waiting > 0 || related > 0 {
-        let message = match (waiting, related) {
-            (0, related) => format!("deleting {related} related copy(ies)"),
-            (waiting, 0) => format!("waiting for {waiting} provider object(s) to be deleted"),
-            (waiting, related) => format!(
-                "waiting for {waiting} provider object(s) to be deleted; deleting {related} related copy(ies)"
-            ),
-        };
-        let desired = vec![Desired::new(
-            types::READY,
-            false,
-            outcome::DRAINING_OBJECTS,
-            message,
-        )];
-        write_status(binding.as_ref(), ctx, desired, None).await?;
-        return Err(Error::Draining(waiting + related));
-    }
-    let namespace = binding.namespace().unwrap_or_default();
-    let _ = ctx
-        .metrics
-        .binding_ready
-        .remove_label_values(&[namespace.as_str(), &binding.name_any()]);
-    Ok(Action::await_change())
-}
-
-/// BCL-4: deletes the Secrets and ConfigMaps this binding copied (labelled managed, annotated with
-/// its UID) on both clusters in its scope. Returns how many it found. Without a provider client
-/// only the consumer side is cleaned (best effort, like the reference).
-async fn delete_related_copies(
-    consumer: &Client,
-    provider: Option<&Client>,
-    namespace: Option<&str>,
-    binding_uid: &str,
-) -> Result<usize, Error> {
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    let mut found = 0;
-    let selector = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
-    for (side, client) in [("consumer", Some(consumer)), ("provider", provider)] {
-        let Some(client) = client else { continue };
-        for resource in [
-            ApiResource::erase::<Secret>(&()),
-            ApiResource::erase::<ConfigMap>(&()),
-        ] {
-            let api = instances(client, &resource, namespace);
-            let list = match api
-                .list_metadata(&ListParams::default().labels(&selector))
-                .await
-            {
-                Ok(list) => list.items,
-                // Credentials that may not list a kind cannot have made copies of it.
-                Err(kube::Error::Api(s)) if s.is_forbidden() || s.is_not_found() => continue,
-                Err(e) => {
-                    return Err(Error::Cleanup(format!(
-                        "list related {} on the {side}: {}",
-                        resource.plural,
-                        kbind_shared::identity::describe_error(&e)
-                    )));
-                }
-            };
-            for copy in list {
-                if copy
-                    .annotations()
-                    .get(keys::RELATED_BINDING_ANNOTATION)
-                    .map(String::as_str)
-                    != Some(binding_uid)
-                    // Taken over under Adopt, not created: kbind never deletes it.
-                    || copy
-                        .annotations()
-                        .get(keys::RELATED_ADOPTED_ANNOTATION)
-                        .map(String::as_str)
-                        == Some(keys::TRUE)
-                {
-                    continue;
-                }
-                found += 1;
-                let namespace = copy.namespace().unwrap_or_default();
-                let params = DeleteParams {
-                    preconditions: Some(kube::api::Preconditions {
-                        uid: copy.metadata.uid.clone(),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                match instances(client, &resource, Some(&namespace))
-                    .delete(&copy.name_any(), &params)
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-                    Err(e) => {
-                        return Err(Error::Cleanup(format!(
-                            "delete related {} {namespace}/{} on the {side}: {}",
-                            resource.kind,
-                            copy.name_any(),
-                            kbind_shared::identity::describe_error(&e)
-                        )));
-                    }
-                }
-            }
-        }
-    }
-    Ok(found)
-}
-
-/// Deletes the provider copy of `object` if it is ours. Returns whether it still exists.
-async fn delete_provider_copy(
-    provider: &Client,
-    resource: &ApiResource,
-    object: &DynamicObject,
-    local_uid: &str,
-) -> Result<bool, String> {
-    let api = instances(provider, resource, object.namespace().as_deref());
-    let name = object.name_any();
-    let copy = match api.get_opt(&name).await {
-        Ok(copy) => copy,
-        Err(e) => {
-            return Err(format!(
-                "read provider copy of {name}: {}",
-                kbind_shared::identity::describe_error(&e)
-            ));
-        }
-    };
-    let Some(copy) = copy else { return Ok(false) };
-    let ours = copy
-        .annotations()
-        .get(keys::CONSUMER_CLUSTER_UID_ANNOTATION)
-        .map(String::as_str)
-        == Some(local_uid)
-        && copy.annotations().get(keys::CONSUMER_OBJECT_UID_ANNOTATION)
-            == object.metadata.uid.as_ref();
-    if !ours {
-        return Ok(false);
-    }
-    if copy.metadata.deletion_timestamp.is_none() {
-        // Exactly the copy just classified as ours: its UID is the precondition (a foreign object
-        // re-created under the name since is never deleted).
-        let params = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: copy.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match api.delete(&name, &params).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
-            Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(true),
-            Err(e) => {
-                return Err(format!(
-                    "delete provider copy of {name}: {}",
-                    kbind_shared::identity::describe_error(&e)
-                ));
-            }
-        }
-    }
-    Ok(true)
-}
-
-async fn release_syncer_finalizer(
-    client: &Client,
-    resource: &ApiResource,
-    object: &DynamicObject,
-) -> Result<(), Error> {
-    let finalizers: Vec<&String> = object
-        .finalizers()
-        .iter()
-        .filter(|f| *f != keys::SYNCER_FINALIZER)
-        .collect();
-    let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": object.resource_version() } });
-    match instances(client, resource, object.namespace().as_deref())
-        .patch(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(Error::Consumer(e)),
-    }
-}
-
-/// Whether a binding was made by autoBind: controlled by a Connection.
-fn is_automatic(meta: &kube::api::ObjectMeta) -> bool {
-    meta.owner_references.iter().flatten().any(|o| {
-        o.controller == Some(true)
-            && o.kind == "Connection"
-            && o.api_version.starts_with(&format!("{}/", keys::GROUP))
-    })
-}
-
-/// An API's consumer CRD as its (possibly last) binding goes.
-struct LastBinding<'a> {
-    crds: &'a Api<CustomResourceDefinition>,
-    crd: &'a CustomResourceDefinition,
-    connection: &'a str,
-    api: &'a str,
-    leaving_uid: &'a str,
-    cluster_bindings: &'a [ClusterBinding],
-    bindings: &'a [Binding],
-}
-
-impl LastBinding<'_> {
-    /// Whether kbind created the CRD for this Connection, it still serves it, and no other
-    /// binding lists the API.
-    fn ours_and_last(&self) -> bool {
-        let listed_elsewhere = self
-            .cluster_bindings
-            .iter()
-            .map(|b| (&b.metadata, &b.spec.binding))
-            .chain(self.bindings.iter().map(|b| (&b.metadata, &b.spec)))
-            .any(|(meta, spec)| {
-                meta.deletion_timestamp.is_none()
-                    && meta.uid.as_deref() != Some(self.leaving_uid)
-                    && spec.apis.iter().any(|a| a.name == self.api)
-            });
-        let annotation = |key: &str| self.crd.annotations().get(key).map(String::as_str);
-        !listed_elsewhere
-            && annotation(keys::CREATED_BY_ANNOTATION) == Some(self.connection)
-            && annotation(keys::CONNECTION_ANNOTATION) == Some(self.connection)
-    }
-
-    /// LIM-9: only the explicit deletion of the last binding removes a CRD kbind created (its UID
-    /// is the precondition).
-    async fn delete_crd_if_ours(&self) -> Result<(), Error> {
-        if !self.ours_and_last() {
-            return Ok(());
-        }
-        let params = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: self.crd.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match self.crds.delete(self.api, &params).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
-            Err(e) => Err(Error::Consumer(e)),
-        }
-    }
-
-    /// The automatic unbind: the CRD (and so every object) stays, annotated to say why.
-    async fn mark_unbound(&self, binding: &str) -> Result<(), Error> {
-        if !self.ours_and_last() {
-            return Ok(());
-        }
-        let note = format!(
-            "ClusterBinding {binding} made by autoBind went away without a user deleting it; kbind kept this CRD and its objects (delete the CRD yourself if they are no longer wanted)"
-        );
-        let patch = json!({ "metadata": { "annotations": { keys::UNBOUND_ANNOTATION: note } } });
-        match self
-            .crds
-            .patch(self.api, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-            Err(e) => Err(Error::Consumer(e)),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kbind_shared::api::{ApiRef, BindingSpec, ClusterBindingSpec, ConnectionRef};
-
-    fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
-        BindingSpec {
-            connection_ref: ConnectionRef {
-                name: connection.into(),
-            },
-            apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
-            conflict_policy: Default::default(),
-            related_resources: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn remaining_coverage_is_exact_per_namespace_and_connection() {
-        // LIM-22
-        let w = "widgets.example.org";
-        let mut leaving = ClusterBinding::new("leaving", ClusterBindingSpec::from(spec("p", &[w])));
-        leaving.metadata.uid = Some("leaving".into());
-        let other_connection =
-            ClusterBinding::new("other", ClusterBindingSpec::from(spec("q", &[w])));
-        let mut team_a = Binding::new("a", spec("p", &[w]));
-        team_a.metadata.namespace = Some("team-a".into());
-        let mut team_b_other_api = Binding::new("b", spec("p", &["gadgets.example.org"]));
-        team_b_other_api.metadata.namespace = Some("team-b".into());
-        let coverage = remaining_coverage(
-            w,
-            "p",
-            "leaving",
-            &[leaving.clone(), other_connection],
-            &[team_a, team_b_other_api],
-        );
-        assert_eq!(
-            coverage,
-            Coverage {
-                everywhere: false,
-                namespaces: vec!["team-a".into()]
-            }
-        );
-
-        let still = ClusterBinding::new("still", ClusterBindingSpec::from(spec("p", &[w])));
-        assert!(remaining_coverage(w, "p", "leaving", &[leaving, still], &[]).everywhere);
     }
 }

@@ -1,8 +1,10 @@
 //! What a binding reconcile found per API, and the conditions and `boundAPIs` that says
 //! (REFERENCE-BEHAVIOUR §12, BIND-5 … BIND-11, with QRK-4, QRK-17, BIND-14 and LIM-13 improved).
 
-use kbind_shared::api::BoundApi;
+use kbind_shared::api::{ApiStatus, BoundApi};
 use kbind_shared::conditions::{Desired, Status, reasons, types};
+
+use super::ledger::{Going, Left};
 
 /// Reason for an API listed in a namespaced Binding that is cluster-scoped (BIND-14, PGAP-6).
 pub const CLUSTER_SCOPED_API: &str = "ClusterScopedAPI";
@@ -39,6 +41,21 @@ pub enum ApiState {
     SchemaConflict(String),
     /// Waiting (schema not installable yet, CRD missing under pullPolicy None, …).
     Pending(String),
+    /// Moving to the binding's Connection from `from`, whose provider is drained first.
+    Moving {
+        /// The Connection whose provider still holds copies.
+        from: String,
+        /// What the drain waits for.
+        message: String,
+    },
+    /// Nothing is installed or synced for the whole binding (its Connection is not Ready, or it
+    /// may not use it): the Ready condition says why.
+    Gated {
+        /// The Ready condition's reason.
+        reason: &'static str,
+        /// Its message.
+        message: String,
+    },
     /// Installed; `in_sync` tells whether it matches the provider schema.
     Bound {
         /// The desired schema hash.
@@ -81,9 +98,13 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
             None
         }
     });
-    let pending = messages(|s| {
-        if let ApiState::Pending(m) = s {
-            Some(m)
+    let pending = messages(|s| match s {
+        ApiState::Pending(m) | ApiState::Gated { message: m, .. } => Some(m),
+        _ => None,
+    });
+    let moving = messages(|s| {
+        if let ApiState::Moving { message, .. } = s {
+            Some(message)
         } else {
             None
         }
@@ -140,6 +161,8 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
         Some((reasons::SCHEMA_CONFLICT, schema_conflicts.join("; ")))
     } else if !forbidden.is_empty() {
         Some((reasons::FORBIDDEN, forbidden.join("; ")))
+    } else if !moving.is_empty() {
+        Some((DRAINING_OBJECTS, moving.join("; ")))
     } else if !pending.is_empty() {
         Some((reasons::PENDING, pending.join("; ")))
     } else {
@@ -187,6 +210,85 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
         None => Desired::new(types::READY, true, reasons::AS_EXPECTED, ""),
     });
     (out, bound)
+}
+
+/// How long a per-API message may be (characters).
+const MAX_API_MESSAGE: usize = 500;
+
+/// What an unfinished release or move is waiting for.
+pub fn going_message(going: &Going) -> String {
+    let what = match &going.to {
+        Some(to) => format!("moving from Connection {} to {to}", going.held.connection),
+        None => format!(
+            "no longer bound; releasing it from Connection {}",
+            going.held.connection
+        ),
+    };
+    match &going.left {
+        Left::Nothing => what,
+        Left::Draining(n) => format!("{what}: waiting for {n} provider object(s) to be deleted"),
+        Left::Unreachable(why) => format!("{what}: {why}"),
+    }
+}
+
+/// `status.apis`: one entry per listed API (judged on its own; the binding's `connection` unless
+/// it is still moving from another) and one per API still being released, sorted by name.
+pub fn entries(connection: &str, states: &[(String, ApiState)], going: &[Going]) -> Vec<ApiStatus> {
+    let entry =
+        |name: &str, connection: &str, bound: bool, reason: &str, message: &str| ApiStatus {
+            name: name.to_owned(),
+            connection: connection.to_owned(),
+            bound,
+            reason: reason.to_owned(),
+            message: kbind_shared::conditions::bounded(message, MAX_API_MESSAGE),
+        };
+    let mut out: Vec<ApiStatus> = states
+        .iter()
+        .map(|(name, state)| match state {
+            ApiState::NotExported => entry(
+                name,
+                connection,
+                false,
+                reasons::API_NOT_EXPORTED,
+                "not exported by the provider",
+            ),
+            ApiState::ClusterScopedInBinding => entry(
+                name,
+                connection,
+                false,
+                CLUSTER_SCOPED_API,
+                "cluster-scoped: only a ClusterBinding can bind it",
+            ),
+            ApiState::Forbidden(m) => entry(name, connection, false, reasons::FORBIDDEN, m),
+            ApiState::SchemaConflict(m) => {
+                entry(name, connection, false, reasons::SCHEMA_CONFLICT, m)
+            }
+            ApiState::Pending(m) => entry(name, connection, false, reasons::PENDING, m),
+            ApiState::Gated { reason, message } => entry(name, connection, false, reason, message),
+            ApiState::Moving { from, message } => {
+                entry(name, from, false, DRAINING_OBJECTS, message)
+            }
+            ApiState::Bound { in_sync, .. } => {
+                let note = if *in_sync {
+                    ""
+                } else {
+                    "the installed CRD differs from the provider's schema (updatePolicy Once)"
+                };
+                entry(name, connection, true, reasons::AS_EXPECTED, note)
+            }
+        })
+        .collect();
+    out.extend(going.iter().filter(|g| g.to.is_none()).map(|g| {
+        entry(
+            &g.held.api,
+            &g.held.connection,
+            false,
+            DRAINING_OBJECTS,
+            &going_message(g),
+        )
+    }));
+    out.sort_by(|a, b| (&a.name, &a.connection).cmp(&(&b.name, &b.connection)));
+    out
 }
 
 /// Says, in the Ready and Synced messages, which listed APIs a ClusterBinding already covers
@@ -305,6 +407,84 @@ mod tests {
         assert_eq!(get(&out, "PermissionDenied").status, Status::True);
         assert_eq!(get(&out, "Ready").reason, "Forbidden");
         assert_eq!(bound.len(), 1, "the allowed API is still bound");
+    }
+
+    #[test]
+    fn each_api_has_its_own_entry_and_one_bad_api_stops_no_other() {
+        use super::super::ledger::Held;
+        let moving = ApiState::Moving {
+            from: "a".into(),
+            message: "moving".into(),
+        };
+        let gated = ApiState::Gated {
+            reason: "NotAllowed",
+            message: "no".into(),
+        };
+        let huge = ApiState::Pending("x".repeat(10_000));
+        let states = vec![
+            ("ok.x".to_owned(), bound(Conflicts::default())),
+            ("cs.x".to_owned(), ApiState::ClusterScopedInBinding),
+            ("ne.x".to_owned(), ApiState::NotExported),
+            ("mv.x".to_owned(), moving),
+            ("gt.x".to_owned(), gated),
+            ("pd.x".to_owned(), huge),
+        ];
+        let going = vec![
+            Going {
+                held: Held {
+                    api: "gone.x".into(),
+                    connection: "a".into(),
+                },
+                to: None,
+                left: Left::Draining(3),
+            },
+            // A move is reported through its listed API's state, not twice.
+            Going {
+                held: Held {
+                    api: "mv.x".into(),
+                    connection: "a".into(),
+                },
+                to: Some("b".into()),
+                left: Left::Draining(1),
+            },
+        ];
+        let out = entries("b", &states, &going);
+        let row = |name: &str| out.iter().find(|e| e.name == name).unwrap();
+        // (name, connection, bound, reason)
+        let want = [
+            ("cs.x", "b", false, CLUSTER_SCOPED_API),
+            ("gone.x", "a", false, DRAINING_OBJECTS),
+            ("gt.x", "b", false, "NotAllowed"),
+            ("mv.x", "a", false, DRAINING_OBJECTS),
+            ("ne.x", "b", false, reasons::API_NOT_EXPORTED),
+            ("ok.x", "b", true, reasons::AS_EXPECTED),
+            ("pd.x", "b", false, reasons::PENDING),
+        ];
+        assert_eq!(out.len(), want.len());
+        for (name, connection, is_bound, reason) in want {
+            let e = row(name);
+            assert_eq!(
+                (e.connection.as_str(), e.bound, e.reason.as_str()),
+                (connection, is_bound, reason),
+                "{name}"
+            );
+        }
+        let names: Vec<&str> = out.iter().map(|e| e.name.as_str()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+        assert!(
+            row("gone.x")
+                .message
+                .contains("waiting for 3 provider object(s)")
+        );
+        assert!(
+            row("pd.x").message.chars().count() <= 501,
+            "messages are bounded"
+        );
+        // The binding is not Ready, but the good API's entry is bound all the same.
+        let (conds, _) = evaluate(&states);
+        assert_eq!(get(&conds, "Ready").status, Status::False);
     }
 
     #[test]

@@ -154,7 +154,7 @@ fn is_current(existing: &ClusterBinding, connection: &Connection, apis: &[String
 /// differs), records the missing exports in `status`, and deletes the ClusterBinding only when
 /// autoBind is off or nothing is left to list — and only one this Connection controls (the
 /// reference deleted any with the name, QRK-6). Removing it never deletes a CRD or an object
-/// (see `binding::cleanup`). Returns the APIs dropped now.
+/// (see `binding::release`). Returns the APIs dropped now.
 pub async fn reconcile(
     consumer: &Client,
     connection: &Connection,

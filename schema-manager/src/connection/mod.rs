@@ -528,7 +528,7 @@ async fn write_status(
                 EventType::Warning
             },
             reason: condition.reason.clone(),
-            note: Some(truncate(
+            note: Some(kbind_shared::conditions::bounded(
                 &format!(
                     "{} is {}: {}",
                     condition.type_, condition.status, condition.message
@@ -543,13 +543,6 @@ async fn write_status(
         }
     }
     Ok(())
-}
-
-fn truncate(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text.to_owned(),
-    }
 }
 
 /// CDEL-1 … CDEL-5.

@@ -187,6 +187,14 @@ pub struct BindingStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "boundAPIs")]
     #[schemars(transform = schema::atomic_list)]
     pub bound_apis: Vec<BoundApi>,
+    /// One entry per API this binding lists or still releases, sorted by name: whether it is
+    /// bound (its instances sync), why not, and the Connection whose provider holds its copies.
+    /// An API removed from `spec.apis` or moved to another Connection keeps its entry until its
+    /// provider copies are drained. Each API is judged on its own: one bad API never stops the
+    /// others (the `Ready` condition summarizes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "apis")]
+    #[schemars(transform = schema::atomic_list)]
+    pub apis: Vec<ApiStatus>,
     /// Related Secrets/ConfigMaps whose target exists and is not kbind's copy (left alone
     /// under conflictPolicy Fail; see the RelatedResourcesSynced condition).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -209,6 +217,24 @@ pub struct BoundApi {
     /// Instances with a recorded conflict.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub conflict_count: i32,
+}
+
+/// The state of one API of a binding.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiStatus {
+    /// `<plural>.<group>`.
+    pub name: String,
+    /// The Connection through which this binding bound the API: its provider holds the copies.
+    pub connection: String,
+    /// Whether the API is bound here: installed, established, and its instances in this binding's
+    /// scope sync.
+    pub bound: bool,
+    /// A CamelCase reason (`AsExpected` when bound).
+    pub reason: String,
+    /// What is wrong or under way, for a person.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 fn is_zero(n: &i32) -> bool {

@@ -1,0 +1,632 @@
+//! Letting go of an API (REFERENCE-BEHAVIOUR §14 BCL, exact; BIND-16, AUTO-2, LIM-22, QRK-25
+//! fixed): deleting a binding, removing an API from one and moving an API to another Connection
+//! all release it the same way — the instances no remaining binding covers are drained (provider
+//! copies deleted and awaited, PGAP-1, or orphaned), their syncer finalizers released, and the
+//! consumer CRD removed only on an explicit unbind of its last ClusterBinding when kbind created
+//! it (LIM-9). A move then hands a CRD kbind created to the new Connection.
+
+use std::sync::Arc;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_shared::api::{Binding, ClusterBinding, Connection};
+use kbind_shared::conditions::{Desired, types};
+use kbind_shared::keys;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use super::ledger::{self, Held, Left, Step};
+use super::{Error, Scoped, instance_resource, instances, outcome, write_status};
+use crate::connection::credentials::Provider;
+use crate::context::Context;
+
+/// Why an API is being let go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Unbound (the binding deleted, or the API removed from it).
+    Unbind,
+    /// Moved to another Connection: the old provider is drained first, whatever made the binding,
+    /// and a provider that cannot be reached is waited for rather than orphaned.
+    Move,
+}
+
+/// The bindings that exist while one lets go, listed once per reconcile.
+pub struct Others {
+    cluster_bindings: Vec<ClusterBinding>,
+    bindings: Vec<Binding>,
+}
+
+impl Others {
+    /// Lists both kinds.
+    pub async fn list(client: &Client) -> Result<Self, Error> {
+        let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(Error::Consumer)?
+            .items;
+        let bindings = Api::<Binding>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(Error::Consumer)?
+            .items;
+        Ok(Self {
+            cluster_bindings,
+            bindings,
+        })
+    }
+}
+
+/// The provider side of the Connection that holds an API.
+struct Holder {
+    /// The Connection exists and is not being deleted.
+    present: bool,
+    provider: Result<Provider, String>,
+    local_uid: String,
+}
+
+async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Error> {
+    let found = Api::<Connection>::all(ctx.client.clone())
+        .get_opt(connection)
+        .await
+        .map_err(Error::Consumer)?;
+    let Some(c) = found else {
+        return Ok(Holder {
+            present: false,
+            provider: Err(format!("Connection {connection} not found")),
+            local_uid: String::new(),
+        });
+    };
+    let provider = ctx
+        .providers
+        .for_connection(
+            &ctx.client,
+            &c,
+            &ctx.settings.provider_secret_namespaces,
+            &ctx.metrics,
+        )
+        .await;
+    Ok(Holder {
+        present: c.metadata.deletion_timestamp.is_none(),
+        provider,
+        local_uid: c
+            .status
+            .as_ref()
+            .map(|s| s.local_cluster_uid.clone())
+            .unwrap_or_default(),
+    })
+}
+
+/// Lets go of `held` in `binding`'s scope. On a finished move, a CRD kbind created for the old
+/// Connection is handed to `to` when no other binding holds it there.
+pub async fn release_api<B: Scoped>(
+    binding: &B,
+    held: &Held,
+    mode: Mode,
+    to: Option<&str>,
+    ctx: &Context,
+    others: &Others,
+) -> Result<Left, Error> {
+    let client = &ctx.client;
+    let holder = holder(ctx, &held.connection).await?;
+    // A move never lets two providers receive one object: it waits for the old provider rather
+    // than orphan its copies (unless the Connection is gone, and with it any way to reach them).
+    if mode == Mode::Move
+        && holder.present
+        && let Err(message) = &holder.provider
+    {
+        return Ok(Left::Unreachable(format!(
+            "cannot reach the provider of Connection {} to drain it: {}",
+            held.connection,
+            kbind_shared::conditions::bounded(message, 300)
+        )));
+    }
+    let uid = binding.meta().uid.clone().unwrap_or_default();
+    let coverage = remaining_coverage(
+        &held.api,
+        &held.connection,
+        &uid,
+        &others.cluster_bindings,
+        &others.bindings,
+    );
+    if coverage.everywhere {
+        return Ok(Left::Nothing);
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let Some(crd) = crds.get_opt(&held.api).await.map_err(Error::Consumer)? else {
+        return Ok(Left::Nothing);
+    };
+    let Some(resource) = instance_resource(&crd) else {
+        return Ok(Left::Nothing);
+    };
+    // Safe by default: a binding autoBind made goes away without a user asking for it (autoBind
+    // off, an export missing past its grace, the Connection deleted). Its instances are orphaned
+    // — finalizers released, provider copies kept — and its CRDs are kept, marked unbound.
+    let automatic = mode == Mode::Unbind && is_automatic(binding.meta());
+    let scope = binding.covered_namespace();
+    let list = match instances(client, &resource, scope.as_deref())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(s)) if s.is_not_found() => Vec::new(),
+        Err(e) => return Err(Error::Consumer(e)),
+    };
+    let mut waiting = 0;
+    for object in list {
+        if object
+            .namespace()
+            .is_some_and(|ns| coverage.namespaces.contains(&ns))
+            || !object
+                .finalizers()
+                .iter()
+                .any(|f| f == keys::SYNCER_FINALIZER)
+        {
+            continue;
+        }
+        let orphan = object
+            .annotations()
+            .get(keys::DELETION_POLICY_ANNOTATION)
+            .map(String::as_str)
+            == Some(keys::DELETION_POLICY_ORPHAN);
+        if !orphan
+            && !automatic
+            && let Ok(provider) = &holder.provider
+        {
+            match delete_provider_copy(&provider.client, &resource, &object, &holder.local_uid)
+                .await
+            {
+                Ok(true) => {
+                    waiting += 1;
+                    continue;
+                }
+                Ok(false) => {}
+                Err(message) => return Err(Error::Cleanup(message)),
+            }
+        }
+        release_syncer_finalizer(client, &resource, &object).await?;
+    }
+    if waiting > 0 {
+        return Ok(Left::Draining(waiting));
+    }
+    let last = LastBinding {
+        crds: &crds,
+        crd: &crd,
+        connection: &held.connection,
+        api: &held.api,
+        leaving_uid: &uid,
+        cluster_bindings: &others.cluster_bindings,
+        bindings: &others.bindings,
+    };
+    match (mode, to) {
+        (Mode::Move, Some(to)) => last.hand_over(to).await?,
+        (Mode::Move, None) => {}
+        // A namespaced Binding never removes a cluster-wide CRD.
+        (Mode::Unbind, _) if B::NAMESPACED => {}
+        (Mode::Unbind, _) if automatic => last.mark_unbound(&binding.name_any()).await?,
+        (Mode::Unbind, _) => last.delete_crd_if_ours().await?,
+    }
+    Ok(Left::Nothing)
+}
+
+/// The binding is being deleted: let go of everything it holds or lists, delete its related
+/// copies, and finish once nothing is left (BCL).
+pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Error> {
+    let spec = binding.binding_spec();
+    let held = ledger::held(binding.binding_status(), spec);
+    let others = Others::list(&ctx.client).await?;
+    let mut waiting = 0;
+    for step in ledger::steps(&held, spec, true) {
+        let Step::Release(held) = step else { continue };
+        match release_api(binding.as_ref(), &held, Mode::Unbind, None, ctx, &others).await? {
+            Left::Nothing => {}
+            Left::Draining(n) => waiting += n,
+            Left::Unreachable(message) => return Err(Error::Cleanup(message)),
+        }
+    }
+    // BCL-4, for every kind and side (not only the declared entries: an entry removed while no
+    // syncer ran may have left copies): delete this binding's related copies. Sources are never
+    // touched (REL-7). Deleting is immediate; the next pass confirms none came back.
+    let provider = holder(ctx, &spec.connection_ref.name).await?.provider.ok();
+    let uid = binding.meta().uid.clone().unwrap_or_default();
+    let related = delete_related_copies(
+        &ctx.client,
+        provider.as_ref().map(|p| &p.client),
+        binding.covered_namespace().as_deref(),
+        &uid,
+    )
+    .await?;
+    if waiting > 0 || related > 0 {
+        let message = match (waiting, related) {
+            (0, related) => format!("deleting {related} related copy(ies)"),
+            (waiting, 0) => format!("waiting for {waiting} provider object(s) to be deleted"),
+            (waiting, related) => format!(
+                "waiting for {waiting} provider object(s) to be deleted; deleting {related} related copy(ies)"
+            ),
+        };
+        let desired = vec![Desired::new(
+            types::READY,
+            false,
+            outcome::DRAINING_OBJECTS,
+            message,
+        )];
+        write_status(binding.as_ref(), ctx, desired, None, None).await?;
+        return Err(Error::Draining(waiting + related));
+    }
+    let namespace = binding.namespace().unwrap_or_default();
+    let _ = ctx
+        .metrics
+        .binding_ready
+        .remove_label_values(&[namespace.as_str(), &binding.name_any()]);
+    Ok(Action::await_change())
+}
+
+/// Where an API's instances stay covered after `leaving` goes: by a remaining ClusterBinding
+/// (everywhere) or by remaining Bindings (their namespaces). LIM-22: exact, per namespace.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// A remaining ClusterBinding covers every namespace.
+    pub everywhere: bool,
+    /// Namespaces a remaining Binding covers.
+    pub namespaces: Vec<String>,
+}
+
+/// Computes the [`Coverage`] that remains for `api` of `connection` without the leaving binding.
+pub fn remaining_coverage(
+    api: &str,
+    connection: &str,
+    leaving_uid: &str,
+    cluster_bindings: &[ClusterBinding],
+    bindings: &[Binding],
+) -> Coverage {
+    let remains = |meta: &kube::api::ObjectMeta, spec: &kbind_shared::api::BindingSpec| {
+        meta.deletion_timestamp.is_none()
+            && meta.uid.as_deref() != Some(leaving_uid)
+            && spec.connection_ref.name == connection
+            && spec.apis.iter().any(|a| a.name == api)
+    };
+    Coverage {
+        everywhere: cluster_bindings
+            .iter()
+            .any(|b| remains(&b.metadata, &b.spec)),
+        namespaces: bindings
+            .iter()
+            .filter(|b| remains(&b.metadata, &b.spec))
+            .filter_map(|b| b.namespace())
+            .collect(),
+    }
+}
+
+/// BCL-4: deletes the Secrets and ConfigMaps this binding copied (labelled managed, annotated with
+/// its UID) on both clusters in its scope. Returns how many it found. Without a provider client
+/// only the consumer side is cleaned (best effort, like the reference).
+async fn delete_related_copies(
+    consumer: &Client,
+    provider: Option<&Client>,
+    namespace: Option<&str>,
+    binding_uid: &str,
+) -> Result<usize, Error> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let mut found = 0;
+    let selector = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
+    for (side, client) in [("consumer", Some(consumer)), ("provider", provider)] {
+        let Some(client) = client else { continue };
+        for resource in [
+            ApiResource::erase::<Secret>(&()),
+            ApiResource::erase::<ConfigMap>(&()),
+        ] {
+            let api = instances(client, &resource, namespace);
+            let list = match api
+                .list_metadata(&ListParams::default().labels(&selector))
+                .await
+            {
+                Ok(list) => list.items,
+                // Credentials that may not list a kind cannot have made copies of it.
+                Err(kube::Error::Api(s)) if s.is_forbidden() || s.is_not_found() => continue,
+                Err(e) => {
+                    return Err(Error::Cleanup(format!(
+                        "list related {} on the {side}: {}",
+                        resource.plural,
+                        kbind_shared::identity::describe_error(&e)
+                    )));
+                }
+            };
+            for copy in list {
+                if copy
+                    .annotations()
+                    .get(keys::RELATED_BINDING_ANNOTATION)
+                    .map(String::as_str)
+                    != Some(binding_uid)
+                    // Taken over under Adopt, not created: kbind never deletes it.
+                    || copy
+                        .annotations()
+                        .get(keys::RELATED_ADOPTED_ANNOTATION)
+                        .map(String::as_str)
+                        == Some(keys::TRUE)
+                {
+                    continue;
+                }
+                found += 1;
+                let namespace = copy.namespace().unwrap_or_default();
+                let params = DeleteParams {
+                    preconditions: Some(kube::api::Preconditions {
+                        uid: copy.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match instances(client, &resource, Some(&namespace))
+                    .delete(&copy.name_any(), &params)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                    Err(e) => {
+                        return Err(Error::Cleanup(format!(
+                            "delete related {} {namespace}/{} on the {side}: {}",
+                            resource.kind,
+                            copy.name_any(),
+                            kbind_shared::identity::describe_error(&e)
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Deletes the provider copy of `object` if it is ours. Returns whether it still exists.
+async fn delete_provider_copy(
+    provider: &Client,
+    resource: &ApiResource,
+    object: &DynamicObject,
+    local_uid: &str,
+) -> Result<bool, String> {
+    let api = instances(provider, resource, object.namespace().as_deref());
+    let name = object.name_any();
+    let copy = match api.get_opt(&name).await {
+        Ok(copy) => copy,
+        Err(e) => {
+            return Err(format!(
+                "read provider copy of {name}: {}",
+                kbind_shared::identity::describe_error(&e)
+            ));
+        }
+    };
+    let Some(copy) = copy else { return Ok(false) };
+    let ours = copy
+        .annotations()
+        .get(keys::CONSUMER_CLUSTER_UID_ANNOTATION)
+        .map(String::as_str)
+        == Some(local_uid)
+        && copy.annotations().get(keys::CONSUMER_OBJECT_UID_ANNOTATION)
+            == object.metadata.uid.as_ref();
+    if !ours {
+        return Ok(false);
+    }
+    if copy.metadata.deletion_timestamp.is_none() {
+        // Exactly the copy just classified as ours: its UID is the precondition (a foreign object
+        // re-created under the name since is never deleted).
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: copy.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
+            Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(true),
+            Err(e) => {
+                return Err(format!(
+                    "delete provider copy of {name}: {}",
+                    kbind_shared::identity::describe_error(&e)
+                ));
+            }
+        }
+    }
+    Ok(true)
+}
+
+async fn release_syncer_finalizer(
+    client: &Client,
+    resource: &ApiResource,
+    object: &DynamicObject,
+) -> Result<(), Error> {
+    let finalizers: Vec<&String> = object
+        .finalizers()
+        .iter()
+        .filter(|f| *f != keys::SYNCER_FINALIZER)
+        .collect();
+    let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": object.resource_version() } });
+    match instances(client, resource, object.namespace().as_deref())
+        .patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(Error::Consumer(e)),
+    }
+}
+
+/// Whether a binding was made by autoBind: controlled by a Connection.
+fn is_automatic(meta: &kube::api::ObjectMeta) -> bool {
+    meta.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true)
+            && o.kind == "Connection"
+            && o.api_version.starts_with(&format!("{}/", keys::GROUP))
+    })
+}
+
+/// An API's consumer CRD as its (possibly last) binding goes.
+struct LastBinding<'a> {
+    crds: &'a Api<CustomResourceDefinition>,
+    crd: &'a CustomResourceDefinition,
+    connection: &'a str,
+    api: &'a str,
+    leaving_uid: &'a str,
+    cluster_bindings: &'a [ClusterBinding],
+    bindings: &'a [Binding],
+}
+
+impl LastBinding<'_> {
+    /// Whether kbind created the CRD for this Connection, it still serves it, and no other
+    /// binding lists the API.
+    fn ours_and_last(&self) -> bool {
+        let listed_elsewhere = self
+            .cluster_bindings
+            .iter()
+            .map(|b| (&b.metadata, &b.spec.binding))
+            .chain(self.bindings.iter().map(|b| (&b.metadata, &b.spec)))
+            .any(|(meta, spec)| {
+                meta.deletion_timestamp.is_none()
+                    && meta.uid.as_deref() != Some(self.leaving_uid)
+                    && spec.apis.iter().any(|a| a.name == self.api)
+            });
+        let annotation = |key: &str| self.crd.annotations().get(key).map(String::as_str);
+        !listed_elsewhere
+            && annotation(keys::CREATED_BY_ANNOTATION) == Some(self.connection)
+            && annotation(keys::CONNECTION_ANNOTATION) == Some(self.connection)
+    }
+
+    /// LIM-9: only the explicit deletion of the last binding removes a CRD kbind created (its UID
+    /// is the precondition).
+    async fn delete_crd_if_ours(&self) -> Result<(), Error> {
+        if !self.ours_and_last() {
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: self.crd.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self.crds.delete(self.api, &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
+            Err(e) => Err(Error::Consumer(e)),
+        }
+    }
+
+    /// Whether kbind created the CRD for the old Connection, it serves it, and no other binding
+    /// binds the API through that Connection: then a finished move may take it along.
+    fn movable(&self) -> bool {
+        let held_elsewhere = self
+            .cluster_bindings
+            .iter()
+            .map(|b| (&b.metadata, &b.spec.binding))
+            .chain(self.bindings.iter().map(|b| (&b.metadata, &b.spec)))
+            .any(|(meta, spec)| {
+                meta.deletion_timestamp.is_none()
+                    && meta.uid.as_deref() != Some(self.leaving_uid)
+                    && spec.connection_ref.name == self.connection
+                    && spec.apis.iter().any(|a| a.name == self.api)
+            });
+        let annotation = |key: &str| self.crd.annotations().get(key).map(String::as_str);
+        !held_elsewhere
+            && annotation(keys::CREATED_BY_ANNOTATION) == Some(self.connection)
+            && annotation(keys::CONNECTION_ANNOTATION) == Some(self.connection)
+    }
+
+    /// A finished move: the CRD kbind created for the old Connection now serves `to` (and counts
+    /// as created for it, so its last explicit unbind may remove it). The user's edit of the
+    /// binding is the consent; a CRD kbind did not create still needs the user's opt-in
+    /// (`core.kbind.io/adopt`), which the new Connection's schema plan asks for.
+    async fn hand_over(&self, to: &str) -> Result<(), Error> {
+        if !self.movable() {
+            return Ok(());
+        }
+        let patch = json!({ "metadata": {
+            "resourceVersion": self.crd.resource_version(),
+            "annotations": {
+                keys::CONNECTION_ANNOTATION: to,
+                keys::CREATED_BY_ANNOTATION: to,
+                keys::UNBOUND_ANNOTATION: null,
+            }
+        } });
+        match self
+            .crds
+            .patch(self.api, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(e) => Err(Error::Consumer(e)),
+        }
+    }
+
+    /// The automatic unbind: the CRD (and so every object) stays, annotated to say why.
+    async fn mark_unbound(&self, binding: &str) -> Result<(), Error> {
+        if !self.ours_and_last() {
+            return Ok(());
+        }
+        let note = format!(
+            "ClusterBinding {binding} made by autoBind went away without a user deleting it; kbind kept this CRD and its objects (delete the CRD yourself if they are no longer wanted)"
+        );
+        let patch = json!({ "metadata": { "annotations": { keys::UNBOUND_ANNOTATION: note } } });
+        match self
+            .crds
+            .patch(self.api, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(e) => Err(Error::Consumer(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kbind_shared::api::{ApiRef, BindingSpec, ClusterBindingSpec, ConnectionRef};
+
+    fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
+        BindingSpec {
+            connection_ref: ConnectionRef {
+                name: connection.into(),
+            },
+            apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
+            conflict_policy: Default::default(),
+            related_resources: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn remaining_coverage_is_exact_per_namespace_and_connection() {
+        // LIM-22
+        let w = "widgets.example.org";
+        let mut leaving = ClusterBinding::new("leaving", ClusterBindingSpec::from(spec("p", &[w])));
+        leaving.metadata.uid = Some("leaving".into());
+        let other_connection =
+            ClusterBinding::new("other", ClusterBindingSpec::from(spec("q", &[w])));
+        let mut team_a = Binding::new("a", spec("p", &[w]));
+        team_a.metadata.namespace = Some("team-a".into());
+        let mut team_b_other_api = Binding::new("b", spec("p", &["gadgets.example.org"]));
+        team_b_other_api.metadata.namespace = Some("team-b".into());
+        let coverage = remaining_coverage(
+            w,
+            "p",
+            "leaving",
+            &[leaving.clone(), other_connection],
+            &[team_a, team_b_other_api],
+        );
+        assert_eq!(
+            coverage,
+            Coverage {
+                everywhere: false,
+                namespaces: vec!["team-a".into()]
+            }
+        );
+
+        let still = ClusterBinding::new("still", ClusterBindingSpec::from(spec("p", &[w])));
+        assert!(remaining_coverage(w, "p", "leaving", &[leaving, still], &[]).everywhere);
+    }
+}

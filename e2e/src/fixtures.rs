@@ -519,6 +519,20 @@ pub async fn create_widget_and_wait_upstream(
     .await;
 }
 
+/// Secret → Connection → Ready: connects the consumer to the cluster whose `kubeconfig` is given,
+/// as Connection `name` (CRD schema source) over the Secret `kbind/<name>`.
+pub async fn connect_to(consumer: &Client, name: &str, kubeconfig: &str) {
+    put_secret(consumer, name, "kubeconfig", kubeconfig.as_bytes())
+        .await
+        .expect("the Secret applies");
+    create_connection(consumer, &connection(name, name, SchemaSource::Crd))
+        .await
+        .expect("the Connection is created");
+    wait_condition(consumer, name, "Ready", "True", None)
+        .await
+        .expect("the Connection becomes Ready");
+}
+
 /// Deletes the Connection `name` and waits until it is gone.
 pub async fn delete_connection(consumer: &Client, name: &str) {
     let api = Api::<Connection>::all(consumer.clone());

@@ -13,7 +13,8 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::OnceCell;
 
-use crate::connection::credentials::Providers;
+use crate::openapi::fetch::Documents;
+use crate::providers::Providers;
 
 /// Periods from the flags.
 #[derive(Clone, Debug)]
@@ -116,6 +117,8 @@ pub struct Context {
     pub namespace: String,
     /// One provider client per Connection, shared by the reconcilers.
     pub providers: Providers,
+    /// Providers' OpenAPI documents, by server and URL.
+    pub documents: Documents,
     local_uid: OnceCell<String>,
     instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
     conflict_changes: tokio::sync::broadcast::Sender<String>,
@@ -137,6 +140,7 @@ impl Context {
             settings,
             namespace,
             providers: Providers::default(),
+            documents: Documents::default(),
             local_uid: OnceCell::new(),
             instance_metadata: Default::default(),
             conflict_changes: tokio::sync::broadcast::channel(256).0,

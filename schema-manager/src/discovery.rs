@@ -3,8 +3,11 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::{ActiveSchemaSource, ApiScope, ExportedApi, SchemaSource};
 use kbind_shared::keys;
+use kube::Api;
 use kube::api::ListParams;
-use kube::{Api, Client};
+
+use crate::openapi::fetch::{Documents, synthesize_from_provider};
+use crate::providers::{Provider, ProviderError};
 
 /// What discovery found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,26 +16,6 @@ pub struct Exports {
     pub source: ActiveSchemaSource,
     /// Exported APIs, sorted by name.
     pub apis: Vec<ExportedApi>,
-}
-
-/// Why discovery failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DiscoveryError {
-    /// RBAC denied what discovery needs.
-    #[error("{0}")]
-    Forbidden(String),
-    /// Anything else.
-    #[error("{0}")]
-    Failed(String),
-}
-
-fn classify(what: &str, e: kube::Error) -> DiscoveryError {
-    match e {
-        kube::Error::Api(s) if s.is_forbidden() => {
-            DiscoveryError::Forbidden(format!("{what} was denied by RBAC: {}", s.message))
-        }
-        e => DiscoveryError::Failed(format!("{what} failed: {e}")),
-    }
 }
 
 /// DISC-1: the exported API of each labelled CRD; CRDs without a served version are skipped.
@@ -71,35 +54,25 @@ pub fn exports_from_crds(crds: &[CustomResourceDefinition]) -> Vec<ExportedApi> 
     apis
 }
 
-/// OAPI-3: groups that are Kubernetes' own and never exported through OpenAPI discovery.
-pub fn is_builtin_group(group: &str) -> bool {
-    matches!(
-        group,
-        "" | "apps" | "batch" | "extensions" | "policy" | "autoscaling" | "networking.k8s.io"
-    ) || group.ends_with(".k8s.io")
-}
-
-async fn list_exported_crds(provider: &Client) -> Result<Vec<ExportedApi>, DiscoveryError> {
-    let crds: Api<CustomResourceDefinition> = Api::all(provider.clone());
+async fn list_exported_crds(provider: &Provider) -> Result<Vec<ExportedApi>, ProviderError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(provider.client.clone());
     let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
     let list = crds
         .list(&ListParams::default().labels(&selector))
         .await
-        .map_err(|e| classify("listing the provider's CustomResourceDefinitions", e))?;
+        .map_err(|e| {
+            ProviderError::from_kube("listing the provider's CustomResourceDefinitions", e)
+        })?;
     Ok(exports_from_crds(&list.items))
 }
 
 /// DISC-4: every non-built-in API for which a CRD can be synthesized from the provider's OpenAPI
 /// documents, with its versions highest first.
 async fn discover_openapi_candidates(
-    provider: &Client,
-) -> Result<Vec<ExportedApi>, DiscoveryError> {
-    let crds = crate::openapi::synthesize_from_provider(provider, None)
-        .await
-        .map_err(|e| match e {
-            crate::openapi::FetchError::Forbidden(m) => DiscoveryError::Forbidden(m),
-            crate::openapi::FetchError::Failed(m) => DiscoveryError::Failed(m),
-        })?;
+    provider: &Provider,
+    documents: &Documents,
+) -> Result<Vec<ExportedApi>, ProviderError> {
+    let crds = synthesize_from_provider(provider, documents, None).await?;
     Ok(crds
         .iter()
         .map(|crd| ExportedApi {
@@ -117,7 +90,11 @@ async fn discover_openapi_candidates(
 }
 
 /// DISC-2/3/4: the exported APIs under the Connection's schema source.
-pub async fn discover(provider: &Client, source: SchemaSource) -> Result<Exports, DiscoveryError> {
+pub async fn discover(
+    provider: &Provider,
+    documents: &Documents,
+    source: SchemaSource,
+) -> Result<Exports, ProviderError> {
     match source {
         SchemaSource::Crd => Ok(Exports {
             source: ActiveSchemaSource::Crd,
@@ -125,7 +102,7 @@ pub async fn discover(provider: &Client, source: SchemaSource) -> Result<Exports
         }),
         SchemaSource::OpenApi => Ok(Exports {
             source: ActiveSchemaSource::OpenApi,
-            apis: discover_openapi_candidates(provider).await?,
+            apis: discover_openapi_candidates(provider, documents).await?,
         }),
         SchemaSource::Auto => {
             // A failed list is an error, not a fall-through (DISC-2).
@@ -133,7 +110,7 @@ pub async fn discover(provider: &Client, source: SchemaSource) -> Result<Exports
             if apis.is_empty() {
                 Ok(Exports {
                     source: ActiveSchemaSource::OpenApi,
-                    apis: discover_openapi_candidates(provider).await?,
+                    apis: discover_openapi_candidates(provider, documents).await?,
                 })
             } else {
                 Ok(Exports {
@@ -238,6 +215,7 @@ mod tests {
 
     #[test]
     fn builtin_groups_are_never_candidates() {
+        use crate::openapi::fetch::is_builtin_group;
         for group in [
             "",
             "apps",

@@ -12,6 +12,7 @@ mod context;
 mod discovery;
 mod leader;
 mod openapi;
+mod providers;
 mod schema;
 
 use std::sync::Arc;

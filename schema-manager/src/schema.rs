@@ -12,15 +12,8 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-/// SCH-2 version selection: the first storage version, else the first served one.
-pub fn select_version(
-    versions: &[CustomResourceDefinitionVersion],
-) -> Option<&CustomResourceDefinitionVersion> {
-    versions
-        .iter()
-        .find(|v| v.storage)
-        .or_else(|| versions.iter().find(|v| v.served))
-}
+use crate::openapi::fetch::{Documents, synthesize_from_provider};
+use crate::providers::{Provider, ProviderError};
 
 /// SCH-3: `sha256:<first 16 hex>` of the desired spec's JSON.
 pub fn schema_hash(crd: &CustomResourceDefinition) -> String {
@@ -38,7 +31,7 @@ pub fn desired_crd(
     connection: &str,
 ) -> Result<CustomResourceDefinition, String> {
     let name = provider.name_any();
-    let mut version = select_version(&provider.spec.versions)
+    let mut version = kbind_shared::dynamic::storage_version(&provider.spec.versions)
         .cloned()
         .ok_or_else(|| format!("provider CRD {name} has no served version"))?;
     version.served = true;
@@ -88,57 +81,32 @@ pub fn with_markers(crd: CustomResourceDefinition, connection: &str) -> CustomRe
     crd
 }
 
-/// Why a desired consumer CRD cannot be built now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Problem {
-    /// RBAC denied reading the provider's schema.
-    Forbidden(String),
-    /// Anything else; retried.
-    Pending(String),
-}
-
 /// The desired consumer CRD of an exported API, from the active schema source: the pulled
 /// provider CRD (§9.1) or a CRD synthesized from the provider's OpenAPI documents (§9.2, §10).
 pub async fn desired_for(
-    provider: &Client,
+    provider: &Provider,
+    documents: &Documents,
     connection: &str,
     source: Option<kbind_shared::api::ActiveSchemaSource>,
     export: &kbind_shared::api::ExportedApi,
-) -> Result<CustomResourceDefinition, Problem> {
+) -> Result<CustomResourceDefinition, ProviderError> {
     if source == Some(kbind_shared::api::ActiveSchemaSource::OpenApi) {
-        return match crate::openapi::synthesize_from_provider(provider, Some(&export.group)).await {
-            Ok(crds) => crds
-                .into_iter()
-                .find(|c| c.metadata.name.as_deref() == Some(export.name.as_str()))
-                .map(|crd| with_markers(crd, connection))
-                .ok_or_else(|| {
-                    Problem::Pending(
-                        "the provider's OpenAPI documents have no usable schema for it".into(),
-                    )
-                }),
-            Err(crate::openapi::FetchError::Forbidden(message)) => Err(Problem::Forbidden(message)),
-            Err(crate::openapi::FetchError::Failed(message)) => Err(Problem::Pending(message)),
-        };
+        let crds = synthesize_from_provider(provider, documents, Some(&export.group)).await?;
+        return crds
+            .into_iter()
+            .find(|c| c.metadata.name.as_deref() == Some(export.name.as_str()))
+            .map(|crd| with_markers(crd, connection))
+            .ok_or_else(|| {
+                ProviderError::Failed(
+                    "the provider's OpenAPI documents have no usable schema for it".into(),
+                )
+            });
     }
-    let provider_crd = match Api::<CustomResourceDefinition>::all(provider.clone())
+    let provider_crd = Api::<CustomResourceDefinition>::all(provider.client.clone())
         .get(&export.name)
         .await
-    {
-        Ok(crd) => crd,
-        Err(kube::Error::Api(s)) if s.is_forbidden() => {
-            return Err(Problem::Forbidden(format!(
-                "reading the provider CRD was denied by RBAC: {}",
-                s.message
-            )));
-        }
-        Err(e) => {
-            return Err(Problem::Pending(format!(
-                "cannot read the provider CRD: {}",
-                kbind_shared::identity::describe_error(&e)
-            )));
-        }
-    };
-    desired_crd(&provider_crd, connection).map_err(Problem::Pending)
+        .map_err(|e| ProviderError::from_kube("reading the provider CRD", e))?;
+    desired_crd(&provider_crd, connection).map_err(ProviderError::Failed)
 }
 
 /// What [`install`] will do (SCH-4).

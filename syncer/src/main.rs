@@ -7,7 +7,6 @@ mod credentials;
 mod managed;
 mod membership;
 mod namespaces;
-mod ownership;
 mod related;
 mod worker;
 

@@ -376,7 +376,7 @@ fn desired_workers(
         let Some(buckets) = Buckets::of(&units) else {
             continue;
         };
-        let Some(resource) = worker::instance_resource(&crd) else {
+        let Some(resource) = kbind_shared::dynamic::instance_resource(&crd) else {
             tracing::warn!(crd = %name, "managed CRD has no served version; not syncing it");
             continue;
         };

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
 use kbind_shared::shard::{self, Unit};
@@ -25,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 use crate::namespaces;
-use crate::ownership::{self, Decision, Owner};
+use kbind_shared::ownership::{self, Decision, Owner};
 
 /// What a worker syncs, and with which provider.
 pub struct WorkerSpec {
@@ -102,22 +101,6 @@ impl Buckets {
             _ => true,
         }
     }
-}
-
-/// The storage (else first served) version of a CRD as an [`ApiResource`].
-pub fn instance_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
-    let versions = &crd.spec.versions;
-    let version = versions
-        .iter()
-        .find(|v| v.storage)
-        .or_else(|| versions.iter().find(|v| v.served))?;
-    Some(ApiResource {
-        group: crd.spec.group.clone(),
-        version: version.name.clone(),
-        api_version: format!("{}/{}", crd.spec.group, version.name),
-        kind: crd.spec.names.kind.clone(),
-        plural: crd.spec.names.plural.clone(),
-    })
 }
 
 /// Why an object sync did not finish.
@@ -314,17 +297,11 @@ impl Worker {
     }
 
     fn consumer_api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
-        match namespace {
-            Some(ns) => Api::namespaced_with(self.ctx.client.clone(), ns, &self.spec.resource),
-            None => Api::all_with(self.ctx.client.clone(), &self.spec.resource),
-        }
+        kbind_shared::dynamic::scoped(&self.ctx.client, namespace, &self.spec.resource)
     }
 
     fn provider_api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
-        match namespace {
-            Some(ns) => Api::namespaced_with(self.provider.clone(), ns, &self.spec.resource),
-            None => Api::all_with(self.provider.clone(), &self.spec.resource),
-        }
+        kbind_shared::dynamic::scoped(&self.provider, namespace, &self.spec.resource)
     }
 
     fn provider_copy(&self, object: &DynamicObject) -> Option<Arc<DynamicObject>> {
@@ -388,7 +365,7 @@ impl Worker {
         object: &DynamicObject,
         finalizers: Vec<String>,
     ) -> Result<(), Error> {
-        let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": object.resource_version() } });
+        let patch = kbind_shared::finalizers::patch(&object.metadata, &finalizers);
         self.fence()?;
         match self
             .consumer_api(object.namespace().as_deref())
@@ -545,13 +522,9 @@ async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action,
     }
 
     // KEY-10: the finalizer before the first provider write.
-    if !object
-        .finalizers()
-        .iter()
-        .any(|f| f == keys::SYNCER_FINALIZER)
+    if let Some(finalizers) =
+        kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, true)
     {
-        let mut finalizers = object.finalizers().to_vec();
-        finalizers.push(keys::SYNCER_FINALIZER.to_owned());
         worker.set_finalizers(&object, finalizers).await?;
         return Ok(Action::await_change());
     }
@@ -725,22 +698,12 @@ async fn forbidden_or(
 
 /// IDEL-1 … IDEL-3.
 async fn delete(object: &DynamicObject, worker: &Worker) -> Result<Action, Error> {
-    if !object
-        .finalizers()
-        .iter()
-        .any(|f| f == keys::SYNCER_FINALIZER)
-    {
+    let Some(released) =
+        kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, false)
+    else {
         return Ok(Action::await_change());
-    }
-    let release = || {
-        let finalizers: Vec<String> = object
-            .finalizers()
-            .iter()
-            .filter(|f| *f != keys::SYNCER_FINALIZER)
-            .cloned()
-            .collect();
-        worker.set_finalizers(object, finalizers)
     };
+    let release = || worker.set_finalizers(object, released.clone());
     if object
         .annotations()
         .get(keys::DELETION_POLICY_ANNOTATION)

@@ -18,7 +18,7 @@ use kbind_shared::api::{
 use kbind_shared::conditions::{self, Desired, reasons, types};
 use kbind_shared::keys;
 use kbind_shared::resolve::BindingObject;
-use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::ObjectRef;
@@ -26,8 +26,8 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::credentials::Provider;
 use crate::context::Context;
+use crate::providers::{Provider, ProviderError};
 use crate::schema;
 use ledger::{Going, Left, Step};
 use outcome::{ApiState, Conflicts};
@@ -389,7 +389,8 @@ async fn api_state<B: Scoped>(
     let create = policy.pull_policy != PullPolicy::None;
     let update = policy.update_policy != UpdatePolicy::Once;
     let desired = match schema::desired_for(
-        &provider.client,
+        provider,
+        &ctx.documents,
         &connection.name_any(),
         status.active_schema_source,
         export,
@@ -397,8 +398,8 @@ async fn api_state<B: Scoped>(
     .await
     {
         Ok(desired) => desired,
-        Err(schema::Problem::Forbidden(message)) => return ApiState::Forbidden(message),
-        Err(schema::Problem::Pending(message)) => return ApiState::Pending(message),
+        Err(ProviderError::Forbidden(message)) => return ApiState::Forbidden(message),
+        Err(ProviderError::Failed(message)) => return ApiState::Pending(message),
     };
     let hash = desired
         .annotations()
@@ -438,29 +439,6 @@ async fn api_state<B: Scoped>(
     }
 }
 
-/// The instances' API of a consumer CRD: its storage version.
-pub(crate) fn instance_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
-    let version = schema::select_version(&crd.spec.versions)?;
-    Some(ApiResource {
-        group: crd.spec.group.clone(),
-        version: version.name.clone(),
-        api_version: format!("{}/{}", crd.spec.group, version.name),
-        kind: crd.spec.names.kind.clone(),
-        plural: crd.spec.names.plural.clone(),
-    })
-}
-
-pub(crate) fn instances(
-    client: &Client,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-) -> Api<DynamicObject> {
-    match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
-        None => Api::all_with(client.clone(), resource),
-    }
-}
-
 /// BIND-5d: instances in scope with a conflict annotation, from a metadata-only watch cache
 /// (LIM-16: no LIST of every instance per resync). A cache that has not listed yet counts 0.
 async fn count_conflicts(
@@ -468,7 +446,7 @@ async fn count_conflicts(
     crd: &CustomResourceDefinition,
     namespace: Option<&str>,
 ) -> Conflicts {
-    let Some(resource) = instance_resource(crd) else {
+    let Some(resource) = kbind_shared::dynamic::instance_resource(crd) else {
         return Conflicts::default();
     };
     let mut conflicts = Conflicts::default();

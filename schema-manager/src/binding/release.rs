@@ -11,15 +11,17 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kbind_shared::api::{Binding, ClusterBinding, Connection};
 use kbind_shared::conditions::{Desired, types};
 use kbind_shared::keys;
+use kbind_shared::ownership::{self, Owner};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use super::ledger::{self, Held, Left, Step};
-use super::{Error, Scoped, instance_resource, instances, outcome, write_status};
-use crate::connection::credentials::Provider;
+use super::{Error, Scoped, outcome, write_status};
 use crate::context::Context;
+use crate::providers::Provider;
+use kbind_shared::dynamic::{instance_resource, scoped};
 
 /// Why an API is being let go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +146,7 @@ pub async fn release_api<B: Scoped>(
     // — finalizers released, provider copies kept — and its CRDs are kept, marked unbound.
     let automatic = mode == Mode::Unbind && is_automatic(binding.meta());
     let scope = binding.covered_namespace();
-    let list = match instances(client, &resource, scope.as_deref())
+    let list = match scoped(client, scope.as_deref(), &resource)
         .list(&ListParams::default())
         .await
     {
@@ -315,7 +317,7 @@ async fn delete_related_copies(
             ApiResource::erase::<Secret>(&()),
             ApiResource::erase::<ConfigMap>(&()),
         ] {
-            let api = instances(client, &resource, namespace);
+            let api = scoped(client, namespace, &resource);
             let list = match api
                 .list_metadata(&ListParams::default().labels(&selector))
                 .await
@@ -355,7 +357,7 @@ async fn delete_related_copies(
                     }),
                     ..Default::default()
                 };
-                match instances(client, &resource, Some(&namespace))
+                match scoped(client, Some(&namespace), &resource)
                     .delete(&copy.name_any(), &params)
                     .await
                 {
@@ -383,7 +385,7 @@ async fn delete_provider_copy(
     object: &DynamicObject,
     local_uid: &str,
 ) -> Result<bool, String> {
-    let api = instances(provider, resource, object.namespace().as_deref());
+    let api = scoped(provider, object.namespace().as_deref(), resource);
     let name = object.name_any();
     let copy = match api.get_opt(&name).await {
         Ok(copy) => copy,
@@ -395,14 +397,8 @@ async fn delete_provider_copy(
         }
     };
     let Some(copy) = copy else { return Ok(false) };
-    let ours = copy
-        .annotations()
-        .get(keys::CONSUMER_CLUSTER_UID_ANNOTATION)
-        .map(String::as_str)
-        == Some(local_uid)
-        && copy.annotations().get(keys::CONSUMER_OBJECT_UID_ANNOTATION)
-            == object.metadata.uid.as_ref();
-    if !ours {
+    let object_uid = object.metadata.uid.as_deref().unwrap_or_default();
+    if ownership::classify(copy.annotations(), local_uid, object_uid) != Owner::Ours {
         return Ok(false);
     }
     if copy.metadata.deletion_timestamp.is_none() {
@@ -435,24 +431,11 @@ async fn release_syncer_finalizer(
     resource: &ApiResource,
     object: &DynamicObject,
 ) -> Result<(), Error> {
-    let finalizers: Vec<&String> = object
-        .finalizers()
-        .iter()
-        .filter(|f| *f != keys::SYNCER_FINALIZER)
-        .collect();
-    let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": object.resource_version() } });
-    match instances(client, resource, object.namespace().as_deref())
-        .patch(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    let api = scoped(client, object.namespace().as_deref(), resource);
+    kbind_shared::finalizers::set(&api, object, keys::SYNCER_FINALIZER, false)
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(Error::Consumer(e)),
-    }
+        .map(drop)
+        .map_err(Error::Consumer)
 }
 
 /// Whether a binding was made by autoBind: controlled by a Connection.
@@ -476,23 +459,32 @@ struct LastBinding<'a> {
 }
 
 impl LastBinding<'_> {
-    /// Whether kbind created the CRD for this Connection, it still serves it, and no other
-    /// binding lists the API.
-    fn ours_and_last(&self) -> bool {
-        let listed_elsewhere = self
-            .cluster_bindings
+    /// Whether a binding other than the leaving one lists the API (through `connection` only,
+    /// if given).
+    fn listed_elsewhere(&self, connection: Option<&str>) -> bool {
+        self.cluster_bindings
             .iter()
             .map(|b| (&b.metadata, &b.spec.binding))
             .chain(self.bindings.iter().map(|b| (&b.metadata, &b.spec)))
             .any(|(meta, spec)| {
                 meta.deletion_timestamp.is_none()
                     && meta.uid.as_deref() != Some(self.leaving_uid)
+                    && connection.is_none_or(|c| spec.connection_ref.name == c)
                     && spec.apis.iter().any(|a| a.name == self.api)
-            });
+            })
+    }
+
+    /// Whether kbind created the CRD for this Connection and it still serves it.
+    fn created_and_served(&self) -> bool {
         let annotation = |key: &str| self.crd.annotations().get(key).map(String::as_str);
-        !listed_elsewhere
-            && annotation(keys::CREATED_BY_ANNOTATION) == Some(self.connection)
+        annotation(keys::CREATED_BY_ANNOTATION) == Some(self.connection)
             && annotation(keys::CONNECTION_ANNOTATION) == Some(self.connection)
+    }
+
+    /// Whether kbind created the CRD for this Connection, it still serves it, and no other
+    /// binding lists the API.
+    fn ours_and_last(&self) -> bool {
+        self.created_and_served() && !self.listed_elsewhere(None)
     }
 
     /// LIM-9: only the explicit deletion of the last binding removes a CRD kbind created (its UID
@@ -518,21 +510,7 @@ impl LastBinding<'_> {
     /// Whether kbind created the CRD for the old Connection, it serves it, and no other binding
     /// binds the API through that Connection: then a finished move may take it along.
     fn movable(&self) -> bool {
-        let held_elsewhere = self
-            .cluster_bindings
-            .iter()
-            .map(|b| (&b.metadata, &b.spec.binding))
-            .chain(self.bindings.iter().map(|b| (&b.metadata, &b.spec)))
-            .any(|(meta, spec)| {
-                meta.deletion_timestamp.is_none()
-                    && meta.uid.as_deref() != Some(self.leaving_uid)
-                    && spec.connection_ref.name == self.connection
-                    && spec.apis.iter().any(|a| a.name == self.api)
-            });
-        let annotation = |key: &str| self.crd.annotations().get(key).map(String::as_str);
-        !held_elsewhere
-            && annotation(keys::CREATED_BY_ANNOTATION) == Some(self.connection)
-            && annotation(keys::CONNECTION_ANNOTATION) == Some(self.connection)
+        self.created_and_served() && !self.listed_elsewhere(Some(self.connection))
     }
 
     /// A finished move: the CRD kbind created for the old Connection now serves `to` (and counts

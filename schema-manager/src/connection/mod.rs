@@ -3,7 +3,6 @@
 //! status, with every status change persisted (QRK-1) and an Event per condition transition.
 
 mod autobind;
-pub mod credentials;
 pub mod heartbeat;
 pub mod outcome;
 mod secrets;
@@ -18,17 +17,17 @@ use kbind_shared::api::{Binding, ClusterBinding, Connection, ConnectionStatus};
 use kbind_shared::conditions::{self, Desired, reasons, types};
 use kbind_shared::identity::{IdentityError, cluster_identity};
 use kbind_shared::keys;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
-use crate::discovery::{self, DiscoveryError};
+use crate::discovery;
+use crate::providers::{Provider, ProviderError};
 use outcome::Outcome;
 use secrets::SecretWatches;
 
@@ -163,22 +162,7 @@ async fn add_secret_finalizer(state: &State, connection: &Connection) -> Result<
         // Missing or unreadable: the status reports it (CONN-3).
         return Ok(());
     };
-    if secret
-        .finalizers()
-        .iter()
-        .any(|f| f == keys::CLEANUP_FINALIZER)
-    {
-        return Ok(());
-    }
-    let mut finalizers = secret.finalizers().to_vec();
-    finalizers.push(keys::CLEANUP_FINALIZER.to_owned());
-    let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": secret.resource_version() } });
-    secrets
-        .patch(
-            &reference.name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    kbind_shared::finalizers::set(&secrets, &secret, keys::CLEANUP_FINALIZER, true)
         .await
         .map_err(Error::Consumer)?;
     Ok(())
@@ -256,7 +240,7 @@ async fn connect(
     let name = connection.name_any();
 
     // CONN-3: credentials.
-    let credential = match credentials::read_credential(
+    let credential = match crate::providers::read_credential(
         &ctx.client,
         &connection.spec.kubeconfig_secret_ref,
         &ctx.settings.provider_secret_namespaces,
@@ -307,21 +291,22 @@ async fn connect(
     ctx.providers.verified(&name, &provider);
 
     // CONN-7: discovery.
-    let exports = match discovery::discover(&provider.client, connection.spec.schema.source).await {
-        Ok(exports) => exports,
-        Err(DiscoveryError::Forbidden(message)) => {
-            return Ok((Outcome::DiscoveryForbidden(message), None));
-        }
-        Err(DiscoveryError::Failed(message)) => {
-            return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
-        }
-    };
+    let exports =
+        match discovery::discover(&provider, &ctx.documents, connection.spec.schema.source).await {
+            Ok(exports) => exports,
+            Err(ProviderError::Forbidden(message)) => {
+                return Ok((Outcome::DiscoveryForbidden(message), None));
+            }
+            Err(ProviderError::Failed(message)) => {
+                return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
+            }
+        };
     status.active_schema_source = Some(exports.source);
     status.exported_apis = exports.apis;
 
     // CONN-8: pullPolicy All installs every export now (create, and update unless Once).
     if connection.spec.schema.pull_policy == kbind_shared::api::PullPolicy::All
-        && let Err(message) = install_all(&ctx.client, &provider.client, connection, status).await
+        && let Err(message) = install_all(ctx, &provider, connection, status).await
     {
         return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
     }
@@ -391,32 +376,36 @@ async fn connect(
 /// CONN-8: installs the schema of every exported API. A problem with one API does not stop the
 /// others; the first is reported.
 async fn install_all(
-    consumer: &kube::Client,
-    provider: &kube::Client,
+    ctx: &Context,
+    provider: &Provider,
     connection: &Connection,
     status: &ConnectionStatus,
 ) -> Result<(), String> {
+    let consumer = &ctx.client;
     let name = connection.name_any();
     let update = connection.spec.schema.update_policy != kbind_shared::api::UpdatePolicy::Once;
     let mut first_problem = None;
     for export in &status.exported_apis {
-        let result =
-            match crate::schema::desired_for(provider, &name, status.active_schema_source, export)
-                .await
-            {
-                Ok(desired) => {
-                    match crate::schema::install(consumer, &desired, &name, true, update).await {
-                        Ok(crate::schema::Installed {
-                            plan: crate::schema::Plan::Refuse(message),
-                            ..
-                        }) => Err(message),
-                        other => other.map(drop),
-                    }
+        let desired = crate::schema::desired_for(
+            provider,
+            &ctx.documents,
+            &name,
+            status.active_schema_source,
+            export,
+        )
+        .await;
+        let result = match desired {
+            Ok(desired) => {
+                match crate::schema::install(consumer, &desired, &name, true, update).await {
+                    Ok(crate::schema::Installed {
+                        plan: crate::schema::Plan::Refuse(message),
+                        ..
+                    }) => Err(message),
+                    other => other.map(drop),
                 }
-                Err(crate::schema::Problem::Forbidden(m) | crate::schema::Problem::Pending(m)) => {
-                    Err(m)
-                }
-            };
+            }
+            Err(e) => Err(e.message().to_owned()),
+        };
         if let Err(message) = result {
             first_problem.get_or_insert(format!(
                 "installing the schema of {}: {message}",
@@ -636,25 +625,7 @@ async fn remove_secret_finalizer(state: &State, connection: &Connection) -> Resu
     else {
         return Ok(());
     };
-    if !secret
-        .finalizers()
-        .iter()
-        .any(|f| f == keys::CLEANUP_FINALIZER)
-    {
-        return Ok(());
-    }
-    let finalizers: Vec<&String> = secret
-        .finalizers()
-        .iter()
-        .filter(|f| *f != keys::CLEANUP_FINALIZER)
-        .collect();
-    let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": secret.resource_version() } });
-    secrets
-        .patch(
-            &reference.name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    kbind_shared::finalizers::set(&secrets, &secret, keys::CLEANUP_FINALIZER, false)
         .await
         .map_err(Error::Consumer)?;
     Ok(())

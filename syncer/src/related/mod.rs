@@ -241,10 +241,7 @@ fn watch(
     changes: Arc<Notify>,
 ) -> Watched {
     let resource = resource(kind);
-    let api: Api<DynamicObject> = match namespace {
-        Some(ns) => Api::namespaced_with(client, ns, &resource),
-        None => Api::all_with(client, &resource),
-    };
+    let api = kbind_shared::dynamic::scoped(&client, namespace, &resource);
     let config = match (role, source_labels) {
         (Role::Target, _) => {
             watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
@@ -741,12 +738,11 @@ impl Worker {
                 if targeted {
                     continue;
                 }
-                let api: Api<DynamicObject> = match &self.spec.namespace {
-                    Some(ns) => {
-                        Api::namespaced_with(self.client(side).clone(), ns, &resource(kind))
-                    }
-                    None => Api::all_with(self.client(side).clone(), &resource(kind)),
-                };
+                let api = kbind_shared::dynamic::scoped(
+                    self.client(side),
+                    self.spec.namespace.as_deref(),
+                    &resource(kind),
+                );
                 let list = api
                     .list(&ListParams::default().labels(&format!(
                         "{}={}",

@@ -22,6 +22,39 @@ pub struct Provider {
     pub digest: String,
 }
 
+/// Why reading something from a provider failed: RBAC said no, or anything else (retried).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    /// RBAC denied it.
+    #[error("{0}")]
+    Forbidden(String),
+    /// Anything else.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl ProviderError {
+    /// Classifies a failed request for `what` (the message names it and never carries a URL).
+    pub fn from_kube(what: &str, e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) if s.is_forbidden() => {
+                Self::Forbidden(format!("{what} was denied by RBAC: {}", s.message))
+            }
+            e => Self::Failed(format!(
+                "{what} failed: {}",
+                kbind_shared::identity::describe_error(&e)
+            )),
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Forbidden(m) | Self::Failed(m) => m,
+        }
+    }
+}
+
 /// Reads the Secret a Connection references and returns its validated credential.
 pub async fn read_credential(
     consumer: &Client,

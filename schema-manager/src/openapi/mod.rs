@@ -15,6 +15,8 @@ use kube::api::ObjectMeta;
 use kube::core::Version;
 use serde_json::{Map, Value, json};
 
+pub mod fetch;
+
 /// What discovery says about one resource in one group/version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoveredVersion {
@@ -521,131 +523,6 @@ pub fn is_structural(node: &Value) -> bool {
         .is_none_or(|p| p.values().all(is_structural))
         && object.get("items").is_none_or(is_structural)
         && object.get("additionalProperties").is_none_or(is_structural)
-}
-
-/// Why fetching the provider's API description failed.
-#[derive(Debug, thiserror::Error)]
-pub enum FetchError {
-    /// RBAC denied it.
-    #[error("{0}")]
-    Forbidden(String),
-    /// Anything else.
-    #[error("{0}")]
-    Failed(String),
-}
-
-fn classify(what: &str, e: kube::Error) -> FetchError {
-    match e {
-        kube::Error::Api(s) if s.is_forbidden() => {
-            FetchError::Forbidden(format!("{what} was denied by RBAC: {}", s.message))
-        }
-        e => FetchError::Failed(format!(
-            "{what} failed: {}",
-            kbind_shared::identity::describe_error(&e)
-        )),
-    }
-}
-
-async fn get_json(client: &kube::Client, path: &str) -> Result<Value, kube::Error> {
-    let text = client
-        .request_text(
-            http::Request::get(path)
-                .body(Vec::new())
-                .expect("a valid path"),
-        )
-        .await?;
-    serde_json::from_str(&text).map_err(kube::Error::SerdeError)
-}
-
-/// Fetched OpenAPI v3 documents by their `serverRelativeURL`, which carries the document's content
-/// hash (`?hash=…`): a changed document has a new URL, so a cached one is never stale. Bounded: it
-/// is emptied when it grows past [`DOCUMENT_CACHE_ENTRIES`].
-static DOCUMENTS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, Value>>> =
-    std::sync::LazyLock::new(Default::default);
-const DOCUMENT_CACHE_ENTRIES: usize = 128;
-
-/// One group version's document, from the cache when its URL names a content hash.
-async fn document(client: &kube::Client, path: &str) -> Result<Value, kube::Error> {
-    let cacheable = path.contains("hash=");
-    if cacheable && let Some(found) = DOCUMENTS.lock().expect("not poisoned").get(path) {
-        return Ok(found.clone());
-    }
-    let fetched = get_json(client, path).await?;
-    if cacheable {
-        let mut documents = DOCUMENTS.lock().expect("not poisoned");
-        if documents.len() >= DOCUMENT_CACHE_ENTRIES {
-            documents.clear();
-        }
-        documents.insert(path.to_owned(), fetched.clone());
-    }
-    Ok(fetched)
-}
-
-/// Synthesizes the CRDs of the provider's non-built-in groups (all of them, or only `only_group`).
-/// Group versions whose discovery or document cannot be read are skipped (OAPI-1, OAPI-3).
-pub async fn synthesize_from_provider(
-    provider: &kube::Client,
-    only_group: Option<&str>,
-) -> Result<Vec<CustomResourceDefinition>, FetchError> {
-    let groups = provider
-        .list_api_groups()
-        .await
-        .map_err(|e| classify("provider API discovery", e))?;
-    let index = get_json(provider, "/openapi/v3")
-        .await
-        .map_err(|e| classify("reading the provider's /openapi/v3", e))?;
-    let mut crds = Vec::new();
-    for group in groups.groups.iter().filter(|g| {
-        !crate::discovery::is_builtin_group(&g.name) && only_group.is_none_or(|o| o == g.name)
-    }) {
-        let preferred = group.preferred_version.as_ref().map(|v| v.version.clone());
-        let mut by_resource: std::collections::BTreeMap<String, Vec<DiscoveredVersion>> =
-            Default::default();
-        for version in &group.versions {
-            let Ok(resources) = provider
-                .list_api_group_resources(&version.group_version)
-                .await
-            else {
-                continue;
-            };
-            let Some(path) =
-                index["paths"][format!("apis/{}", version.group_version)]["serverRelativeURL"]
-                    .as_str()
-            else {
-                continue;
-            };
-            let Ok(document) = document(provider, path).await else {
-                continue;
-            };
-            let names: BTreeSet<&str> = resources
-                .resources
-                .iter()
-                .map(|r| r.name.as_str())
-                .collect();
-            for resource in resources.resources.iter().filter(|r| !r.name.contains('/')) {
-                by_resource
-                    .entry(resource.name.clone())
-                    .or_default()
-                    .push(DiscoveredVersion {
-                        version: version.version.clone(),
-                        kind: resource.kind.clone(),
-                        singular: resource.singular_name.clone(),
-                        namespaced: resource.namespaced,
-                        has_status: names.contains(format!("{}/status", resource.name).as_str()),
-                        short_names: resource.short_names.clone().unwrap_or_default(),
-                        categories: resource.categories.clone().unwrap_or_default(),
-                        document: document.clone(),
-                    });
-            }
-        }
-        for (resource, versions) in by_resource {
-            if let Some(crd) = synthesize(&group.name, &resource, preferred.as_deref(), &versions) {
-                crds.push(crd);
-            }
-        }
-    }
-    crds.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    Ok(crds)
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use kbind_shared::api::ConflictPolicy;
-use kbind_shared::keys;
+use crate::api::ConflictPolicy;
+use crate::keys;
 use serde_json::{Value, json};
 
 /// OWN-1: who a provider object belongs to, from its annotations.

@@ -44,6 +44,12 @@ pub struct CommonArgs {
     /// Log filter in tracing env-filter syntax (RUST_LOG is honoured too)
     #[arg(long, env = "KBIND_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// This process's name: the syncer's member name (its membership Lease), the schema manager's
+    /// leader Lease holder, both programs' Event instance [default: $POD_NAME, else
+    /// <hostname>-<pid>]
+    #[arg(long, env = "KBIND_IDENTITY")]
+    pub identity: Option<String>,
 }
 
 impl CommonArgs {
@@ -58,6 +64,21 @@ impl CommonArgs {
 }
 
 impl CommonArgs {
+    /// The one identity rule of both programs: `--identity`, else `$POD_NAME`, else
+    /// `<hostname>-<pid>` (two processes on one host never share a name, so never a Lease).
+    pub fn identity(&self) -> String {
+        identity(
+            self.identity.as_deref(),
+            std::env::var("POD_NAME").ok().as_deref(),
+            || {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+                    .ok()
+            },
+            std::process::id(),
+        )
+    }
+
     /// Where provider kubeconfig Secrets may live: `--provider-secret-namespaces`, else kbind's
     /// own namespace.
     pub fn provider_secret_namespaces(&self) -> Vec<String> {
@@ -73,6 +94,24 @@ impl CommonArgs {
             listed
         }
     }
+}
+
+/// [`CommonArgs::identity`] over its inputs.
+pub fn identity(
+    flag: Option<&str>,
+    pod_name: Option<&str>,
+    hostname: impl FnOnce() -> Option<String>,
+    pid: u32,
+) -> String {
+    let given = |v: Option<&str>| {
+        v.map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    given(flag).or_else(|| given(pod_name)).unwrap_or_else(|| {
+        let host = given(hostname().as_deref()).unwrap_or_else(|| "kbind".to_owned());
+        format!("{host}-{pid}")
+    })
 }
 
 /// A listen address, or disabled (`0`).
@@ -121,6 +160,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_identity_rule() {
+        let host = || Some("node-1\n".to_owned());
+        assert_eq!(identity(Some("me"), Some("pod"), host, 7), "me");
+        assert_eq!(identity(Some(" "), Some("pod"), host, 7), "pod");
+        assert_eq!(identity(None, Some(""), host, 7), "node-1-7");
+        assert_eq!(identity(None, None, || None, 7), "kbind-7");
+    }
 
     #[test]
     fn durations_in_the_documented_forms() {

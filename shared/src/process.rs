@@ -34,6 +34,61 @@ impl Readiness {
     }
 }
 
+/// What both programs have once started: the shutdown signal, metrics, the consumer client (its
+/// API server answering) and the probe and metrics endpoints serving.
+pub struct Started {
+    /// Cancelled on SIGTERM/SIGINT.
+    pub shutdown: CancellationToken,
+    /// The process's metrics.
+    pub metrics: Metrics,
+    /// The consumer cluster.
+    pub client: Client,
+    /// `/readyz`.
+    pub readiness: Readiness,
+}
+
+/// The start-up both programs share.
+pub async fn start(args: &CommonArgs) -> Result<Started, String> {
+    let shutdown = shutdown_on_signals();
+    let metrics = Metrics::new();
+    let client = consumer_client(args, &metrics).await?;
+    wait_for_apiserver(&client, Duration::from_secs(30)).await?;
+    let readiness = Readiness::default();
+    serve_endpoints(
+        args.metrics_bind_address,
+        args.health_probe_bind_address,
+        metrics.clone(),
+        readiness.clone(),
+        shutdown.clone(),
+    )
+    .await?;
+    Ok(Started {
+        shutdown,
+        metrics,
+        client,
+        readiness,
+    })
+}
+
+/// A program's `main`: logging per `args`, then `run`; an error is printed and exits non-zero.
+pub async fn main(
+    program: &str,
+    args: &CommonArgs,
+    run: impl std::future::Future<Output = Result<(), String>>,
+) -> std::process::ExitCode {
+    if let Err(e) = crate::telemetry::init_logging(args.log_format, &args.log_level) {
+        eprintln!("{program}: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    match run.await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// A client for the consumer cluster: `--kubeconfig`/`--context` if given, else in-cluster, else
 /// `$KUBECONFIG`, else `~/.kube/config`.
 pub async fn consumer_client(args: &CommonArgs, metrics: &Metrics) -> Result<Client, String> {

@@ -2,6 +2,7 @@
 //! spec up, status down and deletion for the share of the work assigned to them.
 #![forbid(unsafe_code)]
 
+mod cli;
 mod context;
 mod credentials;
 mod managed;
@@ -12,91 +13,26 @@ mod worker;
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
-use kbind_shared::cli::{CommonArgs, parse_duration};
-use kbind_shared::metrics::Metrics;
-use kbind_shared::process::{self, Readiness};
+use kbind_shared::process;
 use tokio_util::sync::CancellationToken;
-
-/// kbind's syncer.
-#[derive(Parser, Debug)]
-#[command(name = "kbind-syncer", version, about)]
-struct Args {
-    #[command(flatten)]
-    common: CommonArgs,
-
-    /// This replica's member name (its membership Lease) [default: $POD_NAME, else the hostname]
-    #[arg(long, env = "KBIND_IDENTITY")]
-    identity: Option<String>,
-
-    /// How long a silent replica keeps its work
-    #[arg(long, env = "KBIND_MEMBERSHIP_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
-    membership_lease_duration: Duration,
-
-    /// Backstop full resync per API
-    #[arg(long, env = "KBIND_RESYNC_INTERVAL", default_value = "10m", value_parser = parse_duration)]
-    resync_interval: Duration,
-
-    /// Concurrent object syncs per replica
-    #[arg(long, env = "KBIND_WORKERS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
-    workers: u16,
-}
-
-impl Args {
-    fn identity(&self) -> Result<String, String> {
-        if let Some(identity) = self.identity.clone().filter(|i| !i.is_empty()) {
-            return Ok(identity);
-        }
-        if let Ok(pod) = std::env::var("POD_NAME").map(|p| p.trim().to_owned())
-            && !pod.is_empty()
-        {
-            return Ok(pod);
-        }
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-            .map(|h| h.trim().to_owned())
-            .ok()
-            .filter(|h| !h.is_empty())
-            .ok_or_else(|| "cannot determine --identity: set --identity or $POD_NAME".to_owned())
-    }
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
-    if let Err(e) =
-        kbind_shared::telemetry::init_logging(args.common.log_format, &args.common.log_level)
-    {
-        eprintln!("kbind-syncer: {e}");
-        return ExitCode::FAILURE;
-    }
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("kbind-syncer: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let args = cli::Args::parse();
+    let common = args.common.clone();
+    process::main("kbind-syncer", &common, run(args)).await
 }
 
-async fn run(args: Args) -> Result<(), String> {
-    let identity = args.identity()?;
-    let shutdown = process::shutdown_on_signals();
-    let metrics = Metrics::new();
-    let client = process::consumer_client(&args.common, &metrics).await?;
-    process::wait_for_apiserver(&client, Duration::from_secs(30)).await?;
-
-    let readiness = Readiness::default();
-    process::serve_endpoints(
-        args.common.metrics_bind_address,
-        args.common.health_probe_bind_address,
-        metrics.clone(),
-        readiness.clone(),
-        shutdown.clone(),
-    )
-    .await?;
+async fn run(args: cli::Args) -> Result<(), String> {
+    let process::Started {
+        shutdown,
+        metrics,
+        client,
+        readiness,
+    } = process::start(&args.common).await?;
+    let identity = args.common.identity();
 
     tracing::info!(
         %identity,

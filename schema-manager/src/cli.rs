@@ -1,0 +1,52 @@
+//! `kbind-schema-manager`'s flags (INTERFACES.md); the shared ones are `kbind_shared::cli`.
+
+use std::time::Duration;
+
+use clap::Parser;
+use kbind_shared::cli::{CommonArgs, parse_duration};
+use kbind_shared::keys;
+
+use crate::assignment;
+
+/// kbind's schema manager.
+#[derive(Parser, Debug)]
+#[command(name = "kbind-schema-manager", version, about)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Lease-based leader election
+    #[arg(long, env = "KBIND_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Lease name in --namespace
+    #[arg(long, env = "KBIND_LEADER_ELECTION_ID", default_value = keys::DEFAULT_LEADER_ELECTION_ID)]
+    pub leader_election_id: String,
+
+    /// How long a silent leader keeps the leader Lease
+    #[arg(long, env = "KBIND_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// Connection re-discovery and heartbeat period
+    #[arg(long, env = "KBIND_DISCOVERY_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub discovery_interval: Duration,
+
+    /// Backstop resync of bindings
+    #[arg(long, env = "KBIND_BINDING_RESYNC_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub binding_resync_interval: Duration,
+
+    /// How long an API must be missing from the provider's exports before autoBind stops binding
+    /// it (its CRD and objects are kept even then)
+    #[arg(long, env = "KBIND_AUTOBIND_GRACE_PERIOD", default_value = "10m", value_parser = parse_duration)]
+    pub autobind_grace_period: Duration,
+
+    /// leaseDurationSeconds of the provider heartbeat Lease
+    #[arg(long, env = "KBIND_HEARTBEAT_LEASE_DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub heartbeat_lease_duration: Duration,
+
+    /// Split each managed API's sync work into this many namespace buckets, so that one API with
+    /// very many objects spreads over several syncer replicas (a consumer CRD's
+    /// `core.kbind.io/sync-buckets` annotation overrides it)
+    #[arg(long, env = "KBIND_NAMESPACE_BUCKETS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(assignment::MAX_BUCKETS)))]
+    pub namespace_buckets: u32,
+}

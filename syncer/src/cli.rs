@@ -1,0 +1,26 @@
+//! `kbind-syncer`'s flags (INTERFACES.md); the shared ones are `kbind_shared::cli`.
+
+use std::time::Duration;
+
+use clap::Parser;
+use kbind_shared::cli::{CommonArgs, parse_duration};
+
+/// kbind's syncer.
+#[derive(Parser, Debug)]
+#[command(name = "kbind-syncer", version, about)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// How long a silent replica keeps its work
+    #[arg(long, env = "KBIND_MEMBERSHIP_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub membership_lease_duration: Duration,
+
+    /// Backstop full resync per API
+    #[arg(long, env = "KBIND_RESYNC_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+
+    /// Concurrent object syncs per replica
+    #[arg(long, env = "KBIND_WORKERS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: u16,
+}

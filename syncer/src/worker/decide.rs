@@ -1,0 +1,268 @@
+//! What one sync of one consumer object does next (REFERENCE-BEHAVIOUR §17: SYNC-3 … SYNC-9,
+//! OWN-1 … OWN-3, KEY-10, QRK-13, QRK-18), decided from plain facts gathered from the caches.
+//! The sync executes the step; every write it makes is decided here first.
+
+use kbind_shared::api::ConflictPolicy;
+use kbind_shared::ownership::{self, Decision, Owner};
+
+/// The provider copy the cache holds under the consumer object's namespace and name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copy {
+    /// Whose it is (OWN-1).
+    pub owner: Owner,
+    /// It is being deleted.
+    pub terminating: bool,
+    /// It already carries exactly what a spec-up would apply.
+    pub current: bool,
+}
+
+/// What a sync knows before it writes anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts<'a> {
+    /// The consumer object is being deleted.
+    pub deleting: bool,
+    /// The conflict policy of the binding that has this API bound for the object, if one does.
+    pub bound: Option<ConflictPolicy>,
+    /// The provider copy, if the cache has one.
+    pub copy: Option<Copy>,
+    /// The consumer object carries kbind's finalizer.
+    pub has_finalizer: bool,
+    /// The conflict annotation the consumer object carries.
+    pub conflict: Option<&'a str>,
+}
+
+/// How the spec goes up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecUp {
+    /// No copy is cached: create only (a copy that appeared meanwhile answers 409, never forced).
+    Create,
+    /// Apply over our (or an adopted) copy.
+    Apply,
+}
+
+/// The next step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// SYNC-3: the object is being deleted (bound or not): run the deletion.
+    Delete,
+    /// SYNC-4: no binding has the API bound for it: nothing to do.
+    Idle,
+    /// OWN-2: the provider object is not ours to write: record `reason` on the consumer object,
+    /// announcing it (Warning Event, metric) when it is new. No finalizer (QRK-18).
+    Conflict {
+        /// The conflict annotation's value.
+        reason: &'static str,
+        /// Who owns the provider object.
+        owner: Owner,
+        /// The annotation did not say so yet.
+        announce: bool,
+    },
+    /// QRK-13: the copy is terminating; look again once it is gone.
+    WaitForTerminatingCopy,
+    /// KEY-10: the finalizer goes on before the first provider write.
+    AddFinalizer,
+    /// SYNC-7 … SYNC-9: clear a stale conflict annotation, spec up when the copy differs, then
+    /// status down when it differs.
+    Sync {
+        /// A conflict annotation is left from before.
+        clear_conflict: bool,
+        /// `None`: the copy is current, no provider write.
+        spec_up: Option<SpecUp>,
+    },
+}
+
+/// Decides the next step.
+pub fn decide(facts: &Facts<'_>) -> Step {
+    if facts.deleting {
+        return Step::Delete;
+    }
+    let Some(policy) = facts.bound else {
+        return Step::Idle;
+    };
+    if let Some(copy) = facts.copy {
+        if let Decision::Conflict(reason) = ownership::decide(copy.owner, policy) {
+            return Step::Conflict {
+                reason,
+                owner: copy.owner,
+                announce: facts.conflict != Some(reason),
+            };
+        }
+        if copy.terminating {
+            return Step::WaitForTerminatingCopy;
+        }
+    }
+    if !facts.has_finalizer {
+        return Step::AddFinalizer;
+    }
+    let spec_up = match facts.copy {
+        None => Some(SpecUp::Create),
+        Some(copy) if !copy.current => Some(SpecUp::Apply),
+        Some(_) => None,
+    };
+    Step::Sync {
+        clear_conflict: facts.conflict.is_some(),
+        spec_up,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kbind_shared::keys::{CONFLICT_FOREIGN, CONFLICT_OWNED_BY_ANOTHER};
+
+    const FAIL: Option<ConflictPolicy> = Some(ConflictPolicy::Fail);
+    const ADOPT: Option<ConflictPolicy> = Some(ConflictPolicy::Adopt);
+
+    fn copy(owner: Owner, terminating: bool, current: bool) -> Option<Copy> {
+        Some(Copy {
+            owner,
+            terminating,
+            current,
+        })
+    }
+
+    fn facts<'a>(
+        deleting: bool,
+        bound: Option<ConflictPolicy>,
+        copy: Option<Copy>,
+        has_finalizer: bool,
+        conflict: Option<&'a str>,
+    ) -> Facts<'a> {
+        Facts {
+            deleting,
+            bound,
+            copy,
+            has_finalizer,
+            conflict,
+        }
+    }
+
+    fn sync(clear_conflict: bool, spec_up: Option<SpecUp>) -> Step {
+        Step::Sync {
+            clear_conflict,
+            spec_up,
+        }
+    }
+
+    fn conflict(reason: &'static str, owner: Owner, announce: bool) -> Step {
+        Step::Conflict {
+            reason,
+            owner,
+            announce,
+        }
+    }
+
+    #[test]
+    fn every_branch_of_a_sync() {
+        let ours = |current| copy(Owner::Ours, false, current);
+        let cases: Vec<(&str, Facts<'_>, Step)> = vec![
+            (
+                "deleting, bound or not",
+                facts(true, None, None, true, None),
+                Step::Delete,
+            ),
+            (
+                "deleting wins over a conflict",
+                facts(true, FAIL, copy(Owner::Unmarked, false, false), false, None),
+                Step::Delete,
+            ),
+            (
+                "not bound",
+                facts(false, None, ours(false), true, None),
+                Step::Idle,
+            ),
+            (
+                "new object: finalizer first",
+                facts(false, FAIL, None, false, None),
+                Step::AddFinalizer,
+            ),
+            (
+                "new object: created only",
+                facts(false, FAIL, None, true, None),
+                sync(false, Some(SpecUp::Create)),
+            ),
+            (
+                "our copy differs",
+                facts(false, FAIL, ours(false), true, None),
+                sync(false, Some(SpecUp::Apply)),
+            ),
+            (
+                "our copy current: no provider write",
+                facts(false, FAIL, ours(true), true, None),
+                sync(false, None),
+            ),
+            (
+                "a stale conflict annotation is cleared",
+                facts(false, FAIL, ours(true), true, Some(CONFLICT_FOREIGN)),
+                sync(true, None),
+            ),
+            (
+                "unmarked under Fail: conflict, announced",
+                facts(
+                    false,
+                    FAIL,
+                    copy(Owner::Unmarked, false, false),
+                    false,
+                    None,
+                ),
+                conflict(CONFLICT_FOREIGN, Owner::Unmarked, true),
+            ),
+            (
+                "unmarked under Fail, already recorded",
+                facts(
+                    false,
+                    FAIL,
+                    copy(Owner::Unmarked, false, false),
+                    false,
+                    Some(CONFLICT_FOREIGN),
+                ),
+                conflict(CONFLICT_FOREIGN, Owner::Unmarked, false),
+            ),
+            (
+                "unmarked under Adopt: taken over",
+                facts(
+                    false,
+                    ADOPT,
+                    copy(Owner::Unmarked, false, false),
+                    true,
+                    None,
+                ),
+                sync(false, Some(SpecUp::Apply)),
+            ),
+            (
+                "another's under Adopt: never taken",
+                facts(false, ADOPT, copy(Owner::Another, false, true), true, None),
+                conflict(CONFLICT_OWNED_BY_ANOTHER, Owner::Another, true),
+            ),
+            (
+                "the kind of conflict changed: announced",
+                facts(
+                    false,
+                    FAIL,
+                    copy(Owner::Another, false, false),
+                    false,
+                    Some(CONFLICT_FOREIGN),
+                ),
+                conflict(CONFLICT_OWNED_BY_ANOTHER, Owner::Another, true),
+            ),
+            (
+                "our copy terminating: wait",
+                facts(false, FAIL, copy(Owner::Ours, true, false), true, None),
+                Step::WaitForTerminatingCopy,
+            ),
+            (
+                "a foreign terminating copy is still a conflict",
+                facts(false, FAIL, copy(Owner::Another, true, false), false, None),
+                conflict(CONFLICT_OWNED_BY_ANOTHER, Owner::Another, true),
+            ),
+            (
+                "terminating before the finalizer",
+                facts(false, FAIL, copy(Owner::Ours, true, false), false, None),
+                Step::WaitForTerminatingCopy,
+            ),
+        ];
+        for (name, facts, want) in cases {
+            assert_eq!(decide(&facts), want, "{name}");
+        }
+    }
+}

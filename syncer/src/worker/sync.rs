@@ -1,0 +1,302 @@
+//! Executing one object's sync (REFERENCE-BEHAVIOUR §17: SYNC, OWN, IDEL): the facts come from
+//! the caches, [`decide`] picks the step, and only the step's writes happen.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kbind_shared::keys;
+use kbind_shared::ownership::{self, Owner};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use serde_json::json;
+
+use super::decide::{Copy, Facts, SpecUp, Step, decide};
+use super::{Error, SyncState, Worker};
+
+/// One sync: gather the facts, [`decide`], execute the step.
+pub(super) async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action, Error> {
+    // The fence: a replica whose membership is not current writes nothing.
+    if !worker.ctx.membership.is_current() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let spec = &worker.spec;
+    let namespace = object.namespace();
+    // SYNC-14: cluster-scoped instances sync only under a ClusterBinding (the resolver ensures it).
+    let resolution = worker
+        .ctx
+        .resolve(&spec.connection, &spec.api, namespace.as_deref())
+        .filter(|r| r.is_bound());
+    let object_uid = object.metadata.uid.clone().unwrap_or_default();
+    let provider_copy = worker.provider_copy(&object);
+    let consumer_spec = object.data.get("spec");
+    let facts = Facts {
+        deleting: object.metadata.deletion_timestamp.is_some(),
+        bound: resolution.as_ref().map(|r| r.conflict_policy),
+        copy: provider_copy.as_ref().map(|copy| Copy {
+            owner: ownership::classify(copy.annotations(), &spec.local_uid, &object_uid),
+            terminating: copy.metadata.deletion_timestamp.is_some(),
+            current: serde_json::to_value(copy.as_ref()).is_ok_and(|copy| {
+                ownership::provider_is_current(&copy, consumer_spec, &spec.local_uid, &object_uid)
+            }),
+        }),
+        has_finalizer: kbind_shared::finalizers::has(&object.metadata, keys::SYNCER_FINALIZER),
+        conflict: object
+            .annotations()
+            .get(keys::CONFLICT_ANNOTATION)
+            .map(String::as_str),
+    };
+    let spec_up = match decide(&facts) {
+        Step::Delete => return delete(&object, &worker).await,
+        Step::Idle => return Ok(Action::await_change()),
+        Step::Conflict {
+            reason,
+            owner,
+            announce,
+        } => {
+            worker.set_conflict(&object, Some(reason)).await?;
+            if announce {
+                let owner_text = if owner == Owner::Unmarked {
+                    "exists without kbind's markers"
+                } else {
+                    "is owned by another consumer object or cluster"
+                };
+                let policy = facts.bound.unwrap_or_default();
+                worker
+                    .warn(&object, reason, format!("the provider object {}{} {owner_text}; conflictPolicy {policy:?} leaves it alone", namespace.as_deref().map(|n| format!("{n}/")).unwrap_or_default(), object.name_any()))
+                    .await;
+                worker.count("spec_up", "conflict");
+            }
+            worker.mark(&object, Some(SyncState::Conflict));
+            return Ok(Action::await_change());
+        }
+        Step::WaitForTerminatingCopy => return Ok(Action::requeue(Duration::from_secs(1))),
+        Step::AddFinalizer => {
+            let finalizers =
+                kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, true)
+                    .unwrap_or_default();
+            worker.set_finalizers(&object, finalizers).await?;
+            return Ok(Action::await_change());
+        }
+        Step::Sync {
+            clear_conflict,
+            spec_up,
+        } => {
+            if clear_conflict {
+                worker.set_conflict(&object, None).await?;
+            }
+            spec_up
+        }
+    };
+
+    let mut provider_status = provider_copy
+        .as_ref()
+        .and_then(|c| c.data.get("status").cloned());
+    if let Some(how) = spec_up {
+        let started = Instant::now();
+        if let Some(ns) = namespace.as_deref()
+            && let Err(e) = worker.ensure_provider_namespace(ns).await
+        {
+            return forbidden_or(&worker, &object, "create the provider namespace", e).await;
+        }
+        let mut body = ownership::spec_up_body(
+            &spec.resource.api_version,
+            &spec.resource.kind,
+            namespace.as_deref(),
+            &object.name_any(),
+            consumer_spec,
+            &spec.local_uid,
+            &object_uid,
+        );
+        // OWN on fresh facts: with no copy in the cache, the first write only creates. Anything
+        // that exists under the name (created in the instant the cache has not seen yet) answers
+        // 409, and the next sync classifies it from the cache — it is never forced over.
+        let creating = how == SpecUp::Create;
+        if creating {
+            kbind_shared::apply::create_only(&mut body);
+        }
+        worker.fence()?;
+        let applied = worker
+            .provider_api(namespace.as_deref())
+            .patch(
+                &object.name_any(),
+                &PatchParams::apply(keys::FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await;
+        match applied {
+            Ok(applied) => {
+                worker.count("spec_up", "ok");
+                worker
+                    .ctx
+                    .metrics
+                    .sync_latency_seconds
+                    .with_label_values(&["spec_up"])
+                    .observe(started.elapsed().as_secs_f64());
+                provider_status = applied.data.get("status").cloned();
+            }
+            Err(e) if creating && kbind_shared::apply::exists(&e) => {
+                tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object appeared before the first spec-up; classifying it");
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {
+                // The provider namespace went away under us: forget it, create it next time.
+                if let Some(ns) = namespace.as_deref() {
+                    worker.forget_namespace(ns);
+                }
+                return Err(Error::Provider(kube::Error::Api(s)));
+            }
+            Err(e) => {
+                return forbidden_or(&worker, &object, "apply the spec to the provider", e).await;
+            }
+        }
+    }
+
+    // SYNC-9: status down, only when it differs.
+    if let Some(status) = provider_status
+        && object.data.get("status") != Some(&status)
+    {
+        status_down(&worker, &object, status).await?;
+    }
+    worker.mark(&object, Some(SyncState::Synced));
+    Ok(Action::requeue(worker.ctx.resync_interval))
+}
+
+async fn status_down(
+    worker: &Worker,
+    object: &DynamicObject,
+    status: serde_json::Value,
+) -> Result<(), Error> {
+    if !worker.spec.has_status_subresource {
+        // QRK-12: one clear Warning, not an endless error loop.
+        let first = !std::mem::replace(
+            &mut *worker.warned_no_status.lock().expect("not poisoned"),
+            true,
+        );
+        if first {
+            worker
+                .warn(object, "NoStatusSubresource", format!("the consumer CRD {} has no status subresource, so the provider's status cannot be copied back", worker.spec.api))
+                .await;
+        }
+        return Ok(());
+    }
+    let current = object.data.get("status").cloned().unwrap_or(json!({}));
+    let patch = json!({ "status": ownership::merge_patch(&current, &status) });
+    worker.fence()?;
+    match worker
+        .consumer_api(object.namespace().as_deref())
+        .patch_status(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            worker.count("status_down", "ok");
+            Ok(())
+        }
+        Err(e) => {
+            worker.count("status_down", "error");
+            Err(Error::Consumer(e))
+        }
+    }
+}
+
+/// SYNC-10: Forbidden gets a Warning Event and a 30 s retry; anything else is an error.
+async fn forbidden_or(
+    worker: &Worker,
+    object: &DynamicObject,
+    operation: &str,
+    error: kube::Error,
+) -> Result<Action, Error> {
+    match error {
+        kube::Error::Api(s) if s.is_forbidden() => {
+            worker.count("spec_up", "forbidden");
+            worker
+                .warn(
+                    object,
+                    "Forbidden",
+                    format!("cannot {operation}: {}", s.message),
+                )
+                .await;
+            Ok(Action::requeue(Duration::from_secs(30)))
+        }
+        kube::Error::Api(s) if s.is_invalid() => {
+            // The provider's admission said no: tell the user why, retry with backoff; other
+            // objects are unaffected.
+            worker.count("spec_up", "error");
+            worker
+                .warn(
+                    object,
+                    "ProviderRejected",
+                    format!("the provider rejected the object: {}", s.message),
+                )
+                .await;
+            Ok(Action::requeue(Duration::from_secs(30)))
+        }
+        e => {
+            worker.count("spec_up", "error");
+            Err(Error::Provider(e))
+        }
+    }
+}
+
+/// IDEL-1 … IDEL-3.
+async fn delete(object: &DynamicObject, worker: &Worker) -> Result<Action, Error> {
+    let Some(released) =
+        kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, false)
+    else {
+        return Ok(Action::await_change());
+    };
+    let release = || worker.set_finalizers(object, released.clone());
+    if object
+        .annotations()
+        .get(keys::DELETION_POLICY_ANNOTATION)
+        .map(String::as_str)
+        == Some(keys::DELETION_POLICY_ORPHAN)
+    {
+        release().await?;
+        return Ok(Action::await_change());
+    }
+    // A fresh read: deletion must not act on a stale cache.
+    let namespace = object.namespace();
+    let api = worker.provider_api(namespace.as_deref());
+    let copy = api
+        .get_opt(&object.name_any())
+        .await
+        .map_err(Error::Provider)?;
+    let object_uid = object.metadata.uid.clone().unwrap_or_default();
+    match copy {
+        Some(copy)
+            if ownership::classify(copy.annotations(), &worker.spec.local_uid, &object_uid)
+                == Owner::Ours =>
+        {
+            if copy.metadata.deletion_timestamp.is_none() {
+                worker.fence()?;
+                // Exactly the copy just classified as ours: its UID is the precondition.
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: copy.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(&object.name_any(), &params).await {
+                    Ok(_) => worker.count("delete", "ok"),
+                    Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                    Err(e) => {
+                        worker.count("delete", "error");
+                        return Err(Error::Provider(e));
+                    }
+                }
+            }
+            Ok(Action::requeue(Duration::from_secs(2)))
+        }
+        _ => {
+            release().await?;
+            worker.mark(object, None);
+            Ok(Action::await_change())
+        }
+    }
+}

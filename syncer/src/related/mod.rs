@@ -8,33 +8,32 @@
 //! event leads to one pass that compares wanted and actual copies and writes only what differs.
 
 pub mod plan;
+mod summary;
+mod watch;
+mod writes;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kbind_shared::api::RelatedResourceKind;
 use kbind_shared::conditions::{self, Desired, reasons, types};
 use kbind_shared::identity::describe_error;
 use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams,
-    Preconditions,
-};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{AnyBinding, Context};
-use crate::namespaces;
-use plan::{Entry, Item, KindKey, Marker, Side, Step, TargetKey, Wanted};
+use plan::{Entry, Item, KindKey, Marker, Side, TargetKey};
+use summary::Outcome;
+use watch::{Role, Watched, item, resource, source_filter};
 
 /// The backstop when nothing happens.
 const RESYNC: Duration = Duration::from_secs(30);
@@ -65,26 +64,6 @@ pub struct RelatedSpec {
     pub kubeconfig: InlineKubeconfig,
 }
 
-/// What a watch has done so far.
-#[derive(Debug, Default)]
-struct Health {
-    listed: bool,
-    error: Option<String>,
-    forbidden: bool,
-}
-
-struct Watched {
-    store: Store<DynamicObject>,
-    health: Arc<Mutex<Health>>,
-}
-
-/// Sources are all objects of a kind in scope; targets only kbind's labelled copies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Role {
-    Source,
-    Target,
-}
-
 struct Worker {
     ctx: Arc<Context>,
     spec: RelatedSpec,
@@ -96,26 +75,11 @@ struct Worker {
     swept_unused: Mutex<bool>,
 }
 
-fn resource(kind: RelatedResourceKind) -> ApiResource {
-    match kind {
-        RelatedResourceKind::Secrets => ApiResource::erase::<Secret>(&()),
-        RelatedResourceKind::Configmaps => ApiResource::erase::<ConfigMap>(&()),
-    }
-}
-
 const KINDS: [RelatedResourceKind; 2] = [
     RelatedResourceKind::Secrets,
     RelatedResourceKind::Configmaps,
 ];
 const SIDES: [Side; 2] = [Side::Consumer, Side::Provider];
-
-/// What one pass found.
-#[derive(Debug, Default)]
-struct Outcome {
-    in_sync: usize,
-    conflicts: BTreeMap<TargetKey, String>,
-    errors: Vec<(bool, String)>,
-}
 
 /// Runs until `stop`, or until the binding is gone or replaced.
 pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) {
@@ -151,7 +115,7 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
             };
             watched.insert(
                 key,
-                watch(
+                watch::watch(
                     client,
                     entry.resource,
                     spec.namespace.as_deref(),
@@ -193,98 +157,6 @@ fn describe(spec: &RelatedSpec) -> String {
     match &spec.namespace {
         Some(ns) => format!("Binding {ns}/{}", spec.name),
         None => format!("ClusterBinding {}", spec.name),
-    }
-}
-
-/// A server-side label selector for a source watch when every entry reading this kind from this
-/// side selects by labels with `matchLabels` only: the watch then carries only what can match.
-fn source_filter(
-    entries: &[kbind_shared::api::RelatedResource],
-    kind: RelatedResourceKind,
-    side: Side,
-) -> Option<String> {
-    let mut common: Option<String> = None;
-    for entry in entries
-        .iter()
-        .filter(|e| e.resource == kind && plan::sides(e.direction).0 == side)
-    {
-        let selector = entry.selector.as_ref()?.label_selector.as_ref()?;
-        if selector
-            .match_expressions
-            .as_ref()
-            .is_some_and(|e| !e.is_empty())
-        {
-            return None;
-        }
-        let labels = selector.match_labels.as_ref().filter(|l| !l.is_empty())?;
-        let text = labels
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        match &common {
-            None => common = Some(text),
-            Some(existing) if *existing == text => {}
-            Some(_) => return None,
-        }
-    }
-    common
-}
-
-fn watch(
-    client: Client,
-    kind: RelatedResourceKind,
-    namespace: Option<&str>,
-    role: Role,
-    source_labels: Option<String>,
-    stop: CancellationToken,
-    changes: Arc<Notify>,
-) -> Watched {
-    let resource = resource(kind);
-    let api = kbind_shared::dynamic::scoped(&client, namespace, &resource);
-    let config = match (role, source_labels) {
-        (Role::Target, _) => {
-            watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
-        }
-        (Role::Source, Some(labels)) => watcher::Config::default().labels(&labels),
-        (Role::Source, None) => watcher::Config::default(),
-    };
-    let writer = reflector::store::Writer::<DynamicObject>::new(resource);
-    let store = writer.as_reader();
-    let health = Arc::new(Mutex::new(Health::default()));
-    kbind_shared::cache::observe(writer, api, config, stop, {
-        let health = health.clone();
-        move |event| {
-            let mut health = health.lock().expect("not poisoned");
-            match event {
-                Ok(watcher::Event::InitDone) => {
-                    health.listed = true;
-                    health.error = None;
-                    health.forbidden = false;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    health.forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.is_forbidden());
-                    health.error = Some(e.to_string());
-                }
-            }
-            changes.notify_one();
-        }
-    });
-    Watched { store, health }
-}
-
-fn item(object: &DynamicObject) -> Item {
-    Item {
-        namespace: object.namespace().unwrap_or_default(),
-        name: object.name_any(),
-        uid: object.metadata.uid.clone().unwrap_or_default(),
-        labels: object.labels().clone(),
-        annotations: object.annotations().clone(),
-        payload: plan::PAYLOAD_FIELDS
-            .iter()
-            .filter_map(|f| object.data.get(*f).map(|v| ((*f).to_owned(), v.clone())))
-            .collect(),
     }
 }
 
@@ -444,54 +316,7 @@ impl Worker {
         self.sweep_unused_kinds(&entries, &mut outcome).await;
 
         let conflicts = outcome.conflicts.len();
-        let desired = if let Some((forbidden, first)) = outcome.errors.first().cloned() {
-            let more = match outcome.errors.len() {
-                1 => String::new(),
-                n => format!(" (and {} more errors)", n - 1),
-            };
-            Desired::new(
-                types::RELATED_RESOURCES_SYNCED,
-                false,
-                if forbidden {
-                    reasons::FORBIDDEN
-                } else {
-                    reasons::ERROR
-                },
-                format!("{first}{more}"),
-            )
-        } else if conflicts > 0 {
-            let listed: Vec<String> = outcome
-                .conflicts
-                .iter()
-                .take(3)
-                .map(|(k, why)| format!("{k} {why}"))
-                .collect();
-            let more = if conflicts > 3 {
-                format!("; and {} more", conflicts - 3)
-            } else {
-                String::new()
-            };
-            Desired::new(
-                types::RELATED_RESOURCES_SYNCED,
-                false,
-                reasons::CONFLICTS,
-                format!(
-                    "{conflicts} related object(s) left alone: {}{more}",
-                    listed.join("; ")
-                ),
-            )
-        } else {
-            Desired::new(
-                types::RELATED_RESOURCES_SYNCED,
-                true,
-                reasons::AS_EXPECTED,
-                format!(
-                    "{} related object(s) copied and in sync{}",
-                    outcome.in_sync,
-                    plan::unmatched_note(&entries, &wanted)
-                ),
-            )
-        };
+        let desired = summary::condition(&outcome, plan::unmatched_note(&entries, &wanted));
         self.announce_new_conflicts(&binding, &outcome.conflicts)
             .await;
         let wait = if outcome.errors.is_empty() && conflicts == 0 {
@@ -516,305 +341,11 @@ impl Worker {
         watched.store.get(&reference).map(|o| item(&o))
     }
 
-    async fn copy(
-        &self,
-        key: &TargetKey,
-        want: &Wanted,
-        marker: &Marker<'_>,
-        policy: kbind_shared::api::ConflictPolicy,
-        outcome: &mut Outcome,
-    ) {
-        let mut existing = self.target(key);
-        let mut decided = plan::step(existing.as_ref(), key.side, want, marker, policy);
-        if existing.is_none() {
-            // Not among our labelled copies: it may still exist without our label.
-            match self
-                .api(key.kind.0, key.side, &key.namespace)
-                .get_opt(&key.name)
-                .await
-            {
-                Ok(Some(found)) => {
-                    existing = Some(item(&found));
-                    decided = plan::step(existing.as_ref(), key.side, want, marker, policy);
-                }
-                Ok(None) => {}
-                Err(e) => return self.failed(outcome, format!("read {key}"), &e),
-            }
-        }
-        if !self.ctx.membership.is_current() {
-            return;
-        }
-        match decided {
-            Step::Nothing => outcome.in_sync += 1,
-            Step::Conflict(why) => {
-                outcome.conflicts.insert(key.clone(), why);
-            }
-            Step::Create => {
-                if let Err(e) = self.ensure_namespace(key.side, &key.namespace).await {
-                    return self.failed(
-                        outcome,
-                        format!(
-                            "prepare namespace {} on the {}",
-                            key.namespace,
-                            key.side.as_str()
-                        ),
-                        &e,
-                    );
-                }
-                match self.apply(key, want, marker, Write::CreateOnly).await {
-                    Ok(()) => outcome.in_sync += 1,
-                    // Something appeared under the name since the read: the next pass classifies
-                    // it; it is never forced over.
-                    Err(e) if kbind_shared::apply::exists(&e) => {
-                        outcome.errors.push((
-                            false,
-                            format!(
-                                "{key} appeared while kbind was creating it; checking it again"
-                            ),
-                        ));
-                    }
-                    Err(kube::Error::Api(s)) if s.is_not_found() && key.side == Side::Consumer => {
-                        outcome.errors.push((
-                            false,
-                            format!(
-                                "{key} waits for namespace {} to exist on the consumer (kbind creates no consumer namespaces)",
-                                key.namespace
-                            ),
-                        ));
-                    }
-                    Err(e) => {
-                        if matches!(&e, kube::Error::Api(s) if s.is_not_found()) {
-                            // The provider namespace went away: create it again next time.
-                            self.known_namespaces
-                                .lock()
-                                .expect("not poisoned")
-                                .remove(&(key.side, key.namespace.clone()));
-                        }
-                        self.failed(outcome, format!("write {key}"), &e)
-                    }
-                }
-            }
-            Step::Adopt | Step::Apply => {
-                let adopted =
-                    decided == Step::Adopt || existing.as_ref().is_some_and(plan::Item::adopted);
-                let write = if adopted { Write::Adopted } else { Write::Ours };
-                match self.apply(key, want, marker, write).await {
-                    Ok(()) => outcome.in_sync += 1,
-                    // A field the API server will not change in place (an immutable Secret's
-                    // data, a Secret's type): replace our copy — only one kbind created.
-                    Err(kube::Error::Api(s))
-                        if s.code == 422
-                            && !adopted
-                            && existing
-                                .as_ref()
-                                .is_some_and(|e| e.copied_by() == Some(marker.binding_uid)) =>
-                    {
-                        self.replace(key, want, marker, existing.as_ref(), outcome)
-                            .await
-                    }
-                    Err(e) => self.failed(outcome, format!("write {key}"), &e),
-                }
-            }
-            Step::Replace => {
-                self.replace(key, want, marker, existing.as_ref(), outcome)
-                    .await
-            }
-        }
-    }
-
-    async fn apply(
-        &self,
-        key: &TargetKey,
-        want: &Wanted,
-        marker: &Marker<'_>,
-        write: Write,
-    ) -> Result<(), kube::Error> {
-        let mut body = plan::copy_body(key, want, marker, write == Write::Adopted);
-        if write == Write::CreateOnly {
-            kbind_shared::apply::create_only(&mut body);
-        }
-        self.api(key.kind.0, key.side, &key.namespace)
-            .patch(
-                &key.name,
-                &PatchParams::apply(keys::RELATED_FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .map(drop)
-    }
-
-    /// An immutable copy whose source changed is deleted (only that very object: its UID is the
-    /// precondition) and created again from the source.
-    async fn replace(
-        &self,
-        key: &TargetKey,
-        want: &Wanted,
-        marker: &Marker<'_>,
-        existing: Option<&Item>,
-        outcome: &mut Outcome,
-    ) {
-        if let Some(existing) = existing {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(existing.uid.clone()),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match self
-                .api(key.kind.0, key.side, &key.namespace)
-                .delete(&key.name, &params)
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => return self.failed(outcome, format!("replace {key}"), &e),
-            }
-        }
-        tracing::info!(target = %key, "replaced an immutable related copy whose source changed");
-        match self.apply(key, want, marker, Write::CreateOnly).await {
-            Ok(()) => outcome.in_sync += 1,
-            Err(e) => self.failed(outcome, format!("write {key}"), &e),
-        }
-    }
-
-    async fn delete(
-        &self,
-        kind: RelatedResourceKind,
-        side: Side,
-        garbage: &Item,
-        outcome: &mut Outcome,
-    ) {
-        if !self.ctx.membership.is_current() {
-            return;
-        }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(garbage.uid.clone()),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match self
-            .api(kind, side, &garbage.namespace)
-            .delete(&garbage.name, &params)
-            .await
-        {
-            Ok(_) => tracing::info!(
-                kind = plan::kind_name(kind),
-                side = side.as_str(),
-                namespace = %garbage.namespace,
-                name = %garbage.name,
-                "deleted a related copy no entry selects any more"
-            ),
-            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-            Err(e) => self.failed(
-                outcome,
-                format!(
-                    "delete {} {}/{} on the {}",
-                    plan::kind_name(kind),
-                    garbage.namespace,
-                    garbage.name,
-                    side.as_str()
-                ),
-                &e,
-            ),
-        }
-    }
-
-    /// Copies of kinds and sides that no entry targets any more (an entry was removed) are not
-    /// watched; they are found by one labelled LIST when the worker starts (it restarts on every
-    /// spec change) and on later passes until that succeeds.
-    async fn sweep_unused_kinds(&self, entries: &[Entry], outcome: &mut Outcome) {
-        if *self.swept_unused.lock().expect("not poisoned") {
-            return;
-        }
-        let mut complete = true;
-        for kind in KINDS {
-            for side in SIDES {
-                let targeted = entries
-                    .iter()
-                    .any(|e| e.kind == kind && plan::sides(e.direction).1 == side);
-                if targeted {
-                    continue;
-                }
-                let api = kbind_shared::dynamic::scoped(
-                    self.client(side),
-                    self.spec.namespace.as_deref(),
-                    &resource(kind),
-                );
-                let list = api
-                    .list(&ListParams::default().labels(&format!(
-                        "{}={}",
-                        keys::MANAGED_LABEL,
-                        keys::TRUE
-                    )))
-                    .await;
-                match list {
-                    Ok(list) => {
-                        for object in list.items {
-                            let copy = item(&object);
-                            if copy.copied_by() == Some(self.spec.uid.as_str()) && !copy.adopted() {
-                                self.delete(kind, side, &copy, outcome).await;
-                            }
-                        }
-                    }
-                    // Credentials that may not list a kind no entry uses cannot have made copies
-                    // of it either.
-                    Err(kube::Error::Api(s)) if s.is_forbidden() => {}
-                    Err(e) => {
-                        tracing::debug!(error = %describe_error(&e), "cannot look for copies of removed entries");
-                        complete = false;
-                    }
-                }
-            }
-        }
-        *self.swept_unused.lock().expect("not poisoned") = complete;
-    }
-
     fn failed(&self, outcome: &mut Outcome, what: String, error: &kube::Error) {
         let forbidden = matches!(error, kube::Error::Api(s) if s.is_forbidden());
         let message = format!("{what}: {}", describe_error(error));
         tracing::warn!(binding = %describe(&self.spec), error = %message, "related resources");
         outcome.errors.push((forbidden, message));
-    }
-
-    /// LIM-26-like: a provider namespace is created only when a GET says it is missing. Consumer
-    /// namespaces are never created (safe by default): a copy waits until its namespace exists.
-    async fn ensure_namespace(&self, side: Side, namespace: &str) -> Result<(), kube::Error> {
-        if side == Side::Consumer {
-            return Ok(());
-        }
-        let known = (side, namespace.to_owned());
-        if self
-            .known_namespaces
-            .lock()
-            .expect("not poisoned")
-            .contains(&known)
-        {
-            return Ok(());
-        }
-        let object = Namespace {
-            metadata: ObjectMeta {
-                name: Some(namespace.to_owned()),
-                labels: Some([(keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned())].into()),
-                annotations: Some(
-                    [(
-                        keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
-                        self.spec.local_uid.clone(),
-                    )]
-                    .into(),
-                ),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        namespaces::create_if_missing(self.client(side), &object).await?;
-        self.known_namespaces
-            .lock()
-            .expect("not poisoned")
-            .insert(known);
-        Ok(())
     }
 
     /// A Warning Event on the binding for each conflict not seen in the previous pass.
@@ -895,15 +426,4 @@ impl Worker {
             tracing::warn!(binding = %describe(&self.spec), error = %describe_error(&e), "cannot write the related-resources status");
         }
     }
-}
-
-/// How a related copy is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Write {
-    /// Nothing exists under the name: create only (see `kbind_shared::apply`).
-    CreateOnly,
-    /// Update kbind's own copy.
-    Ours,
-    /// Update an object kbind took over under `Adopt`, keeping that mark.
-    Adopted,
 }

@@ -1,0 +1,135 @@
+//! The related worker's watches: in the binding's scope, the sources its entries read and the
+//! labelled copies on the target side, each a reflector store with its health.
+
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kbind_shared::api::RelatedResourceKind;
+use kbind_shared::keys;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::plan::{self, Item, Side};
+
+/// What a watch has done so far.
+#[derive(Debug, Default)]
+pub(super) struct Health {
+    pub(super) listed: bool,
+    pub(super) error: Option<String>,
+    pub(super) forbidden: bool,
+}
+
+pub(super) struct Watched {
+    pub(super) store: Store<DynamicObject>,
+    pub(super) health: Arc<Mutex<Health>>,
+}
+
+/// Sources are all objects of a kind in scope; targets only kbind's labelled copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Role {
+    Source,
+    Target,
+}
+
+pub(super) fn resource(kind: RelatedResourceKind) -> ApiResource {
+    match kind {
+        RelatedResourceKind::Secrets => ApiResource::erase::<Secret>(&()),
+        RelatedResourceKind::Configmaps => ApiResource::erase::<ConfigMap>(&()),
+    }
+}
+
+/// A server-side label selector for a source watch when every entry reading this kind from this
+/// side selects by labels with `matchLabels` only: the watch then carries only what can match.
+pub(super) fn source_filter(
+    entries: &[kbind_shared::api::RelatedResource],
+    kind: RelatedResourceKind,
+    side: Side,
+) -> Option<String> {
+    let mut common: Option<String> = None;
+    for entry in entries
+        .iter()
+        .filter(|e| e.resource == kind && plan::sides(e.direction).0 == side)
+    {
+        let selector = entry.selector.as_ref()?.label_selector.as_ref()?;
+        if selector
+            .match_expressions
+            .as_ref()
+            .is_some_and(|e| !e.is_empty())
+        {
+            return None;
+        }
+        let labels = selector.match_labels.as_ref().filter(|l| !l.is_empty())?;
+        let text = labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        match &common {
+            None => common = Some(text),
+            Some(existing) if *existing == text => {}
+            Some(_) => return None,
+        }
+    }
+    common
+}
+
+pub(super) fn watch(
+    client: Client,
+    kind: RelatedResourceKind,
+    namespace: Option<&str>,
+    role: Role,
+    source_labels: Option<String>,
+    stop: CancellationToken,
+    changes: Arc<Notify>,
+) -> Watched {
+    let resource = resource(kind);
+    let api = kbind_shared::dynamic::scoped(&client, namespace, &resource);
+    let config = match (role, source_labels) {
+        (Role::Target, _) => {
+            watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
+        }
+        (Role::Source, Some(labels)) => watcher::Config::default().labels(&labels),
+        (Role::Source, None) => watcher::Config::default(),
+    };
+    let writer = reflector::store::Writer::<DynamicObject>::new(resource);
+    let store = writer.as_reader();
+    let health = Arc::new(Mutex::new(Health::default()));
+    kbind_shared::cache::observe(writer, api, config, stop, {
+        let health = health.clone();
+        move |event| {
+            let mut health = health.lock().expect("not poisoned");
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    health.listed = true;
+                    health.error = None;
+                    health.forbidden = false;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    health.forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.is_forbidden());
+                    health.error = Some(e.to_string());
+                }
+            }
+            changes.notify_one();
+        }
+    });
+    Watched { store, health }
+}
+
+pub(super) fn item(object: &DynamicObject) -> Item {
+    Item {
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+        uid: object.metadata.uid.clone().unwrap_or_default(),
+        labels: object.labels().clone(),
+        annotations: object.annotations().clone(),
+        payload: plan::PAYLOAD_FIELDS
+            .iter()
+            .filter_map(|f| object.data.get(*f).map(|v| ((*f).to_owned(), v.clone())))
+            .collect(),
+    }
+}

@@ -34,6 +34,9 @@ pub struct Metrics {
     pub syncer_assigned_units: GaugeVec,
     /// `kbind_leader`
     pub leader: Gauge,
+    /// `kbind_reconcile_errors_total{controller,reason}`: failed reconciles by controller
+    /// (`connection`, `clusterbinding`, `binding`, `sync`) and the error's `metric_label()`
+    pub reconcile_errors_total: IntCounterVec,
     /// `kbind_assignment_overlaps`: units more than one live syncer reports running (must be 0)
     pub assignment_overlaps: Gauge,
 }
@@ -139,6 +142,12 @@ impl Metrics {
                 "kbind_work_queue_depth",
                 "Objects waiting to be synced",
                 &["api"],
+            ),
+            reconcile_errors_total: counter_vec(
+                &registry,
+                "kbind_reconcile_errors_total",
+                "Failed reconciles by controller and reason",
+                &["controller", "reason"],
             ),
             api_requests_total: counter_vec(
                 &registry,

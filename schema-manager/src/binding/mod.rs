@@ -41,15 +41,37 @@ pub enum Error {
     /// A consumer request failed.
     #[error("consumer API: {0}")]
     Consumer(#[source] kube::Error),
+    /// A provider request failed while letting go of an API (`action` names it).
+    #[error("{action}: {}", kbind_shared::identity::describe_error(.source))]
+    Provider {
+        /// What was being done.
+        action: String,
+        /// The failed request.
+        #[source]
+        source: kube::Error,
+    },
     /// Unbind waits for provider copies to be deleted.
     #[error("waiting for {0} provider object(s) to be deleted")]
     Draining(usize),
-    /// Cleanup could not proceed.
+    /// Deleting the binding waits for a provider that cannot be reached now.
     #[error("{0}")]
-    Cleanup(String),
+    Unreachable(String),
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Consumer(_) => "consumer",
+            Error::Provider { .. } => "provider",
+            Error::Draining(_) => "draining",
+            Error::Unreachable(_) => "unreachable",
+            Error::Finalizer(_) => "finalizer",
+        }
+    }
 }
 
 /// Runs both binding controllers until `stop`.
@@ -139,6 +161,8 @@ where
 
 /// How to reach a binding kind's API for one object.
 pub trait Scoped: BindingObject {
+    /// The controller's name in metrics.
+    const CONTROLLER: &'static str;
     /// The Api for this object's scope.
     fn api(client: &Client, object: &Self) -> Api<Self>;
     /// The namespace whose instances it covers (`None`: all).
@@ -148,6 +172,7 @@ pub trait Scoped: BindingObject {
 }
 
 impl Scoped for Binding {
+    const CONTROLLER: &'static str = "binding";
     fn api(client: &Client, object: &Self) -> Api<Self> {
         Api::namespaced(client.clone(), &object.namespace().unwrap_or_default())
     }
@@ -164,6 +189,7 @@ impl Scoped for Binding {
 }
 
 impl Scoped for ClusterBinding {
+    const CONTROLLER: &'static str = "clusterbinding";
     fn api(client: &Client, _: &Self) -> Api<Self> {
         Api::all(client.clone())
     }
@@ -176,6 +202,10 @@ impl Scoped for ClusterBinding {
 }
 
 fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .reconcile_errors_total
+        .with_label_values(&[B::CONTROLLER, error.metric_label()])
+        .inc();
     match error {
         Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
         // A write raced with another (a status write from a cache a moment old): the fresh object
@@ -185,7 +215,7 @@ fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) ->
             Action::requeue(Duration::from_millis(200))
         }
         e => {
-            tracing::warn!(binding = %binding.describe(), error = %e, "binding reconcile failed");
+            tracing::warn!(binding = %binding.describe(), error = %e, kind = e.metric_label(), "binding reconcile failed");
             Action::requeue(
                 ctx.settings
                     .binding_resync_interval

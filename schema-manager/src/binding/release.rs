@@ -183,7 +183,7 @@ pub async fn release_api<B: Scoped>(
                     continue;
                 }
                 Ok(false) => {}
-                Err(message) => return Err(Error::Cleanup(message)),
+                Err(e) => return Err(e),
             }
         }
         release_syncer_finalizer(client, &resource, &object).await?;
@@ -223,7 +223,7 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
         match release_api(binding.as_ref(), &held, Mode::Unbind, None, ctx, &others).await? {
             Left::Nothing => {}
             Left::Draining(n) => waiting += n,
-            Left::Unreachable(message) => return Err(Error::Cleanup(message)),
+            Left::Unreachable(message) => return Err(Error::Unreachable(message)),
         }
     }
     // BCL-4, for every kind and side (not only the declared entries: an entry removed while no
@@ -325,12 +325,11 @@ async fn delete_related_copies(
                 Ok(list) => list.items,
                 // Credentials that may not list a kind cannot have made copies of it.
                 Err(kube::Error::Api(s)) if s.is_forbidden() || s.is_not_found() => continue,
-                Err(e) => {
-                    return Err(Error::Cleanup(format!(
-                        "list related {} on the {side}: {}",
-                        resource.plural,
-                        kbind_shared::identity::describe_error(&e)
-                    )));
+                Err(source) => {
+                    return Err(Error::Provider {
+                        action: format!("list related {} on the {side}", resource.plural),
+                        source,
+                    });
                 }
             };
             for copy in list {
@@ -363,13 +362,15 @@ async fn delete_related_copies(
                 {
                     Ok(_) => {}
                     Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-                    Err(e) => {
-                        return Err(Error::Cleanup(format!(
-                            "delete related {} {namespace}/{} on the {side}: {}",
-                            resource.kind,
-                            copy.name_any(),
-                            kbind_shared::identity::describe_error(&e)
-                        )));
+                    Err(source) => {
+                        return Err(Error::Provider {
+                            action: format!(
+                                "delete related {} {namespace}/{} on the {side}",
+                                resource.kind,
+                                copy.name_any()
+                            ),
+                            source,
+                        });
                     }
                 }
             }
@@ -384,18 +385,13 @@ async fn delete_provider_copy(
     resource: &ApiResource,
     object: &DynamicObject,
     local_uid: &str,
-) -> Result<bool, String> {
+) -> Result<bool, Error> {
     let api = scoped(provider, object.namespace().as_deref(), resource);
     let name = object.name_any();
-    let copy = match api.get_opt(&name).await {
-        Ok(copy) => copy,
-        Err(e) => {
-            return Err(format!(
-                "read provider copy of {name}: {}",
-                kbind_shared::identity::describe_error(&e)
-            ));
-        }
-    };
+    let copy = api.get_opt(&name).await.map_err(|source| Error::Provider {
+        action: format!("read the provider copy of {name}"),
+        source,
+    })?;
     let Some(copy) = copy else { return Ok(false) };
     let object_uid = object.metadata.uid.as_deref().unwrap_or_default();
     if ownership::classify(copy.annotations(), local_uid, object_uid) != Owner::Ours {
@@ -415,11 +411,11 @@ async fn delete_provider_copy(
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
             Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(true),
-            Err(e) => {
-                return Err(format!(
-                    "delete provider copy of {name}: {}",
-                    kbind_shared::identity::describe_error(&e)
-                ));
+            Err(source) => {
+                return Err(Error::Provider {
+                    action: format!("delete the provider copy of {name}"),
+                    source,
+                });
             }
         }
     }

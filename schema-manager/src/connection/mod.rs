@@ -106,6 +106,12 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
 }
 
 fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -> Action {
+    state
+        .ctx
+        .metrics
+        .reconcile_errors_total
+        .with_label_values(&["connection", error.metric_label()])
+        .inc();
     match error {
         Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
         Error::Provider(_) => Action::requeue(state.ctx.settings.discovery_interval),

@@ -61,6 +61,17 @@ pub enum Error {
     Fenced,
 }
 
+impl Error {
+    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Consumer(_) => "consumer",
+            Error::Provider(_) => "provider",
+            Error::Fenced => "fenced",
+        }
+    }
+}
+
 struct Worker {
     ctx: Arc<Context>,
     spec: WorkerSpec,
@@ -215,6 +226,12 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
 }
 
 fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) -> Action {
+    worker
+        .ctx
+        .metrics
+        .reconcile_errors_total
+        .with_label_values(&["sync", error.metric_label()])
+        .inc();
     if let Error::Fenced = error {
         return Action::requeue(Duration::from_secs(1));
     }
@@ -225,7 +242,7 @@ fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) 
         tracing::debug!(api = %worker.spec.api, object = %object.name_any(), "write conflict; retrying");
         return Action::requeue(Duration::from_millis(200));
     }
-    tracing::warn!(api = %worker.spec.api, object = %object.name_any(), namespace = ?object.namespace(), error = %error, "sync failed");
+    tracing::warn!(api = %worker.spec.api, object = %object.name_any(), namespace = ?object.namespace(), error = %error, kind = error.metric_label(), "sync failed");
     Action::requeue(Duration::from_secs(5))
 }
 

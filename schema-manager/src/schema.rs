@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceConversion, CustomResourceDefinition, CustomResourceDefinitionVersion,
+    CustomResourceConversion, CustomResourceDefinition,
 };
 use kbind_shared::keys;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -327,7 +327,7 @@ pub async fn install(
 mod tests {
     use super::*;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-        CustomResourceDefinitionSpec, WebhookConversion,
+        CustomResourceDefinitionSpec, CustomResourceDefinitionVersion, WebhookConversion,
     };
 
     fn version(name: &str, served: bool, storage: bool) -> CustomResourceDefinitionVersion {

@@ -2,23 +2,21 @@
 //! install the schemas of the listed APIs, report per-API problems, count conflicts, and on
 //! deletion drain exactly the instances no remaining binding covers.
 
+mod apis;
 pub mod ledger;
 pub mod outcome;
 pub mod release;
+mod status;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kbind_shared::api::{
-    ApiScope, Binding, BindingStatus, ClusterBinding, Connection, PullPolicy, UpdatePolicy,
-};
-use kbind_shared::conditions::{self, Desired, reasons, types};
+use kbind_shared::api::{Binding, ClusterBinding, Connection};
+use kbind_shared::conditions::{self, types};
 use kbind_shared::keys;
 use kbind_shared::resolve::BindingObject;
-use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::ObjectRef;
@@ -27,10 +25,10 @@ use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
-use crate::providers::{Provider, ProviderError};
-use crate::schema;
+use apis::{api_state, covered_by_cluster_bindings};
 use ledger::{Going, Left, Step};
-use outcome::{ApiState, Conflicts};
+use outcome::ApiState;
+use status::write_status;
 
 const DRAIN_RECHECK: Duration = Duration::from_secs(2);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -372,200 +370,4 @@ async fn let_go<B: Scoped>(
         }
     }
     Ok(going)
-}
-
-/// The APIs of a Binding that a ClusterBinding also lists, with that ClusterBinding's name: its
-/// instances in the Binding's namespace sync under the ClusterBinding (RES-2).
-async fn covered_by_cluster_bindings(
-    client: &Client,
-    spec: &kbind_shared::api::BindingSpec,
-) -> Vec<(String, String)> {
-    let Ok(cluster_bindings) = Api::<ClusterBinding>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-    else {
-        return Vec::new();
-    };
-    let mut covered = Vec::new();
-    for api in &spec.apis {
-        if let Some(resolution) = kbind_shared::resolve::resolve(
-            &api.name,
-            None,
-            cluster_bindings.items.iter(),
-            std::iter::empty(),
-        ) {
-            covered.push((api.name.clone(), resolution.name));
-        }
-    }
-    covered
-}
-
-/// BIND-5 for one API.
-async fn api_state<B: Scoped>(
-    binding: &B,
-    connection: &Connection,
-    provider: &Provider,
-    api: &str,
-    ctx: &Context,
-) -> ApiState {
-    let status = connection.status.clone().unwrap_or_default();
-    let Some(export) = status.exported_apis.iter().find(|e| e.name == api) else {
-        return ApiState::NotExported;
-    };
-    if B::NAMESPACED && export.scope == ApiScope::Cluster {
-        return ApiState::ClusterScopedInBinding;
-    }
-    let policy = &connection.spec.schema;
-    let create = policy.pull_policy != PullPolicy::None;
-    let update = policy.update_policy != UpdatePolicy::Once;
-    let desired = match schema::desired_for(
-        provider,
-        &ctx.documents,
-        &connection.name_any(),
-        status.active_schema_source,
-        export,
-    )
-    .await
-    {
-        Ok(desired) => desired,
-        Err(ProviderError::Forbidden(message)) => return ApiState::Forbidden(message),
-        Err(ProviderError::Failed(message)) => return ApiState::Pending(message),
-    };
-    let hash = desired
-        .annotations()
-        .get(keys::SCHEMA_HASH_ANNOTATION)
-        .cloned()
-        .unwrap_or_default();
-    let installed = match schema::install(
-        &ctx.client,
-        &desired,
-        &connection.name_any(),
-        create,
-        update,
-    )
-    .await
-    {
-        Ok(installed) => installed,
-        Err(message) => return ApiState::Pending(message),
-    };
-    if let schema::Plan::Refuse(message) = installed.plan {
-        return ApiState::SchemaConflict(message);
-    }
-    if installed.plan == schema::Plan::LeaveAbsent {
-        return ApiState::Pending(
-            "the consumer CRD is not installed and pullPolicy is None: supply it".into(),
-        );
-    }
-    // Ready means usable: not before the API server serves the CRD (its Established condition
-    // re-triggers this reconcile through the CRD watch).
-    if !installed.established {
-        return ApiState::Pending(format!("the consumer CRD {api} is not established yet"));
-    }
-    let conflicts = count_conflicts(ctx, &desired, binding.covered_namespace().as_deref()).await;
-    ApiState::Bound {
-        hash,
-        in_sync: installed.in_sync,
-        conflicts,
-    }
-}
-
-/// BIND-5d: instances in scope with a conflict annotation, from a metadata-only watch cache
-/// (LIM-16: no LIST of every instance per resync). A cache that has not listed yet counts 0.
-async fn count_conflicts(
-    ctx: &Context,
-    crd: &CustomResourceDefinition,
-    namespace: Option<&str>,
-) -> Conflicts {
-    let Some(resource) = kbind_shared::dynamic::instance_resource(crd) else {
-        return Conflicts::default();
-    };
-    let mut conflicts = Conflicts::default();
-    for item in ctx.instance_metadata(&resource).state() {
-        if namespace.is_some() && item.metadata.namespace.as_deref() != namespace {
-            continue;
-        }
-        match item
-            .annotations()
-            .get(keys::CONFLICT_ANNOTATION)
-            .map(String::as_str)
-        {
-            Some(keys::CONFLICT_FOREIGN) => conflicts.foreign += 1,
-            Some(v) if !v.is_empty() => conflicts.owned_by_another += 1,
-            _ => {}
-        }
-    }
-    conflicts
-}
-
-/// BIND-12: writes the status when anything changed.
-pub(crate) async fn write_status<B: Scoped>(
-    binding: &B,
-    ctx: &Context,
-    desired: Vec<Desired<'_>>,
-    bound_apis: Option<Vec<kbind_shared::api::BoundApi>>,
-    apis: Option<Vec<kbind_shared::api::ApiStatus>>,
-) -> Result<(), Error> {
-    let before = binding.binding_status().cloned().unwrap_or_default();
-    let mut status: BindingStatus = before.clone();
-    let now = Time(jiff::Timestamp::now());
-    let ready = desired
-        .iter()
-        .any(|d| d.type_ == types::READY && d.status == conditions::Status::True);
-    for d in desired {
-        conditions::set(&mut status.conditions, d, binding.meta().generation, &now);
-    }
-    if let Some(bound) = bound_apis {
-        status.bound_apis = bound;
-    }
-    if let Some(apis) = apis {
-        status.apis = apis;
-    }
-    let namespace = binding.namespace().unwrap_or_default();
-    ctx.metrics
-        .binding_ready
-        .with_label_values(&[namespace.as_str(), &binding.name_any()])
-        .set(if ready { 1.0 } else { 0.0 });
-    if status == before {
-        return Ok(());
-    }
-    warn_on_new_schema_conflict(binding, ctx, &before, &status).await;
-    let mut updated = binding.clone();
-    updated.set_binding_status(status);
-    B::api(&ctx.client, binding)
-        .replace_status(&binding.name_any(), &PostParams::default(), &updated)
-        .await
-        .map_err(Error::Consumer)?;
-    Ok(())
-}
-
-/// A `SchemaConflict` Warning Event when the Ready message about one starts or changes: the
-/// user must act (annotate the CRD, or drop the API), so it is announced, once per change.
-async fn warn_on_new_schema_conflict<B: Scoped>(
-    binding: &B,
-    ctx: &Context,
-    before: &BindingStatus,
-    after: &BindingStatus,
-) {
-    let conflict = |status: &BindingStatus| {
-        conditions::find(&status.conditions, types::READY)
-            .filter(|c| c.reason == reasons::SCHEMA_CONFLICT)
-            .map(|c| c.message.clone())
-    };
-    let Some(message) = conflict(after) else {
-        return;
-    };
-    if conflict(before).as_ref() == Some(&message) {
-        return;
-    }
-    let recorder = kube::runtime::events::Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-    let event = kube::runtime::events::Event {
-        type_: kube::runtime::events::EventType::Warning,
-        reason: reasons::SCHEMA_CONFLICT.into(),
-        note: Some(message),
-        action: "InstallSchema".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &binding.object_ref(&())).await {
-        tracing::debug!(error = %e, "cannot publish Event");
-    }
 }

@@ -18,7 +18,8 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use super::ledger::{self, Held, Left, Step};
-use super::{Error, Scoped, outcome, write_status};
+use super::status::write_status;
+use super::{Error, Scoped, outcome};
 use crate::context::Context;
 use crate::providers::Provider;
 use kbind_shared::dynamic::{instance_resource, scoped};

@@ -3,8 +3,10 @@
 //! status, with every status change persisted (QRK-1) and an Event per condition transition.
 
 mod autobind;
+mod cleanup;
 pub mod heartbeat;
 pub mod outcome;
+mod schemas;
 mod secrets;
 
 use std::sync::Arc;
@@ -13,11 +15,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kbind_shared::api::{Binding, ClusterBinding, Connection, ConnectionStatus};
-use kbind_shared::conditions::{self, Desired, reasons, types};
+use kbind_shared::api::{Connection, ConnectionStatus};
+use kbind_shared::conditions;
 use kbind_shared::identity::{IdentityError, cluster_identity};
 use kbind_shared::keys;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{self, finalizer};
@@ -27,8 +29,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 use crate::discovery;
-use crate::providers::{Provider, ProviderError};
+use crate::providers::ProviderError;
 use outcome::Outcome;
+use schemas::{install_all, kept_crds, schema_in_sync};
 use secrets::SecretWatches;
 
 /// How long a deleting Connection waits between checks for bindings that still reference it.
@@ -151,7 +154,7 @@ async fn reconcile(connection: Arc<Connection>, state: Arc<State>) -> Result<Act
     finalizer(&api, keys::CLEANUP_FINALIZER, connection, |event| async {
         match event {
             finalizer::Event::Apply(connection) => apply(connection, &state).await,
-            finalizer::Event::Cleanup(connection) => cleanup(connection, &state).await,
+            finalizer::Event::Cleanup(connection) => cleanup::cleanup(connection, &state).await,
         }
     })
     .await
@@ -379,123 +382,6 @@ async fn connect(
     ))
 }
 
-/// CONN-8: installs the schema of every exported API. A problem with one API does not stop the
-/// others; the first is reported.
-async fn install_all(
-    ctx: &Context,
-    provider: &Provider,
-    connection: &Connection,
-    status: &ConnectionStatus,
-) -> Result<(), String> {
-    let consumer = &ctx.client;
-    let name = connection.name_any();
-    let update = connection.spec.schema.update_policy != kbind_shared::api::UpdatePolicy::Once;
-    let mut first_problem = None;
-    for export in &status.exported_apis {
-        let desired = crate::schema::desired_for(
-            provider,
-            &ctx.documents,
-            &name,
-            status.active_schema_source,
-            export,
-        )
-        .await;
-        let result = match desired {
-            Ok(desired) => {
-                match crate::schema::install(consumer, &desired, &name, true, update).await {
-                    Ok(crate::schema::Installed {
-                        plan: crate::schema::Plan::Refuse(message),
-                        ..
-                    }) => Err(message),
-                    other => other.map(drop),
-                }
-            }
-            Err(e) => Err(e.message().to_owned()),
-        };
-        if let Err(message) = result {
-            first_problem.get_or_insert(format!(
-                "installing the schema of {}: {message}",
-                export.name
-            ));
-        }
-    }
-    first_problem.map_or(Ok(()), Err)
-}
-
-/// The CRDs kbind kept for this Connection after their automatic binding went away (metadata
-/// only, kbind's managed CRDs only).
-async fn kept_crds(client: &kube::Client, connection: &str) -> Result<Vec<String>, kube::Error> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds = Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(client.clone())
-        .list(&ListParams::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)))
-        .await?;
-    let mut kept: Vec<String> = crds
-        .items
-        .iter()
-        .filter(|c| {
-            c.annotations()
-                .get(keys::CONNECTION_ANNOTATION)
-                .map(String::as_str)
-                == Some(connection)
-                && c.annotations().contains_key(keys::UNBOUND_ANNOTATION)
-        })
-        .map(|c| c.name_any())
-        .collect();
-    kept.sort();
-    Ok(kept)
-}
-
-/// LIM-13: the Connection's `SchemaInSync`, from the bindings that use it (each knows whether
-/// the CRDs it installed match the provider).
-async fn schema_in_sync(
-    client: &kube::Client,
-    connection: &str,
-) -> Result<Desired<'static>, kube::Error> {
-    let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let bindings = Api::<Binding>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let out_of_sync = |status: Option<&kbind_shared::api::BindingStatus>| {
-        status
-            .and_then(|s| conditions::find(&s.conditions, types::SCHEMA_IN_SYNC))
-            .is_some_and(|c| c.status == "False")
-    };
-    let mut behind: Vec<String> = cluster_bindings
-        .iter()
-        .filter(|b| b.spec.connection_ref.name == connection && out_of_sync(b.status.as_ref()))
-        .map(|b| format!("ClusterBinding {}", b.name_any()))
-        .collect();
-    behind.extend(
-        bindings
-            .iter()
-            .filter(|b| b.spec.connection_ref.name == connection && out_of_sync(b.status.as_ref()))
-            .map(|b| {
-                format!(
-                    "Binding {}/{}",
-                    b.namespace().unwrap_or_default(),
-                    b.name_any()
-                )
-            }),
-    );
-    Ok(if behind.is_empty() {
-        Desired::new(types::SCHEMA_IN_SYNC, true, reasons::AS_EXPECTED, "")
-    } else {
-        Desired::new(
-            types::SCHEMA_IN_SYNC,
-            false,
-            reasons::PENDING,
-            format!(
-                "installed schemas differ from the provider's for {}",
-                behind.join(", ")
-            ),
-        )
-    })
-}
-
 /// CONN-12, without QRK-1: any status change is written (optimistically locked on the
 /// resourceVersion the reconcile read), and each condition transition becomes an Event.
 async fn write_status(
@@ -537,102 +423,5 @@ async fn write_status(
             tracing::debug!(error = %e, "cannot publish Event");
         }
     }
-    Ok(())
-}
-
-/// CDEL-1 … CDEL-5.
-async fn cleanup(connection: Arc<Connection>, state: &State) -> Result<Action, Error> {
-    let client = &state.ctx.client;
-    let name = connection.name_any();
-    // Only the ClusterBinding this Connection controls; removing it keeps CRDs and objects.
-    autobind::delete_owned(client, &connection)
-        .await
-        .map_err(Error::Provider)?;
-
-    // CDEL-3: wait for every binding that references this Connection.
-    let references = |spec_name: &str| spec_name == name;
-    let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Consumer)?;
-    let bindings = Api::<Binding>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Consumer)?;
-    let count = cluster_bindings
-        .items
-        .iter()
-        .filter(|b| references(&b.spec.connection_ref.name))
-        .count()
-        + bindings
-            .items
-            .iter()
-            .filter(|b| references(&b.spec.connection_ref.name))
-            .count();
-    if count > 0 {
-        let before = connection.status.clone().unwrap_or_default();
-        let mut status = before.clone();
-        let message =
-            format!("waiting for {count} binding(s) that reference this Connection to be deleted");
-        conditions::set(
-            &mut status.conditions,
-            Desired::new(types::READY, false, reasons::DRAINING_BINDINGS, message),
-            connection.meta().generation,
-            &Time(jiff::Timestamp::now()),
-        );
-        state
-            .ctx
-            .metrics
-            .connection_ready
-            .with_label_values(&[&name])
-            .set(0.0);
-        write_status(state, &connection, &before, status).await?;
-        return Err(Error::Draining(count));
-    }
-
-    // CDEL-4: release the Secret unless another live Connection still uses it.
-    let reference = &connection.spec.kubeconfig_secret_ref;
-    let others = Api::<Connection>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Consumer)?;
-    let shared = others.items.iter().any(|other| {
-        other.name_any() != name
-            && other.meta().deletion_timestamp.is_none()
-            && other.spec.kubeconfig_secret_ref.namespace == reference.namespace
-            && other.spec.kubeconfig_secret_ref.name == reference.name
-    });
-    if !shared {
-        remove_secret_finalizer(state, &connection).await?;
-    }
-    state.secrets.untrack(&name);
-    state.ctx.providers.forget(&name);
-    let _ = state
-        .ctx
-        .metrics
-        .connection_ready
-        .remove_label_values(&[&name]);
-    let _ = state
-        .ctx
-        .metrics
-        .connection_exported_apis
-        .remove_label_values(&[&name]);
-    // CDEL-5: the finalizer helper removes the Connection's own finalizer.
-    Ok(Action::await_change())
-}
-
-async fn remove_secret_finalizer(state: &State, connection: &Connection) -> Result<(), Error> {
-    let reference = &connection.spec.kubeconfig_secret_ref;
-    let secrets: Api<Secret> = Api::namespaced(state.ctx.client.clone(), &reference.namespace);
-    let Some(secret) = secrets
-        .get_opt(&reference.name)
-        .await
-        .map_err(Error::Consumer)?
-    else {
-        return Ok(());
-    };
-    kbind_shared::finalizers::set(&secrets, &secret, keys::CLEANUP_FINALIZER, false)
-        .await
-        .map_err(Error::Consumer)?;
     Ok(())
 }

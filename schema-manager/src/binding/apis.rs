@@ -1,0 +1,138 @@
+//! What a binding reconcile gathers per listed API (BIND-5): its export, the desired and installed
+//! consumer CRD, and the conflicting instances in the binding's scope; and which APIs of a
+//! Binding a ClusterBinding covers (RES-2).
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_shared::api::{ApiScope, ClusterBinding, Connection, PullPolicy, UpdatePolicy};
+use kbind_shared::keys;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+
+use super::Scoped;
+use super::outcome::{ApiState, Conflicts};
+use crate::context::Context;
+use crate::providers::{Provider, ProviderError};
+use crate::schema;
+
+/// The APIs of a Binding that a ClusterBinding also lists, with that ClusterBinding's name: its
+/// instances in the Binding's namespace sync under the ClusterBinding (RES-2).
+pub(super) async fn covered_by_cluster_bindings(
+    client: &Client,
+    spec: &kbind_shared::api::BindingSpec,
+) -> Vec<(String, String)> {
+    let Ok(cluster_bindings) = Api::<ClusterBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    else {
+        return Vec::new();
+    };
+    let mut covered = Vec::new();
+    for api in &spec.apis {
+        if let Some(resolution) = kbind_shared::resolve::resolve(
+            &api.name,
+            None,
+            cluster_bindings.items.iter(),
+            std::iter::empty(),
+        ) {
+            covered.push((api.name.clone(), resolution.name));
+        }
+    }
+    covered
+}
+
+/// BIND-5 for one API.
+pub(super) async fn api_state<B: Scoped>(
+    binding: &B,
+    connection: &Connection,
+    provider: &Provider,
+    api: &str,
+    ctx: &Context,
+) -> ApiState {
+    let status = connection.status.clone().unwrap_or_default();
+    let Some(export) = status.exported_apis.iter().find(|e| e.name == api) else {
+        return ApiState::NotExported;
+    };
+    if B::NAMESPACED && export.scope == ApiScope::Cluster {
+        return ApiState::ClusterScopedInBinding;
+    }
+    let policy = &connection.spec.schema;
+    let create = policy.pull_policy != PullPolicy::None;
+    let update = policy.update_policy != UpdatePolicy::Once;
+    let desired = match schema::desired_for(
+        provider,
+        &ctx.documents,
+        &connection.name_any(),
+        status.active_schema_source,
+        export,
+    )
+    .await
+    {
+        Ok(desired) => desired,
+        Err(ProviderError::Forbidden(message)) => return ApiState::Forbidden(message),
+        Err(ProviderError::Failed(message)) => return ApiState::Pending(message),
+    };
+    let hash = desired
+        .annotations()
+        .get(keys::SCHEMA_HASH_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    let installed = match schema::install(
+        &ctx.client,
+        &desired,
+        &connection.name_any(),
+        create,
+        update,
+    )
+    .await
+    {
+        Ok(installed) => installed,
+        Err(message) => return ApiState::Pending(message),
+    };
+    if let schema::Plan::Refuse(message) = installed.plan {
+        return ApiState::SchemaConflict(message);
+    }
+    if installed.plan == schema::Plan::LeaveAbsent {
+        return ApiState::Pending(
+            "the consumer CRD is not installed and pullPolicy is None: supply it".into(),
+        );
+    }
+    // Ready means usable: not before the API server serves the CRD (its Established condition
+    // re-triggers this reconcile through the CRD watch).
+    if !installed.established {
+        return ApiState::Pending(format!("the consumer CRD {api} is not established yet"));
+    }
+    let conflicts = count_conflicts(ctx, &desired, binding.covered_namespace().as_deref()).await;
+    ApiState::Bound {
+        hash,
+        in_sync: installed.in_sync,
+        conflicts,
+    }
+}
+
+/// BIND-5d: instances in scope with a conflict annotation, from a metadata-only watch cache
+/// (LIM-16: no LIST of every instance per resync). A cache that has not listed yet counts 0.
+async fn count_conflicts(
+    ctx: &Context,
+    crd: &CustomResourceDefinition,
+    namespace: Option<&str>,
+) -> Conflicts {
+    let Some(resource) = kbind_shared::dynamic::instance_resource(crd) else {
+        return Conflicts::default();
+    };
+    let mut conflicts = Conflicts::default();
+    for item in ctx.instance_metadata(&resource).state() {
+        if namespace.is_some() && item.metadata.namespace.as_deref() != namespace {
+            continue;
+        }
+        match item
+            .annotations()
+            .get(keys::CONFLICT_ANNOTATION)
+            .map(String::as_str)
+        {
+            Some(keys::CONFLICT_FOREIGN) => conflicts.foreign += 1,
+            Some(v) if !v.is_empty() => conflicts.owned_by_another += 1,
+            _ => {}
+        }
+    }
+    conflicts
+}

@@ -1,0 +1,113 @@
+//! Deleting a Connection (REFERENCE-BEHAVIOUR CDEL-1 … CDEL-5): only the ClusterBinding autoBind
+//! made for it goes, kbind waits for every other binding that references it, then the heartbeat
+//! Lease and the Secret's finalizer are released.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kbind_shared::api::{Binding, ClusterBinding, Connection};
+use kbind_shared::conditions::{self, Desired, reasons, types};
+use kbind_shared::keys;
+use kube::api::ListParams;
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+
+use super::{Error, State, autobind, write_status};
+
+/// CDEL-1 … CDEL-5.
+pub(super) async fn cleanup(connection: Arc<Connection>, state: &State) -> Result<Action, Error> {
+    let client = &state.ctx.client;
+    let name = connection.name_any();
+    // Only the ClusterBinding this Connection controls; removing it keeps CRDs and objects.
+    autobind::delete_owned(client, &connection)
+        .await
+        .map_err(Error::Provider)?;
+
+    // CDEL-3: wait for every binding that references this Connection.
+    let references = |spec_name: &str| spec_name == name;
+    let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Consumer)?;
+    let bindings = Api::<Binding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Consumer)?;
+    let count = cluster_bindings
+        .items
+        .iter()
+        .filter(|b| references(&b.spec.connection_ref.name))
+        .count()
+        + bindings
+            .items
+            .iter()
+            .filter(|b| references(&b.spec.connection_ref.name))
+            .count();
+    if count > 0 {
+        let before = connection.status.clone().unwrap_or_default();
+        let mut status = before.clone();
+        let message =
+            format!("waiting for {count} binding(s) that reference this Connection to be deleted");
+        conditions::set(
+            &mut status.conditions,
+            Desired::new(types::READY, false, reasons::DRAINING_BINDINGS, message),
+            connection.meta().generation,
+            &Time(jiff::Timestamp::now()),
+        );
+        state
+            .ctx
+            .metrics
+            .connection_ready
+            .with_label_values(&[&name])
+            .set(0.0);
+        write_status(state, &connection, &before, status).await?;
+        return Err(Error::Draining(count));
+    }
+
+    // CDEL-4: release the Secret unless another live Connection still uses it.
+    let reference = &connection.spec.kubeconfig_secret_ref;
+    let others = Api::<Connection>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Consumer)?;
+    let shared = others.items.iter().any(|other| {
+        other.name_any() != name
+            && other.meta().deletion_timestamp.is_none()
+            && other.spec.kubeconfig_secret_ref.namespace == reference.namespace
+            && other.spec.kubeconfig_secret_ref.name == reference.name
+    });
+    if !shared {
+        remove_secret_finalizer(state, &connection).await?;
+    }
+    state.secrets.untrack(&name);
+    state.ctx.providers.forget(&name);
+    let _ = state
+        .ctx
+        .metrics
+        .connection_ready
+        .remove_label_values(&[&name]);
+    let _ = state
+        .ctx
+        .metrics
+        .connection_exported_apis
+        .remove_label_values(&[&name]);
+    // CDEL-5: the finalizer helper removes the Connection's own finalizer.
+    Ok(Action::await_change())
+}
+
+async fn remove_secret_finalizer(state: &State, connection: &Connection) -> Result<(), Error> {
+    let reference = &connection.spec.kubeconfig_secret_ref;
+    let secrets: Api<Secret> = Api::namespaced(state.ctx.client.clone(), &reference.namespace);
+    let Some(secret) = secrets
+        .get_opt(&reference.name)
+        .await
+        .map_err(Error::Consumer)?
+    else {
+        return Ok(());
+    };
+    kbind_shared::finalizers::set(&secrets, &secret, keys::CLEANUP_FINALIZER, false)
+        .await
+        .map_err(Error::Consumer)?;
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The Connection's view of the consumer CRDs: installing every export under pullPolicy All
+//! (CONN-8), the CRDs kept after an automatic unbind, and `SchemaInSync` from its bindings.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_shared::api::{Binding, ClusterBinding, Connection, ConnectionStatus};
+use kbind_shared::conditions::{self, Desired, reasons, types};
+use kbind_shared::keys;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+
+use crate::context::Context;
+use crate::providers::Provider;
+
+/// CONN-8: installs the schema of every exported API. A problem with one API does not stop the
+/// others; the first is reported.
+pub(super) async fn install_all(
+    ctx: &Context,
+    provider: &Provider,
+    connection: &Connection,
+    status: &ConnectionStatus,
+) -> Result<(), String> {
+    let consumer = &ctx.client;
+    let name = connection.name_any();
+    let update = connection.spec.schema.update_policy != kbind_shared::api::UpdatePolicy::Once;
+    let mut first_problem = None;
+    for export in &status.exported_apis {
+        let desired = crate::schema::desired_for(
+            provider,
+            &ctx.documents,
+            &name,
+            status.active_schema_source,
+            export,
+        )
+        .await;
+        let result = match desired {
+            Ok(desired) => {
+                match crate::schema::install(consumer, &desired, &name, true, update).await {
+                    Ok(crate::schema::Installed {
+                        plan: crate::schema::Plan::Refuse(message),
+                        ..
+                    }) => Err(message),
+                    other => other.map(drop),
+                }
+            }
+            Err(e) => Err(e.message().to_owned()),
+        };
+        if let Err(message) = result {
+            first_problem.get_or_insert(format!(
+                "installing the schema of {}: {message}",
+                export.name
+            ));
+        }
+    }
+    first_problem.map_or(Ok(()), Err)
+}
+
+/// The CRDs kbind kept for this Connection after their automatic binding went away (metadata
+/// only, kbind's managed CRDs only).
+pub(super) async fn kept_crds(
+    client: &kube::Client,
+    connection: &str,
+) -> Result<Vec<String>, kube::Error> {
+    let crds = Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)))
+        .await?;
+    let mut kept: Vec<String> = crds
+        .items
+        .iter()
+        .filter(|c| {
+            c.annotations()
+                .get(keys::CONNECTION_ANNOTATION)
+                .map(String::as_str)
+                == Some(connection)
+                && c.annotations().contains_key(keys::UNBOUND_ANNOTATION)
+        })
+        .map(|c| c.name_any())
+        .collect();
+    kept.sort();
+    Ok(kept)
+}
+
+/// LIM-13: the Connection's `SchemaInSync`, from the bindings that use it (each knows whether
+/// the CRDs it installed match the provider).
+pub(super) async fn schema_in_sync(
+    client: &kube::Client,
+    connection: &str,
+) -> Result<Desired<'static>, kube::Error> {
+    let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let bindings = Api::<Binding>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let out_of_sync = |status: Option<&kbind_shared::api::BindingStatus>| {
+        status
+            .and_then(|s| conditions::find(&s.conditions, types::SCHEMA_IN_SYNC))
+            .is_some_and(|c| c.status == "False")
+    };
+    let mut behind: Vec<String> = cluster_bindings
+        .iter()
+        .filter(|b| b.spec.connection_ref.name == connection && out_of_sync(b.status.as_ref()))
+        .map(|b| format!("ClusterBinding {}", b.name_any()))
+        .collect();
+    behind.extend(
+        bindings
+            .iter()
+            .filter(|b| b.spec.connection_ref.name == connection && out_of_sync(b.status.as_ref()))
+            .map(|b| {
+                format!(
+                    "Binding {}/{}",
+                    b.namespace().unwrap_or_default(),
+                    b.name_any()
+                )
+            }),
+    );
+    Ok(if behind.is_empty() {
+        Desired::new(types::SCHEMA_IN_SYNC, true, reasons::AS_EXPECTED, "")
+    } else {
+        Desired::new(
+            types::SCHEMA_IN_SYNC,
+            false,
+            reasons::PENDING,
+            format!(
+                "installed schemas differ from the provider's for {}",
+                behind.join(", ")
+            ),
+        )
+    })
+}

@@ -711,17 +711,7 @@ pub fn rule(
 
 /// A binding spec for `connection` listing `apis`.
 pub fn binding_spec(connection: &str, apis: &[&str]) -> kbind_shared::api::BindingSpec {
-    kbind_shared::api::BindingSpec {
-        connection_ref: kbind_shared::api::ConnectionRef {
-            name: connection.into(),
-        },
-        apis: apis
-            .iter()
-            .map(|a| kbind_shared::api::ApiRef { name: (*a).into() })
-            .collect(),
-        conflict_policy: Default::default(),
-        related_resources: Vec::new(),
-    }
+    kbind_shared::api::BindingSpec::new(connection, apis)
 }
 
 /// `"<reason>: <message>"` of every Warning Event about `object` (by name) in `namespace` (all

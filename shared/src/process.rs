@@ -70,17 +70,22 @@ pub async fn start(args: &CommonArgs) -> Result<Started, String> {
     })
 }
 
-/// A program's `main`: logging per `args`, then `run`; an error is printed and exits non-zero.
-pub async fn main(
-    program: &str,
-    args: &CommonArgs,
-    run: impl std::future::Future<Output = Result<(), String>>,
-) -> std::process::ExitCode {
+/// A program's `main`: logging per `args`, the shared [`start`], then `run`; an error is printed
+/// and exits non-zero.
+pub async fn main<F, Fut>(program: &str, args: &CommonArgs, run: F) -> std::process::ExitCode
+where
+    F: FnOnce(Started) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
     if let Err(e) = crate::telemetry::init_logging(args.log_format, &args.log_level) {
         eprintln!("{program}: {e}");
         return std::process::ExitCode::FAILURE;
     }
-    match run.await {
+    let outcome = match start(args).await {
+        Ok(started) => run(started).await,
+        Err(e) => Err(e),
+    };
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{program}: {e}");

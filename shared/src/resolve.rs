@@ -169,19 +169,12 @@ fn resolve_among<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ApiRef, ClusterBindingSpec, ConnectionRef};
+    use crate::api::ClusterBindingSpec;
     use crate::conditions::{Desired, reasons};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
-        BindingSpec {
-            connection_ref: ConnectionRef {
-                name: connection.into(),
-            },
-            apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
-            conflict_policy: ConflictPolicy::Fail,
-            related_resources: Vec::new(),
-        }
+        BindingSpec::new(connection, apis)
     }
 
     fn ready(status: &mut Option<BindingStatus>) {

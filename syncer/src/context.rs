@@ -70,6 +70,26 @@ impl Context {
         }
     }
 
+    /// A provider client for `connection`'s verified `kubeconfig`, its requests counted in
+    /// `kbind_api_requests_total`; `None` (logged, naming `who`) when it cannot be built.
+    pub async fn provider_client(
+        &self,
+        kubeconfig: &kbind_shared::kubeconfig::InlineKubeconfig,
+        connection: &str,
+        who: &str,
+    ) -> Option<Client> {
+        match kubeconfig
+            .counted_client(connection, Some(&self.metrics.api_requests_total))
+            .await
+        {
+            Ok(client) => Some(client),
+            Err(e) => {
+                tracing::warn!(worker = %who, error = %e, "cannot build the provider client");
+                None
+            }
+        }
+    }
+
     /// RES over the caches: the binding of `connection` (the one serving `api` here) covering an
     /// instance of `api` in `namespace`.
     pub fn resolve(

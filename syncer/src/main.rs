@@ -22,16 +22,16 @@ use tokio_util::sync::CancellationToken;
 async fn main() -> ExitCode {
     let args = cli::Args::parse();
     let common = args.common.clone();
-    process::main("kbind-syncer", &common, run(args)).await
+    process::main("kbind-syncer", &common, |started| run(args, started)).await
 }
 
-async fn run(args: cli::Args) -> Result<(), String> {
+async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
     let process::Started {
         shutdown,
         metrics,
         client,
         readiness,
-    } = process::start(&args.common).await?;
+    } = started;
     let identity = args.common.identity();
 
     tracing::info!(

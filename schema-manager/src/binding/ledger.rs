@@ -133,20 +133,13 @@ pub fn steps(held: &[Held], spec: &BindingSpec, deleting: bool) -> Vec<Step> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kbind_shared::api::{ApiRef, ApiStatus, BoundApi, ConnectionRef};
+    use kbind_shared::api::{ApiStatus, BoundApi};
 
     const W: &str = "widgets.example.org";
     const G: &str = "gadgets.example.org";
 
     fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
-        BindingSpec {
-            connection_ref: ConnectionRef {
-                name: connection.into(),
-            },
-            apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
-            conflict_policy: Default::default(),
-            related_resources: Vec::new(),
-        }
+        BindingSpec::new(connection, apis)
     }
 
     fn h(api: &str, connection: &str) -> Held {

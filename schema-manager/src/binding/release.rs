@@ -518,23 +518,15 @@ impl LastBinding<'_> {
         if !self.movable() {
             return Ok(());
         }
-        let patch = json!({ "metadata": {
+        self.patch(json!({ "metadata": {
             "resourceVersion": self.crd.resource_version(),
             "annotations": {
                 keys::CONNECTION_ANNOTATION: to,
                 keys::CREATED_BY_ANNOTATION: to,
                 keys::UNBOUND_ANNOTATION: null,
             }
-        } });
-        match self
-            .crds
-            .patch(self.api, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-            Err(e) => Err(Error::Consumer(e)),
-        }
+        } }))
+        .await
     }
 
     /// The automatic unbind: the CRD (and so every object) stays, annotated to say why.
@@ -545,7 +537,12 @@ impl LastBinding<'_> {
         let note = format!(
             "ClusterBinding {binding} made by autoBind went away without a user deleting it; kbind kept this CRD and its objects (delete the CRD yourself if they are no longer wanted)"
         );
-        let patch = json!({ "metadata": { "annotations": { keys::UNBOUND_ANNOTATION: note } } });
+        self.patch(json!({ "metadata": { "annotations": { keys::UNBOUND_ANNOTATION: note } } }))
+            .await
+    }
+
+    /// A merge patch of the CRD's metadata; a CRD gone meanwhile needs nothing.
+    async fn patch(&self, patch: serde_json::Value) -> Result<(), Error> {
         match self
             .crds
             .patch(self.api, &PatchParams::default(), &Patch::Merge(&patch))
@@ -561,17 +558,10 @@ impl LastBinding<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kbind_shared::api::{ApiRef, BindingSpec, ClusterBindingSpec, ConnectionRef};
+    use kbind_shared::api::{BindingSpec, ClusterBindingSpec};
 
     fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
-        BindingSpec {
-            connection_ref: ConnectionRef {
-                name: connection.into(),
-            },
-            apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
-            conflict_policy: Default::default(),
-            related_resources: Vec::new(),
-        }
+        BindingSpec::new(connection, apis)
     }
 
     #[test]

@@ -59,6 +59,26 @@ pub struct BindingSpec {
     pub related_resources: Vec<RelatedResource>,
 }
 
+impl BindingSpec {
+    /// A spec binding `apis` through `connection`, with the default conflict policy and no related
+    /// resources.
+    pub fn new(connection: &str, apis: &[&str]) -> Self {
+        Self {
+            connection_ref: ConnectionRef {
+                name: connection.to_owned(),
+            },
+            apis: apis
+                .iter()
+                .map(|a| ApiRef {
+                    name: (*a).to_owned(),
+                })
+                .collect(),
+            conflict_policy: ConflictPolicy::default(),
+            related_resources: Vec::new(),
+        }
+    }
+}
+
 /// Activates synchronization of the listed APIs in every namespace (or cluster-wide for
 /// cluster-scoped APIs).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

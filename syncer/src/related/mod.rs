@@ -84,16 +84,11 @@ const SIDES: [Side; 2] = [Side::Consumer, Side::Provider];
 /// Runs until `stop`, or until the binding is gone or replaced.
 pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) {
     let who = describe(&spec);
-    let provider = match spec
-        .kubeconfig
-        .counted_client(&spec.connection, Some(&ctx.metrics.api_requests_total))
+    let Some(provider) = ctx
+        .provider_client(&spec.kubeconfig, &spec.connection, &who)
         .await
-    {
-        Ok(client) => client,
-        Err(e) => {
-            tracing::warn!(binding = %who, error = %e, "cannot build the provider client");
-            return;
-        }
+    else {
+        return;
     };
     let Some(binding) = ctx.binding(spec.namespace.as_deref(), &spec.name) else {
         return;

@@ -95,16 +95,11 @@ enum SyncState {
 
 /// Runs the worker until `stop`.
 pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
-    let provider = match spec
-        .kubeconfig
-        .counted_client(&spec.connection, Some(&ctx.metrics.api_requests_total))
+    let Some(provider) = ctx
+        .provider_client(&spec.kubeconfig, &spec.connection, &spec.api)
         .await
-    {
-        Ok(client) => client,
-        Err(e) => {
-            tracing::warn!(api = %spec.api, error = %e, "cannot build the provider client");
-            return;
-        }
+    else {
+        return;
     };
     let resource = spec.resource.clone();
     let api = spec.api.clone();

@@ -310,23 +310,12 @@ async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_i
         .await
         .unwrap();
 
-    put_secret(
+    connect_to(
         &s.consumer,
         "second",
-        "kubeconfig",
-        s.env.cluster("second").admin_kubeconfig().as_bytes(),
+        &s.env.cluster("second").admin_kubeconfig(),
     )
-    .await
-    .unwrap();
-    create_connection(
-        &s.consumer,
-        &connection("second", "second", SchemaSource::Crd),
-    )
-    .await
-    .unwrap();
-    wait_condition(&s.consumer, "second", "Ready", "True", None)
-        .await
-        .unwrap();
+    .await;
     cluster_bindings
         .create(
             &PostParams::default(),

@@ -242,6 +242,51 @@ where
     })
 }
 
+/// A reconcile held by kbind's cleanup finalizer: the object fresh when needed
+/// ([`fresh_unless_finalized`]), then kube-runtime's finalizer helper running `apply` or
+/// `cleanup`; their errors come back as they are, the helper's own as `E::from`.
+pub async fn finalized<K, E, A, AF, C, CF>(
+    api: &Api<K>,
+    object: std::sync::Arc<K>,
+    apply: A,
+    cleanup: C,
+) -> Result<kube::runtime::controller::Action, E>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    E: std::error::Error + Send + 'static,
+    E: From<kube::Error> + From<Box<kube::runtime::finalizer::Error<E>>>,
+    A: FnOnce(std::sync::Arc<K>) -> AF,
+    AF: std::future::Future<Output = Result<kube::runtime::controller::Action, E>>,
+    C: FnOnce(std::sync::Arc<K>) -> CF,
+    CF: std::future::Future<Output = Result<kube::runtime::controller::Action, E>>,
+{
+    use kube::runtime::finalizer::{self, Event};
+    let object = fresh_unless_finalized(api, object, kbind_shared::keys::CLEANUP_FINALIZER).await?;
+    finalizer::finalizer(
+        api,
+        kbind_shared::keys::CLEANUP_FINALIZER,
+        object,
+        |event| async {
+            match event {
+                Event::Apply(o) => apply(o).await,
+                Event::Cleanup(o) => cleanup(o).await,
+            }
+        },
+    )
+    .await
+    .map_err(|e| match e {
+        finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
+        e => E::from(Box::new(e)),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

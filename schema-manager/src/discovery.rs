@@ -18,6 +18,21 @@ pub struct Exports {
     pub apis: Vec<ExportedApi>,
 }
 
+/// The exported API a CRD describes, with `versions`.
+fn export_of(crd: &CustomResourceDefinition, versions: Vec<String>) -> ExportedApi {
+    ExportedApi {
+        name: crd.metadata.name.clone().unwrap_or_default(),
+        group: crd.spec.group.clone(),
+        resource: crd.spec.names.plural.clone(),
+        scope: if crd.spec.scope == "Cluster" {
+            ApiScope::Cluster
+        } else {
+            ApiScope::Namespaced
+        },
+        versions,
+    }
+}
+
 /// DISC-1: the exported API of each labelled CRD; CRDs without a served version are skipped.
 pub fn exports_from_crds(crds: &[CustomResourceDefinition]) -> Vec<ExportedApi> {
     let mut apis: Vec<ExportedApi> = crds
@@ -37,17 +52,7 @@ pub fn exports_from_crds(crds: &[CustomResourceDefinition]) -> Vec<ExportedApi> 
                 .filter(|v| v.served)
                 .map(|v| v.name.clone())
                 .collect();
-            (!versions.is_empty()).then(|| ExportedApi {
-                name: crd.metadata.name.clone().unwrap_or_default(),
-                group: crd.spec.group.clone(),
-                resource: crd.spec.names.plural.clone(),
-                scope: if crd.spec.scope == "Cluster" {
-                    ApiScope::Cluster
-                } else {
-                    ApiScope::Namespaced
-                },
-                versions,
-            })
+            (!versions.is_empty()).then(|| export_of(crd, versions))
         })
         .collect();
     apis.sort_by(|a, b| a.name.cmp(&b.name));
@@ -75,16 +80,11 @@ async fn discover_openapi_candidates(
     let crds = synthesize_from_provider(provider, documents, None).await?;
     Ok(crds
         .iter()
-        .map(|crd| ExportedApi {
-            name: crd.metadata.name.clone().unwrap_or_default(),
-            group: crd.spec.group.clone(),
-            resource: crd.spec.names.plural.clone(),
-            scope: if crd.spec.scope == "Cluster" {
-                ApiScope::Cluster
-            } else {
-                ApiScope::Namespaced
-            },
-            versions: crd.spec.versions.iter().map(|v| v.name.clone()).collect(),
+        .map(|crd| {
+            export_of(
+                crd,
+                crd.spec.versions.iter().map(|v| v.name.clone()).collect(),
+            )
         })
         .collect())
 }

@@ -15,10 +15,9 @@ use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::{Binding, ClusterBinding, Connection};
 use kbind_shared::conditions::{self, types};
-use kbind_shared::keys;
 use kbind_shared::resolve::BindingObject;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{self, finalizer};
+use kube::runtime::finalizer;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -57,6 +56,18 @@ pub enum Error {
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+impl From<kube::Error> for Error {
+    fn from(e: kube::Error) -> Self {
+        Error::Consumer(e)
+    }
+}
+
+impl From<Box<finalizer::Error<Error>>> for Error {
+    fn from(e: Box<finalizer::Error<Error>>) -> Self {
+        Error::Finalizer(e)
+    }
 }
 
 impl Error {
@@ -225,20 +236,13 @@ fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) ->
 
 async fn reconcile<B: Scoped>(binding: Arc<B>, ctx: Arc<Context>) -> Result<Action, Error> {
     let api = B::api(&ctx.client, &binding);
-    let binding = crate::context::fresh_unless_finalized(&api, binding, keys::CLEANUP_FINALIZER)
-        .await
-        .map_err(Error::Consumer)?;
-    finalizer(&api, keys::CLEANUP_FINALIZER, binding, |event| async {
-        match event {
-            finalizer::Event::Apply(b) => apply(b, &ctx).await,
-            finalizer::Event::Cleanup(b) => release::cleanup(b, &ctx).await,
-        }
-    })
+    crate::context::finalized(
+        &api,
+        binding,
+        |b| apply(b, &ctx),
+        |b| release::cleanup(b, &ctx),
+    )
     .await
-    .map_err(|e| match e {
-        finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
-        e => Error::Finalizer(Box::new(e)),
-    })
 }
 
 /// BIND-3 … BIND-13, and every edit converging (BIND-16, AUTO-2, LIM-22, QRK-25 fixed).

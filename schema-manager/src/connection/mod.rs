@@ -22,7 +22,7 @@ use kbind_shared::keys;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::finalizer::{self, finalizer};
+use kube::runtime::finalizer;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -58,6 +58,18 @@ pub enum Error {
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+impl From<kube::Error> for Error {
+    fn from(e: kube::Error) -> Self {
+        Error::Consumer(e)
+    }
+}
+
+impl From<Box<finalizer::Error<Error>>> for Error {
+    fn from(e: Box<finalizer::Error<Error>>) -> Self {
+        Error::Finalizer(e)
+    }
 }
 
 impl Error {
@@ -147,21 +159,13 @@ async fn reconcile(connection: Arc<Connection>, state: Arc<State>) -> Result<Act
         // CONN-2.1: hold the Secret before anything else, so credentials outlive teardown.
         add_secret_finalizer(&state, &connection).await?;
     }
-    let connection =
-        crate::context::fresh_unless_finalized(&api, connection, keys::CLEANUP_FINALIZER)
-            .await
-            .map_err(Error::Consumer)?;
-    finalizer(&api, keys::CLEANUP_FINALIZER, connection, |event| async {
-        match event {
-            finalizer::Event::Apply(connection) => apply(connection, &state).await,
-            finalizer::Event::Cleanup(connection) => cleanup::cleanup(connection, &state).await,
-        }
-    })
+    crate::context::finalized(
+        &api,
+        connection,
+        |c| apply(c, &state),
+        |c| cleanup::cleanup(c, &state),
+    )
     .await
-    .map_err(|e| match e {
-        finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
-        e => Error::Finalizer(Box::new(e)),
-    })
 }
 
 async fn add_secret_finalizer(state: &State, connection: &Connection) -> Result<(), Error> {

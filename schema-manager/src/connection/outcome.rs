@@ -33,145 +33,82 @@ pub enum Outcome {
     },
 }
 
-/// Sets the conditions `outcome` implies. Conditions of steps the reconcile did not reach keep
-/// their last value, as in the reference. Returns whether anything changed.
+/// The conditions `outcome` implies, in setting order. Conditions of steps the reconcile did not
+/// reach are left out (they keep their last value, as in the reference).
+pub fn desired(outcome: &Outcome) -> Vec<Desired<'static>> {
+    let d = |type_, status: bool, reason, message: &str| {
+        Desired::new(type_, status, reason, message.to_owned())
+    };
+    let secret_ok = d(types::SECRET_VALID, true, reasons::AS_EXPECTED, "");
+    let connected = d(types::CONNECTED, true, reasons::AS_EXPECTED, "");
+    match outcome {
+        Outcome::SecretInvalid(m) => vec![
+            d(types::SECRET_VALID, false, reasons::SECRET_NOT_FOUND, m),
+            d(types::READY, false, reasons::SECRET_NOT_FOUND, m),
+        ],
+        // Unlike the reference (QRK-16), Connected follows too: the provider was not verified.
+        Outcome::IdentityForbidden(m) => vec![
+            secret_ok,
+            d(types::CONNECTED, false, reasons::FORBIDDEN, m),
+            d(types::PERMISSION_DENIED, true, reasons::FORBIDDEN, m),
+            d(types::READY, false, reasons::FORBIDDEN, m),
+        ],
+        Outcome::Unreachable(m) => vec![
+            secret_ok,
+            d(types::CONNECTED, false, reasons::PENDING, m),
+            d(types::READY, false, reasons::PENDING, m),
+        ],
+        Outcome::IdentityChanged { current, pinned } => {
+            let m = format!(
+                "the provider's cluster identity is {current}, but this Connection is pinned to {pinned}; \
+                 use a new Connection for a different provider"
+            );
+            vec![
+                secret_ok,
+                d(
+                    types::CONNECTED,
+                    false,
+                    reasons::CLUSTER_IDENTITY_CHANGED,
+                    &m,
+                ),
+                d(types::READY, false, reasons::CLUSTER_IDENTITY_CHANGED, &m),
+            ]
+        }
+        Outcome::DiscoveryForbidden(m) => vec![
+            secret_ok,
+            connected,
+            d(types::PERMISSION_DENIED, true, reasons::FORBIDDEN, m),
+            d(types::READY, false, reasons::FORBIDDEN, m),
+        ],
+        Outcome::DiscoveryFailed(m) => vec![
+            secret_ok,
+            connected,
+            d(types::READY, false, reasons::PENDING, m),
+        ],
+        Outcome::Ready { server, exported } => vec![
+            secret_ok,
+            connected,
+            d(types::PERMISSION_DENIED, false, reasons::AS_EXPECTED, ""),
+            d(
+                types::READY,
+                true,
+                reasons::AS_EXPECTED,
+                &format!("connected to {server}; {exported} exported API(s)"),
+            ),
+        ],
+    }
+}
+
+/// Sets the conditions `outcome` implies ([`desired`]). Returns whether anything changed.
 pub fn apply(
     conditions: &mut Vec<Condition>,
     outcome: &Outcome,
     generation: Option<i64>,
     now: &Time,
 ) -> bool {
-    let mut set = |desired: Desired<'_>| conditions::set(conditions, desired, generation, now);
     let mut changed = false;
-    let secret_ok = Desired::new(types::SECRET_VALID, true, reasons::AS_EXPECTED, "");
-    match outcome {
-        Outcome::SecretInvalid(message) => {
-            changed |= set(Desired::new(
-                types::SECRET_VALID,
-                false,
-                reasons::SECRET_NOT_FOUND,
-                message.clone(),
-            ));
-            changed |= set(Desired::new(
-                types::READY,
-                false,
-                reasons::SECRET_NOT_FOUND,
-                message.clone(),
-            ));
-        }
-        Outcome::IdentityForbidden(message) => {
-            changed |= set(secret_ok);
-            // Unlike the reference (QRK-16), Connected follows too: the provider was not verified.
-            changed |= set(Desired::new(
-                types::CONNECTED,
-                false,
-                reasons::FORBIDDEN,
-                message.clone(),
-            ));
-            changed |= set(Desired::new(
-                types::PERMISSION_DENIED,
-                true,
-                reasons::FORBIDDEN,
-                message.clone(),
-            ));
-            changed |= set(Desired::new(
-                types::READY,
-                false,
-                reasons::FORBIDDEN,
-                message.clone(),
-            ));
-        }
-        Outcome::Unreachable(message) => {
-            changed |= set(secret_ok);
-            changed |= set(Desired::new(
-                types::CONNECTED,
-                false,
-                reasons::PENDING,
-                message.clone(),
-            ));
-            changed |= set(Desired::new(
-                types::READY,
-                false,
-                reasons::PENDING,
-                message.clone(),
-            ));
-        }
-        Outcome::IdentityChanged { current, pinned } => {
-            let message = format!(
-                "the provider's cluster identity is {current}, but this Connection is pinned to {pinned}; \
-                 use a new Connection for a different provider"
-            );
-            changed |= set(secret_ok);
-            changed |= set(Desired::new(
-                types::CONNECTED,
-                false,
-                reasons::CLUSTER_IDENTITY_CHANGED,
-                message.clone(),
-            ));
-            changed |= set(Desired::new(
-                types::READY,
-                false,
-                reasons::CLUSTER_IDENTITY_CHANGED,
-                message,
-            ));
-        }
-        Outcome::DiscoveryForbidden(message) => {
-            changed |= set(secret_ok);
-            changed |= set(Desired::new(
-                types::CONNECTED,
-                true,
-                reasons::AS_EXPECTED,
-                "",
-            ));
-            changed |= set(Desired::new(
-                types::PERMISSION_DENIED,
-                true,
-                reasons::FORBIDDEN,
-                message.clone(),
-            ));
-            changed |= set(Desired::new(
-                types::READY,
-                false,
-                reasons::FORBIDDEN,
-                message.clone(),
-            ));
-        }
-        Outcome::DiscoveryFailed(message) => {
-            changed |= set(secret_ok);
-            changed |= set(Desired::new(
-                types::CONNECTED,
-                true,
-                reasons::AS_EXPECTED,
-                "",
-            ));
-            changed |= set(Desired::new(
-                types::READY,
-                false,
-                reasons::PENDING,
-                message.clone(),
-            ));
-        }
-        Outcome::Ready { server, exported } => {
-            changed |= set(secret_ok);
-            changed |= set(Desired::new(
-                types::CONNECTED,
-                true,
-                reasons::AS_EXPECTED,
-                "",
-            ));
-            changed |= set(Desired::new(
-                types::PERMISSION_DENIED,
-                false,
-                reasons::AS_EXPECTED,
-                "",
-            ));
-            changed |= set(Desired::new(
-                types::READY,
-                true,
-                reasons::AS_EXPECTED,
-                format!("connected to {server}; {exported} exported API(s)"),
-            ));
-        }
+    for d in desired(outcome) {
+        changed |= conditions::set(conditions, d, generation, now);
     }
     changed
 }

@@ -37,7 +37,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub enum Error {
     /// A consumer request failed.
     #[error("consumer API: {0}")]
-    Consumer(#[source] kube::Error),
+    Consumer(#[from] kube::Error),
     /// A provider request failed while letting go of an API (`action` names it).
     #[error("{action}: {}", kbind_shared::identity::describe_error(.source))]
     Provider {
@@ -55,19 +55,7 @@ pub enum Error {
     Unreachable(String),
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<finalizer::Error<Error>>),
-}
-
-impl From<kube::Error> for Error {
-    fn from(e: kube::Error) -> Self {
-        Error::Consumer(e)
-    }
-}
-
-impl From<Box<finalizer::Error<Error>>> for Error {
-    fn from(e: Box<finalizer::Error<Error>>) -> Self {
-        Error::Finalizer(e)
-    }
+    Finalizer(#[from] Box<finalizer::Error<Error>>),
 }
 
 impl Error {

@@ -45,7 +45,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub enum Error {
     /// A request to the consumer cluster failed.
     #[error("consumer API: {0}")]
-    Consumer(#[source] kube::Error),
+    Consumer(#[from] kube::Error),
     /// The consumer's own identity could not be read (CONN-5).
     #[error("consumer identity: {0}")]
     LocalIdentity(#[source] IdentityError),
@@ -57,19 +57,7 @@ pub enum Error {
     Provider(String),
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<finalizer::Error<Error>>),
-}
-
-impl From<kube::Error> for Error {
-    fn from(e: kube::Error) -> Self {
-        Error::Consumer(e)
-    }
-}
-
-impl From<Box<finalizer::Error<Error>>> for Error {
-    fn from(e: Box<finalizer::Error<Error>>) -> Self {
-        Error::Finalizer(e)
-    }
+    Finalizer(#[from] Box<finalizer::Error<Error>>),
 }
 
 impl Error {

@@ -11,7 +11,6 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kbind_shared::api::{Binding, ClusterBinding};
 use kbind_shared::cache;
 use kbind_shared::keys;
 use kbind_shared::shard::{self, Assignment, Member, Unit};
@@ -23,7 +22,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::Context;
+use crate::context::{BindingCaches, Context};
 
 /// How often the assignment is recomputed without a change event.
 const ROUND: Duration = Duration::from_millis(500);
@@ -76,8 +75,12 @@ pub const BUCKETS_ANNOTATION: &str = "core.kbind.io/sync-buckets";
 /// Runs assignment rounds until `stop` (only on the leader). Members, managed CRDs, bindings and
 /// the assignment itself are read from watch-fed caches; a round runs on any change to them and
 /// at least every [`ROUND`] (Lease expiry is a matter of time, not of events).
-pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
-    let changes = Arc::new(Notify::new());
+pub async fn run(
+    ctx: Arc<Context>,
+    bindings: BindingCaches,
+    changes: Arc<Notify>,
+    stop: CancellationToken,
+) {
     let notify = || {
         let changes = changes.clone();
         move || changes.notify_one()
@@ -99,18 +102,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             stop.clone(),
             notify(),
         ),
-        cluster_bindings: cache::spawn(
-            Api::all(ctx.client.clone()),
-            watcher::Config::default(),
-            stop.clone(),
-            notify(),
-        ),
-        bindings: cache::spawn(
-            Api::all(ctx.client.clone()),
-            watcher::Config::default(),
-            stop.clone(),
-            notify(),
-        ),
+        bindings,
         assignment: cache::spawn(
             Api::namespaced(ctx.client.clone(), &ctx.namespace),
             watcher::Config::default()
@@ -139,8 +131,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
 struct Caches {
     leases: Store<Lease>,
     crds: Store<CustomResourceDefinition>,
-    cluster_bindings: Store<ClusterBinding>,
-    bindings: Store<Binding>,
+    bindings: BindingCaches,
     assignment: Store<ConfigMap>,
 }
 
@@ -148,8 +139,7 @@ impl Caches {
     async fn ready(&self) {
         let _ = self.leases.wait_until_ready().await;
         let _ = self.crds.wait_until_ready().await;
-        let _ = self.cluster_bindings.wait_until_ready().await;
-        let _ = self.bindings.wait_until_ready().await;
+        self.bindings.ready().await;
         let _ = self.assignment.wait_until_ready().await;
     }
 
@@ -179,7 +169,7 @@ impl Caches {
         let related = |meta: &kube::api::ObjectMeta, spec: &kbind_shared::api::BindingSpec| {
             meta.deletion_timestamp.is_none() && !spec.related_resources.is_empty()
         };
-        for binding in self.cluster_bindings.state() {
+        for binding in self.bindings.cluster_bindings.state() {
             if related(&binding.metadata, &binding.spec) {
                 units.insert(
                     Unit::Related {
@@ -191,7 +181,7 @@ impl Caches {
                 );
             }
         }
-        for binding in self.bindings.state() {
+        for binding in self.bindings.bindings.state() {
             if related(&binding.metadata, &binding.spec) {
                 units.insert(
                     Unit::Related {

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use kbind_shared::api::{Binding, ClusterBinding};
 use kbind_shared::identity::{IdentityError, cluster_identity};
 use kbind_shared::metrics::Metrics;
 use kube::Api;
@@ -122,6 +123,7 @@ pub struct Context {
     local_uid: OnceCell<String>,
     instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
     conflict_changes: tokio::sync::broadcast::Sender<String>,
+    binding_caches: std::sync::RwLock<Option<BindingCaches>>,
 }
 
 impl Context {
@@ -144,7 +146,48 @@ impl Context {
             local_uid: OnceCell::new(),
             instance_metadata: Default::default(),
             conflict_changes: tokio::sync::broadcast::channel(256).0,
+            binding_caches: Default::default(),
         }
+    }
+
+    /// Publishes this leadership term's binding caches (listed already).
+    pub fn set_binding_caches(&self, caches: BindingCaches) {
+        *self
+            .binding_caches
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(caches);
+    }
+
+    /// Every ClusterBinding and Binding, for readers that only report: from this term's caches
+    /// (no request), else (outside a term) a LIST.
+    pub async fn all_bindings(&self) -> Result<AllBindings, kube::Error> {
+        let caches = self
+            .binding_caches
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(caches) = caches {
+            return Ok((caches.cluster_bindings.state(), caches.bindings.state()));
+        }
+        let params = kube::api::ListParams::default();
+        let cluster_bindings = Api::<ClusterBinding>::all(self.client.clone())
+            .list(&params)
+            .await?;
+        let bindings = Api::<Binding>::all(self.client.clone())
+            .list(&params)
+            .await?;
+        Ok((
+            cluster_bindings
+                .items
+                .into_iter()
+                .map(std::sync::Arc::new)
+                .collect(),
+            bindings
+                .items
+                .into_iter()
+                .map(std::sync::Arc::new)
+                .collect(),
+        ))
     }
 
     /// The APIs (`<plural>.<group>`) whose set of conflicting instances just changed, as the
@@ -240,6 +283,53 @@ where
         Some(fresh) => std::sync::Arc::new(fresh),
         None => object,
     })
+}
+
+/// Every ClusterBinding and every Binding.
+pub type AllBindings = (
+    Vec<std::sync::Arc<ClusterBinding>>,
+    Vec<std::sync::Arc<Binding>>,
+);
+
+/// The ClusterBindings and Bindings as this leadership term's watches see them. Readers that only
+/// report (precedence notes, `SchemaInSync`, the assignment) use them instead of a LIST per
+/// reconcile; decisions that delete (unbind, Connection deletion) still LIST fresh.
+#[derive(Clone)]
+pub struct BindingCaches {
+    /// Every ClusterBinding.
+    pub cluster_bindings: Store<ClusterBinding>,
+    /// Every Binding.
+    pub bindings: Store<Binding>,
+}
+
+impl BindingCaches {
+    /// Starts both watches until `stop`; `on_change` runs after every event.
+    pub fn start(
+        client: &Client,
+        stop: &tokio_util::sync::CancellationToken,
+        on_change: impl Fn() + Clone + Send + 'static,
+    ) -> Self {
+        Self {
+            cluster_bindings: kbind_shared::cache::spawn(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                stop.clone(),
+                on_change.clone(),
+            ),
+            bindings: kbind_shared::cache::spawn(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                stop.clone(),
+                on_change,
+            ),
+        }
+    }
+
+    /// Waits until both have listed.
+    pub async fn ready(&self) {
+        let _ = self.cluster_bindings.wait_until_ready().await;
+        let _ = self.bindings.wait_until_ready().await;
+    }
 }
 
 /// A reconcile held by kbind's cleanup finalizer: the object fresh when needed

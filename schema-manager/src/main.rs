@@ -67,10 +67,21 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
     let lead = move |stop: tokio_util::sync::CancellationToken| {
         let ctx = ctx.clone();
         async move {
+            // This term's binding caches, listed before any reconcile reads them.
+            let changes = Arc::new(tokio::sync::Notify::new());
+            let bindings = context::BindingCaches::start(&ctx.client, &stop, {
+                let changes = changes.clone();
+                move || changes.notify_one()
+            });
+            tokio::select! {
+                _ = bindings.ready() => {}
+                _ = stop.cancelled() => return,
+            }
+            ctx.set_binding_caches(bindings.clone());
             futures::future::join3(
                 connection::run(ctx.clone(), stop.clone()),
                 binding::run(ctx.clone(), stop.clone()),
-                assignment::run(ctx, stop),
+                assignment::run(ctx, bindings, changes, stop),
             )
             .await;
         }

@@ -3,10 +3,9 @@
 //! Binding a ClusterBinding covers (RES-2).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kbind_shared::api::{ApiScope, ClusterBinding, Connection, PullPolicy, UpdatePolicy};
+use kbind_shared::api::{ApiScope, Connection, PullPolicy, UpdatePolicy};
 use kbind_shared::keys;
-use kube::api::ListParams;
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
 
 use super::Scoped;
 use super::outcome::{ApiState, Conflicts};
@@ -17,13 +16,10 @@ use crate::schema;
 /// The APIs of a Binding that a ClusterBinding also lists, with that ClusterBinding's name: its
 /// instances in the Binding's namespace sync under the ClusterBinding (RES-2).
 pub(super) async fn covered_by_cluster_bindings(
-    client: &Client,
+    ctx: &Context,
     spec: &kbind_shared::api::BindingSpec,
 ) -> Vec<(String, String)> {
-    let Ok(cluster_bindings) = Api::<ClusterBinding>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-    else {
+    let Ok((cluster_bindings, _)) = ctx.all_bindings().await else {
         return Vec::new();
     };
     let mut covered = Vec::new();
@@ -31,7 +27,7 @@ pub(super) async fn covered_by_cluster_bindings(
         if let Some(resolution) = kbind_shared::resolve::resolve(
             &api.name,
             None,
-            cluster_bindings.items.iter(),
+            cluster_bindings.iter().map(|b| b.as_ref()),
             std::iter::empty(),
         ) {
             covered.push((api.name.clone(), resolution.name));

@@ -309,7 +309,7 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
             }
             let (mut desired, bound) = outcome::evaluate(&states);
             if B::NAMESPACED {
-                let covered = covered_by_cluster_bindings(&ctx.client, spec).await;
+                let covered = covered_by_cluster_bindings(ctx, spec).await;
                 outcome::note_precedence(&mut desired, &covered);
             }
             (desired, Some(bound))

@@ -191,7 +191,7 @@ async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Err
         &Time(jiff::Timestamp::now()),
     );
     if matches!(outcome, Outcome::Ready { .. }) {
-        let schema = schema_in_sync(&ctx.client, &connection.name_any())
+        let schema = schema_in_sync(ctx, &connection.name_any())
             .await
             .map_err(Error::Consumer)?;
         conditions::set(

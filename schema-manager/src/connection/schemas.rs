@@ -2,7 +2,7 @@
 //! (CONN-8), the CRDs kept after an automatic unbind, and `SchemaInSync` from its bindings.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kbind_shared::api::{Binding, ClusterBinding, Connection, ConnectionStatus};
+use kbind_shared::api::{Connection, ConnectionStatus};
 use kbind_shared::conditions::{self, Desired, reasons, types};
 use kbind_shared::keys;
 use kube::api::ListParams;
@@ -82,17 +82,10 @@ pub(super) async fn kept_crds(
 /// LIM-13: the Connection's `SchemaInSync`, from the bindings that use it (each knows whether
 /// the CRDs it installed match the provider).
 pub(super) async fn schema_in_sync(
-    client: &kube::Client,
+    ctx: &Context,
     connection: &str,
 ) -> Result<Desired<'static>, kube::Error> {
-    let cluster_bindings = Api::<ClusterBinding>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let bindings = Api::<Binding>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
+    let (cluster_bindings, bindings) = ctx.all_bindings().await?;
     let out_of_sync = |status: Option<&kbind_shared::api::BindingStatus>| {
         status
             .and_then(|s| conditions::find(&s.conditions, types::SCHEMA_IN_SYNC))

@@ -3,6 +3,7 @@
 //! deletion drain exactly the instances no remaining binding covers.
 
 mod apis;
+mod cleanup;
 pub mod ledger;
 pub mod outcome;
 pub mod release;
@@ -228,7 +229,7 @@ async fn reconcile<B: Scoped>(binding: Arc<B>, ctx: Arc<Context>) -> Result<Acti
         &api,
         binding,
         |b| apply(b, &ctx),
-        |b| release::cleanup(b, &ctx),
+        |b| cleanup::cleanup(b, &ctx),
     )
     .await
 }

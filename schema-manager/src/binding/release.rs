@@ -5,21 +5,16 @@
 //! consumer CRD removed only on an explicit unbind of its last ClusterBinding when kbind created
 //! it (LIM-9). A move then hands a CRD kbind created to the new Connection.
 
-use std::sync::Arc;
-
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::{Binding, ClusterBinding, Connection};
-use kbind_shared::conditions::{Desired, types};
 use kbind_shared::keys;
 use kbind_shared::ownership::{self, Owner};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use super::ledger::{self, Held, Left, Step};
-use super::status::write_status;
-use super::{Error, Scoped, outcome};
+use super::ledger::{Held, Left};
+use super::{Error, Scoped};
 use crate::context::Context;
 use crate::providers::Provider;
 use kbind_shared::dynamic::{instance_resource, scoped};
@@ -61,14 +56,15 @@ impl Others {
 }
 
 /// The provider side of the Connection that holds an API.
-struct Holder {
+pub(super) struct Holder {
     /// The Connection exists and is not being deleted.
     present: bool,
-    provider: Result<Provider, String>,
+    /// Its verified provider client.
+    pub(super) provider: Result<Provider, String>,
     local_uid: String,
 }
 
-async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Error> {
+pub(super) async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Error> {
     let found = Api::<Connection>::all(ctx.client.clone())
         .get_opt(connection)
         .await
@@ -212,58 +208,6 @@ pub async fn release_api<B: Scoped>(
     Ok(Left::Nothing)
 }
 
-/// The binding is being deleted: let go of everything it holds or lists, delete its related
-/// copies, and finish once nothing is left (BCL).
-pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Error> {
-    let spec = binding.binding_spec();
-    let held = ledger::held(binding.binding_status(), spec);
-    let others = Others::list(&ctx.client).await?;
-    let mut waiting = 0;
-    for step in ledger::steps(&held, spec, true) {
-        let Step::Release(held) = step else { continue };
-        match release_api(binding.as_ref(), &held, Mode::Unbind, None, ctx, &others).await? {
-            Left::Nothing => {}
-            Left::Draining(n) => waiting += n,
-            Left::Unreachable(message) => return Err(Error::Unreachable(message)),
-        }
-    }
-    // BCL-4, for every kind and side (not only the declared entries: an entry removed while no
-    // syncer ran may have left copies): delete this binding's related copies. Sources are never
-    // touched (REL-7). Deleting is immediate; the next pass confirms none came back.
-    let provider = holder(ctx, &spec.connection_ref.name).await?.provider.ok();
-    let uid = binding.meta().uid.clone().unwrap_or_default();
-    let related = delete_related_copies(
-        &ctx.client,
-        provider.as_ref().map(|p| &p.client),
-        binding.covered_namespace().as_deref(),
-        &uid,
-    )
-    .await?;
-    if waiting > 0 || related > 0 {
-        let message = match (waiting, related) {
-            (0, related) => format!("deleting {related} related copy(ies)"),
-            (waiting, 0) => format!("waiting for {waiting} provider object(s) to be deleted"),
-            (waiting, related) => format!(
-                "waiting for {waiting} provider object(s) to be deleted; deleting {related} related copy(ies)"
-            ),
-        };
-        let desired = vec![Desired::new(
-            types::READY,
-            false,
-            outcome::DRAINING_OBJECTS,
-            message,
-        )];
-        write_status(binding.as_ref(), ctx, desired, None, None).await?;
-        return Err(Error::Draining(waiting + related));
-    }
-    let namespace = binding.namespace().unwrap_or_default();
-    let _ = ctx
-        .metrics
-        .binding_ready
-        .remove_label_values(&[namespace.as_str(), &binding.name_any()]);
-    Ok(Action::await_change())
-}
-
 /// Where an API's instances stay covered after `leaving` goes: by a remaining ClusterBinding
 /// (everywhere) or by remaining Bindings (their namespaces). LIM-22: exact, per namespace.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -298,86 +242,6 @@ pub fn remaining_coverage(
             .filter_map(|b| b.namespace())
             .collect(),
     }
-}
-
-/// BCL-4: deletes the Secrets and ConfigMaps this binding copied (labelled managed, annotated with
-/// its UID) on both clusters in its scope. Returns how many it found. Without a provider client
-/// only the consumer side is cleaned (best effort, like the reference).
-async fn delete_related_copies(
-    consumer: &Client,
-    provider: Option<&Client>,
-    namespace: Option<&str>,
-    binding_uid: &str,
-) -> Result<usize, Error> {
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    let mut found = 0;
-    let selector = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
-    for (side, client) in [("consumer", Some(consumer)), ("provider", provider)] {
-        let Some(client) = client else { continue };
-        for resource in [
-            ApiResource::erase::<Secret>(&()),
-            ApiResource::erase::<ConfigMap>(&()),
-        ] {
-            let api = scoped(client, namespace, &resource);
-            let list = match api
-                .list_metadata(&ListParams::default().labels(&selector))
-                .await
-            {
-                Ok(list) => list.items,
-                // Credentials that may not list a kind cannot have made copies of it.
-                Err(kube::Error::Api(s)) if s.is_forbidden() || s.is_not_found() => continue,
-                Err(source) => {
-                    return Err(Error::Provider {
-                        action: format!("list related {} on the {side}", resource.plural),
-                        source,
-                    });
-                }
-            };
-            for copy in list {
-                if copy
-                    .annotations()
-                    .get(keys::RELATED_BINDING_ANNOTATION)
-                    .map(String::as_str)
-                    != Some(binding_uid)
-                    // Taken over under Adopt, not created: kbind never deletes it.
-                    || copy
-                        .annotations()
-                        .get(keys::RELATED_ADOPTED_ANNOTATION)
-                        .map(String::as_str)
-                        == Some(keys::TRUE)
-                {
-                    continue;
-                }
-                found += 1;
-                let namespace = copy.namespace().unwrap_or_default();
-                let params = DeleteParams {
-                    preconditions: Some(kube::api::Preconditions {
-                        uid: copy.metadata.uid.clone(),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                match scoped(client, Some(&namespace), &resource)
-                    .delete(&copy.name_any(), &params)
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-                    Err(source) => {
-                        return Err(Error::Provider {
-                            action: format!(
-                                "delete related {} {namespace}/{} on the {side}",
-                                resource.kind,
-                                copy.name_any()
-                            ),
-                            source,
-                        });
-                    }
-                }
-            }
-        }
-    }
-    Ok(found)
 }
 
 /// Deletes the provider copy of `object` if it is ours. Returns whether it still exists.

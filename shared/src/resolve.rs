@@ -28,31 +28,26 @@ pub trait BindingObject:
     fn set_binding_status(&mut self, status: BindingStatus);
 }
 
-impl BindingObject for Binding {
-    const NAMESPACED: bool = true;
-    fn binding_spec(&self) -> &BindingSpec {
-        &self.spec
-    }
-    fn binding_status(&self) -> Option<&BindingStatus> {
-        self.status.as_ref()
-    }
-    fn set_binding_status(&mut self, status: BindingStatus) {
-        self.status = Some(status);
-    }
+/// The same accessors for both kinds (a ClusterBinding's spec derefs to the shared one).
+macro_rules! binding_object {
+    ($kind:ty, namespaced: $namespaced:expr) => {
+        impl BindingObject for $kind {
+            const NAMESPACED: bool = $namespaced;
+            fn binding_spec(&self) -> &BindingSpec {
+                &self.spec
+            }
+            fn binding_status(&self) -> Option<&BindingStatus> {
+                self.status.as_ref()
+            }
+            fn set_binding_status(&mut self, status: BindingStatus) {
+                self.status = Some(status);
+            }
+        }
+    };
 }
 
-impl BindingObject for ClusterBinding {
-    const NAMESPACED: bool = false;
-    fn binding_spec(&self) -> &BindingSpec {
-        &self.spec
-    }
-    fn binding_status(&self) -> Option<&BindingStatus> {
-        self.status.as_ref()
-    }
-    fn set_binding_status(&mut self, status: BindingStatus) {
-        self.status = Some(status);
-    }
-}
+binding_object!(Binding, namespaced: true);
+binding_object!(ClusterBinding, namespaced: false);
 
 /// The binding that covers an instance.
 #[derive(Debug, Clone, PartialEq, Eq)]

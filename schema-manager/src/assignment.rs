@@ -36,12 +36,10 @@ fn members(leases: &[Lease], now: jiff::Timestamp) -> BTreeMap<String, Member> {
         let Some(member) = spec.holder_identity.clone().filter(|h| !h.is_empty()) else {
             continue;
         };
-        let duration =
-            jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
         let current = spec
             .renew_time
             .as_ref()
-            .is_some_and(|t| t.0 + duration > now);
+            .is_some_and(|t| lease_current(t.0, spec.lease_duration_seconds.unwrap_or(15), now));
         if lease.metadata.deletion_timestamp.is_some() || !current {
             continue;
         }
@@ -66,6 +64,26 @@ fn members(leases: &[Lease], now: jiff::Timestamp) -> BTreeMap<String, Member> {
         );
     }
     live
+}
+
+/// The longest member Lease duration honoured: a Lease claiming more is read as this.
+const MAX_LEASE_SECONDS: i64 = 3600;
+/// How far in the future a renewal may lie (clock skew between nodes).
+const MAX_CLOCK_SKEW: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
+
+/// Whether a member Lease renewed at `renewed` for `seconds` is current at `now`. A renewal in the
+/// future beyond clock skew (say, year 9999) is not current, a duration is capped at
+/// [`MAX_LEASE_SECONDS`], and nothing here can overflow: a hostile Lease neither panics the
+/// leader nor holds work forever.
+fn lease_current(renewed: jiff::Timestamp, seconds: i32, now: jiff::Timestamp) -> bool {
+    let seconds = i64::from(seconds).clamp(0, MAX_LEASE_SECONDS);
+    let not_ahead = now
+        .checked_add(MAX_CLOCK_SKEW)
+        .is_ok_and(|limit| renewed <= limit);
+    let not_expired = renewed
+        .checked_add(jiff::SignedDuration::from_secs(seconds))
+        .is_ok_and(|end| end > now);
+    not_ahead && not_expired
 }
 
 /// Annotation on a consumer CRD: split its API into this many namespace buckets (overrides
@@ -252,6 +270,30 @@ async fn round(ctx: &Context, caches: &Caches, maps: &Api<ConfigMap>) -> Result<
 mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
+
+    #[test]
+    fn hostile_lease_times_neither_panic_nor_hold_work() {
+        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let at = |s: i64| jiff::Timestamp::from_second(s).unwrap();
+        // (renewed, seconds) → current?
+        let cases = [
+            (at(1_800_000_000 - 5), 15, true),
+            (at(1_800_000_000 - 20), 15, false),
+            (at(1_800_000_000 + 30), 15, true), // a little clock skew
+            (jiff::Timestamp::MAX, i32::MAX, false), // year 9999, the largest duration
+            (jiff::Timestamp::MIN, i32::MAX, false), // capped: not current for ever
+            (at(1_800_000_000 - 1), -5, false),
+            (at(1_800_000_000 - 7200), i32::MAX, false),
+            (at(1_800_000_000 - 1800), i32::MAX, true),
+        ];
+        for (renewed, seconds, want) in cases {
+            assert_eq!(
+                lease_current(renewed, seconds, now),
+                want,
+                "{renewed} {seconds}"
+            );
+        }
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
     fn lease(holder: &str, renewed_secs_ago: i64, units: &str) -> Lease {

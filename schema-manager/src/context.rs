@@ -1,5 +1,6 @@
 //! What every reconciler of the schema manager shares.
 
+use kbind_shared::sync::Locked;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -208,7 +209,7 @@ impl Context {
             resource.group, resource.version, resource.plural
         );
         let now = std::time::Instant::now();
-        let mut caches = self.instance_metadata.lock().expect("not poisoned");
+        let mut caches = self.instance_metadata.locked();
         caches.retain(|k, cache| {
             let keep = *k == key || now.duration_since(cache.used) < METADATA_CACHE_IDLE;
             if !keep {

@@ -1,6 +1,9 @@
 //! Leader election with the `kube-leader-election` crate: only the leader reconciles. A standby
 //! is ready but idle. A leader that cannot renew its Lease in time, or sees it taken, stops all
-//! reconciling at once; on shutdown it finishes in-flight work and releases the Lease.
+//! reconciling at once; on shutdown it finishes in-flight work and releases the Lease. A leader
+//! whose work ends for any other reason (a panic included) releases the Lease and returns an
+//! error, so the process exits non-zero and a standby takes over — never a zombie leader that
+//! holds the Lease while nothing reconciles.
 
 use std::future::Future;
 use std::time::Duration;
@@ -51,13 +54,15 @@ impl Term {
 
 /// Runs `lead` whenever this process holds the Lease, until `shutdown`. `lead` gets a token that
 /// is cancelled when leadership ends gracefully (shutdown); on lost leadership its task is aborted.
+/// Returns an error, after releasing the Lease, when the work ends on its own.
 pub async fn run<F, Fut>(
     client: Client,
     election: Election,
     metrics: Metrics,
     shutdown: CancellationToken,
     lead: F,
-) where
+) -> Result<(), String>
+where
     F: Fn(CancellationToken) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
@@ -72,7 +77,19 @@ pub async fn run<F, Fut>(
     );
     let mut term: Option<Term> = None;
     let mut last_renewed = Instant::now();
+    let mut failed = None;
     loop {
+        if let Some(t) = term.take_if(|t| t.task.is_finished()) {
+            let why = match t.task.await {
+                Err(e) if e.is_panic() => "panicked".to_owned(),
+                Err(e) => format!("ended: {e}"),
+                Ok(()) => "ended".to_owned(),
+            };
+            tracing::error!(lease = %election.lease_name, "the reconcilers {why}; releasing the leader Lease and exiting");
+            failed = Some(format!("the reconcilers {why} while leading"));
+            metrics.leader.set(0.0);
+            break;
+        }
         match lock.try_acquire_or_renew().await {
             Ok(LeaseLockResult::Acquired(_)) => {
                 last_renewed = Instant::now();
@@ -112,6 +129,7 @@ pub async fn run<F, Fut>(
             _ = tokio::time::sleep(election.renew_every()) => {}
         }
     }
+    let held = term.is_some() || failed.is_some();
     if let Some(t) = term.take() {
         // Graceful: the work saw the cancelled token; let in-flight writes finish.
         if tokio::time::timeout(Duration::from_secs(8), t.task)
@@ -121,10 +139,13 @@ pub async fn run<F, Fut>(
             tracing::warn!("reconcilers did not stop within 8 s");
         }
         metrics.leader.set(0.0);
+    }
+    if held {
         if let Err(e) = lock.step_down().await {
             tracing::warn!(error = %e, "cannot release the leader Lease");
         } else {
             tracing::info!(lease = %election.lease_name, "released the leader Lease");
         }
     }
+    failed.map_or(Ok(()), Err)
 }

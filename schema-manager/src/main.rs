@@ -95,7 +95,7 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
             holder: identity,
             lease_duration: args.leader_election_lease_duration,
         };
-        leader::run(client, election, metrics, shutdown.clone(), lead).await;
+        leader::run(client, election, metrics, shutdown.clone(), lead).await?;
     } else {
         metrics.leader.set(1.0);
         lead(shutdown.clone()).await;

@@ -1,6 +1,7 @@
 //! Provider credentials: reading the Connection's Secret (CONN-3) and keeping one verified
 //! provider client per Connection, replaced when a rotated credential is verified (LIM-1).
 
+use kbind_shared::sync::Locked;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -89,11 +90,7 @@ impl Providers {
         credential: ProviderCredential,
         metrics: &Metrics,
     ) -> Result<Provider, String> {
-        if let Some(existing) = self
-            .by_connection
-            .lock()
-            .expect("not poisoned")
-            .get(connection)
+        if let Some(existing) = self.by_connection.locked().get(connection)
             && existing.digest == credential.digest
         {
             return Ok(existing.clone());
@@ -114,8 +111,7 @@ impl Providers {
     pub fn verified(&self, connection: &str, provider: &Provider) {
         let previous = self
             .by_connection
-            .lock()
-            .expect("not poisoned")
+            .locked()
             .insert(connection.to_owned(), provider.clone());
         if previous.is_some_and(|p| p.digest != provider.digest) {
             tracing::info!(
@@ -137,7 +133,7 @@ impl Providers {
         let name = kube::ResourceExt::name_any(connection);
         let reference = &connection.spec.kubeconfig_secret_ref;
         kbind_shared::credential::check_secret_namespace(reference, allowed_namespaces)?;
-        if let Some(existing) = self.by_connection.lock().expect("not poisoned").get(&name) {
+        if let Some(existing) = self.by_connection.locked().get(&name) {
             return Ok(existing.clone());
         }
         let credential = read_credential(consumer, reference, allowed_namespaces).await?;
@@ -154,9 +150,6 @@ impl Providers {
 
     /// Forgets the client of a deleted Connection.
     pub fn forget(&self, connection: &str) {
-        self.by_connection
-            .lock()
-            .expect("not poisoned")
-            .remove(connection);
+        self.by_connection.locked().remove(connection);
     }
 }

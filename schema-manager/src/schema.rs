@@ -17,7 +17,9 @@ use crate::providers::{Provider, ProviderError};
 
 /// SCH-3: `sha256:<first 16 hex>` of the desired spec's JSON.
 pub fn schema_hash(crd: &CustomResourceDefinition) -> String {
-    let json = serde_json::to_vec(&crd.spec).expect("a CRD spec serializes");
+    // The spec was deserialized, so it serializes (string-keyed maps only); a failure would
+    // hash to the empty document and read as "changed", never panic.
+    let json = serde_json::to_vec(&crd.spec).unwrap_or_default();
     let digest = Sha256::digest(&json);
     let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")

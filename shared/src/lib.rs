@@ -20,4 +20,5 @@ pub mod ownership;
 pub mod process;
 pub mod resolve;
 pub mod shard;
+pub mod sync;
 pub mod telemetry;

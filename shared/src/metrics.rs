@@ -49,6 +49,10 @@ impl Default for Metrics {
 
 impl Metrics {
     /// A fresh registry with every kbind metric in it.
+    #[allow(
+        clippy::expect_used,
+        reason = "static definitions, valid and unique by construction; every process builds them at start and the unit tests render them"
+    )]
     pub fn new() -> Self {
         let registry = Registry::new();
         fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
@@ -176,10 +180,11 @@ impl Metrics {
     /// The registry in Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut out)
-            .expect("text encoding cannot fail");
-        String::from_utf8(out).expect("Prometheus text is UTF-8")
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "cannot render the metrics");
+            return format!("# kbind: cannot render the metrics: {e}\n");
+        }
+        String::from_utf8_lossy(&out).into_owned()
     }
 }
 

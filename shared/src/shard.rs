@@ -98,6 +98,10 @@ impl Assignment {
     }
 
     /// The ConfigMap data.
+    #[allow(
+        clippy::expect_used,
+        reason = "string-keyed maps of strings always serialize to JSON"
+    )]
     pub fn encode(&self) -> String {
         serde_json::to_string(self).expect("an assignment serializes")
     }
@@ -284,7 +288,9 @@ pub fn placement(units: &BTreeSet<String>, members: &BTreeSet<String>) -> BTreeM
         let mut ranked: Vec<&String> = members.iter().collect();
         ranked.sort_by_key(|m| std::cmp::Reverse(score(m, unit)));
         if let Some(member) = ranked.into_iter().find(|m| loads[m.as_str()] < cap) {
-            *loads.get_mut(member.as_str()).expect("a member") += 1;
+            if let Some(load) = loads.get_mut(member.as_str()) {
+                *load += 1;
+            }
             out.insert(unit.clone(), member.clone());
         }
     }

@@ -2,6 +2,7 @@
 //! referenced Secret (so a rotation reaches the workers at once, and nothing is polled), parsed
 //! once per Secret version.
 
+use kbind_shared::sync::Locked;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,7 +77,7 @@ impl SecretCredentials {
             secret.resource_version().unwrap_or_default(),
             reference.effective_key().to_owned(),
         );
-        let mut parsed = watched.parsed.lock().expect("not poisoned");
+        let mut parsed = watched.parsed.locked();
         if let Some((at, found)) = parsed.as_ref()
             && *at == version
         {
@@ -96,20 +97,17 @@ impl SecretCredentials {
                 (r.namespace.clone(), r.name.clone())
             })
             .collect();
-        self.watched
-            .lock()
-            .expect("not poisoned")
-            .retain(|key, watched| {
-                let keep = referenced.contains(key);
-                if !keep {
-                    watched.stop.cancel();
-                }
-                keep
-            });
+        self.watched.locked().retain(|key, watched| {
+            let keep = referenced.contains(key);
+            if !keep {
+                watched.stop.cancel();
+            }
+            keep
+        });
     }
 
     fn watch(&self, namespace: &str, name: &str) -> Arc<Watched> {
-        let mut watched = self.watched.lock().expect("not poisoned");
+        let mut watched = self.watched.locked();
         let key = (namespace.to_owned(), name.to_owned());
         if let Some(existing) = watched.get(&key) {
             return existing.clone();

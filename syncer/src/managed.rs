@@ -52,6 +52,25 @@ enum Work {
     Related(related::RelatedSpec),
 }
 
+/// Backoff for workers that ended on their own: 1 s, 2 s, 4 s … 32 s.
+#[derive(Default)]
+struct Restarts(HashMap<String, (u32, tokio::time::Instant)>);
+
+impl Restarts {
+    /// Records a failure; returns how long until it may start again.
+    fn failed(&mut self, name: &str, now: tokio::time::Instant) -> Duration {
+        let entry = self.0.entry(name.to_owned()).or_insert((0, now));
+        entry.0 = entry.0.saturating_add(1);
+        let wait = Duration::from_secs(1u64 << entry.0.min(6).saturating_sub(1));
+        entry.1 = now + wait;
+        wait
+    }
+
+    fn may_start(&self, name: &str, now: tokio::time::Instant) -> bool {
+        self.0.get(name).is_none_or(|(_, at)| now >= *at)
+    }
+}
+
 struct Running {
     key: Key,
     stop: CancellationToken,
@@ -110,7 +129,25 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let mut binding_changes = std::pin::pin!(binding_changes);
 
     let mut running: HashMap<String, Running> = HashMap::new();
+    let mut restarts = Restarts::default();
     loop {
+        // A worker that ended on its own (it could not start, or panicked) is noticed: its units
+        // are no longer reported as running, and it starts again after a backoff.
+        let dead: Vec<String> = running
+            .iter()
+            .filter(|(_, r)| r.task.is_finished())
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in dead {
+            if let Some(r) = running.remove(&name) {
+                let why = match r.task.await {
+                    Err(e) if e.is_panic() => "panicked",
+                    _ => "ended",
+                };
+                let wait = restarts.failed(&name, tokio::time::Instant::now());
+                tracing::warn!(worker = %name, retry_in = ?wait, "sync worker {why}; it restarts after a backoff");
+            }
+        }
         let (mine, generation) = my_units(&ctx, &assignment);
         let mut wanted = desired_workers(&crds, &connections, &credentials, &mine);
         wanted.extend(desired_related(&ctx, &connections, &credentials, &mine));
@@ -126,9 +163,9 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             // was assigned before it may have moved since.
             let stopping: Vec<Running> = stale
                 .iter()
-                .map(|name| {
+                .filter_map(|name| {
                     tracing::info!(worker = %name, "stopping sync worker");
-                    running.remove(name).expect("listed")
+                    running.remove(name)
                 })
                 .collect();
             futures::future::join_all(stopping.into_iter().map(Running::stop)).await;
@@ -145,7 +182,9 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             continue;
         }
         for (name, (key, work)) in wanted {
-            if running.contains_key(&name) {
+            if running.contains_key(&name)
+                || !restarts.may_start(&name, tokio::time::Instant::now())
+            {
                 continue;
             }
             tracing::info!(worker = %name, connection = %key.connection, generation = key.generation, units = key.units.len(), "starting sync worker");
@@ -412,4 +451,21 @@ fn desired_workers(
         wanted.insert(name, (key, Work::Api(spec)));
     }
     wanted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_worker_restarts_after_a_growing_capped_backoff() {
+        let now = tokio::time::Instant::now();
+        let mut r = Restarts::default();
+        assert!(r.may_start("w", now));
+        let waits: Vec<u64> = (0..9).map(|_| r.failed("w", now).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 32, 32, 32]);
+        assert!(!r.may_start("w", now));
+        assert!(r.may_start("w", now + Duration::from_secs(32)));
+        assert!(r.may_start("other", now));
+    }
 }

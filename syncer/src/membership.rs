@@ -2,6 +2,7 @@
 //! within `--membership-lease-duration`, listing the units it runs (its drain acknowledgement),
 //! and the fence: a replica that has not renewed in time writes nothing.
 
+use kbind_shared::sync::Locked;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -125,7 +126,7 @@ impl Membership {
     /// Records the units this replica runs now and renews the Lease at once (the acknowledgement
     /// the assignment waits for when it moves a unit away).
     pub fn set_running(&self, units: BTreeSet<String>, observed_generation: u64) {
-        let mut running = self.running.lock().expect("not poisoned");
+        let mut running = self.running.locked();
         if *running != (units.clone(), observed_generation) {
             *running = (units, observed_generation);
             self.changed.notify_one();
@@ -146,7 +147,7 @@ impl Membership {
             );
         }
         let (running, observed): (Vec<String>, u64) = {
-            let guard = self.running.lock().expect("not poisoned");
+            let guard = self.running.locked();
             (guard.0.iter().cloned().collect(), guard.1)
         };
         // While a lapse is cleaned up nothing is written, so nothing is claimed either.
@@ -162,7 +163,7 @@ impl Membership {
                 "name": self.lease_name(),
                 "labels": { keys::SYNCER_MEMBER_LABEL: keys::TRUE },
                 "annotations": {
-                    shard::RUNNING_UNITS_ANNOTATION: serde_json::to_string(&running).expect("strings serialize"),
+                    shard::RUNNING_UNITS_ANNOTATION: serde_json::Value::from(running.iter().map(|u| serde_json::Value::from(u.as_str())).collect::<Vec<_>>()).to_string(),
                     shard::INCARNATION_ANNOTATION: self.incarnation().to_string(),
                     shard::OBSERVED_ASSIGNMENT_ANNOTATION: observed.to_string(),
                 },

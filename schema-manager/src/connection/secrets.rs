@@ -1,6 +1,7 @@
 //! Watching only the Secrets that Connections reference (improving on QRK-7, which watched every
 //! Secret): one name-scoped watch per referenced Secret, feeding the Connection controller.
 
+use kbind_shared::sync::Locked;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
@@ -37,7 +38,7 @@ impl SecretWatches {
 
     /// Makes sure the Secret `namespace/name` is watched for `connection`.
     pub fn track(&self, connection: &str, namespace: &str, name: &str) {
-        let mut watches = self.watches.lock().expect("not poisoned");
+        let mut watches = self.watches.locked();
         let key = (namespace.to_owned(), name.to_owned());
         if let Some(watch) = watches.get_mut(&key) {
             watch.connections.insert(connection.to_owned());
@@ -59,8 +60,7 @@ impl SecretWatches {
                         | watcher::Event::InitDone,
                     ) => {
                         let connections = registry
-                            .lock()
-                            .expect("not poisoned")
+                            .locked()
                             .get(&watched)
                             .map(|w| w.connections.clone())
                             .unwrap_or_default();
@@ -86,7 +86,7 @@ impl SecretWatches {
 
     /// Stops watching for `connection`; a Secret no Connection references is no longer watched.
     pub fn untrack(&self, connection: &str) {
-        let mut watches = self.watches.lock().expect("not poisoned");
+        let mut watches = self.watches.locked();
         watches.retain(|_, watch| {
             watch.connections.remove(connection);
             if watch.connections.is_empty() {
@@ -101,7 +101,7 @@ impl SecretWatches {
 
 impl Drop for SecretWatches {
     fn drop(&mut self) {
-        for watch in self.watches.lock().expect("not poisoned").values() {
+        for watch in self.watches.locked().values() {
             watch.task.abort();
         }
     }

@@ -26,6 +26,10 @@ pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
 }
 
 /// A CRD as the YAML document checked in under `deploy/crds/`.
+#[allow(
+    clippy::expect_used,
+    reason = "build-time generator over our own types; a failure must stop it"
+)]
 pub fn crd_yaml(crd: &CustomResourceDefinition) -> String {
     let body = serde_yaml::to_string(crd).expect("a CRD always serializes");
     format!(

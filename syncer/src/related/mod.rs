@@ -12,6 +12,7 @@ mod summary;
 mod watch;
 mod writes;
 
+use kbind_shared::sync::Locked;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -233,7 +234,7 @@ impl Worker {
         // Every watch must have listed: deciding on a partial view could delete good copies.
         for ((kind, side, _), watched) in &self.watched {
             let (listed, error, forbidden) = {
-                let health = watched.health.lock().expect("not poisoned");
+                let health = watched.health.locked();
                 (health.listed, health.error.clone(), health.forbidden)
             };
             if listed {
@@ -350,7 +351,7 @@ impl Worker {
         conflicts: &BTreeMap<TargetKey, String>,
     ) {
         let new: Vec<(TargetKey, String)> = {
-            let mut seen = self.conflicts.lock().expect("not poisoned");
+            let mut seen = self.conflicts.locked();
             let new = conflicts
                 .iter()
                 .filter(|(k, _)| !seen.contains(*k))
@@ -386,9 +387,10 @@ impl Worker {
         if !self.ctx.membership.is_current() {
             return;
         }
-        let condition = conditions::find(&current, types::RELATED_RESOURCES_SYNCED)
-            .cloned()
-            .expect("just set");
+        let Some(condition) = conditions::find(&current, types::RELATED_RESOURCES_SYNCED).cloned()
+        else {
+            return;
+        };
         let mut body = json!({
             "apiVersion": format!("{}/{}", keys::GROUP, keys::VERSION),
             "kind": binding.kind(),

@@ -228,12 +228,12 @@ pub fn check_access(
 
 /// A short, stable id of an entry's content (kind, direction, selector).
 pub fn entry_id(entry: &RelatedResource) -> String {
-    let text = serde_json::to_string(&json!({
+    let text = json!({
         "resource": entry.resource,
         "direction": entry.direction,
         "selector": entry.selector,
-    }))
-    .expect("an entry serializes");
+    })
+    .to_string();
     let digest = Sha256::digest(text.as_bytes());
     digest[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -381,9 +381,8 @@ pub fn copy_body(key: &TargetKey, wanted: &Wanted, marker: &Marker<'_>, adopted:
             "annotations": annotations,
         },
     });
-    let object = body.as_object_mut().expect("an object");
     for (field, value) in &wanted.payload {
-        object.insert(field.clone(), value.clone());
+        body[field.as_str()] = value.clone();
     }
     body
 }

@@ -1,6 +1,7 @@
 //! The related worker's watches: in the binding's scope, the sources its entries read and the
 //! labelled copies on the target side, each a reflector store with its health.
 
+use kbind_shared::sync::Locked;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -101,7 +102,7 @@ pub(super) fn watch(
     kbind_shared::cache::observe(writer, api, config, stop, {
         let health = health.clone();
         move |event| {
-            let mut health = health.lock().expect("not poisoned");
+            let mut health = health.locked();
             match event {
                 Ok(watcher::Event::InitDone) => {
                     health.listed = true;

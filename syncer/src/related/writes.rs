@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kbind_shared::api::RelatedResourceKind;
 use kbind_shared::identity::describe_error;
 use kbind_shared::keys;
+use kbind_shared::sync::Locked;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, Preconditions};
 
 use super::plan::{self, Entry, Item, Marker, Side, Step, TargetKey, Wanted};
@@ -84,8 +85,7 @@ impl Worker {
                         if matches!(&e, kube::Error::Api(s) if s.is_not_found()) {
                             // The provider namespace went away: create it again next time.
                             self.known_namespaces
-                                .lock()
-                                .expect("not poisoned")
+                                .locked()
                                 .remove(&(key.side, key.namespace.clone()));
                         }
                         self.failed(outcome, format!("write {key}"), &e)
@@ -224,7 +224,7 @@ impl Worker {
     /// watched; they are found by one labelled LIST when the worker starts (it restarts on every
     /// spec change) and on later passes until that succeeds.
     pub(super) async fn sweep_unused_kinds(&self, entries: &[Entry], outcome: &mut Outcome) {
-        if *self.swept_unused.lock().expect("not poisoned") {
+        if *self.swept_unused.locked() {
             return;
         }
         let mut complete = true;
@@ -267,7 +267,7 @@ impl Worker {
                 }
             }
         }
-        *self.swept_unused.lock().expect("not poisoned") = complete;
+        *self.swept_unused.locked() = complete;
     }
 
     /// LIM-26-like: a provider namespace is created only when a GET says it is missing. Consumer
@@ -277,12 +277,7 @@ impl Worker {
             return Ok(());
         }
         let known = (side, namespace.to_owned());
-        if self
-            .known_namespaces
-            .lock()
-            .expect("not poisoned")
-            .contains(&known)
-        {
+        if self.known_namespaces.locked().contains(&known) {
             return Ok(());
         }
         let object = Namespace {
@@ -301,10 +296,7 @@ impl Worker {
             ..Default::default()
         };
         namespaces::create_if_missing(self.client(side), &object).await?;
-        self.known_namespaces
-            .lock()
-            .expect("not poisoned")
-            .insert(known);
+        self.known_namespaces.locked().insert(known);
         Ok(())
     }
 }

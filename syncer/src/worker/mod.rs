@@ -2,6 +2,7 @@
 //! Connection (REFERENCE-BEHAVIOUR §17: SYNC, OWN, IDEL). The provider side is read from a
 //! watch-fed cache; a write happens only when something differs.
 
+use kbind_shared::sync::Locked;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -271,7 +272,7 @@ impl Worker {
     /// per-API gauges.
     fn mark(&self, object: &DynamicObject, state: Option<SyncState>) {
         let key = (object.namespace(), object.name_any());
-        let mut states = self.states.lock().expect("not poisoned");
+        let mut states = self.states.locked();
         match state {
             Some(state) => states.insert(key, state),
             None => states.remove(&key),
@@ -364,20 +365,12 @@ impl Worker {
 
     /// The provider namespace went away: create it again before the next write there.
     fn forget_namespace(&self, namespace: &str) {
-        self.known_namespaces
-            .lock()
-            .expect("not poisoned")
-            .remove(namespace);
+        self.known_namespaces.locked().remove(namespace);
     }
 
     /// LIM-26: create the provider namespace only when it does not exist.
     async fn ensure_provider_namespace(&self, namespace: &str) -> Result<(), kube::Error> {
-        if self
-            .known_namespaces
-            .lock()
-            .expect("not poisoned")
-            .contains(namespace)
-        {
+        if self.known_namespaces.locked().contains(namespace) {
             return Ok(());
         }
         // KEY-4: on instance-created provider namespaces the consumer UID is a label.
@@ -399,10 +392,7 @@ impl Worker {
             ..Default::default()
         };
         namespaces::create_if_missing(&self.provider, &object).await?;
-        self.known_namespaces
-            .lock()
-            .expect("not poisoned")
-            .insert(namespace.to_owned());
+        self.known_namespaces.locked().insert(namespace.to_owned());
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! Executing one object's sync (REFERENCE-BEHAVIOUR §17: SYNC, OWN, IDEL): the facts come from
 //! the caches, [`decide`] picks the step, and only the step's writes happen.
 
+use kbind_shared::sync::Locked;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -169,10 +170,7 @@ async fn status_down(
 ) -> Result<(), Error> {
     if !worker.spec.has_status_subresource {
         // QRK-12: one clear Warning, not an endless error loop.
-        let first = !std::mem::replace(
-            &mut *worker.warned_no_status.lock().expect("not poisoned"),
-            true,
-        );
+        let first = !std::mem::replace(&mut *worker.warned_no_status.locked(), true);
         if first {
             worker
                 .warn(object, "NoStatusSubresource", format!("the consumer CRD {} has no status subresource, so the provider's status cannot be copied back", worker.spec.api))

@@ -38,9 +38,10 @@ impl ProviderError {
     /// Classifies a failed request for `what` (the message names it and never carries a URL).
     pub fn from_kube(what: &str, e: kube::Error) -> Self {
         match e {
-            kube::Error::Api(s) if s.is_forbidden() => {
-                Self::Forbidden(format!("{what} was denied by RBAC: {}", s.message))
-            }
+            kube::Error::Api(s) if s.is_forbidden() => Self::Forbidden(format!(
+                "{what} was denied by RBAC: {}",
+                kbind_shared::redact::remote(&s.message)
+            )),
             e => Self::Failed(format!(
                 "{what} failed: {}",
                 kbind_shared::identity::describe_error(&e)
@@ -66,8 +67,10 @@ pub async fn read_credential(
     let secrets: Api<Secret> = Api::namespaced(consumer.clone(), &reference.namespace);
     let secret = secrets.get_opt(&reference.name).await.map_err(|e| {
         format!(
-            "cannot read Secret {}/{}: {e}",
-            reference.namespace, reference.name
+            "cannot read Secret {}/{}: {}",
+            reference.namespace,
+            reference.name,
+            kbind_shared::identity::describe_error(&e)
         )
     })?;
     ProviderCredential::from_secret(secret.as_ref(), reference)

@@ -237,10 +237,12 @@ pub async fn install(
         .get(keys::SCHEMA_HASH_ANNOTATION)
         .cloned()
         .unwrap_or_default();
-    let existing = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| format!("read consumer CRD {name}: {e}"))?;
+    let existing = api.get_opt(&name).await.map_err(|e| {
+        format!(
+            "read consumer CRD {name}: {}",
+            kbind_shared::identity::describe_error(&e)
+        )
+    })?;
     let plan = plan(existing.as_ref(), desired, connection, create, update);
     let in_sync = |crd: &CustomResourceDefinition| {
         crd.annotations().get(keys::SCHEMA_HASH_ANNOTATION) == Some(&hash)

@@ -54,10 +54,15 @@ impl Lookup {
 }
 
 /// A short, actionable description of a request failure: the API server's message and code, or
-/// the root cause of a transport failure (refused connection, untrusted certificate, …).
+/// the root cause of a transport failure (refused connection, untrusted certificate, …). Remote
+/// text is capped and never carries URL userinfo ([`crate::redact::remote`]).
 pub fn describe_error(error: &kube::Error) -> String {
     if let kube::Error::Api(status) = error {
-        return format!("{} (HTTP {})", status.message, status.code);
+        return format!(
+            "{} (HTTP {})",
+            crate::redact::remote(&status.message),
+            status.code
+        );
     }
     let mut messages: Vec<String> = Vec::new();
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
@@ -69,11 +74,12 @@ pub fn describe_error(error: &kube::Error) -> String {
         current = e.source();
     }
     // The outermost wrapper and the root cause say the most.
-    match messages.as_slice() {
+    let text = match messages.as_slice() {
         [] => String::from("unknown error"),
         [only] => only.clone(),
         [first, .., last] => format!("{first}: {last}"),
-    }
+    };
+    crate::redact::remote(&text)
 }
 
 /// What ID-1 decides after the LogicalCluster read.

@@ -60,13 +60,24 @@ pub enum KubeconfigError {
     Client(String),
 }
 
-/// A validated, self-contained kubeconfig for the provider.
-#[derive(Clone, Debug)]
+/// A validated, self-contained kubeconfig for the provider. Its `Debug` names the context,
+/// server (without userinfo) and namespace only: credentials never reach a log.
+#[derive(Clone)]
 pub struct InlineKubeconfig {
     kubeconfig: Kubeconfig,
     context: String,
     server: String,
     namespace: Option<String>,
+}
+
+impl std::fmt::Debug for InlineKubeconfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InlineKubeconfig")
+            .field("context", &self.context)
+            .field("server", &crate::redact::strip_userinfo(&self.server))
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
 }
 
 impl InlineKubeconfig {
@@ -258,6 +269,11 @@ mod tests {
         .unwrap();
         assert_eq!(kc.server(), "https://127.0.0.1:6443");
         assert_eq!(kc.namespace(), Some("team-a"));
+        let debug = format!("{kc:?}");
+        assert!(
+            !debug.contains("s3cr3t") && debug.contains("127.0.0.1"),
+            "{debug}"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod kubeconfig;
 pub mod metrics;
 pub mod ownership;
 pub mod process;
+pub mod redact;
 pub mod resolve;
 pub mod shard;
 pub mod sync;

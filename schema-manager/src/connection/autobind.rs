@@ -163,10 +163,12 @@ pub async fn reconcile(
 ) -> Result<Vec<String>, String> {
     let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
     let name = connection.name_any();
-    let existing = bindings
-        .get_opt(&name)
-        .await
-        .map_err(|e| format!("read ClusterBinding {name}: {e}"))?;
+    let existing = bindings.get_opt(&name).await.map_err(|e| {
+        format!(
+            "read ClusterBinding {name}: {}",
+            kbind_shared::identity::describe_error(&e)
+        )
+    })?;
     if connection.spec.auto_bind
         && existing
             .as_ref()
@@ -219,7 +221,12 @@ pub async fn reconcile(
                     &Patch::Apply(desired(connection, &plan.apis)),
                 )
                 .await
-                .map_err(|e| format!("apply autoBind ClusterBinding {name}: {e}"))?;
+                .map_err(|e| {
+                    format!(
+                        "apply autoBind ClusterBinding {name}: {}",
+                        kbind_shared::identity::describe_error(&e)
+                    )
+                })?;
         }
     }
     Ok(plan.dropped)
@@ -230,10 +237,12 @@ pub async fn reconcile(
 pub async fn delete_owned(consumer: &Client, connection: &Connection) -> Result<(), String> {
     let name = connection.name_any();
     let api = Api::<ClusterBinding>::all(consumer.clone());
-    let Some(existing) = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| format!("read ClusterBinding {name}: {e}"))?
+    let Some(existing) = api.get_opt(&name).await.map_err(|e| {
+        format!(
+            "read ClusterBinding {name}: {}",
+            kbind_shared::identity::describe_error(&e)
+        )
+    })?
     else {
         return Ok(());
     };
@@ -261,7 +270,10 @@ async fn delete_precise(
     {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
-        Err(e) => Err(format!("delete autoBind ClusterBinding {name}: {e}")),
+        Err(e) => Err(format!(
+            "delete autoBind ClusterBinding {name}: {}",
+            kbind_shared::identity::describe_error(&e)
+        )),
     }
 }
 

@@ -38,7 +38,12 @@ pub async fn renew(
     let acquired = leases
         .get_opt(&name)
         .await
-        .map_err(|e| format!("read heartbeat Lease {namespace}/{name}: {e}"))?
+        .map_err(|e| {
+            format!(
+                "read heartbeat Lease {namespace}/{name}: {}",
+                kbind_shared::identity::describe_error(&e)
+            )
+        })?
         .and_then(|l| l.spec)
         .and_then(|s| s.acquire_time)
         .unwrap_or_else(|| now.clone());
@@ -67,9 +72,12 @@ pub async fn renew(
         ensure_namespace(provider, namespace).await?;
         result = leases.patch(&name, &params, &Patch::Apply(&lease)).await;
     }
-    result
-        .map(drop)
-        .map_err(|e| format!("renew heartbeat Lease {namespace}/{name}: {e}"))
+    result.map(drop).map_err(|e| {
+        format!(
+            "renew heartbeat Lease {namespace}/{name}: {}",
+            kbind_shared::identity::describe_error(&e)
+        )
+    })
 }
 
 /// Creates the Lease's namespace on the provider unless it exists; Forbidden is tolerated (HB-2),
@@ -86,7 +94,10 @@ async fn ensure_namespace(provider: &Client, namespace: &str) -> Result<(), Stri
     match namespaces.create(&PostParams::default(), &object).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_forbidden() => Ok(()),
-        Err(e) => Err(format!("create heartbeat namespace {namespace}: {e}")),
+        Err(e) => Err(format!(
+            "create heartbeat namespace {namespace}: {}",
+            kbind_shared::identity::describe_error(&e)
+        )),
     }
 }
 

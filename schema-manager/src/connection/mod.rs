@@ -264,7 +264,11 @@ async fn connect(
         }
         Err(e) => {
             return Ok((
-                Outcome::Unreachable(format!("provider {}: {e}", provider.kubeconfig.server())),
+                Outcome::Unreachable(format!(
+                    "provider {}: {}",
+                    kbind_shared::redact::strip_userinfo(provider.kubeconfig.server()),
+                    kbind_shared::redact::remote(&e.to_string())
+                )),
                 None,
             ));
         }

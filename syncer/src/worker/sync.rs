@@ -215,7 +215,10 @@ async fn forbidden_or(
                 .warn(
                     object,
                     "Forbidden",
-                    format!("cannot {operation}: {}", s.message),
+                    format!(
+                        "cannot {operation}: {}",
+                        kbind_shared::redact::remote(&s.message)
+                    ),
                 )
                 .await;
             Ok(Action::requeue(Duration::from_secs(30)))
@@ -228,7 +231,10 @@ async fn forbidden_or(
                 .warn(
                     object,
                     "ProviderRejected",
-                    format!("the provider rejected the object: {}", s.message),
+                    format!(
+                        "the provider rejected the object: {}",
+                        kbind_shared::redact::remote(&s.message)
+                    ),
                 )
                 .await;
             Ok(Action::requeue(Duration::from_secs(30)))

@@ -770,6 +770,9 @@ async fn deleting_a_connection_drains_bindings_then_releases_finalizers_and_keep
     );
 }
 
+/// The password of the proxy in the `proxied` case: it must never be repeated.
+const PROXY_PASSWORD: &str = "pr0xy-pa55w0rd";
+
 #[tokio::test]
 async fn bad_credentials_each_get_a_clear_condition_and_nothing_crashes() {
     // CONN-3, CONN-4; INTERFACES.md: no panics on cluster data, no Secret contents in conditions.
@@ -800,6 +803,35 @@ async fn bad_credentials_each_get_a_clear_condition_and_nothing_crashes() {
     );
     let exec = good.replace("    token: ", "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: get-token\n    x-old-token: ");
     let no_context = good.replace("current-context: provider\n", "");
+    let dangling_context = good.replace(
+        "current-context: provider\n",
+        "current-context: elsewhere\n",
+    );
+    let auth_provider = good.replace(
+        "    token: ",
+        "    auth-provider:\n      name: oidc\n    x-old-token: ",
+    );
+    let insecure_tls =
+        kbind_e2e::cluster::kubeconfig_yaml("p", provider.server(), &ca, &token, None).replace(
+            "    certificate-authority-data: ",
+            "    insecure-skip-tls-verify: true\n    x-ca: ",
+        );
+    let plain_http = kbind_e2e::cluster::kubeconfig_yaml(
+        "p",
+        &provider.server().replacen("https://", "http://", 1),
+        &ca,
+        &token,
+        None,
+    );
+    // A proxy with credentials in its URL: they never appear in a condition or a log.
+    let proxied = kbind_e2e::cluster::kubeconfig_yaml("p", provider.server(), &ca, &token, None)
+        .replace(
+            "    certificate-authority-data: ",
+            &format!(
+                "    proxy-url: http://kbind-proxy-user:{PROXY_PASSWORD}@127.0.0.1:{}\n    certificate-authority-data: ",
+                kbind_e2e::cluster::free_port()
+            ),
+        );
 
     // (name, secret key, secret data, condition type, reason, message fragment)
     type Case<'a> = (&'a str, &'a str, Vec<u8>, &'a str, &'a str, &'a str);
@@ -853,6 +885,46 @@ async fn bad_credentials_each_get_a_clear_condition_and_nothing_crashes() {
             "users[provider].user.exec uses a credential plugin",
         ),
         (
+            "dangling-context",
+            "kubeconfig",
+            dangling_context.into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "context \"elsewhere\" is not defined",
+        ),
+        (
+            "auth-provider",
+            "kubeconfig",
+            auth_provider.into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "users[provider].user.auth-provider uses a credential plugin",
+        ),
+        (
+            "insecure-tls",
+            "kubeconfig",
+            insecure_tls.into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "insecure-skip-tls-verify: true; kbind refuses insecure transport",
+        ),
+        (
+            "plain-http",
+            "kubeconfig",
+            plain_http.into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "an http:// server; kbind refuses insecure transport",
+        ),
+        (
+            "proxied",
+            "kubeconfig",
+            proxied.into_bytes(),
+            "SecretValid",
+            "SecretNotFound",
+            "clusters[p].cluster.proxy-url is not supported",
+        ),
+        (
             "unreachable",
             "kubeconfig",
             unreachable.into_bytes(),
@@ -902,8 +974,8 @@ async fn bad_credentials_each_get_a_clear_condition_and_nothing_crashes() {
         );
         for condition in &status.conditions {
             assert!(
-                !condition.message.contains(&token),
-                "{name}: the token leaked into {}",
+                !condition.message.contains(&token) && !condition.message.contains(PROXY_PASSWORD),
+                "{name}: a credential leaked into {}",
                 condition.type_
             );
         }
@@ -929,6 +1001,10 @@ async fn bad_credentials_each_get_a_clear_condition_and_nothing_crashes() {
     );
     let log = std::fs::read_to_string(s.env.process(s.manager.index).log()).unwrap();
     assert!(!log.contains(&token), "the token leaked into the log");
+    assert!(
+        !log.contains(PROXY_PASSWORD),
+        "the proxy password leaked into the log"
+    );
     assert!(!log.contains("panicked"), "the schema manager panicked");
 }
 

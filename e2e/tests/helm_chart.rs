@@ -99,6 +99,9 @@ fn chart_lints_clean_and_its_schema_rejects_bad_values() {
             "/schemaManager/discoveryInterval",
         ),
         ("boundAPIGroups={Example.ORG}", "/boundAPIGroups"),
+        // The core group: no CRD lives there, and a rule on it would grant every Secret.
+        ("boundAPIGroups[0]=", "/boundAPIGroups"),
+        ("allowInsecureProviders=maybe", "/allowInsecureProviders"),
     ] {
         let err = helm_err(&[
             "template",
@@ -382,13 +385,37 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
         matches!(err, kube::Error::Api(s) if s.is_forbidden()),
         "the syncer may not delete CRDs"
     );
-    let err = Api::<Secret>::namespaced(as_syncer, "default")
+    let err = Api::<Secret>::namespaced(as_syncer.clone(), "default")
         .list(&Default::default())
         .await
         .unwrap_err();
     assert!(
         matches!(err, kube::Error::Api(s) if s.is_forbidden()),
         "the syncer may not list Secrets"
+    );
+    // The syncers' own Leases, yes; the schema manager's leader Lease, never.
+    let syncer_leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(as_syncer, RELEASE_NAMESPACE);
+    let take_over = serde_json::json!({ "spec": { "holderIdentity": "syncer-0" } });
+    let err = syncer_leases
+        .patch(
+            "kbind-schema-manager",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&take_over),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.is_forbidden()),
+        "the syncer may not change the leader Lease: {err}"
+    );
+    let err = syncer_leases
+        .delete("kbind-schema-manager", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.is_forbidden()),
+        "the syncer may not delete the leader Lease: {err}"
     );
     let crd = crds.get("widgets.example.org").await.unwrap();
     assert_eq!(

@@ -30,7 +30,7 @@ pub struct Settings {
     /// Namespace buckets each managed API's sync work is split into (1: not split).
     pub namespace_buckets: u32,
     /// Where provider kubeconfig Secrets may live (`--provider-secret-namespaces`).
-    pub provider_secret_namespaces: Vec<String>,
+    pub provider_secrets: kbind_shared::credential::SecretPolicy,
     /// How long an export must be missing before autoBind drops it.
     pub autobind_grace_period: Duration,
 }

@@ -59,7 +59,7 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
             binding_resync_interval: args.binding_resync_interval,
             heartbeat_lease_duration: args.heartbeat_lease_duration,
             namespace_buckets: args.namespace_buckets,
-            provider_secret_namespaces: args.common.provider_secret_namespaces(),
+            provider_secrets: args.common.provider_secrets(),
             autobind_grace_period: args.autobind_grace_period,
         },
         args.common.namespace(),

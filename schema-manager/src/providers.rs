@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Secret;
 use kbind_shared::api::KubeconfigSecretRef;
-use kbind_shared::credential::ProviderCredential;
+use kbind_shared::credential::{ProviderCredential, SecretPolicy};
 use kbind_shared::kubeconfig::InlineKubeconfig;
 use kbind_shared::metrics::Metrics;
 use kube::{Api, Client};
@@ -61,9 +61,9 @@ impl ProviderError {
 pub async fn read_credential(
     consumer: &Client,
     reference: &KubeconfigSecretRef,
-    allowed_namespaces: &[String],
+    policy: &SecretPolicy,
 ) -> Result<ProviderCredential, String> {
-    kbind_shared::credential::check_secret_namespace(reference, allowed_namespaces)?;
+    kbind_shared::credential::check_secret_namespace(reference, &policy.namespaces)?;
     let secrets: Api<Secret> = Api::namespaced(consumer.clone(), &reference.namespace);
     let secret = secrets.get_opt(&reference.name).await.map_err(|e| {
         format!(
@@ -73,7 +73,7 @@ pub async fn read_credential(
             kbind_shared::identity::describe_error(&e)
         )
     })?;
-    ProviderCredential::from_secret(secret.as_ref(), reference)
+    ProviderCredential::from_secret(secret.as_ref(), reference, policy.transport)
 }
 
 /// One provider client per Connection, holding only credentials whose cluster identity was
@@ -130,16 +130,16 @@ impl Providers {
         &self,
         consumer: &Client,
         connection: &kbind_shared::api::Connection,
-        allowed_namespaces: &[String],
+        policy: &SecretPolicy,
         metrics: &Metrics,
     ) -> Result<Provider, String> {
         let name = kube::ResourceExt::name_any(connection);
         let reference = &connection.spec.kubeconfig_secret_ref;
-        kbind_shared::credential::check_secret_namespace(reference, allowed_namespaces)?;
+        kbind_shared::credential::check_secret_namespace(reference, &policy.namespaces)?;
         if let Some(existing) = self.by_connection.locked().get(&name) {
             return Ok(existing.clone());
         }
-        let credential = read_credential(consumer, reference, allowed_namespaces).await?;
+        let credential = read_credential(consumer, reference, policy).await?;
         if !credential.is_verified(connection.status.as_ref()) {
             return Err(format!(
                 "the credential in Secret {}/{} has not been verified against the provider's pinned cluster identity yet",

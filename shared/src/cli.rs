@@ -45,6 +45,11 @@ pub struct CommonArgs {
     #[arg(long, env = "KBIND_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 
+    /// Accept provider kubeconfigs with `insecure-skip-tls-verify: true` or an `http://` server
+    /// (refused by default)
+    #[arg(long, env = "KBIND_ALLOW_INSECURE_PROVIDERS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_insecure_providers: bool,
+
     /// This process's name: the syncer's member name (its membership Lease), the schema manager's
     /// leader Lease holder, both programs' Event instance [default: $POD_NAME, else
     /// <hostname>-<pid>]
@@ -77,6 +82,19 @@ impl CommonArgs {
             },
             std::process::id(),
         )
+    }
+
+    /// The operator's rules for provider Secrets: where they may live and whether insecure
+    /// transport is allowed.
+    pub fn provider_secrets(&self) -> crate::credential::SecretPolicy {
+        crate::credential::SecretPolicy {
+            namespaces: self.provider_secret_namespaces(),
+            transport: if self.allow_insecure_providers {
+                crate::kubeconfig::Transport::AllowInsecure
+            } else {
+                crate::kubeconfig::Transport::Secure
+            },
+        }
     }
 
     /// Where provider kubeconfig Secrets may live: `--provider-secret-namespaces`, else kbind's

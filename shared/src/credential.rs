@@ -12,7 +12,17 @@ use k8s_openapi::api::core::v1::Secret;
 use sha2::{Digest, Sha256};
 
 use crate::api::{ConnectionStatus, KubeconfigSecretRef};
-use crate::kubeconfig::InlineKubeconfig;
+use crate::kubeconfig::{InlineKubeconfig, Transport};
+
+/// Where provider Secrets may live and whether insecure transport is allowed: the operator's
+/// choice (`--provider-secret-namespaces`, `--allow-insecure-providers`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SecretPolicy {
+    /// Namespaces kbind reads provider kubeconfig Secrets from.
+    pub namespaces: Vec<String>,
+    /// Whether `insecure-skip-tls-verify` and `http://` servers are accepted.
+    pub transport: Transport,
+}
 
 /// A parsed provider kubeconfig and the digest of the bytes it came from.
 #[derive(Clone, Debug)]
@@ -29,6 +39,7 @@ impl ProviderCredential {
     pub fn from_secret(
         secret: Option<&Secret>,
         reference: &KubeconfigSecretRef,
+        transport: Transport,
     ) -> Result<Self, String> {
         let (namespace, name, key) = (
             &reference.namespace,
@@ -44,7 +55,7 @@ impl ProviderCredential {
         if data.0.is_empty() {
             return Err(format!("Secret {namespace}/{name} key `{key}` is empty"));
         }
-        let kubeconfig = InlineKubeconfig::parse(&data.0)
+        let kubeconfig = InlineKubeconfig::parse_with(&data.0, transport)
             .map_err(|e| format!("Secret {namespace}/{name} key `{key}`: {e}"))?;
         Ok(Self {
             kubeconfig,
@@ -118,7 +129,7 @@ mod tests {
     }
 
     fn error(secret: Option<&Secret>) -> String {
-        ProviderCredential::from_secret(secret, &reference()).unwrap_err()
+        ProviderCredential::from_secret(secret, &reference(), Transport::Secure).unwrap_err()
     }
 
     #[test]
@@ -160,6 +171,7 @@ mod tests {
         let credential = ProviderCredential::from_secret(
             Some(&secret(&[("kubeconfig", KUBECONFIG.as_bytes())])),
             &reference(),
+            Transport::Secure,
         )
         .unwrap();
         assert_eq!(credential.digest, digest(KUBECONFIG.as_bytes()));

@@ -55,9 +55,41 @@ pub enum KubeconfigError {
         /// The offending field, e.g. `users[admin].user.exec`.
         field: String,
     },
+    /// A field kbind does not support (named, never its value).
+    #[error(
+        "the kubeconfig field {0} is not supported by kbind (it connects to the provider directly)"
+    )]
+    Unsupported(String),
+    /// More than [`MAX_KUBECONFIG_BYTES`].
+    #[error("the kubeconfig is {0} bytes; kbind reads at most {MAX_KUBECONFIG_BYTES}")]
+    TooLarge(usize),
+    /// Insecure transport (`insecure-skip-tls-verify`, an `http://` server) and the operator did
+    /// not allow it.
+    #[error(
+        "the kubeconfig's cluster {cluster:?} uses {what}; kbind refuses insecure transport to a provider unless the operator allows it (--allow-insecure-providers, chart value allowInsecureProviders)"
+    )]
+    Insecure {
+        /// The cluster entry.
+        cluster: String,
+        /// What is insecure.
+        what: &'static str,
+    },
     /// kube could not turn the kubeconfig into a client (bad certificate data, bad URL, …).
     #[error("the kubeconfig cannot be used: {0}")]
     Client(String),
+}
+
+/// The largest kubeconfig kbind parses (a Secret holds at most 1 MiB anyway).
+pub const MAX_KUBECONFIG_BYTES: usize = 1024 * 1024;
+
+/// Whether a provider may be reached over insecure transport.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// Only TLS with verification (the default).
+    #[default]
+    Secure,
+    /// The operator allowed `insecure-skip-tls-verify` and `http://` servers.
+    AllowInsecure,
 }
 
 /// A validated, self-contained kubeconfig for the provider. Its `Debug` names the context,
@@ -83,6 +115,14 @@ impl std::fmt::Debug for InlineKubeconfig {
 impl InlineKubeconfig {
     /// Parses and validates kubeconfig bytes as read from a Secret.
     pub fn parse(data: &[u8]) -> Result<Self, KubeconfigError> {
+        Self::parse_with(data, Transport::Secure)
+    }
+
+    /// [`InlineKubeconfig::parse`], allowing insecure transport only if `transport` says so.
+    pub fn parse_with(data: &[u8], transport: Transport) -> Result<Self, KubeconfigError> {
+        if data.len() > MAX_KUBECONFIG_BYTES {
+            return Err(KubeconfigError::TooLarge(data.len()));
+        }
         if data.iter().all(u8::is_ascii_whitespace) {
             return Err(KubeconfigError::Empty);
         }
@@ -120,6 +160,14 @@ impl InlineKubeconfig {
                 name: context.cluster.clone(),
             })?;
         let server = check_cluster(cluster)?;
+        if transport == Transport::Secure
+            && let Some(what) = insecure(cluster, &server)
+        {
+            return Err(KubeconfigError::Insecure {
+                cluster: cluster.name.clone(),
+                what,
+            });
+        }
 
         if let Some(user) = context.user.as_deref().filter(|u| !u.is_empty()) {
             let auth = kubeconfig
@@ -159,7 +207,7 @@ impl InlineKubeconfig {
         };
         let mut config = Config::from_custom_kubeconfig(self.kubeconfig.clone(), &options)
             .await
-            .map_err(|e| KubeconfigError::Client(e.to_string()))?;
+            .map_err(|e| KubeconfigError::Client(crate::redact::remote(&e.to_string())))?;
         crate::client::bound_timeouts(&mut config);
         Ok(config)
     }
@@ -177,7 +225,26 @@ impl InlineKubeconfig {
         counter: Option<&prometheus::IntCounterVec>,
     ) -> Result<Client, KubeconfigError> {
         crate::client::build(self.config().await?, cluster, counter)
-            .map_err(|e| KubeconfigError::Client(e.to_string()))
+            .map_err(|e| KubeconfigError::Client(crate::redact::remote(&e.to_string())))
+    }
+}
+
+/// What makes the transport to `cluster` insecure, if anything.
+fn insecure(cluster: &NamedCluster, server: &str) -> Option<&'static str> {
+    if cluster
+        .cluster
+        .as_ref()
+        .and_then(|c| c.insecure_skip_tls_verify)
+        == Some(true)
+    {
+        Some("insecure-skip-tls-verify: true")
+    } else if server
+        .get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
+    {
+        Some("an http:// server")
+    } else {
+        None
     }
 }
 
@@ -186,11 +253,17 @@ fn check_cluster(named: &NamedCluster) -> Result<String, KubeconfigError> {
     let Some(Cluster {
         server,
         certificate_authority,
+        proxy_url,
         ..
     }) = &named.cluster
     else {
         return Err(KubeconfigError::NoServer(name.clone()));
     };
+    if proxy_url.as_deref().is_some_and(|p| !p.is_empty()) {
+        return Err(KubeconfigError::Unsupported(format!(
+            "clusters[{name}].cluster.proxy-url"
+        )));
+    }
     if certificate_authority
         .as_deref()
         .is_some_and(|p| !p.is_empty())
@@ -388,5 +461,42 @@ mod tests {
             "    insecure-skip-tls-verify: true\n",
         );
         assert!(matches!(parse(&text), Err(KubeconfigError::NoServer(c)) if c == "p"));
+    }
+
+    #[test]
+    fn insecure_transport_only_when_allowed() {
+        let insecure = kubeconfig("    insecure-skip-tls-verify: true\n", "    token: t\n");
+        let http = kubeconfig("", "    token: t\n").replace("https://", "http://");
+        for text in [&insecure, &http] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains("--allow-insecure-providers"), "{err}");
+            assert!(
+                InlineKubeconfig::parse_with(text.as_bytes(), Transport::AllowInsecure).is_ok()
+            );
+        }
+        let secure = kubeconfig(
+            &format!("    certificate-authority-data: {CA}\n"),
+            "    token: t\n",
+        );
+        assert!(parse(&secure).is_ok());
+    }
+
+    #[test]
+    fn oversized_and_proxied_kubeconfigs_are_refused_by_name() {
+        let big = format!(
+            "{}\n{}",
+            kubeconfig("", "    token: t\n"),
+            "#".repeat(5 * 1024 * 1024)
+        );
+        assert!(matches!(parse(&big), Err(KubeconfigError::TooLarge(_))));
+        let proxied = kubeconfig(
+            "    proxy-url: http://user:hunter2@proxy:3128\n",
+            "    token: t\n",
+        );
+        let err = parse(&proxied).unwrap_err().to_string();
+        assert!(
+            err.contains("clusters[p].cluster.proxy-url") && !err.contains("hunter2"),
+            "{err}"
+        );
     }
 }

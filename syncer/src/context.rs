@@ -33,7 +33,7 @@ pub struct Context {
     /// This replica's membership (and its write fence).
     pub membership: Arc<Membership>,
     /// Where provider kubeconfig Secrets may live (`--provider-secret-namespaces`).
-    pub provider_secret_namespaces: Vec<String>,
+    pub provider_secrets: kbind_shared::credential::SecretPolicy,
     cluster_bindings: Store<ClusterBinding>,
     bindings: Store<Binding>,
     binding_changes: broadcast::Sender<()>,
@@ -48,7 +48,7 @@ impl Context {
         resync_interval: Duration,
         workers: u16,
         membership: Arc<Membership>,
-        provider_secret_namespaces: Vec<String>,
+        provider_secrets: kbind_shared::credential::SecretPolicy,
     ) -> Self {
         let (binding_changes, _) = broadcast::channel(64);
         let cluster_bindings =
@@ -63,7 +63,7 @@ impl Context {
             resync_interval,
             workers,
             membership,
-            provider_secret_namespaces,
+            provider_secrets,
             cluster_bindings,
             bindings,
             binding_changes,

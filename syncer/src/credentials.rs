@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Secret;
 use kbind_shared::api::Connection;
-use kbind_shared::credential::ProviderCredential;
+use kbind_shared::credential::{ProviderCredential, SecretPolicy};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -30,7 +30,7 @@ struct Watched {
 /// The watched kubeconfig Secrets, by (namespace, name).
 pub struct SecretCredentials {
     client: Client,
-    allowed_namespaces: Vec<String>,
+    policy: SecretPolicy,
     changes: Arc<Notify>,
     stop: CancellationToken,
     watched: Mutex<HashMap<(String, String), Arc<Watched>>>,
@@ -38,16 +38,16 @@ pub struct SecretCredentials {
 
 impl SecretCredentials {
     /// Watches notify `changes`; all of them end with `stop`.
-    /// Only Secrets in `allowed_namespaces` are ever watched or read.
+    /// Only Secrets in the `policy`'s namespaces are ever watched or read.
     pub fn new(
         client: Client,
-        allowed_namespaces: Vec<String>,
+        policy: SecretPolicy,
         changes: Arc<Notify>,
         stop: CancellationToken,
     ) -> Self {
         Self {
             client,
-            allowed_namespaces,
+            policy,
             changes,
             stop,
             watched: Mutex::default(),
@@ -59,7 +59,7 @@ impl SecretCredentials {
     pub fn read(&self, connection: &Connection) -> Option<Credentials> {
         let reference = &connection.spec.kubeconfig_secret_ref;
         if let Err(refused) =
-            kbind_shared::credential::check_secret_namespace(reference, &self.allowed_namespaces)
+            kbind_shared::credential::check_secret_namespace(reference, &self.policy.namespaces)
         {
             return Some(Err(refused));
         }
@@ -71,7 +71,11 @@ impl SecretCredentials {
             .store
             .get(&ObjectRef::new(&reference.name).within(&reference.namespace));
         let Some(secret) = secret else {
-            return Some(ProviderCredential::from_secret(None, reference));
+            return Some(ProviderCredential::from_secret(
+                None,
+                reference,
+                self.policy.transport,
+            ));
         };
         let version = (
             secret.resource_version().unwrap_or_default(),
@@ -83,7 +87,8 @@ impl SecretCredentials {
         {
             return Some(found.clone());
         }
-        let found = ProviderCredential::from_secret(Some(&secret), reference);
+        let found =
+            ProviderCredential::from_secret(Some(&secret), reference, self.policy.transport);
         *parsed = Some((version, found.clone()));
         Some(found)
     }

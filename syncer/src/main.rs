@@ -61,7 +61,7 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
         args.resync_interval,
         args.workers,
         membership.clone(),
-        args.common.provider_secret_namespaces(),
+        args.common.provider_secrets(),
     );
     let ctx = tokio::select! {
         ctx = start => Arc::new(ctx),

@@ -121,7 +121,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let _ = assignment.wait_until_ready().await;
     let credentials = SecretCredentials::new(
         ctx.client.clone(),
-        ctx.provider_secret_namespaces.clone(),
+        ctx.provider_secrets.clone(),
         changes.clone(),
         stop.clone(),
     );

@@ -294,7 +294,7 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
                 .for_connection(
                     &ctx.client,
                     &connection,
-                    &ctx.settings.provider_secret_namespaces,
+                    &ctx.settings.provider_secrets,
                     &ctx.metrics,
                 )
                 .await;

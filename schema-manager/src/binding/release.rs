@@ -81,7 +81,7 @@ pub(super) async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Er
         .for_connection(
             &ctx.client,
             &c,
-            &ctx.settings.provider_secret_namespaces,
+            &ctx.settings.provider_secrets,
             &ctx.metrics,
         )
         .await;

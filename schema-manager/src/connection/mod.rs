@@ -137,7 +137,7 @@ async fn reconcile(connection: Arc<Connection>, state: Arc<State>) -> Result<Act
 
     let allowed = kbind_shared::credential::check_secret_namespace(
         reference,
-        &state.ctx.settings.provider_secret_namespaces,
+        &state.ctx.settings.provider_secrets.namespaces,
     )
     .is_ok();
     if connection.meta().deletion_timestamp.is_none() && allowed {
@@ -244,7 +244,7 @@ async fn connect(
     let credential = match crate::providers::read_credential(
         &ctx.client,
         &connection.spec.kubeconfig_secret_ref,
-        &ctx.settings.provider_secret_namespaces,
+        &ctx.settings.provider_secrets,
     )
     .await
     {

@@ -16,9 +16,11 @@
 {{ include "kbind.provider-secret-namespaces" . }}
 {{- end -}}
 
-{{/* Both programs refuse provider Secrets outside these namespaces (as the RBAC does). */}}
+{{/* Both programs refuse provider Secrets outside these namespaces (as the RBAC does), and
+insecure transport to a provider unless allowed. */}}
 {{- define "kbind.provider-secret-namespaces" -}}
 - --provider-secret-namespaces={{ join "," (default (list .Release.Namespace) .Values.providerSecretNamespaces) }}
+- --allow-insecure-providers={{ .Values.allowInsecureProviders | default false }}
 {{- end -}}
 
 {{- define "kbind.schema-manager.affinity" -}}

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use kbind_shared::cli::{CommonArgs, parse_duration};
+use kbind_shared::cli::{CommonArgs, parse_bytes, parse_duration};
 use kbind_shared::keys;
 
 use crate::assignment;
@@ -49,4 +49,9 @@ pub struct Args {
     /// `core.kbind.io/sync-buckets` annotation overrides it)
     #[arg(long, env = "KBIND_NAMESPACE_BUCKETS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(assignment::MAX_BUCKETS)))]
     pub namespace_buckets: u32,
+
+    /// The largest provider OpenAPI document read (bytes; Ki, Mi, Gi suffixes): a larger one is
+    /// reported on the APIs it describes instead of being read
+    #[arg(long, env = "KBIND_OPENAPI_DOCUMENT_LIMIT", default_value = "10Mi", value_parser = parse_bytes)]
+    pub openapi_document_limit: u64,
 }

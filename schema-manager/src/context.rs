@@ -31,6 +31,8 @@ pub struct Settings {
     pub namespace_buckets: u32,
     /// Where provider kubeconfig Secrets may live (`--provider-secret-namespaces`).
     pub provider_secrets: kbind_shared::credential::SecretPolicy,
+    /// The largest provider OpenAPI document read, in bytes.
+    pub openapi_document_limit: u64,
     /// How long an export must be missing before autoBind drops it.
     pub autobind_grace_period: Duration,
 }
@@ -140,10 +142,10 @@ impl Context {
             client,
             metrics,
             reporter,
+            documents: Documents::new(settings.openapi_document_limit),
             settings,
             namespace,
             providers: Providers::default(),
-            documents: Documents::default(),
             local_uid: OnceCell::new(),
             instance_metadata: Default::default(),
             conflict_changes: tokio::sync::broadcast::channel(256).0,

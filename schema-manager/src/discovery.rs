@@ -77,8 +77,9 @@ async fn discover_openapi_candidates(
     provider: &Provider,
     documents: &Documents,
 ) -> Result<Vec<ExportedApi>, ProviderError> {
-    let crds = synthesize_from_provider(provider, documents, None).await?;
-    Ok(crds
+    let synthesized = synthesize_from_provider(provider, documents, None).await?;
+    let mut exports: Vec<ExportedApi> = synthesized
+        .crds
         .iter()
         .map(|crd| {
             export_of(
@@ -86,7 +87,11 @@ async fn discover_openapi_candidates(
                 crd.spec.versions.iter().map(|v| v.name.clone()).collect(),
             )
         })
-        .collect())
+        .collect();
+    // APIs too large to synthesize stay exports: binding one reports why it cannot be installed.
+    exports.extend(synthesized.failed.into_iter().map(|(export, _)| export));
+    exports.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(exports)
 }
 
 /// DISC-2/3/4: the exported APIs under the Connection's schema source.

@@ -60,6 +60,7 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
             heartbeat_lease_duration: args.heartbeat_lease_duration,
             namespace_buckets: args.namespace_buckets,
             provider_secrets: args.common.provider_secrets(),
+            openapi_document_limit: args.openapi_document_limit,
             autobind_grace_period: args.autobind_grace_period,
         },
         args.common.namespace(),

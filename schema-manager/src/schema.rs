@@ -93,8 +93,17 @@ pub async fn desired_for(
     export: &kbind_shared::api::ExportedApi,
 ) -> Result<CustomResourceDefinition, ProviderError> {
     if source == Some(kbind_shared::api::ActiveSchemaSource::OpenApi) {
-        let crds = synthesize_from_provider(provider, documents, Some(&export.group)).await?;
-        return crds
+        let synthesized =
+            synthesize_from_provider(provider, documents, Some(&export.group)).await?;
+        if let Some((_, why)) = synthesized
+            .failed
+            .iter()
+            .find(|(f, _)| f.name == export.name)
+        {
+            return Err(ProviderError::Failed(why.clone()));
+        }
+        return synthesized
+            .crds
             .into_iter()
             .find(|c| c.metadata.name.as_deref() == Some(export.name.as_str()))
             .map(|crd| with_markers(crd, connection))

@@ -132,6 +132,28 @@ pub fn identity(
     })
 }
 
+/// Parses a size in bytes: `1048576`, `512Ki`, `10Mi`, `1Gi`.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let factor: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?} (use Ki, Mi or Gi)")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{text:?} is not a size in bytes (e.g. 10Mi)"))
+}
+
 /// A listen address, or disabled (`0`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BindAddress {
@@ -178,6 +200,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_in_bytes() {
+        assert_eq!(parse_bytes("10Mi"), Ok(10 << 20));
+        assert_eq!(parse_bytes("512Ki"), Ok(512 << 10));
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        for bad in ["", "0", "10MB", "Mi", "-1", "99999999999999999999Gi"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn one_identity_rule() {

@@ -34,8 +34,9 @@ pub struct DiscoveredVersion {
     pub short_names: Vec<String>,
     /// Categories.
     pub categories: Vec<String>,
-    /// This version's OpenAPI v3 document (`/openapi/v3/apis/<group>/<version>`).
-    pub document: Value,
+    /// This version's OpenAPI v3 document (`/openapi/v3/apis/<group>/<version>`), shared by every
+    /// resource of the group version.
+    pub document: std::sync::Arc<Value>,
 }
 
 /// An open object: anything goes below it.
@@ -99,9 +100,23 @@ const PLAIN_KEYS: &[&str] = &[
     "x-kubernetes-embedded-resource",
 ];
 
-/// Resolves `$ref`s and reshapes one OpenAPI schema node into a structural CRD schema node.
+/// The most schema nodes one synthesized version may have: a provider's document can describe a
+/// schema that expands exponentially (components referencing the next one twice), and kbind
+/// stops rather than build it.
+pub const MAX_SCHEMA_NODES: usize = 100_000;
+/// The longest `$ref` chain (a reference to a reference to …) kbind follows.
+pub const MAX_REF_CHAIN: usize = 64;
+/// How deep a synthesized schema may nest; deeper parts accept anything.
+const MAX_DEPTH: usize = 64;
+
+/// Resolves `$ref`s and reshapes one OpenAPI schema node into a structural CRD schema node,
+/// within [`MAX_SCHEMA_NODES`] and [`MAX_REF_CHAIN`].
 struct Resolver<'a> {
     components: &'a Map<String, Value>,
+    /// Nodes still allowed.
+    budget: std::cell::Cell<usize>,
+    /// Why the schema could not be synthesized within bounds.
+    exceeded: std::cell::RefCell<Option<String>>,
 }
 
 impl Resolver<'_> {
@@ -110,9 +125,14 @@ impl Resolver<'_> {
         self.components.get(name).map(|schema| (name, schema))
     }
 
-    /// Flattens a chain of `$ref`s into one node. The component names it expands stay on `stack`
-    /// (the returned count) while the caller descends into the node, so that a reference back to
-    /// any of them is recognised as a cycle. `None` means a cycle or a missing component.
+    fn exceed(&self, why: String) {
+        self.exceeded.borrow_mut().get_or_insert(why);
+    }
+
+    /// Flattens a chain of `$ref`s into one node (iteratively, at most [`MAX_REF_CHAIN`] long; the
+    /// outer node's keys win). The component names it expands stay on `stack` (the returned
+    /// count) while the caller descends into the node, so that a reference back to any of them
+    /// is recognised as a cycle. `None` means a cycle, a missing component or a chain too long.
     fn dereference(
         &self,
         node: &Value,
@@ -121,28 +141,33 @@ impl Resolver<'_> {
         let Value::Object(object) = node else {
             return Some((Map::new(), 0));
         };
-        let mut merged = Map::new();
+        let mut chain: Vec<&Map<String, Value>> = vec![object];
         let mut pushed = 0;
-        if let Some(reference) = object.get("$ref").and_then(Value::as_str) {
-            let (name, target) = self.component(reference)?;
-            if stack.iter().any(|n| n == name) {
+        let mut current = object;
+        while let Some(reference) = current.get("$ref").and_then(Value::as_str) {
+            let found = self.component(reference);
+            let cycle = found.is_some_and(|(name, _)| stack.iter().any(|n| n == name));
+            let too_long = chain.len() > MAX_REF_CHAIN;
+            if too_long {
+                self.exceed(format!(
+                    "a $ref chain longer than {MAX_REF_CHAIN} components (at {reference})"
+                ));
+            }
+            let Some((name, Value::Object(target))) = found.filter(|_| !cycle && !too_long) else {
+                stack.truncate(stack.len() - pushed);
                 return None;
-            }
+            };
             stack.push(name.to_owned());
-            match self.dereference(target, stack) {
-                Some((resolved, inner)) => {
-                    merged.extend(resolved);
-                    pushed = inner + 1;
-                }
-                None => {
-                    stack.pop();
-                    return None;
-                }
-            }
+            pushed += 1;
+            chain.push(target);
+            current = target;
         }
-        for (key, value) in object {
-            if key != "$ref" {
-                merged.insert(key.clone(), value.clone());
+        let mut merged = Map::new();
+        for level in chain.iter().rev() {
+            for (key, value) in level.iter() {
+                if key != "$ref" {
+                    merged.insert(key.clone(), value.clone());
+                }
             }
         }
         Some((merged, pushed))
@@ -150,8 +175,17 @@ impl Resolver<'_> {
 
     /// The structural form of `node`. `stack` holds the component names being expanded.
     fn structural(&self, node: &Value, stack: &mut Vec<String>, depth: usize) -> Value {
-        if depth > 64 {
+        if depth > MAX_DEPTH || self.exceeded.borrow().is_some() {
             return open();
+        }
+        match self.budget.get().checked_sub(1) {
+            Some(left) => self.budget.set(left),
+            None => {
+                self.exceed(format!(
+                    "the schema expands to more than {MAX_SCHEMA_NODES} nodes"
+                ));
+                return open();
+            }
         }
         let Some((mut object, pushed)) = self.dereference(node, stack) else {
             return open();
@@ -374,14 +408,22 @@ pub fn find_schema<'d>(
         })
 }
 
-/// OAPI-4, improved: the structural top-level schema for a component schema.
-pub fn top_level_schema(document: &Value, schema: &Value) -> Value {
+/// OAPI-4, improved: the structural top-level schema for a component schema, or why it cannot be
+/// synthesized within [`MAX_SCHEMA_NODES`] and [`MAX_REF_CHAIN`].
+pub fn top_level_schema(document: &Value, schema: &Value) -> Result<Value, String> {
     let empty = Map::new();
     let components = document["components"]["schemas"]
         .as_object()
         .unwrap_or(&empty);
-    let resolver = Resolver { components };
+    let resolver = Resolver {
+        components,
+        budget: std::cell::Cell::new(MAX_SCHEMA_NODES),
+        exceeded: std::cell::RefCell::new(None),
+    };
     let mut top = resolver.structural(schema, &mut Vec::new(), 0);
+    if let Some(why) = resolver.exceeded.into_inner() {
+        return Err(why);
+    }
     if let Value::Object(object) = &mut top {
         object.insert("type".into(), json!("object"));
         if let Some(Value::Object(properties)) = object.get_mut("properties") {
@@ -403,28 +445,32 @@ pub fn top_level_schema(document: &Value, schema: &Value) -> Value {
             object.remove("required");
         }
     }
-    top
+    Ok(top)
 }
 
 /// OAPI-5/OAPI-6: one CRD for `<resource>.<group>` from every discovered version. `preferred` is
-/// discovery's preferred version of the group. `None` when no version has a schema.
+/// discovery's preferred version of the group. `Ok(None)` when no version has a schema; an error
+/// names the version whose schema exceeds kbind's bounds.
 pub fn synthesize(
     group: &str,
     resource: &str,
     preferred: Option<&str>,
     versions: &[DiscoveredVersion],
-) -> Option<CustomResourceDefinition> {
-    let mut with_schema: Vec<(&DiscoveredVersion, Value)> = versions
-        .iter()
-        .filter_map(|v| {
-            find_schema(&v.document, group, &v.version, &v.kind)
-                .map(|schema| (v, top_level_schema(&v.document, schema)))
-        })
+) -> Result<Option<CustomResourceDefinition>, String> {
+    let mut with_schema: Vec<(&DiscoveredVersion, Value)> = Vec::new();
+    for v in versions {
+        let Some(schema) = find_schema(&v.document, group, &v.version, &v.kind) else {
+            continue;
+        };
+        let schema = top_level_schema(&v.document, schema)
+            .map_err(|why| format!("version {}: {why}", v.version))?;
         // Defensive: a schema the API server would reject is never offered.
-        .filter(|(_, schema)| is_structural(schema))
-        .collect();
+        if is_structural(&schema) {
+            with_schema.push((v, schema));
+        }
+    }
     if with_schema.is_empty() {
-        return None;
+        return Ok(None);
     }
     with_schema.sort_by_key(|(v, _)| std::cmp::Reverse(Version::parse(&v.version).priority()));
     let storage = with_schema
@@ -450,7 +496,7 @@ pub fn synthesize(
         })
         .collect();
     let some = |list: &Vec<String>| (!list.is_empty()).then(|| list.clone());
-    Some(CustomResourceDefinition {
+    Ok(Some(CustomResourceDefinition {
         metadata: ObjectMeta {
             name: Some(format!("{resource}.{group}")),
             ..Default::default()
@@ -482,7 +528,7 @@ pub fn synthesize(
             preserve_unknown_fields: None,
         },
         status: None,
-    })
+    }))
 }
 
 /// Whether a schema node is structural in the sense the API server enforces: every node has a
@@ -556,7 +602,7 @@ mod tests {
         let schema = find_schema(&doc, "example.org", "v1", "Widget")
             .unwrap()
             .clone();
-        top_level_schema(&doc, &schema)
+        top_level_schema(&doc, &schema).unwrap()
     }
 
     #[test]
@@ -640,7 +686,7 @@ mod tests {
                 let mut d = widget_document(json!({ "type": "object" }));
                 d["components"]["schemas"]["org.example.v1.Widget"]["x-kubernetes-group-version-kind"]
                     [0]["version"] = json!(v);
-                d
+                std::sync::Arc::new(d)
             },
         };
         let crd = synthesize(
@@ -649,6 +695,7 @@ mod tests {
             Some("v1"),
             &[version("v1alpha1"), version("v1"), version("v2")],
         )
+        .unwrap()
         .unwrap();
         let versions: Vec<(&str, bool)> = crd
             .spec
@@ -661,6 +708,82 @@ mod tests {
         assert_eq!(crd.spec.names.singular.as_deref(), Some("widget"));
         assert!(crd.spec.versions[1].subresources.is_some());
         assert_eq!(crd.metadata.name.as_deref(), Some("widgets.example.org"));
+    }
+
+    /// A document whose Widget spec is `{ "$ref": first }` over `components`.
+    fn hostile(components: Map<String, Value>, first: &str) -> Value {
+        let mut doc = widget_document(json!({ "$ref": format!("#/components/schemas/{first}") }));
+        if let Some(schemas) = doc["components"]["schemas"].as_object_mut() {
+            schemas.extend(components);
+        }
+        doc
+    }
+
+    fn synthesize_top(doc: &Value) -> Result<Value, String> {
+        let schema = find_schema(doc, "example.org", "v1", "Widget")
+            .unwrap()
+            .clone();
+        top_level_schema(doc, &schema)
+    }
+
+    #[test]
+    fn exponential_fan_out_stops_at_the_node_budget_quickly() {
+        // 40 components, each referencing the next one twice: ~2^40 nodes if expanded.
+        let mut components = Map::new();
+        for i in 0..40 {
+            let next = json!({ "$ref": format!("#/components/schemas/c{}", i + 1) });
+            components.insert(
+                format!("c{i}"),
+                json!({ "type": "object", "properties": { "a": next.clone(), "b": next } }),
+            );
+        }
+        components.insert("c40".into(), json!({ "type": "string" }));
+        let started = std::time::Instant::now();
+        let err = synthesize_top(&hostile(components, "c0")).unwrap_err();
+        assert!(err.contains("more than 100000 nodes"), "{err}");
+        // Bounded work: the budget, not the document, decides how long this takes.
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    }
+
+    #[test]
+    fn a_fifty_thousand_ref_chain_neither_overflows_the_stack_nor_passes() {
+        let mut components = Map::new();
+        for i in 0..50_000 {
+            components.insert(
+                format!("c{i}"),
+                json!({ "$ref": format!("#/components/schemas/c{}", i + 1) }),
+            );
+        }
+        components.insert("c50000".into(), json!({ "type": "string" }));
+        let err = synthesize_top(&hostile(components, "c0")).unwrap_err();
+        assert!(err.contains("$ref chain longer than 64"), "{err}");
+    }
+
+    #[test]
+    fn a_short_ref_chain_and_a_cycle_still_synthesize() {
+        let mut components = Map::new();
+        for i in 0..10 {
+            components.insert(
+                format!("c{i}"),
+                json!({ "$ref": format!("#/components/schemas/c{}", i + 1), "description": format!("level {i}") }),
+            );
+        }
+        components.insert(
+            "c10".into(),
+            json!({ "type": "object", "properties": { "x": { "type": "string" } } }),
+        );
+        let top = synthesize_top(&hostile(components, "c0")).unwrap();
+        let spec = &top["properties"]["spec"];
+        assert_eq!(spec["properties"]["x"]["type"], "string");
+        assert_eq!(spec["description"], "level 0", "the outer node's keys win");
+        // A self-reference is a cycle: it becomes an open object, not an error.
+        let mut cyclic = Map::new();
+        cyclic.insert(
+            "loop".into(),
+            json!({ "type": "object", "properties": { "again": { "$ref": "#/components/schemas/loop" } } }),
+        );
+        let top = synthesize_top(&hostile(cyclic, "loop")).unwrap();
+        assert!(is_structural(&top));
     }
 }
 
@@ -718,7 +841,15 @@ mod fuzz {
                        "properties": { "spec": spec, "metadata": { "$ref": "#/components/schemas/A" } } },
             }}});
             let schema = find_schema(&document, "g.io", "v1", "W").unwrap().clone();
-            let top = top_level_schema(&document, &schema);
+            // Within the generator's sizes the bounds are never reached; if they were, the error
+            // names them.
+            let top = match top_level_schema(&document, &schema) {
+                Ok(top) => top,
+                Err(why) => {
+                    prop_assert!(why.contains("more than") || why.contains("chain"), "{why}");
+                    return Ok(());
+                }
+            };
             prop_assert!(is_structural(&top), "not structural: {top}");
             prop_assert!(serde_json::from_value::<JSONSchemaProps>(top.clone()).is_ok(), "not a CRD schema: {top}");
             prop_assert!(!top.to_string().contains("$ref"));

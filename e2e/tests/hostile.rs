@@ -1,0 +1,152 @@
+//! Hostile and broken input from outside, on real clusters with kbind's programs as real
+//! processes: each gets a clear per-object message, no crash, nothing deleted, and everything
+//! else keeps working.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_e2e::TestEnv;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::install_crds;
+use kbind_e2e::wait::wait_for;
+use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, PullPolicy, SchemaSource};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use serde_json::json;
+
+/// A provider CRD in its own group whose OpenAPI document is far over 256 KiB (a plain group version's document already exceeds 64 KiB).
+fn huge_crd() -> CustomResourceDefinition {
+    let properties: serde_json::Map<String, serde_json::Value> = (0..1600)
+        .map(|i| {
+            (
+                format!("field{i:04}"),
+                json!({ "type": "string", "description": "x".repeat(200) }),
+            )
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": { "name": "monsters.big.example.org", "labels": { "core.kbind.io/exported": "true" } },
+        "spec": {
+            "group": "big.example.org", "scope": "Namespaced",
+            "names": { "plural": "monsters", "singular": "monster", "kind": "Monster" },
+            "versions": [{ "name": "v1", "served": true, "storage": true,
+                "schema": { "openAPIV3Schema": { "type": "object", "properties": {
+                    "spec": { "type": "object", "properties": properties },
+                }}}}],
+        },
+    }))
+    .expect("a valid CRD")
+}
+
+async fn api_entry(
+    consumer: &Client,
+    binding: &str,
+    api: &str,
+) -> Option<kbind_shared::api::ApiStatus> {
+    Api::<ClusterBinding>::all(consumer.clone())
+        .get(binding)
+        .await
+        .ok()?
+        .status?
+        .apis
+        .into_iter()
+        .find(|a| a.name == api)
+}
+
+#[tokio::test]
+async fn an_oversized_openapi_document_is_reported_on_its_api_and_the_others_sync() {
+    let mut env = TestEnv::start("hostile_openapi_size", &["consumer", "provider"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    install_crd(&provider, &huge_crd()).await.unwrap();
+    let manager = start_schema_manager(
+        &mut env,
+        "consumer",
+        "schema-manager",
+        &["--leader-elect=false", "--openapi-document-limit=256Ki"],
+    )
+    .await
+    .unwrap();
+    start_syncer(&mut env, "consumer", "syncer-0", &[])
+        .await
+        .unwrap();
+    put_secret(
+        &consumer,
+        "p",
+        "kubeconfig",
+        env.cluster("provider").admin_kubeconfig().as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut c = connection("provider", "p", SchemaSource::OpenApi);
+    c.spec.schema.pull_policy = PullPolicy::Bound;
+    create_connection(&consumer, &c).await.unwrap();
+    // The oversized API is still an export: binding it says why it cannot be installed.
+    let connection = wait_condition(&consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    let exported: Vec<String> = connection
+        .status
+        .unwrap()
+        .exported_apis
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(
+        exported.contains(&"monsters.big.example.org".to_owned())
+            && exported.contains(&"widgets.example.org".to_owned()),
+        "{exported:?}"
+    );
+
+    Api::<ClusterBinding>::all(consumer.clone())
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "both",
+                ClusterBindingSpec::from(binding_spec(
+                    "provider",
+                    &["widgets.example.org", "monsters.big.example.org"],
+                )),
+            ),
+        )
+        .await
+        .unwrap();
+    let monster = wait_for("the oversized API's entry", 60, || async {
+        Ok(api_entry(&consumer, "both", "monsters.big.example.org")
+            .await
+            .filter(|e| !e.bound && e.message.contains("larger than 262144 bytes")))
+    })
+    .await;
+    eprintln!("monsters: {} {}", monster.reason, monster.message);
+    assert!(
+        monster.message.contains("--openapi-document-limit"),
+        "{}",
+        monster.message
+    );
+    assert!(
+        Api::<CustomResourceDefinition>::all(consumer.clone())
+            .get_opt("monsters.big.example.org")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing is installed for it"
+    );
+    // The other API is unaffected: bound, and its objects sync.
+    wait_for("the widgets entry bound", 60, || async {
+        match api_entry(&consumer, "both", "widgets.example.org").await {
+            Some(e) if e.bound => Ok(Some(())),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    ensure_namespace(&consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&consumer, &provider, "team-a", "w", 3).await;
+    assert!(
+        env.process(manager.index).try_status().is_none(),
+        "the schema manager is still running"
+    );
+}

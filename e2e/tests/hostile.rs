@@ -150,3 +150,127 @@ async fn an_oversized_openapi_document_is_reported_on_its_api_and_the_others_syn
         "the schema manager is still running"
     );
 }
+
+#[tokio::test]
+async fn oversized_and_malformed_names_are_refused_at_the_door() {
+    // The CRDs bound every name: the API server refuses such objects with a message naming the
+    // field, before kbind ever sees them.
+    let env = TestEnv::start("hostile_names", &["consumer"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    ensure_namespace(&consumer, "team-a").await.unwrap();
+    let long = "c".repeat(300);
+    let bindings: Api<kbind_shared::api::Binding> = Api::namespaced(consumer.clone(), "team-a");
+    let cluster_bindings: Api<ClusterBinding> = Api::all(consumer.clone());
+    let connections: Api<kbind_shared::api::Connection> = Api::all(consumer.clone());
+    let mut related = binding_spec("provider", &["widgets.example.org"]);
+    related.related_resources = serde_json::from_value(json!([
+        { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["Not_A_Name"] } }
+    ]))
+    .unwrap();
+    let binding_cases: Vec<(&str, kbind_shared::api::BindingSpec, &str)> = vec![
+        (
+            "300-character connectionRef.name",
+            binding_spec(&long, &["widgets.example.org"]),
+            "spec.connectionRef.name",
+        ),
+        (
+            "an API name without a group",
+            binding_spec("provider", &["widgets"]),
+            "spec.apis[0].name",
+        ),
+        (
+            "an API name in capitals",
+            binding_spec("provider", &["Widgets.Example.org"]),
+            "spec.apis[0].name",
+        ),
+        (
+            "a 300-character API name",
+            binding_spec("provider", &[&format!("{long}.example.org")]),
+            "spec.apis[0].name",
+        ),
+        (
+            "a related object name that is no name",
+            related,
+            "spec.relatedResources[0].selector.names[0]",
+        ),
+    ];
+    for (what, spec, field) in binding_cases {
+        let err = bindings
+            .create(
+                &PostParams::default(),
+                &kbind_shared::api::Binding::new("bad", spec.clone()),
+            )
+            .await
+            .expect_err(what);
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.is_invalid() && s.message.contains(field)),
+            "{what}: {err}"
+        );
+        let err = cluster_bindings
+            .create(
+                &PostParams::default(),
+                &ClusterBinding::new("bad", ClusterBindingSpec::from(spec)),
+            )
+            .await
+            .expect_err(what);
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.is_invalid()),
+            "{what}: {err}"
+        );
+    }
+    let mut too_many = binding_spec("provider", &["widgets.example.org"]);
+    too_many.apis = (0..1025)
+        .map(|i| kbind_shared::api::ApiRef {
+            name: format!("r{i}.example.org"),
+        })
+        .collect();
+    let err = bindings
+        .create(
+            &PostParams::default(),
+            &kbind_shared::api::Binding::new("bad", too_many),
+        )
+        .await
+        .expect_err("1025 APIs");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.is_invalid() && s.message.contains("spec.apis")),
+        "{err}"
+    );
+    for (what, namespace, name, key, field) in [
+        (
+            "a Secret namespace that is no namespace",
+            "Team_A",
+            "p",
+            "kubeconfig",
+            "spec.kubeconfigSecretRef.namespace",
+        ),
+        (
+            "a 300-character Secret name",
+            "kbind",
+            long.as_str(),
+            "kubeconfig",
+            "spec.kubeconfigSecretRef.name",
+        ),
+        (
+            "a Secret key with a slash",
+            "kbind",
+            "p",
+            "a/b",
+            "spec.kubeconfigSecretRef.key",
+        ),
+    ] {
+        let mut c = connection("bad", name, SchemaSource::Crd);
+        c.spec.kubeconfig_secret_ref.namespace = namespace.into();
+        c.spec.kubeconfig_secret_ref.key = key.into();
+        let err = connections
+            .create(&PostParams::default(), &c)
+            .await
+            .expect_err(what);
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.is_invalid() && s.message.contains(field)),
+            "{what}: {err}"
+        );
+    }
+}

@@ -44,7 +44,7 @@ pub struct BindingSpec {
 
     /// The APIs to sync, each named `<plural>.<group>` exactly as the provider exports it
     /// (for example `widgets.example.org`). Names are unique.
-    #[schemars(length(min = 1), transform = schema::list_map_by_name)]
+    #[schemars(length(min = 1, max = 1024), transform = schema::list_map_by_name)]
     pub apis: Vec<ApiRef>,
 
     /// What to do when a provider object with the same namespace and name exists without kbind's
@@ -55,7 +55,7 @@ pub struct BindingSpec {
 
     /// Secrets and ConfigMaps copied alongside the bound APIs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(transform = schema::atomic_list)]
+    #[schemars(length(max = 64), transform = schema::atomic_list)]
     pub related_resources: Vec<RelatedResource>,
 }
 
@@ -128,7 +128,7 @@ impl From<BindingSpec> for ClusterBindingSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 pub struct ConnectionRef {
     /// Name of the Connection.
-    #[schemars(transform = schema::non_empty)]
+    #[schemars(transform = schema::object_name)]
     pub name: String,
 }
 
@@ -195,7 +195,7 @@ pub struct RelatedSelector {
     pub label_selector: Option<LabelSelector>,
     /// Exact object names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(transform = schema::set_list)]
+    #[schemars(transform = schema::object_name_set)]
     pub names: Vec<String>,
 }
 

@@ -112,13 +112,14 @@ impl ConnectionAccess {
 #[serde(rename_all = "camelCase")]
 pub struct KubeconfigSecretRef {
     /// Namespace of the Secret. Any namespace kbind may read.
-    #[schemars(transform = schema::non_empty)]
+    #[schemars(transform = schema::namespace_name)]
     pub namespace: String,
     /// Name of the Secret.
-    #[schemars(transform = schema::non_empty)]
+    #[schemars(transform = schema::object_name)]
     pub name: String,
     /// Data key holding the kubeconfig. Empty means `kubeconfig`.
     #[serde(default = "default_kubeconfig_key")]
+    #[schemars(transform = schema::secret_key)]
     pub key: String,
 }
 

@@ -86,6 +86,43 @@ pub fn non_empty(schema: &mut Schema) {
     set(schema, "minLength", json!(1));
 }
 
+/// The name of an object (a DNS subdomain: lowercase, at most 253 characters).
+pub const OBJECT_NAME_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// A namespace name (a DNS label: at most 63 characters).
+pub const NAMESPACE_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+/// An object name: a DNS subdomain.
+pub fn object_name(schema: &mut Schema) {
+    set(schema, "pattern", json!(OBJECT_NAME_PATTERN));
+    set(schema, "minLength", json!(1));
+    set(schema, "maxLength", json!(253));
+}
+
+/// A namespace name: a DNS label.
+pub fn namespace_name(schema: &mut Schema) {
+    set(schema, "pattern", json!(NAMESPACE_PATTERN));
+    set(schema, "minLength", json!(1));
+    set(schema, "maxLength", json!(63));
+}
+
+/// A Secret data key (empty: the default).
+pub fn secret_key(schema: &mut Schema) {
+    set(schema, "pattern", json!(r"^[-._a-zA-Z0-9]*$"));
+    set(schema, "maxLength", json!(253));
+}
+
+/// A set of object names, bounded.
+pub fn object_name_set(schema: &mut Schema) {
+    set(schema, "x-kubernetes-list-type", json!("set"));
+    set(schema, "maxItems", json!(1024));
+    set(
+        schema,
+        "items",
+        json!({ "type": "string", "minLength": 1, "maxLength": 253, "pattern": OBJECT_NAME_PATTERN }),
+    );
+}
+
 /// A set of namespace names (DNS labels), bounded.
 pub fn namespace_set(schema: &mut Schema) {
     set(schema, "x-kubernetes-list-type", json!("set"));

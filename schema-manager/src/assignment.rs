@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{BindingCaches, Context};
+use kbind_shared::api::Connection;
 
 /// How often the assignment is recomputed without a change event.
 const ROUND: Duration = Duration::from_millis(500);
@@ -50,9 +51,9 @@ fn members(leases: &[Lease], now: jiff::Timestamp) -> BTreeMap<String, Member> {
                 .and_then(|a| a.parse::<u64>().ok())
                 .unwrap_or_default()
         };
-        let running: BTreeSet<String> = annotations
+        let running = annotations
             .get(shard::RUNNING_UNITS_ANNOTATION)
-            .and_then(|a| serde_json::from_str(a).ok())
+            .map(|a| shard::decode_running(a))
             .unwrap_or_default();
         live.insert(
             member,
@@ -114,6 +115,12 @@ pub async fn run(
             stop.clone(),
             notify(),
         ),
+        connections: cache::spawn(
+            Api::all(ctx.client.clone()),
+            watcher::Config::default(),
+            stop.clone(),
+            notify(),
+        ),
         crds: cache::spawn(
             Api::all(ctx.client.clone()),
             watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)),
@@ -149,6 +156,7 @@ pub async fn run(
 struct Caches {
     leases: Store<Lease>,
     crds: Store<CustomResourceDefinition>,
+    connections: Store<Connection>,
     bindings: BindingCaches,
     assignment: Store<ConfigMap>,
 }
@@ -157,19 +165,39 @@ impl Caches {
     async fn ready(&self) {
         let _ = self.leases.wait_until_ready().await;
         let _ = self.crds.wait_until_ready().await;
+        let _ = self.connections.wait_until_ready().await;
         self.bindings.ready().await;
         let _ = self.assignment.wait_until_ready().await;
     }
 
     /// Every unit of work: each managed API (split into its namespace buckets) and the related
-    /// resources of each binding that lists some.
+    /// resources of each binding that lists some — only of Connections that exist and are Ready
+    /// (a binding naming anything else adds nothing to the assignment).
     fn units(&self, default_buckets: u32) -> BTreeSet<String> {
+        let ready: BTreeSet<String> = self
+            .connections
+            .state()
+            .iter()
+            .filter(|c| {
+                c.status.as_ref().is_some_and(|s| {
+                    kbind_shared::conditions::is_true(
+                        &s.conditions,
+                        kbind_shared::conditions::types::READY,
+                    )
+                })
+            })
+            .map(|c| c.name_any())
+            .collect();
         let mut units = BTreeSet::new();
         for crd in self.crds.state() {
             if crd.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            let Some(connection) = crd.annotations().get(keys::CONNECTION_ANNOTATION) else {
+            let Some(connection) = crd
+                .annotations()
+                .get(keys::CONNECTION_ANNOTATION)
+                .filter(|c| ready.contains(*c))
+            else {
                 continue;
             };
             let buckets = crd
@@ -185,7 +213,9 @@ impl Caches {
             );
         }
         let related = |meta: &kube::api::ObjectMeta, spec: &kbind_shared::api::BindingSpec| {
-            meta.deletion_timestamp.is_none() && !spec.related_resources.is_empty()
+            meta.deletion_timestamp.is_none()
+                && !spec.related_resources.is_empty()
+                && ready.contains(&spec.connection_ref.name)
         };
         for binding in self.bindings.cluster_bindings.state() {
             if related(&binding.metadata, &binding.spec) {
@@ -231,7 +261,14 @@ async fn round(ctx: &Context, caches: &Caches, maps: &Api<ConfigMap>) -> Result<
         .map(|(m, s)| (m.clone(), s.running.clone()))
         .collect();
     let names: BTreeSet<String> = live.keys().cloned().collect();
-    let units = caches.units(ctx.settings.namespace_buckets);
+    let (units, left_out) = shard::fit(&caches.units(ctx.settings.namespace_buckets), &names);
+    ctx.metrics.assignment_unassigned_units.set(left_out as f64);
+    if left_out > 0 {
+        tracing::debug!(
+            left_out,
+            "work units left unassigned: the assignment is full"
+        );
+    }
     let current = caches
         .assignment
         .state()
@@ -329,7 +366,10 @@ mod tests {
             now,
         );
         assert_eq!(live.keys().collect::<Vec<_>>(), ["a", "c"]);
-        assert_eq!(live["a"].running.iter().collect::<Vec<_>>(), ["p/x.y"]);
+        assert_eq!(
+            live["a"].running.iter().collect::<Vec<_>>(),
+            [&shard::running_key("p/x.y")]
+        );
         assert_eq!((live["a"].incarnation, live["a"].observed), (17, 4));
         assert!(
             live["c"].running.is_empty() && live["c"].incarnation == 0,

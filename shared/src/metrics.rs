@@ -39,6 +39,8 @@ pub struct Metrics {
     pub reconcile_errors_total: IntCounterVec,
     /// `kbind_assignment_overlaps`: units more than one live syncer reports running (must be 0)
     pub assignment_overlaps: Gauge,
+    /// `kbind_assignment_unassigned_units`: work units left out because the assignment is full
+    pub assignment_unassigned_units: Gauge,
 }
 
 impl Default for Metrics {
@@ -93,6 +95,14 @@ impl Metrics {
         .expect("valid metric");
         registry
             .register(Box::new(assignment_overlaps.clone()))
+            .expect("unique metric");
+        let assignment_unassigned_units = Gauge::new(
+            "kbind_assignment_unassigned_units",
+            "Work units left unassigned because the assignment ConfigMap is full",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(assignment_unassigned_units.clone()))
             .expect("unique metric");
         let leader = Gauge::new(
             "kbind_leader",
@@ -173,6 +183,7 @@ impl Metrics {
             ),
             leader,
             assignment_overlaps,
+            assignment_unassigned_units,
             registry,
         }
     }

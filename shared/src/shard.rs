@@ -13,9 +13,90 @@ pub const ASSIGNMENT_CONFIGMAP: &str = "kbind-syncer-assignment";
 pub const ASSIGNMENT_KEY: &str = "assignment.json";
 /// The assignment format this build reads and writes. A syncer refuses a newer one.
 pub const ASSIGNMENT_FORMAT: u32 = 1;
-/// Annotation on a syncer's membership Lease: the units it is running right now (JSON list), its
-/// acknowledgement that drained units are no longer running.
+/// Annotation on a syncer's membership Lease: the units it is running right now, its
+/// acknowledgement that drained units are no longer running. A JSON list of unit names while
+/// that is small; beyond [`RUNNING_PLAIN_LIMIT`], `k:` and each unit's [`running_key`] (8
+/// characters a unit), so that even tens of thousands of units stay within the API server's
+/// 256 KiB for all of a Lease's annotations.
 pub const RUNNING_UNITS_ANNOTATION: &str = "core.kbind.io/running-units";
+/// The largest running-units annotation written as a plain JSON list.
+pub const RUNNING_PLAIN_LIMIT: usize = 32 * 1024;
+
+/// The most bytes the assignment may take in its ConfigMap (the API server allows 1 MiB for all
+/// of a ConfigMap's data; the rest is headroom).
+pub const MAX_ASSIGNMENT_BYTES: usize = 900 * 1024;
+
+/// The units (in order) that an assignment to `members` can hold within
+/// [`MAX_ASSIGNMENT_BYTES`] — each counted at its worst encoding (as a drain) — and how many are
+/// left out. A flood of units (say, Bindings a namespace user creates) then leaves some
+/// unassigned and reported, instead of an assignment the API server refuses, which would freeze
+/// every unit.
+pub fn fit(units: &BTreeSet<String>, members: &BTreeSet<String>) -> (BTreeSet<String>, usize) {
+    let longest = members.iter().map(String::len).max().unwrap_or(64);
+    let mut budget = MAX_ASSIGNMENT_BYTES.saturating_sub(256 + members.len() * (longest + 32));
+    let mut kept = BTreeSet::new();
+    let mut left_out = 0;
+    for unit in units {
+        // `"<unit>":{"from":"<member>","incarnation":<u64>,"since":<u64>},`
+        let cost = unit.len() + longest + 80;
+        match budget.checked_sub(cost) {
+            Some(left) if left_out == 0 => {
+                budget = left;
+                kept.insert(unit.clone());
+            }
+            _ => left_out += 1,
+        }
+    }
+    (kept, left_out)
+}
+
+/// A unit's short key: 6 bytes of its SHA-256, base64url (8 characters). What the leader compares
+/// running units by.
+pub fn running_key(unit: &str) -> String {
+    use base64::Engine;
+    let digest = Sha256::digest(unit.as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..6])
+}
+
+/// The running-units annotation for `units` (see [`RUNNING_UNITS_ANNOTATION`]).
+pub fn encode_running(units: &BTreeSet<String>) -> String {
+    let plain = serde_json::Value::from(
+        units
+            .iter()
+            .map(|u| serde_json::Value::from(u.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .to_string();
+    if plain.len() <= RUNNING_PLAIN_LIMIT {
+        return plain;
+    }
+    let mut out = String::with_capacity(2 + units.len() * 8);
+    out.push_str("k:");
+    for unit in units {
+        out.push_str(&running_key(unit));
+    }
+    out
+}
+
+/// The [`running_key`]s of a running-units annotation, either form; anything unreadable is
+/// nothing.
+pub fn decode_running(text: &str) -> BTreeSet<String> {
+    if let Some(keys) = text.strip_prefix("k:") {
+        if keys.len() % 8 != 0 || !keys.is_ascii() {
+            return BTreeSet::new();
+        }
+        return keys
+            .as_bytes()
+            .chunks(8)
+            .filter_map(|c| std::str::from_utf8(c).ok().map(str::to_owned))
+            .collect();
+    }
+    serde_json::from_str::<BTreeSet<String>>(text)
+        .unwrap_or_default()
+        .iter()
+        .map(|u| running_key(u))
+        .collect()
+}
 /// Prefix of each syncer's membership Lease name.
 pub const MEMBER_LEASE_PREFIX: &str = "kbind-syncer-";
 
@@ -65,7 +146,7 @@ pub struct Member {
     pub incarnation: u64,
     /// [`OBSERVED_ASSIGNMENT_ANNOTATION`].
     pub observed: u64,
-    /// [`RUNNING_UNITS_ANNOTATION`].
+    /// The [`running_key`]s of [`RUNNING_UNITS_ANNOTATION`].
     pub running: BTreeSet<String>,
 }
 
@@ -286,7 +367,7 @@ pub fn placement(units: &BTreeSet<String>, members: &BTreeSet<String>) -> BTreeM
     order.sort_by_cached_key(|u| Sha256::digest(u.as_bytes()));
     for unit in order {
         let mut ranked: Vec<&String> = members.iter().collect();
-        ranked.sort_by_key(|m| std::cmp::Reverse(score(m, unit)));
+        ranked.sort_by_cached_key(|m| std::cmp::Reverse(score(m, unit)));
         if let Some(member) = ranked.into_iter().find(|m| loads[m.as_str()] < cap) {
             if let Some(load) = loads.get_mut(member.as_str()) {
                 *load += 1;
@@ -319,9 +400,9 @@ pub fn next(
                 .is_none_or(|i| *i == m.incarnation)
         })
     };
-    let running_elsewhere = |unit: &str, except: &str| {
+    let running_elsewhere = |key: &str, except: &str| {
         live.iter()
-            .any(|(member, m)| member != except && m.running.contains(unit))
+            .any(|(member, m)| member != except && m.running.contains(key))
     };
     let mut out = Assignment {
         format: ASSIGNMENT_FORMAT,
@@ -332,6 +413,7 @@ pub fn next(
         let Some(desired) = placement.get(unit) else {
             continue;
         };
+        let key = running_key(unit);
         if let Some(owner) = current.units.get(unit) {
             if owner == desired && alive(owner) {
                 out.units.insert(unit.clone(), owner.clone());
@@ -345,21 +427,21 @@ pub fn next(
                         since: generation,
                     },
                 );
-            } else if !running_elsewhere(unit, desired) {
+            } else if !running_elsewhere(&key, desired) {
                 out.units.insert(unit.clone(), desired.clone());
             }
         } else if let Some(drain) = current.draining.get(unit) {
             let acknowledged = match live.get(&drain.from) {
                 None => true,
                 Some(m) if m.incarnation != drain.incarnation => true,
-                Some(m) => m.observed >= drain.since && !m.running.contains(unit),
+                Some(m) => m.observed >= drain.since && !m.running.contains(&key),
             };
-            if acknowledged && !running_elsewhere(unit, desired) {
+            if acknowledged && !running_elsewhere(&key, desired) {
                 out.units.insert(unit.clone(), desired.clone());
             } else {
                 out.draining.insert(unit.clone(), drain.clone());
             }
-        } else if !running_elsewhere(unit, desired) {
+        } else if !running_elsewhere(&key, desired) {
             out.units.insert(unit.clone(), desired.clone());
         }
     }
@@ -450,8 +532,86 @@ mod tests {
         Member {
             incarnation,
             observed,
-            running: set(running),
+            running: running.iter().map(|u| running_key(u)).collect(),
         }
+    }
+
+    #[test]
+    fn five_thousand_units_fit_the_lease_and_the_assignment() {
+        // Long but valid names: a 63-character Connection, 120-character APIs.
+        let connection = "c".repeat(63);
+        let units: BTreeSet<String> = (0..5000)
+            .map(|i| format!("{connection}/{}{i:05}.example.org", "r".repeat(100)))
+            .collect();
+        let running = encode_running(&units);
+        assert!(running.starts_with("k:") && running.len() <= 2 + 8 * 5000);
+        assert!(
+            running.len() < 256 * 1024,
+            "a Lease's annotations stay under 256 KiB"
+        );
+        let keys = decode_running(&running);
+        assert_eq!(keys.len(), 5000, "no two of 5000 units share a key");
+        assert!(units.iter().all(|u| keys.contains(&running_key(u))));
+        // Few units stay readable names.
+        let few: BTreeSet<String> = units.iter().take(3).cloned().collect();
+        let plain = encode_running(&few);
+        assert!(plain.starts_with('['));
+        assert_eq!(
+            decode_running(&plain),
+            few.iter().map(|u| running_key(u)).collect()
+        );
+        for garbage in ["k:abc", "k:\u{e9}\u{e9}\u{e9}\u{e9}", "nonsense", "{}"] {
+            assert!(decode_running(garbage).is_empty(), "{garbage}");
+        }
+        // 5000 units of ordinary names to 50 members fit the assignment ConfigMap (1 MiB) whole.
+        let members: BTreeSet<String> = (0..50)
+            .map(|i| format!("kbind-syncer-{i:02}-abcdef"))
+            .collect();
+        let live: BTreeMap<String, Member> = members
+            .iter()
+            .map(|m| (m.clone(), member(1, 0, &[])))
+            .collect();
+        let ordinary: BTreeSet<String> = (0..5000)
+            .map(|i| format!("provider-{}/widgets{i:04}.example.org", i % 7))
+            .collect();
+        let (kept, left_out) = fit(&ordinary, &members);
+        assert_eq!((kept.len(), left_out), (5000, 0));
+        let assignment = next(&kept, &live, &Assignment::default());
+        assert_eq!(assignment.units.len(), 5000);
+        let text = assignment.encode();
+        assert!(text.len() <= MAX_ASSIGNMENT_BYTES, "{} bytes", text.len());
+        assert_eq!(Assignment::decode(&text).unwrap(), assignment);
+        // 5000 units of the longest names: what fits is assigned, the rest is counted, and the
+        // ConfigMap never exceeds the limit — not even if every unit were draining.
+        let (kept, left_out) = fit(&units, &members);
+        assert!(left_out > 0 && kept.len() + left_out == 5000);
+        let assignment = next(&kept, &live, &Assignment::default());
+        assert!(assignment.encode().len() <= MAX_ASSIGNMENT_BYTES);
+        let draining = Assignment {
+            format: ASSIGNMENT_FORMAT,
+            generation: 2,
+            units: BTreeMap::new(),
+            members: live.keys().map(|m| (m.clone(), u64::MAX)).collect(),
+            draining: kept
+                .iter()
+                .map(|u| {
+                    let from = members.iter().next().cloned().unwrap_or_default();
+                    (
+                        u.clone(),
+                        Drain {
+                            from,
+                            incarnation: u64::MAX,
+                            since: u64::MAX,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        assert!(
+            draining.encode().len() <= MAX_ASSIGNMENT_BYTES,
+            "{}",
+            draining.encode().len()
+        );
     }
 
     #[test]
@@ -541,6 +701,11 @@ mod tests {
         ]
         .into();
         assert_eq!(overlaps(&set(&["a", "b"]), &running), 1);
+        let keyed: BTreeMap<String, BTreeSet<String>> = running
+            .into_iter()
+            .map(|(m, units)| (m, units.iter().map(|u| running_key(u)).collect()))
+            .collect();
+        assert_eq!(overlaps(&set(&["a", "b"]), &keyed), 1);
     }
 
     #[test]

@@ -163,7 +163,7 @@ impl Membership {
                 "name": self.lease_name(),
                 "labels": { keys::SYNCER_MEMBER_LABEL: keys::TRUE },
                 "annotations": {
-                    shard::RUNNING_UNITS_ANNOTATION: serde_json::Value::from(running.iter().map(|u| serde_json::Value::from(u.as_str())).collect::<Vec<_>>()).to_string(),
+                    shard::RUNNING_UNITS_ANNOTATION: shard::encode_running(&running.iter().cloned().collect()),
                     shard::INCARNATION_ANNOTATION: self.incarnation().to_string(),
                     shard::OBSERVED_ASSIGNMENT_ANNOTATION: observed.to_string(),
                 },

@@ -123,6 +123,8 @@ pub struct Context {
     pub providers: Providers,
     /// Providers' OpenAPI documents, by server and URL.
     pub documents: Documents,
+    /// Backoff and log-once for failing Connections and bindings (by kind/namespace/name).
+    pub retries: kbind_shared::backoff::Retries,
     local_uid: OnceCell<String>,
     instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
     conflict_changes: tokio::sync::broadcast::Sender<String>,
@@ -143,6 +145,10 @@ impl Context {
             metrics,
             reporter,
             documents: Documents::new(settings.openapi_document_limit),
+            retries: kbind_shared::backoff::Retries::new(
+                Duration::from_secs(1),
+                Duration::from_secs(300),
+            ),
             settings,
             namespace,
             providers: Providers::default(),

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod apply;
+pub mod backoff;
 pub mod cache;
 pub mod cli;
 pub mod client;

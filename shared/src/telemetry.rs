@@ -5,9 +5,9 @@ use tracing_subscriber::EnvFilter;
 use crate::cli::LogFormat;
 
 /// kube's client logs every non-JSON error body (such as the plain 404 of an API group a
-/// cluster does not serve, which identity lookups meet on every reconcile) as a warning; kbind
-/// reports those errors itself.
-const QUIET_KUBE_CLIENT: &str = "kube_client::client=error";
+/// cluster does not serve, which identity lookups meet on every reconcile) as a warning, and every
+/// failed request as an error, on every retry; kbind reports those errors itself, once per change.
+const QUIET_KUBE_CLIENT: &str = "kube_client::client=error,kube_client::client::builder=off";
 
 /// The filter for `--log-level`/`RUST_LOG`: the user's directives, plus [`QUIET_KUBE_CLIENT`]
 /// unless they say something about `kube_client` themselves.
@@ -42,7 +42,10 @@ mod tests {
 
     #[test]
     fn kube_client_noise_is_quiet_unless_asked_for() {
-        assert_eq!(filter_directives("info"), "info,kube_client::client=error");
+        assert_eq!(
+            filter_directives("info"),
+            "info,kube_client::client=error,kube_client::client::builder=off"
+        );
         assert_eq!(
             filter_directives("debug,kube_client=trace"),
             "debug,kube_client=trace"

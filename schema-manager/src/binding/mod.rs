@@ -213,25 +213,31 @@ fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) ->
             Action::requeue(Duration::from_millis(200))
         }
         e => {
-            tracing::warn!(binding = %binding.describe(), error = %e, kind = e.metric_label(), "binding reconcile failed");
-            Action::requeue(
-                ctx.settings
-                    .binding_resync_interval
-                    .max(Duration::from_secs(1)),
-            )
+            let retry = ctx.retries.failed(&binding.describe(), &e.to_string());
+            if retry.log {
+                tracing::warn!(binding = %binding.describe(), error = %e, kind = e.metric_label(), retry_in = ?retry.after, "binding reconcile failed");
+            } else {
+                tracing::debug!(binding = %binding.describe(), error = %e, retry_in = ?retry.after, "binding reconcile failed again");
+            }
+            Action::requeue(retry.after)
         }
     }
 }
 
 async fn reconcile<B: Scoped>(binding: Arc<B>, ctx: Arc<Context>) -> Result<Action, Error> {
     let api = B::api(&ctx.client, &binding);
-    crate::context::finalized(
+    let key = binding.describe();
+    let result = crate::context::finalized(
         &api,
         binding,
         |b| apply(b, &ctx),
         |b| cleanup::cleanup(b, &ctx),
     )
-    .await
+    .await;
+    if result.is_ok() {
+        ctx.retries.succeeded(&key);
+    }
+    result
 }
 
 /// BIND-3 … BIND-13, and every edit converging (BIND-16, AUTO-2, LIM-22, QRK-25 fixed).

@@ -124,8 +124,14 @@ fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -
             Action::requeue(Duration::from_millis(200))
         }
         e => {
-            tracing::warn!(connection = %connection.name_any(), error = %e, kind = e.metric_label(), "Connection reconcile failed");
-            Action::requeue(Duration::from_secs(5))
+            let key = format!("Connection {}", connection.name_any());
+            let retry = state.ctx.retries.failed(&key, &e.to_string());
+            if retry.log {
+                tracing::warn!(connection = %connection.name_any(), error = %e, kind = e.metric_label(), retry_in = ?retry.after, "Connection reconcile failed");
+            } else {
+                tracing::debug!(connection = %connection.name_any(), error = %e, retry_in = ?retry.after, "Connection reconcile failed again");
+            }
+            Action::requeue(retry.after)
         }
     }
 }
@@ -147,13 +153,18 @@ async fn reconcile(connection: Arc<Connection>, state: Arc<State>) -> Result<Act
         // CONN-2.1: hold the Secret before anything else, so credentials outlive teardown.
         add_secret_finalizer(&state, &connection).await?;
     }
-    crate::context::finalized(
+    let key = format!("Connection {name}");
+    let result = crate::context::finalized(
         &api,
         connection,
         |c| apply(c, &state),
         |c| cleanup::cleanup(c, &state),
     )
-    .await
+    .await;
+    if result.is_ok() {
+        state.ctx.retries.succeeded(&key);
+    }
+    result
 }
 
 async fn add_secret_finalizer(state: &State, connection: &Connection) -> Result<(), Error> {

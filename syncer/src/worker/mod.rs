@@ -85,6 +85,8 @@ struct Worker {
     in_flight: std::sync::atomic::AtomicI64,
     /// Set when the worker stops: no new sync starts.
     stopping: std::sync::atomic::AtomicBool,
+    /// Backoff and log-once for objects whose sync keeps failing.
+    retries: kbind_shared::backoff::Retries,
 }
 
 /// Where an object stands, for `kbind_synced_objects` and `kbind_conflicts`.
@@ -166,6 +168,10 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         states: Mutex::default(),
         in_flight: Default::default(),
         stopping: Default::default(),
+        retries: kbind_shared::backoff::Retries::new(
+            Duration::from_secs(1),
+            Duration::from_secs(300),
+        ),
     });
     let consumer_api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
     let consumer_writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
@@ -221,6 +227,14 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     }
 }
 
+/// `namespace/name` (or `name`) of an object, for retries and logs.
+fn object_key(object: &DynamicObject) -> String {
+    match object.namespace() {
+        Some(ns) => format!("{ns}/{}", object.name_any()),
+        None => object.name_any(),
+    }
+}
+
 fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) -> Action {
     worker
         .ctx
@@ -238,8 +252,14 @@ fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) 
         tracing::debug!(api = %worker.spec.api, object = %object.name_any(), "write conflict; retrying");
         return Action::requeue(Duration::from_millis(200));
     }
-    tracing::warn!(api = %worker.spec.api, object = %object.name_any(), namespace = ?object.namespace(), error = %error, kind = error.metric_label(), "sync failed");
-    Action::requeue(Duration::from_secs(5))
+    let key = object_key(&object);
+    let retry = worker.retries.failed(&key, &error.to_string());
+    if retry.log {
+        tracing::warn!(api = %worker.spec.api, object = %key, error = %error, kind = error.metric_label(), retry_in = ?retry.after, "sync failed");
+    } else {
+        tracing::debug!(api = %worker.spec.api, object = %key, error = %error, retry_in = ?retry.after, "sync failed again");
+    }
+    Action::requeue(retry.after)
 }
 
 impl Worker {
@@ -414,7 +434,11 @@ async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Ac
     }
     let name = object.name_any();
     tracing::trace!(object = %name, "sync start");
+    let key = object_key(&object);
     let result = sync::sync(object, worker.clone()).await;
+    if result.is_ok() {
+        worker.retries.succeeded(&key);
+    }
     tracing::trace!(object = %name, ok = result.is_ok(), "sync end");
     gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
     result

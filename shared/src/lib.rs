@@ -13,6 +13,8 @@ pub mod conditions;
 pub mod credential;
 pub mod dynamic;
 pub mod finalizers;
+#[cfg(test)]
+mod fuzz;
 pub mod identity;
 pub mod keys;
 pub mod kubeconfig;

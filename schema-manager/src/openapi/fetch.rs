@@ -42,6 +42,14 @@ async fn get_json(client: &kube::Client, path: &str, limit: u64) -> Result<Value
     serde_json::from_slice(&bytes).map_err(|e| FetchError::Request(kube::Error::SerdeError(e)))
 }
 
+/// [`get_json`] for tests of hostile paths.
+#[cfg(test)]
+pub async fn get_json_for_tests(client: &kube::Client, path: &str) -> Result<Value, String> {
+    get_json(client, path, 1024)
+        .await
+        .map_err(|e| format!("{e:?}"))
+}
+
 /// Why a document could not be read.
 #[derive(Debug)]
 pub enum FetchError {

@@ -710,6 +710,67 @@ mod tests {
         assert_eq!(crd.metadata.name.as_deref(), Some("widgets.example.org"));
     }
 
+    #[test]
+    fn duplicate_gvks_a_preserving_root_and_fifty_versions_are_handled() {
+        // Two components claim the same GVK: one is used, the result is structural.
+        let mut doc = widget_document(json!({ "type": "object" }));
+        let twin = doc["components"]["schemas"]["org.example.v1.Widget"].clone();
+        doc["components"]["schemas"]["org.example.v1.WidgetTwin"] = twin;
+        let schema = find_schema(&doc, "example.org", "v1", "Widget")
+            .unwrap()
+            .clone();
+        assert!(is_structural(&top_level_schema(&doc, &schema).unwrap()));
+        // x-kubernetes-preserve-unknown-fields at the root: accepted as an open object.
+        let open_root = json!({ "components": { "schemas": { "W": {
+            "x-kubernetes-group-version-kind": [{ "group": "example.org", "version": "v1", "kind": "Widget" }],
+            "type": "object", "x-kubernetes-preserve-unknown-fields": true,
+        }}}});
+        let schema = find_schema(&open_root, "example.org", "v1", "Widget")
+            .unwrap()
+            .clone();
+        let top = top_level_schema(&open_root, &schema).unwrap();
+        assert!(is_structural(&top));
+        assert_eq!(top["x-kubernetes-preserve-unknown-fields"], json!(true));
+        // Fifty versions: one CRD, every version served, exactly one stored.
+        let versions: Vec<DiscoveredVersion> = (1..=50)
+            .map(|n| {
+                let v = format!("v{n}");
+                let mut d = widget_document(json!({ "type": "object" }));
+                d["components"]["schemas"]["org.example.v1.Widget"]["x-kubernetes-group-version-kind"][0]["version"] = json!(v);
+                DiscoveredVersion {
+                    version: v,
+                    kind: "Widget".into(),
+                    singular: String::new(),
+                    namespaced: true,
+                    has_status: false,
+                    short_names: Vec::new(),
+                    categories: Vec::new(),
+                    document: std::sync::Arc::new(d),
+                }
+            })
+            .collect();
+        let crd = synthesize("example.org", "widgets", Some("v7"), &versions)
+            .unwrap()
+            .unwrap();
+        assert_eq!(crd.spec.versions.len(), 50);
+        let stored: Vec<&str> = crd
+            .spec
+            .versions
+            .iter()
+            .filter(|v| v.storage)
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(stored, ["v7"]);
+    }
+
+    #[tokio::test]
+    async fn a_server_relative_url_with_spaces_is_an_error_not_a_panic() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let result = fetch::get_json_for_tests(&client, "/openapi/v3/apis/a b/v1?hash=x y").await;
+        assert!(result.is_err());
+    }
+
     /// A document whose Widget spec is `{ "$ref": first }` over `components`.
     fn hostile(components: Map<String, Value>, first: &str) -> Value {
         let mut doc = widget_document(json!({ "$ref": format!("#/components/schemas/{first}") }));
@@ -790,7 +851,9 @@ mod tests {
 #[cfg(test)]
 mod fuzz {
     //! Property tests of the synthesis: arbitrary OpenAPI schemas, with references between
-    //! components, cycles and missing targets, never panic and always yield a structural schema.
+    //! components, cycles and missing targets, never panic and always yield a structural schema
+    //! (or a named bound). Longer: `PROPTEST_CASES=20000 cargo test --release -p
+    //! kbind-schema-manager openapi::fuzz`.
     use super::*;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
     use proptest::prelude::*;
@@ -831,7 +894,11 @@ mod fuzz {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        // 512 cases in `cargo test`; PROPTEST_CASES=<n> runs longer.
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(512),
+            ..ProptestConfig::default()
+        })]
 
         #[test]
         fn synthesis_never_panics_and_is_always_structural(a in schema(), b in schema(), c in schema(), spec in schema()) {

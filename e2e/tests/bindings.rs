@@ -42,14 +42,7 @@ async fn setup(test: &str, with_syncer: bool) -> Setup {
             .await
             .unwrap();
     }
-    put_secret(
-        &consumer,
-        "p",
-        "kubeconfig",
-        env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
+    put_kubeconfig(&consumer, "p", &env.cluster("provider").admin_kubeconfig()).await;
     Setup {
         env,
         consumer,

@@ -74,14 +74,7 @@ async fn an_oversized_openapi_document_is_reported_on_its_api_and_the_others_syn
     start_syncer(&mut env, "consumer", "syncer-0", &[])
         .await
         .unwrap();
-    put_secret(
-        &consumer,
-        "p",
-        "kubeconfig",
-        env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
+    put_kubeconfig(&consumer, "p", &env.cluster("provider").admin_kubeconfig()).await;
     let mut c = connection("provider", "p", SchemaSource::OpenApi);
     c.spec.schema.pull_policy = PullPolicy::Bound;
     create_connection(&consumer, &c).await.unwrap();

@@ -84,14 +84,7 @@ async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_l
         assert!(ready.is_ok(), "a standby is ready too");
     }
 
-    put_secret(
-        &consumer,
-        "p",
-        "kubeconfig",
-        env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
+    put_kubeconfig(&consumer, "p", &env.cluster("provider").admin_kubeconfig()).await;
     create_connection(&consumer, &connection("first", "p", SchemaSource::Crd))
         .await
         .unwrap();

@@ -251,6 +251,36 @@ async fn moving_an_api_to_another_connection_drains_the_old_provider_before_the_
         .into_iter()
         .map(|w| (w.name_any(), w.metadata.uid.unwrap_or_default()))
         .collect();
+    // A related ConfigMap copied to the first provider, to see it follow the move.
+    let mut settings = k8s_openapi::api::core::v1::ConfigMap {
+        data: Some([("mode".to_owned(), "fast".to_owned())].into()),
+        ..Default::default()
+    };
+    settings.metadata.name = Some("settings".into());
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(s.consumer.clone(), "team-a")
+        .create(&PostParams::default(), &settings)
+        .await
+        .unwrap();
+    Api::<ClusterBinding>::all(s.consumer.clone())
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "relatedResources": [
+                { "resource": "configmaps", "direction": "FromConsumer", "selector": { "names": ["settings"] } }
+            ] } })),
+        )
+        .await
+        .unwrap();
+    let config_maps = |client: &Client| {
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "team-a")
+    };
+    wait_for("the related copy on the first provider", 60, || async {
+        config_maps(&s.provider)
+            .get_opt("settings")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
     let (on_first, first_task) = record(&s.provider);
     let (on_second, second_task) = record(&second);
 
@@ -337,6 +367,21 @@ async fn moving_an_api_to_another_connection_drains_the_old_provider_before_the_
             );
         }
     }
+    // The related copy moved too: gone from the first provider, present on the second.
+    wait_gone(
+        &config_maps(&s.provider),
+        "settings",
+        "the related copy to leave the first provider",
+        60,
+    )
+    .await;
+    wait_for("the related copy on the second provider", 60, || async {
+        config_maps(&second)
+            .get_opt("settings")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
     resize_and_wait_upstream(
         &widgets(&s.consumer, "team-a"),
         &widgets(&second, "team-a"),

@@ -38,7 +38,7 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
     let provider = holder(ctx, &spec.connection_ref.name).await?.provider.ok();
     let uid = binding.meta().uid.clone().unwrap_or_default();
     let related = delete_related_copies(
-        &ctx.client,
+        Some(&ctx.client),
         provider.as_ref().map(|p| &p.client),
         binding.covered_namespace().as_deref(),
         &uid,
@@ -72,8 +72,8 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
 /// BCL-4: deletes the Secrets and ConfigMaps this binding copied (labelled managed, annotated with
 /// its UID) on both clusters in its scope. Returns how many it found. Without a provider client
 /// only the consumer side is cleaned (best effort, like the reference).
-async fn delete_related_copies(
-    consumer: &Client,
+pub(super) async fn delete_related_copies(
+    consumer: Option<&Client>,
     provider: Option<&Client>,
     namespace: Option<&str>,
     binding_uid: &str,
@@ -81,7 +81,7 @@ async fn delete_related_copies(
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let mut found = 0;
     let selector = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
-    for (side, client) in [("consumer", Some(consumer)), ("provider", provider)] {
+    for (side, client) in [("consumer", consumer), ("provider", provider)] {
         let Some(client) = client else { continue };
         for resource in [
             ApiResource::erase::<Secret>(&()),

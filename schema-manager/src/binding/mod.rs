@@ -352,7 +352,26 @@ async fn let_go<B: Scoped>(
     }
     let others = release::Others::list(&ctx.client).await?;
     let mut going = Vec::new();
+    let mut moved_from = std::collections::BTreeSet::new();
     for step in steps {
+        // A binding moving to another Connection leaves nothing on the old provider: its related
+        // copies there go too (the new Connection's related worker copies anew).
+        if let Step::Move { from, .. } = step
+            && moved_from.insert(from.connection.clone())
+            && let Ok(old) = release::holder(ctx, &from.connection).await?.provider
+        {
+            let uid = binding.meta().uid.clone().unwrap_or_default();
+            let deleted = cleanup::delete_related_copies(
+                None,
+                Some(&old.client),
+                binding.covered_namespace().as_deref(),
+                &uid,
+            )
+            .await?;
+            if deleted > 0 {
+                tracing::info!(binding = %binding.describe(), connection = %from.connection, deleted, "deleted related copies on the provider the binding moved away from");
+            }
+        }
         let (held, to, mode) = match step {
             Step::Bind(_) => continue,
             Step::Release(held) => (held, None, release::Mode::Unbind),

@@ -15,6 +15,8 @@ pub struct TestEnv {
     keep: bool,
     // kbind's processes go first so that they never see their clusters vanish under them.
     processes: Vec<ChildProcess>,
+    // Image containers the processes ran in: removed once the processes are gone.
+    containers: Vec<crate::images::Container>,
     clusters: Vec<Cluster>,
 }
 
@@ -41,6 +43,7 @@ impl TestEnv {
             dir,
             keep: false,
             processes: Vec::new(),
+            containers: Vec::new(),
             clusters: Vec::new(),
         };
         let starts = cluster_names.iter().map(|name| {
@@ -104,15 +107,33 @@ impl TestEnv {
         envs: &[(&str, &str)],
     ) -> Result<usize, String> {
         let binary = controlplane::kbind_bin(program)?;
-        let process = ChildProcess::start(
-            name,
-            &binary,
-            args,
-            envs,
-            &self.dir.join(format!("{name}.log")),
-        )?;
+        self.start_process(name, &binary, args, envs, false)
+    }
+
+    /// Starts any program as one of this environment's processes, logging to `<dir>/<name>.log`;
+    /// `group`: in a process group of its own, all of which is killed (see
+    /// [`ChildProcess::start_group`]). Returns its index for [`TestEnv::process`].
+    pub fn start_process(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(&str, &str)],
+        group: bool,
+    ) -> Result<usize, String> {
+        let log = self.dir.join(format!("{name}.log"));
+        let process = if group {
+            ChildProcess::start_group(name, program, args, envs, &log)?
+        } else {
+            ChildProcess::start(name, program, args, envs, &log)?
+        };
         self.processes.push(process);
         Ok(self.processes.len() - 1)
+    }
+
+    /// Keeps `container` until this environment's processes have stopped, then removes it.
+    pub fn hold_container(&mut self, container: crate::images::Container) {
+        self.containers.push(container);
     }
 
     /// A process started with [`TestEnv::start_kbind`].
@@ -141,6 +162,7 @@ impl TestEnv {
 impl Drop for TestEnv {
     fn drop(&mut self) {
         self.processes.clear();
+        self.containers.clear();
         self.clusters.clear();
         let keep = self.keep
             || std::thread::panicking()

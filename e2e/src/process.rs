@@ -13,6 +13,9 @@ pub struct ChildProcess {
     name: String,
     child: Option<Child>,
     log: PathBuf,
+    /// Whether the child leads its own process group, all of which is signalled and killed (a
+    /// launcher such as `buildah run` leaves helpers behind when only it is killed).
+    group: bool,
 }
 
 fn setpriv_available() -> bool {
@@ -35,6 +38,29 @@ impl ChildProcess {
         args: &[String],
         envs: &[(&str, &str)],
         log: &Path,
+    ) -> Result<Self, String> {
+        Self::start_with(name, program, args, envs, log, false)
+    }
+
+    /// [`ChildProcess::start`] in a process group of its own: every signal, and the final kill,
+    /// reach all of the group — for launchers that run the real program as a grandchild.
+    pub fn start_group(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(&str, &str)],
+        log: &Path,
+    ) -> Result<Self, String> {
+        Self::start_with(name, program, args, envs, log, true)
+    }
+
+    fn start_with(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(&str, &str)],
+        log: &Path,
+        group: bool,
     ) -> Result<Self, String> {
         let out = File::options()
             .create(true)
@@ -59,6 +85,10 @@ impl ChildProcess {
         for (key, value) in envs {
             command.env(key, value);
         }
+        if group {
+            use std::os::unix::process::CommandExt;
+            command.process_group(0);
+        }
         let child = command
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
@@ -66,6 +96,7 @@ impl ChildProcess {
             name: name.to_owned(),
             child: Some(child),
             log: log.to_path_buf(),
+            group,
         })
     }
 
@@ -110,9 +141,16 @@ impl ChildProcess {
     /// Sends a signal (by name, e.g. `TERM`, `KILL`, `STOP`, `CONT`).
     pub fn signal(&self, signal: &str) -> Result<(), String> {
         let pid = self.pid().ok_or("process already reaped")?;
+        // `-<pid>` names the process group the child leads.
+        let target = if self.group {
+            format!("-{pid}")
+        } else {
+            pid.to_string()
+        };
         let status = Command::new("kill")
             .arg(format!("-{signal}"))
-            .arg(pid.to_string())
+            .arg("--")
+            .arg(target)
             .status()
             .map_err(|e| e.to_string())?;
         if status.success() {
@@ -138,6 +176,10 @@ impl ChildProcess {
 
     /// Kills the process (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
+        if self.group {
+            // Also after the leader exited: its helpers may still hold the group.
+            let _ = self.signal("KILL");
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();

@@ -1,4 +1,5 @@
-//! Tools the tests build from official sources once and cache: Helm.
+//! Tools the tests build once and cache: Helm (from its official sources) and kbind's previous
+//! version (for the version-skew tests).
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -22,6 +23,38 @@ pub fn helm() -> Result<PathBuf, String> {
         ))
     })
     .clone()
+}
+
+/// The directory holding `kbind-schema-manager` and `kbind-syncer` of the previous version
+/// (`e2e/tools/previous-version`), built by `e2e/tools/build-previous.sh` the first time.
+pub fn previous_build() -> Result<PathBuf, String> {
+    static PREVIOUS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PREVIOUS
+        .get_or_init(|| {
+            let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/build-previous.sh");
+            let output = Command::new("bash")
+                .arg(&script)
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+            if !output.status.success() {
+                return Err(format!("{} failed ({})", script.display(), output.status));
+            }
+            Ok(PathBuf::from(
+                String::from_utf8_lossy(&output.stdout).trim(),
+            ))
+        })
+        .clone()
+}
+
+/// The commit of the previous version (`e2e/tools/previous-version`).
+pub fn previous_commit() -> Result<String, String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/previous-version");
+    std::fs::read_to_string(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .lines()
+        .find_map(|l| l.strip_prefix("commit=").map(str::to_owned))
+        .ok_or_else(|| format!("{} names no commit", path.display()))
 }
 
 /// The chart directory.

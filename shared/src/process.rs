@@ -128,11 +128,15 @@ pub async fn wait_for_apiserver(client: &Client, limit: Duration) -> Result<(), 
             Ok(_) => return Ok(()),
             Err(e) if tokio::time::Instant::now() >= deadline => {
                 return Err(format!(
-                    "the consumer API server did not answer within {limit:?}: {e}"
+                    "the consumer API server did not answer within {limit:?}: {}",
+                    crate::identity::describe_error(&e)
                 ));
             }
             Err(e) => {
-                tracing::warn!(error = %e, "consumer API server not reachable yet; retrying");
+                // The root cause (DNS, refused, TLS) is what an operator acts on, not the
+                // outermost "client error (Connect)".
+                let error = crate::identity::describe_error(&e);
+                tracing::warn!(%error, "consumer API server not reachable yet; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }

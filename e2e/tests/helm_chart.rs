@@ -145,17 +145,36 @@ fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
         assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
         assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     }
+    // The default images are exactly what scripts/images builds (repository, tag = appVersion =
+    // the workspace version), and the pods run as the images' user.
     let images: Vec<&str> = deployments
         .iter()
         .filter_map(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].as_str())
         .collect();
-    assert_eq!(
-        images,
-        [
-            "ghcr.io/kbind-dev/kbind-schema-manager:0.1.0",
-            "ghcr.io/kbind-dev/kbind-syncer:0.1.0"
-        ]
+    let built = std::process::Command::new(chart_dir().join("../../../scripts/images"))
+        .arg("--refs")
+        .env_remove("KBIND_IMAGE_REGISTRY")
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "scripts/images --refs: {built:?}");
+    let built = String::from_utf8(built.stdout).unwrap();
+    assert_eq!(images, built.lines().collect::<Vec<_>>());
+    let chart: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+    assert!(
+        images
+            .iter()
+            .all(|i| i.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))))
     );
+    for d in &deployments {
+        let pod = &d["spec"]["template"]["spec"]["securityContext"];
+        assert_eq!(
+            (&pod["runAsUser"], &pod["runAsGroup"]),
+            (&serde_json::json!(65532), &serde_json::json!(65532))
+        );
+    }
     let crds: Vec<&serde_json::Value> = docs
         .iter()
         .filter(|d| d["kind"] == "CustomResourceDefinition")

@@ -122,6 +122,58 @@ async fn each_image_is_one_static_binary_as_a_numeric_non_root_user_with_labels(
     }
 }
 
+/// Name resolution inside the image (static glibc, no NSS modules): a program from the image,
+/// pointed at `localhost` on a closed port, gets as far as "connection refused" — the name
+/// resolved through the container's /etc/hosts — and not a lookup failure.
+#[tokio::test]
+async fn host_names_resolve_inside_the_images() {
+    let reference = images::reference("kbind-syncer").unwrap();
+    let dir = kbind_e2e::env::runs_dir().join(format!("images_resolve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = kbind_e2e::cluster::free_port();
+    let kubeconfig = dir.join("localhost.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        kubeconfig_without_ca(&format!("https://localhost:{port}"), "t"),
+    )
+    .unwrap();
+    let container = Container::create(&reference).unwrap();
+    let args: Vec<String> = [
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--identity=resolver".to_owned(),
+        "--namespace=default".to_owned(),
+        format!(
+            "--metrics-bind-address=127.0.0.1:{}",
+            kbind_e2e::cluster::free_port()
+        ),
+        format!(
+            "--health-probe-bind-address=127.0.0.1:{}",
+            kbind_e2e::cluster::free_port()
+        ),
+    ]
+    .into();
+    let (launcher, launch) = container.run_command(&args, &[(&kubeconfig, &kubeconfig)], &[]);
+    let log = dir.join("syncer.log");
+    let mut process = kbind_e2e::ChildProcess::start_group(
+        "resolver",
+        &launcher,
+        &launch,
+        images::buildah_env(),
+        &log,
+    )
+    .unwrap();
+    let text = wait_for("the syncer's first connection attempt", 30, || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        async move { Ok(text.contains("not reachable yet").then_some(text)) }
+    })
+    .await;
+    process.kill();
+    drop(container);
+    assert!(text.contains("Connection refused"), "{text}");
+    assert!(!text.contains("failed to lookup address"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The user ids of the processes named `program` in the process group `group`.
 fn uids_in_group(group: u32, program: &str) -> Vec<String> {
     let mut uids = Vec::new();

@@ -223,6 +223,9 @@ async fn programs_from_the_images_become_ready_and_sync_an_object_between_two_cl
     )
     .await;
     wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    s.manager
+        .wait_ready("the schema manager from its image", 60)
+        .await;
     s.syncer.wait_ready("the syncer from its image", 60).await;
 
     // One object: spec up, status down, a change up, deletion cleans up.
@@ -244,7 +247,7 @@ async fn programs_from_the_images_become_ready_and_sync_an_object_between_two_cl
 
     // Each program runs as the image's user, not as the root that launched it.
     for (index, program) in [
-        (0, "kbind-schema-manager"),
+        (s.manager.index, "kbind-schema-manager"),
         (s.syncer.index, "kbind-syncer"),
     ] {
         let group = s.env.process(index).pid().unwrap();

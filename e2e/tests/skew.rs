@@ -22,8 +22,31 @@ async fn skew_syncs(test: &str, manager: Build, syncer: Build) {
         "version skew: schema manager {manager:?}, syncer {syncer:?} (previous = {})",
         previous_commit().unwrap()
     );
-    let s = SyncEnv::start_built(test, &[0, 1, 2], None, &[], &[], (&manager, &syncer)).await;
+    let mut s = SyncEnv::start_built(test, &[0, 1, 2], None, &[], &[], (&manager, &syncer)).await;
     wait_cluster_binding_ready(&s.consumer, "widgets").await;
+
+    // The processes run the builds asked for.
+    let (manager_index, syncer_index) = (s.manager.index, s.syncer.index);
+    for (index, program, build) in [
+        (manager_index, "kbind-schema-manager", &manager),
+        (syncer_index, "kbind-syncer", &syncer),
+    ] {
+        let pid = s.env.process(index).pid().unwrap();
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        let expected = match build {
+            Build::Binaries(dir) => dir.join(program),
+            _ => kbind_e2e::controlplane::kbind_bin(program).unwrap(),
+        };
+        assert_eq!(exe, expected.canonicalize().unwrap(), "{program}");
+    }
+    let binding = Api::<kbind_shared::api::ClusterBinding>::all(s.consumer.clone())
+        .get("widgets")
+        .await
+        .unwrap();
+    eprintln!(
+        "the schema manager wrote per-API status entries: {}",
+        binding.status.is_some_and(|st| !st.apis.is_empty())
+    );
 
     // The assignment the schema manager wrote, in the format this tree reads …
     let config_maps: Api<ConfigMap> = Api::namespaced(s.consumer.clone(), KBIND_NAMESPACE);

@@ -171,6 +171,39 @@ async fn update_policy_always_follows_provider_schema_changes_and_once_does_not(
             .await
             .unwrap();
     }
+    // Required `spec.color` is a breaking change: Always holds it until the hash is accepted.
+    let held = eventually(
+        "the Always binding to hold the breaking change",
+        Duration::from_secs(30),
+        || async {
+            let binding = bindings.get("widgets").await.map_err(|e| e.to_string())?;
+            let conds = binding.status.unwrap_or_default().conditions;
+            let c = kbind_shared::conditions::find(&conds, "SchemaInSync").ok_or("none")?;
+            let at = c.message.find("sha256:");
+            Ok(
+                (c.reason == "BreakingChange" && c.message.contains("spec.color: newly required"))
+                    .then(|| at.map(|at| c.message[at..at + 23].to_owned()))
+                    .flatten(),
+            )
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        hash(&consumer_crd(&s, "widgets.example.org").await.unwrap()),
+        hash(&widgets_before),
+        "held until accepted"
+    );
+    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .patch(
+            "always",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "schema": { "acceptedChanges": [
+                { "api": "widgets.example.org", "schemaHash": held }
+            ] } } })),
+        )
+        .await
+        .unwrap();
     let widgets_after = eventually(
         "the Always CRD to follow",
         Duration::from_secs(20),
@@ -784,7 +817,8 @@ async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
 
 #[tokio::test]
 async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
-    // SCH-7: the consumer API server refuses the update; the binding says why, nothing is lost.
+    // SCH-7: a scope change is held as breaking; once accepted, the consumer API server refuses
+    // the update; the binding says why each time, nothing is lost.
     let s = setup("bind_scope_change", false).await;
     install_crd(&s.provider, &exported("widgets", "Widget"))
         .await
@@ -817,6 +851,36 @@ async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
     let mut cluster_scoped = exported("widgets", "Widget");
     cluster_scoped.spec.scope = "Cluster".into();
     install_crd(&s.provider, &cluster_scoped).await.unwrap();
+    // A scope change is breaking: held, and named.
+    let held = wait_binding_condition(
+        &bindings,
+        "widgets",
+        "SchemaInSync",
+        "False",
+        Some("BreakingChange"),
+    )
+    .await
+    .unwrap();
+    let message = kbind_shared::conditions::find(&held.status.unwrap().conditions, "SchemaInSync")
+        .unwrap()
+        .message
+        .clone();
+    assert!(
+        message.contains("<scope>: scope Namespaced → Cluster"),
+        "{message}"
+    );
+    // Accepted, the consumer API server still refuses it (scope is immutable): said, not lost.
+    let at = message.find("sha256:").unwrap();
+    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "schema": { "acceptedChanges": [
+                { "api": "widgets.example.org", "schemaHash": &message[at..at + 23] }
+            ] } } })),
+        )
+        .await
+        .unwrap();
     let b = wait_binding_condition(&bindings, "widgets", "Ready", "False", Some("Pending"))
         .await
         .unwrap();

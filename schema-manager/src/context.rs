@@ -39,6 +39,10 @@ pub struct Settings {
 
 /// How long an instance metadata cache lives without being read.
 pub const METADATA_CACHE_IDLE: Duration = Duration::from_secs(600);
+/// How long a count of the objects a held schema change would invalidate is reused.
+pub const IMPACT_TTL: Duration = Duration::from_secs(60);
+/// The most objects one such count reads (then it says "at least").
+pub const IMPACT_MAX_OBJECTS: u64 = 100_000;
 
 /// One API's instance metadata cache.
 pub struct MetadataCache {
@@ -129,6 +133,9 @@ pub struct Context {
     instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
     conflict_changes: tokio::sync::broadcast::Sender<String>,
     binding_caches: std::sync::RwLock<Option<BindingCaches>>,
+    impacts: std::sync::Mutex<
+        std::collections::HashMap<String, (std::time::Instant, crate::binding::Affected)>,
+    >,
 }
 
 impl Context {
@@ -154,6 +161,7 @@ impl Context {
             providers: Providers::default(),
             local_uid: OnceCell::new(),
             instance_metadata: Default::default(),
+            impacts: Default::default(),
             conflict_changes: tokio::sync::broadcast::channel(256).0,
             binding_caches: Default::default(),
         }
@@ -203,6 +211,67 @@ impl Context {
     /// instance metadata caches see it: bindings re-count at once instead of at their next resync.
     pub fn conflict_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.conflict_changes.subscribe()
+    }
+
+    /// How many existing consumer objects of `desired`'s API its storage version's schema would
+    /// reject (the local structural check, [`crate::evolution::invalid_under`]): a paged LIST,
+    /// at most [`IMPACT_MAX_OBJECTS`] objects, reused for [`IMPACT_TTL`] per schema hash. `None`
+    /// when the objects cannot be listed (e.g. the new storage version is not served yet).
+    pub async fn affected_objects(
+        &self,
+        desired: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        hash: &str,
+    ) -> Option<crate::binding::Affected> {
+        use kube::ResourceExt;
+        let key = format!("{}/{hash}", desired.name_any());
+        let now = std::time::Instant::now();
+        {
+            let mut impacts = self.impacts.locked();
+            impacts.retain(|_, (at, _)| now.duration_since(*at) < IMPACT_TTL);
+            if let Some((_, affected)) = impacts.get(&key) {
+                return Some(*affected);
+            }
+        }
+        let resource = kbind_shared::dynamic::instance_resource(desired)?;
+        let schema = kbind_shared::dynamic::storage_version(&desired.spec.versions)?
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .and_then(|s| serde_json::to_value(s).ok())?;
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        let mut affected = crate::binding::Affected {
+            complete: true,
+            ..Default::default()
+        };
+        let mut params = kube::api::ListParams::default().limit(500);
+        loop {
+            let page = match api.list(&params).await {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::debug!(api = %desired.name_any(), error = %e, "cannot list objects to count a schema change's impact");
+                    return None;
+                }
+            };
+            for object in &page.items {
+                affected.checked += 1;
+                let value = serde_json::to_value(object).unwrap_or_default();
+                if crate::evolution::invalid_under(&value, &schema) {
+                    affected.invalid += 1;
+                }
+            }
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => {
+                    if affected.checked >= IMPACT_MAX_OBJECTS {
+                        affected.complete = false;
+                        break;
+                    }
+                    params = params.continue_token(&token);
+                }
+                _ => break,
+            }
+        }
+        self.impacts.locked().insert(key, (now, affected));
+        Some(affected)
     }
 
     /// A metadata-only cache of every instance of a bound API, started on first use (conflict

@@ -8,6 +8,7 @@ mod cli;
 mod connection;
 mod context;
 mod discovery;
+mod evolution;
 mod leader;
 mod openapi;
 mod providers;

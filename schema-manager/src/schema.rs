@@ -135,6 +135,41 @@ pub enum Plan {
     Keep,
     /// Not kbind's to change: the message says whose it is and how to opt in.
     Refuse(String),
+    /// Present, ours, with another hash — but the change is breaking and not accepted: the
+    /// served schema stays as it is (see [`gate`]).
+    Hold {
+        /// Each breaking change.
+        changes: Vec<crate::evolution::Breaking>,
+        /// How many more there were.
+        more: usize,
+    },
+}
+
+/// Schema evolution on top of [`plan`]: a [`Plan::Replace`] whose change is breaking
+/// ([`crate::evolution::breaking_changes`]) becomes [`Plan::Hold`] unless `accepted` lists the
+/// API with the desired schema hash. Compatible changes and every other plan pass unchanged.
+pub fn gate(
+    plan: Plan,
+    existing: Option<&CustomResourceDefinition>,
+    desired: &CustomResourceDefinition,
+    accepted: &[kbind_shared::api::AcceptedChange],
+) -> Plan {
+    let (Plan::Replace, Some(existing)) = (&plan, existing) else {
+        return plan;
+    };
+    let (changes, more) = crate::evolution::breaking_changes(&existing.spec, &desired.spec);
+    if changes.is_empty() {
+        return plan;
+    }
+    let name = desired.name_any();
+    let hash = desired.annotations().get(keys::SCHEMA_HASH_ANNOTATION);
+    if accepted
+        .iter()
+        .any(|a| a.api == name && Some(&a.schema_hash) == hash)
+    {
+        return plan;
+    }
+    Plan::Hold { changes, more }
 }
 
 /// API groups kbind never installs or changes a CRD in, whatever a provider exports: its own and
@@ -219,6 +254,17 @@ pub struct Installed {
     pub established: bool,
 }
 
+/// The [`install`] settings from a Connection's schema policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy<'a> {
+    /// Absent CRDs are created (pullPolicy not None).
+    pub create: bool,
+    /// Present CRDs follow the provider (updatePolicy Always).
+    pub update: bool,
+    /// Breaking changes the user accepted.
+    pub accepted: &'a [kbind_shared::api::AcceptedChange],
+}
+
 /// Whether the API server serves a CRD's resource (its `Established` condition is True).
 pub fn established(crd: &CustomResourceDefinition) -> bool {
     crd.status
@@ -230,15 +276,19 @@ pub fn established(crd: &CustomResourceDefinition) -> bool {
         })
 }
 
-/// Applies [`plan`] for `desired` on the consumer. API server rejections (a scope change, a
-/// dropped stored version, SCH-7) come back as errors naming the CRD.
+/// Applies [`plan`] and [`gate`] for `desired` on the consumer. API server rejections (a scope
+/// change, a dropped stored version, SCH-7) come back as errors naming the CRD.
 pub async fn install(
     consumer: &Client,
     desired: &CustomResourceDefinition,
     connection: &str,
-    create: bool,
-    update: bool,
+    policy: Policy<'_>,
 ) -> Result<Installed, String> {
+    let Policy {
+        create,
+        update,
+        accepted,
+    } = policy;
     let api: Api<CustomResourceDefinition> = Api::all(consumer.clone());
     let name = desired.name_any();
     let hash = desired
@@ -252,7 +302,12 @@ pub async fn install(
             kbind_shared::identity::describe_error(&e)
         )
     })?;
-    let plan = plan(existing.as_ref(), desired, connection, create, update);
+    let plan = gate(
+        plan(existing.as_ref(), desired, connection, create, update),
+        existing.as_ref(),
+        desired,
+        accepted,
+    );
     let in_sync = |crd: &CustomResourceDefinition| {
         crd.annotations().get(keys::SCHEMA_HASH_ANNOTATION) == Some(&hash)
     };
@@ -268,7 +323,7 @@ pub async fn install(
             in_sync: false,
             established: false,
         }),
-        Plan::Keep => Ok(Installed {
+        Plan::Keep | Plan::Hold { .. } => Ok(Installed {
             plan,
             in_sync: existing.as_ref().is_some_and(in_sync),
             established: existing.as_ref().is_some_and(established),
@@ -382,6 +437,96 @@ mod tests {
         crd.metadata.resource_version = Some("42".into());
         crd.metadata.uid = Some("uid".into());
         crd
+    }
+
+    #[test]
+    fn breaking_changes_are_held_until_their_hash_is_accepted() {
+        use kbind_shared::api::AcceptedChange;
+        let with_spec = |spec: serde_json::Value| {
+            let mut provider = provider_crd();
+            provider.spec.versions = vec![version("v1", true, true)];
+            provider.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": {
+                "type": "object", "properties": { "spec": spec } } }))
+            .unwrap();
+            desired_crd(&provider, "p").unwrap()
+        };
+        let served =
+            with_spec(json!({ "type": "object", "properties": { "size": { "type": "integer" } } }));
+        let compatible = with_spec(json!({ "type": "object", "properties": {
+            "size": { "type": "integer" }, "shape": { "type": "string" } } }));
+        let breaking =
+            with_spec(json!({ "type": "object", "properties": { "size": { "type": "string" } } }));
+        let hash = |crd: &CustomResourceDefinition| {
+            crd.annotations()[keys::SCHEMA_HASH_ANNOTATION].clone()
+        };
+        let accept = |api: &str, hash: String| AcceptedChange {
+            api: api.into(),
+            schema_hash: hash,
+        };
+        let held = |plan: &Plan| matches!(plan, Plan::Hold { changes, .. } if changes[0].to_string() == "spec.size: type integer → string");
+
+        // (plan, desired, accepted) → held?
+        let cases: Vec<(
+            &str,
+            Plan,
+            &CustomResourceDefinition,
+            Vec<AcceptedChange>,
+            bool,
+        )> = vec![
+            (
+                "compatible: replaced",
+                Plan::Replace,
+                &compatible,
+                vec![],
+                false,
+            ),
+            (
+                "breaking, nothing accepted: held",
+                Plan::Replace,
+                &breaking,
+                vec![],
+                true,
+            ),
+            (
+                "breaking, its hash accepted: replaced",
+                Plan::Replace,
+                &breaking,
+                vec![accept("widgets.example.org", hash(&breaking))],
+                false,
+            ),
+            (
+                "breaking, another hash accepted: held",
+                Plan::Replace,
+                &breaking,
+                vec![accept("widgets.example.org", hash(&compatible))],
+                true,
+            ),
+            (
+                "breaking, the hash accepted for another API: held",
+                Plan::Replace,
+                &breaking,
+                vec![accept("gadgets.example.org", hash(&breaking))],
+                true,
+            ),
+        ];
+        for (name, plan, desired, accepted, expect_held) in cases {
+            let out = gate(plan, Some(&served), desired, &accepted);
+            assert_eq!(held(&out), expect_held, "{name}: {out:?}");
+            if !expect_held {
+                assert_eq!(out, Plan::Replace, "{name}");
+            }
+        }
+        // Other plans pass unchanged: nothing to compare, or nothing to replace.
+        for plan in [
+            Plan::Create,
+            Plan::Keep,
+            Plan::Stamp,
+            Plan::LeaveAbsent,
+            Plan::Refuse("x".into()),
+        ] {
+            assert_eq!(gate(plan.clone(), Some(&served), &breaking, &[]), plan);
+        }
+        assert_eq!(gate(Plan::Replace, None, &breaking, &[]), Plan::Replace);
     }
 
     #[test]

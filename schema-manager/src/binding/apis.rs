@@ -8,7 +8,7 @@ use kbind_shared::keys;
 use kube::ResourceExt;
 
 use super::Scoped;
-use super::outcome::{ApiState, Conflicts};
+use super::outcome::{ApiState, Conflicts, Held};
 use crate::context::Context;
 use crate::providers::{Provider, ProviderError};
 use crate::schema;
@@ -72,18 +72,16 @@ pub(super) async fn api_state<B: Scoped>(
         .get(keys::SCHEMA_HASH_ANNOTATION)
         .cloned()
         .unwrap_or_default();
-    let installed = match schema::install(
-        &ctx.client,
-        &desired,
-        &connection.name_any(),
+    let policy = schema::Policy {
         create,
         update,
-    )
-    .await
-    {
-        Ok(installed) => installed,
-        Err(message) => return ApiState::Pending(message),
+        accepted: &policy.accepted_changes,
     };
+    let installed =
+        match schema::install(&ctx.client, &desired, &connection.name_any(), policy).await {
+            Ok(installed) => installed,
+            Err(message) => return ApiState::Pending(message),
+        };
     if let schema::Plan::Refuse(message) = installed.plan {
         return ApiState::SchemaConflict(message);
     }
@@ -98,10 +96,21 @@ pub(super) async fn api_state<B: Scoped>(
         return ApiState::Pending(format!("the consumer CRD {api} is not established yet"));
     }
     let conflicts = count_conflicts(ctx, &desired, binding.covered_namespace().as_deref()).await;
+    let held = match installed.plan {
+        schema::Plan::Hold { changes, more } => Some(Held {
+            affected: ctx.affected_objects(&desired, &hash).await,
+            hash: hash.clone(),
+            connection: connection.name_any(),
+            changes: changes.iter().map(ToString::to_string).collect(),
+            more,
+        }),
+        _ => None,
+    };
     ApiState::Bound {
         hash,
         in_sync: installed.in_sync,
         conflicts,
+        held,
     }
 }
 

@@ -10,6 +10,64 @@ use super::ledger::{Going, Left};
 pub const CLUSTER_SCOPED_API: &str = "ClusterScopedAPI";
 /// Reason while unbind waits for provider copies to be gone (PGAP-1).
 pub const DRAINING_OBJECTS: &str = "DrainingObjects";
+/// Reason (SchemaInSync, per API) while a breaking provider schema change waits for consent.
+pub const BREAKING_CHANGE: &str = "BreakingChange";
+
+/// A breaking provider schema change that is not applied until the user accepts its hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// The new schema's hash, what the user accepts.
+    pub hash: String,
+    /// The Connection whose `spec.schema.acceptedChanges` takes the consent.
+    pub connection: String,
+    /// Each breaking change, `path: what` (at most [`crate::evolution::MAX_LISTED`]).
+    pub changes: Vec<String>,
+    /// How many more there were.
+    pub more: usize,
+    /// Existing consumer objects the new schema would make invalid, if they could be counted.
+    pub affected: Option<Affected>,
+}
+
+/// The result of the local structural check of existing objects against a held schema.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Affected {
+    /// Objects the new schema would reject.
+    pub invalid: u64,
+    /// Objects checked.
+    pub checked: u64,
+    /// Whether every object was checked (false: the count stopped at a bound).
+    pub complete: bool,
+}
+
+impl Held {
+    /// What the user reads: the changes (provider text, made safe), the impact and how to accept.
+    pub fn message(&self, api: &str) -> String {
+        let safe: Vec<String> = self
+            .changes
+            .iter()
+            .map(|c| kbind_shared::redact::remote(c))
+            .collect();
+        let mut changes = safe.join("; ");
+        if self.more > 0 {
+            changes.push_str(&format!("; and {} more", self.more));
+        }
+        let impact = match self.affected {
+            Some(a) => format!(
+                "{}{} of {} existing objects would be invalid (local structural check)",
+                if a.complete { "" } else { "at least " },
+                a.invalid,
+                a.checked
+            ),
+            None => "existing objects could not be checked".to_owned(),
+        };
+        // What to act on first: a long list of changes is what a bounded message cuts.
+        format!(
+            "the provider's new schema {hash} is not applied: {impact}; to apply it, add {{api: {api}, schemaHash: {hash}}} to Connection {}'s spec.schema.acceptedChanges. Breaking changes: {changes}",
+            self.connection,
+            hash = self.hash,
+        )
+    }
+}
 
 /// Instances of one API that carry a conflict annotation, by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -64,6 +122,8 @@ pub enum ApiState {
         in_sync: bool,
         /// Conflicting instances.
         conflicts: Conflicts,
+        /// A breaking change waiting for consent (then not in sync).
+        held: Option<Held>,
     },
 }
 
@@ -112,11 +172,13 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
 
     let mut bound: Vec<BoundApi> = Vec::new();
     let (mut conflicts, mut out_of_sync) = (Conflicts::default(), Vec::new());
+    let mut breaking: Vec<String> = Vec::new();
     for (name, state) in states {
         if let ApiState::Bound {
             hash,
             in_sync,
             conflicts: c,
+            held,
         } = state
         {
             bound.push(BoundApi {
@@ -126,8 +188,10 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
             });
             conflicts.foreign += c.foreign;
             conflicts.owned_by_another += c.owned_by_another;
-            if !in_sync {
-                out_of_sync.push(name.as_str());
+            match held {
+                Some(held) => breaking.push(format!("{name}: {}", held.message(name))),
+                None if !in_sync => out_of_sync.push(name.as_str()),
+                None => {}
             }
         }
     }
@@ -185,7 +249,17 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
             "all APIs installed",
         )),
     }
-    out.push(if out_of_sync.is_empty() {
+    out.push(if !breaking.is_empty() {
+        Desired::new(
+            types::SCHEMA_IN_SYNC,
+            false,
+            BREAKING_CHANGE,
+            kbind_shared::conditions::bounded(
+                &breaking.join(" | "),
+                kbind_shared::conditions::MAX_MESSAGE,
+            ),
+        )
+    } else if out_of_sync.is_empty() {
         Desired::new(types::SCHEMA_IN_SYNC, true, reasons::AS_EXPECTED, "")
     } else {
         Desired::new(
@@ -268,6 +342,9 @@ pub fn entries(connection: &str, states: &[(String, ApiState)], going: &[Going])
             ApiState::Moving { from, message } => {
                 entry(name, from, false, DRAINING_OBJECTS, message)
             }
+            ApiState::Bound {
+                held: Some(held), ..
+            } => entry(name, connection, true, BREAKING_CHANGE, &held.message(name)),
             ApiState::Bound { in_sync, .. } => {
                 let note = if *in_sync {
                     ""
@@ -361,6 +438,7 @@ mod tests {
             hash: "sha256:1".into(),
             in_sync: true,
             conflicts,
+            held: None,
         }
     }
 
@@ -579,6 +657,7 @@ mod tests {
                 hash: "h".into(),
                 in_sync: true,
                 conflicts: foreign,
+                held: None,
             },
         )]);
         assert_eq!(get(&out, "Conflicts").reason, "ForeignObjectExists");
@@ -594,6 +673,7 @@ mod tests {
                 hash: "h".into(),
                 in_sync: true,
                 conflicts: other,
+                held: None,
             },
         )]);
         assert_eq!(get(&out, "Conflicts").reason, "OwnedByAnother");
@@ -616,6 +696,68 @@ mod tests {
     }
 
     #[test]
+    fn a_held_breaking_change_is_reported_with_its_hash_first_and_stays_bound() {
+        let held = |changes: Vec<String>| ApiState::Bound {
+            hash: "sha256:00000000000000aa".into(),
+            in_sync: false,
+            conflicts: Conflicts::default(),
+            held: Some(Held {
+                hash: "sha256:00000000000000aa".into(),
+                connection: "p".into(),
+                changes,
+                more: 7,
+                affected: Some(Affected {
+                    invalid: 2,
+                    checked: 5,
+                    complete: true,
+                }),
+            }),
+        };
+        // A hostile provider: long change texts with control characters.
+        let long: Vec<String> = (0..100)
+            .map(|i| {
+                format!(
+                    "spec.f{i}: type \u{1b}[31mstring → integer {}",
+                    "x".repeat(200)
+                )
+            })
+            .collect();
+        let states = vec![
+            ("ok.x".to_owned(), bound(Conflicts::default())),
+            ("w.x".to_owned(), held(long)),
+        ];
+        let (conds, bound_apis) = evaluate(&states);
+        let c = get(&conds, "SchemaInSync");
+        assert_eq!((c.status, c.reason), (Status::False, BREAKING_CHANGE));
+        assert!(c.message.starts_with("w.x: the provider's new schema sha256:00000000000000aa is not applied: 2 of 5 existing objects would be invalid"));
+        assert!(c.message.contains("add {api: w.x, schemaHash: sha256:00000000000000aa} to Connection p's spec.schema.acceptedChanges"));
+        assert!(c.message.chars().count() <= kbind_shared::conditions::MAX_MESSAGE + 1);
+        assert!(!c.message.contains('\u{1b}'), "control characters removed");
+        // Still bound and Ready: the old schema keeps serving.
+        assert_eq!(get(&conds, "Ready").status, Status::True);
+        assert_eq!(bound_apis.len(), 2);
+        let out = entries("p", &states, &[]);
+        let e = out.iter().find(|e| e.name == "w.x").unwrap();
+        assert!(e.bound);
+        assert_eq!(e.reason, BREAKING_CHANGE);
+        assert!(
+            e.message.contains("schemaHash: sha256:00000000000000aa"),
+            "{}",
+            e.message
+        );
+        // Few changes: every one listed, and the rest counted.
+        let (conds, _) = evaluate(&[(
+            "w.x".to_owned(),
+            held(vec!["spec.a: newly required".into()]),
+        )]);
+        assert!(
+            get(&conds, "SchemaInSync")
+                .message
+                .ends_with("Breaking changes: spec.a: newly required; and 7 more")
+        );
+    }
+
+    #[test]
     fn schema_out_of_sync_is_reported() {
         // LIM-13
         let (out, _) = evaluate(&[(
@@ -624,6 +766,7 @@ mod tests {
                 hash: "h".into(),
                 in_sync: false,
                 conflicts: Conflicts::default(),
+                held: None,
             },
         )]);
         assert_eq!(get(&out, "SchemaInSync").status, Status::False);

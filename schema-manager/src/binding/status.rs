@@ -42,6 +42,7 @@ pub(crate) async fn write_status<B: Scoped>(
         return Ok(());
     }
     warn_on_new_schema_conflict(binding, ctx, &before, &status).await;
+    warn_on_new_breaking_change(binding, ctx, &before, &status).await;
     let mut updated = binding.clone();
     updated.set_binding_status(status);
     B::api(&ctx.client, binding)
@@ -49,6 +50,58 @@ pub(crate) async fn write_status<B: Scoped>(
         .await
         .map_err(Error::Consumer)?;
     Ok(())
+}
+
+/// The schema hashes a `SchemaInSync=False/BreakingChange` condition names.
+fn held_hashes(status: &BindingStatus) -> std::collections::BTreeSet<String> {
+    conditions::find(&status.conditions, types::SCHEMA_IN_SYNC)
+        .filter(|c| c.reason == super::outcome::BREAKING_CHANGE)
+        .map(|c| {
+            c.message
+                .match_indices("sha256:")
+                .filter_map(|(at, _)| c.message.get(at..at + 23))
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A `BreakingChange` Warning Event once per held schema: when the condition starts naming a hash
+/// it did not name before (a changing object count does not repeat it).
+async fn warn_on_new_breaking_change<B: Scoped>(
+    binding: &B,
+    ctx: &Context,
+    before: &BindingStatus,
+    after: &BindingStatus,
+) {
+    let (old, new) = (held_hashes(before), held_hashes(after));
+    if new.is_subset(&old) {
+        return;
+    }
+    let Some(message) =
+        conditions::find(&after.conditions, types::SCHEMA_IN_SYNC).map(|c| c.message.clone())
+    else {
+        return;
+    };
+    // An Event's note holds at most 1 KiB.
+    let mut note = String::new();
+    for c in message.chars() {
+        if note.len() + c.len_utf8() > 1000 {
+            break;
+        }
+        note.push(c);
+    }
+    let recorder = kube::runtime::events::Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: super::outcome::BREAKING_CHANGE.into(),
+        note: Some(note),
+        action: "UpdateSchema".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &binding.object_ref(&())).await {
+        tracing::debug!(error = %e, "cannot publish Event");
+    }
 }
 
 /// A `SchemaConflict` Warning Event when the Ready message about one starts or changes: the

@@ -34,7 +34,14 @@ pub(super) async fn install_all(
         .await;
         let result = match desired {
             Ok(desired) => {
-                match crate::schema::install(consumer, &desired, &name, true, update).await {
+                let policy = crate::schema::Policy {
+                    create: true,
+                    update,
+                    accepted: &connection.spec.schema.accepted_changes,
+                };
+                // A held breaking change is reported by the bindings of the API (pullPolicy All
+                // installs unbound APIs too: theirs simply stay as they are).
+                match crate::schema::install(consumer, &desired, &name, policy).await {
                     Ok(crate::schema::Installed {
                         plan: crate::schema::Plan::Refuse(message),
                         ..

@@ -152,6 +152,27 @@ pub struct SchemaPolicy {
     /// Whether installed CRDs follow later provider schema changes.
     #[serde(default)]
     pub update_policy: UpdatePolicy,
+    /// Breaking provider schema changes the user accepts. Under `updatePolicy: Always` a change
+    /// that can invalidate existing objects or lose data (a new required field, a removed field, a
+    /// type change, a narrowed enum, pattern or bound, a scope change, a version no longer served)
+    /// is not applied: the binding reports `SchemaInSync=False` with reason `BreakingChange`,
+    /// naming each change, the new schema hash and how many existing objects it would make
+    /// invalid. Listing that API and hash here applies it. Compatible changes never wait.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), transform = schema::atomic_list)]
+    pub accepted_changes: Vec<AcceptedChange>,
+}
+
+/// Consent to one breaking schema change: the API and the schema hash kbind reported for it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AcceptedChange {
+    /// The API, `<plural>.<group>`.
+    #[schemars(transform = schema::api_name)]
+    pub api: String,
+    /// The schema hash named in the binding's `SchemaInSync` message (`sha256:<16 hex>`).
+    #[schemars(transform = schema::schema_hash)]
+    pub schema_hash: String,
 }
 
 /// Where exported APIs and their schemas come from.

@@ -81,6 +81,12 @@ pub fn api_name(schema: &mut Schema) {
     set(schema, "maxLength", json!(253));
 }
 
+/// A schema hash as kbind writes it: `sha256:` and 16 lowercase hex digits.
+pub fn schema_hash(schema: &mut Schema) {
+    set(schema, "pattern", json!("^sha256:[0-9a-f]{16}$"));
+    set(schema, "maxLength", json!(23));
+}
+
 /// A required, non-empty string.
 pub fn non_empty(schema: &mut Schema) {
     set(schema, "minLength", json!(1));

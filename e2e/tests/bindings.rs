@@ -242,8 +242,8 @@ async fn update_policy_always_follows_provider_schema_changes_and_once_does_not(
 }
 
 #[tokio::test]
-async fn multi_version_provider_crd_arrives_with_only_its_storage_version_and_conversion_none() {
-    // SCH-2
+async fn multi_version_provider_crd_arrives_in_every_identical_version_with_conversion_none() {
+    // SCH-2, improved: every served version whose schema is identical to the storage version's
     let s = setup("bind_multi_version", false).await;
     let mut multi = exported("widgets", "Widget");
     let mut older = multi.spec.versions[0].clone();
@@ -268,7 +268,7 @@ async fn multi_version_provider_crd_arrives_with_only_its_storage_version_and_co
         .iter()
         .map(|v| (v.name.as_str(), v.served, v.storage))
         .collect();
-    assert_eq!(versions, [("v1", true, true)]);
+    assert_eq!(versions, [("v1alpha1", true, false), ("v1", true, true)]);
     assert_eq!(crd.spec.conversion.as_ref().unwrap().strategy, "None");
     assert!(!crd.labels().contains_key("core.kbind.io/exported"));
 }

@@ -18,9 +18,11 @@ pub struct Exports {
     pub apis: Vec<ExportedApi>,
 }
 
-/// The exported API a CRD describes, with `versions`.
+/// The exported API a CRD describes, with `versions` and the versions the consumer leaves out.
 fn export_of(crd: &CustomResourceDefinition, versions: Vec<String>) -> ExportedApi {
+    let omitted_versions = crate::schema::serve_lossless(&mut crd.spec.clone());
     ExportedApi {
+        omitted_versions,
         name: crd.metadata.name.clone().unwrap_or_default(),
         group: crd.spec.group.clone(),
         resource: crd.spec.names.plural.clone(),

@@ -4,8 +4,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceConversion, CustomResourceDefinition,
+    CustomResourceConversion, CustomResourceDefinition, CustomResourceDefinitionSpec,
+    CustomResourceDefinitionVersion,
 };
+use kbind_shared::api::OmittedVersion;
 use kbind_shared::keys;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -25,36 +27,90 @@ pub fn schema_hash(crd: &CustomResourceDefinition) -> String {
     format!("sha256:{hex}")
 }
 
-/// SCH-2: the consumer CRD for a provider CRD, pinned to `connection`. One version (served and
-/// storage), conversion `None`, and — unlike the reference (QRK-20) — none of the provider's
-/// labels or annotations, only kbind's markers and the schema hash.
+/// SCH-2, improved: the consumer CRD for a provider CRD, pinned to `connection`. Every served
+/// version that converts losslessly with conversion `None` ([`serve_lossless`]), the provider's
+/// storage version as storage, each version's `deprecated`/`deprecationWarning` and printer
+/// columns kept; and — unlike the reference (QRK-20) — none of the provider's labels or
+/// annotations, only kbind's markers and the schema hash. Also returns the versions left out.
 pub fn desired_crd(
     provider: &CustomResourceDefinition,
     connection: &str,
-) -> Result<CustomResourceDefinition, String> {
+) -> Result<(CustomResourceDefinition, Vec<OmittedVersion>), String> {
     let name = provider.name_any();
-    let mut version = kbind_shared::dynamic::storage_version(&provider.spec.versions)
-        .cloned()
-        .ok_or_else(|| format!("provider CRD {name} has no served version"))?;
-    version.served = true;
-    version.storage = true;
     let mut spec = provider.spec.clone();
-    spec.versions = vec![version];
+    if kbind_shared::dynamic::storage_version(&spec.versions).is_none() {
+        return Err(format!("provider CRD {name} has no served version"));
+    }
+    let omitted = serve_lossless(&mut spec);
+    Ok((
+        with_markers(
+            CustomResourceDefinition {
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    ..Default::default()
+                },
+                spec,
+                status: None,
+            },
+            connection,
+        ),
+        omitted,
+    ))
+}
+
+/// The versions a consumer CRD serves, in place: the storage version (the provider's, else its
+/// first served one) and every other served version whose schema and subresources are identical
+/// to it — what conversion `None` (only the apiVersion changes) converts without loss. Unserved
+/// versions are dropped; served ones that differ are left out and returned with why.
+pub fn serve_lossless(spec: &mut CustomResourceDefinitionSpec) -> Vec<OmittedVersion> {
+    let Some(storage) = kbind_shared::dynamic::storage_version(&spec.versions).cloned() else {
+        spec.versions.clear();
+        return Vec::new();
+    };
+    let shape = |v: &CustomResourceDefinitionVersion| {
+        let schema = v
+            .schema
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok())
+            .unwrap_or_default();
+        let subresources = v
+            .subresources
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok())
+            .unwrap_or_default();
+        (schema, subresources)
+    };
+    let (storage_schema, storage_subresources) = shape(&storage);
+    let mut omitted = Vec::new();
+    spec.versions.retain_mut(|v| {
+        if v.name == storage.name {
+            v.served = true;
+            v.storage = true;
+            return true;
+        }
+        if !v.served {
+            return false;
+        }
+        let (schema, subresources) = shape(v);
+        let lossless = crate::evolution::same_structure(&schema, &storage_schema)
+            && subresources == storage_subresources;
+        if !lossless {
+            omitted.push(OmittedVersion {
+                name: v.name.clone(),
+                reason: format!(
+                    "its schema differs from the storage version {}'s: conversion None would lose data",
+                    storage.name
+                ),
+            });
+        }
+        v.storage = false;
+        lossless
+    });
     spec.conversion = Some(CustomResourceConversion {
         strategy: "None".into(),
         webhook: None,
     });
-    Ok(with_markers(
-        CustomResourceDefinition {
-            metadata: ObjectMeta {
-                name: Some(name),
-                ..Default::default()
-            },
-            spec,
-            status: None,
-        },
-        connection,
-    ))
+    omitted
 }
 
 /// A consumer CRD with kbind's markers and the schema hash of its spec (SCH-2, SCH-3, SCH-8):
@@ -84,14 +140,15 @@ pub fn with_markers(crd: CustomResourceDefinition, connection: &str) -> CustomRe
 }
 
 /// The desired consumer CRD of an exported API, from the active schema source: the pulled
-/// provider CRD (§9.1) or a CRD synthesized from the provider's OpenAPI documents (§9.2, §10).
+/// provider CRD (§9.1) or a CRD synthesized from the provider's OpenAPI documents (§9.2, §10),
+/// serving its lossless versions; and the versions left out ([`serve_lossless`]).
 pub async fn desired_for(
     provider: &Provider,
     documents: &Documents,
     connection: &str,
     source: Option<kbind_shared::api::ActiveSchemaSource>,
     export: &kbind_shared::api::ExportedApi,
-) -> Result<CustomResourceDefinition, ProviderError> {
+) -> Result<(CustomResourceDefinition, Vec<OmittedVersion>), ProviderError> {
     if source == Some(kbind_shared::api::ActiveSchemaSource::OpenApi) {
         let synthesized =
             synthesize_from_provider(provider, documents, Some(&export.group)).await?;
@@ -106,7 +163,10 @@ pub async fn desired_for(
             .crds
             .into_iter()
             .find(|c| c.metadata.name.as_deref() == Some(export.name.as_str()))
-            .map(|crd| with_markers(crd, connection))
+            .map(|mut crd| {
+                let omitted = serve_lossless(&mut crd.spec);
+                (with_markers(crd, connection), omitted)
+            })
             .ok_or_else(|| {
                 ProviderError::Failed(
                     "the provider's OpenAPI documents have no usable schema for it".into(),
@@ -448,7 +508,7 @@ mod tests {
             provider.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": {
                 "type": "object", "properties": { "spec": spec } } }))
             .unwrap();
-            desired_crd(&provider, "p").unwrap()
+            desired_crd(&provider, "p").unwrap().0
         };
         let served =
             with_spec(json!({ "type": "object", "properties": { "size": { "type": "integer" } } }));
@@ -530,12 +590,24 @@ mod tests {
     }
 
     #[test]
-    fn keeps_only_the_storage_version_and_forces_conversion_none() {
-        // SCH-2
-        let crd = desired_crd(&provider_crd(), "provider").unwrap();
-        assert_eq!(crd.spec.versions.len(), 1);
-        let v = &crd.spec.versions[0];
-        assert_eq!((v.name.as_str(), v.served, v.storage), ("v1", true, true));
+    fn serves_every_lossless_version_with_the_providers_storage_and_conversion_none() {
+        // Identical schemas (here: none at all): every served version, v1 stored.
+        let (crd, omitted) = desired_crd(&provider_crd(), "provider").unwrap();
+        let versions: Vec<(&str, bool, bool)> = crd
+            .spec
+            .versions
+            .iter()
+            .map(|v| (v.name.as_str(), v.served, v.storage))
+            .collect();
+        assert_eq!(
+            versions,
+            [
+                ("v1alpha1", true, false),
+                ("v1", true, true),
+                ("v2", true, false)
+            ]
+        );
+        assert!(omitted.is_empty());
         let conversion = crd.spec.conversion.as_ref().unwrap();
         assert_eq!(
             (conversion.strategy.as_str(), conversion.webhook.is_none()),
@@ -544,10 +616,63 @@ mod tests {
     }
 
     #[test]
+    fn versions_that_differ_from_the_storage_version_are_left_out_and_said() {
+        let schema = |spec: serde_json::Value| {
+            serde_json::from_value(
+                json!({ "openAPIV3Schema": { "type": "object", "properties": { "spec": spec } } }),
+            )
+            .unwrap()
+        };
+        let same = json!({ "type": "object", "properties": { "size": { "type": "integer" } } });
+        let mut p = provider_crd();
+        p.spec.versions = vec![
+            version("v1beta1", true, false),
+            version("v1", true, true),
+            version("v1alpha1", false, false),
+            version("v2", true, false),
+        ];
+        p.spec.versions[0].schema = Some(schema(
+            json!({ "type": "object", "properties": { "size": { "type": "string" } } }),
+        ));
+        p.spec.versions[1].schema = Some(schema(same.clone()));
+        p.spec.versions[3].schema = Some(schema(same.clone()));
+        // A deprecated version keeps its warning; a description-only difference is lossless.
+        p.spec.versions[3].deprecated = Some(true);
+        p.spec.versions[3].deprecation_warning = Some("use v1".into());
+        p.spec.versions[3].schema = Some(schema(
+            json!({ "type": "object", "description": "v2 says more",
+            "properties": { "size": { "type": "integer", "description": "how big" } } }),
+        ));
+        let (crd, omitted) = desired_crd(&p, "c").unwrap();
+        let names: Vec<&str> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["v1", "v2"],
+            "unserved and lossy versions are not served"
+        );
+        assert_eq!(
+            crd.spec.versions[1].deprecation_warning.as_deref(),
+            Some("use v1")
+        );
+        assert_eq!(crd.spec.versions[1].deprecated, Some(true));
+        assert_eq!(omitted.len(), 1);
+        assert_eq!(omitted[0].name, "v1beta1");
+        assert!(omitted[0].reason.contains("storage version v1"));
+        // Subresources count too: a version without the status subresource is not lossless.
+        let mut q = provider_crd();
+        q.spec.versions = vec![version("v1", true, true), version("v2", true, false)];
+        q.spec.versions[0].subresources =
+            Some(serde_json::from_value(json!({ "status": {} })).unwrap());
+        let (crd, omitted) = desired_crd(&q, "c").unwrap();
+        assert_eq!(crd.spec.versions.len(), 1);
+        assert_eq!(omitted[0].name, "v2");
+    }
+
+    #[test]
     fn falls_back_to_the_first_served_version_and_rejects_none() {
         let mut p = provider_crd();
         p.spec.versions = vec![version("v1beta1", false, false), version("v1", true, false)];
-        assert_eq!(desired_crd(&p, "c").unwrap().spec.versions[0].name, "v1");
+        assert_eq!(desired_crd(&p, "c").unwrap().0.spec.versions[0].name, "v1");
         p.spec.versions = vec![version("v1", false, false)];
         assert!(
             desired_crd(&p, "c")
@@ -559,7 +684,7 @@ mod tests {
     #[test]
     fn copies_only_kbind_metadata() {
         // SCH-2 without QRK-20
-        let crd = desired_crd(&provider_crd(), "provider").unwrap();
+        let crd = desired_crd(&provider_crd(), "provider").unwrap().0;
         assert_eq!(crd.labels().len(), 1);
         assert_eq!(crd.labels()["core.kbind.io/managed"], "true");
         assert_eq!(crd.annotations()["core.kbind.io/connection"], "provider");
@@ -573,13 +698,13 @@ mod tests {
 
     #[test]
     fn hash_follows_the_spec_only() {
-        let a = desired_crd(&provider_crd(), "one").unwrap();
-        let b = desired_crd(&provider_crd(), "two").unwrap();
+        let a = desired_crd(&provider_crd(), "one").unwrap().0;
+        let b = desired_crd(&provider_crd(), "two").unwrap().0;
         assert_eq!(schema_hash(&a), schema_hash(&b));
         let mut changed = provider_crd();
         changed.spec.versions[1].deprecated = Some(true);
         assert_ne!(
-            schema_hash(&desired_crd(&changed, "one").unwrap()),
+            schema_hash(&desired_crd(&changed, "one").unwrap().0),
             schema_hash(&a)
         );
     }
@@ -587,7 +712,7 @@ mod tests {
     #[test]
     fn install_plan_matrix() {
         // SCH-4, safe by default: only kbind's own CRDs are replaced or stamped.
-        let desired = desired_crd(&provider_crd(), "p").unwrap();
+        let desired = desired_crd(&provider_crd(), "p").unwrap().0;
         let other_hash = {
             let mut d = desired.clone();
             d.annotations_mut()
@@ -711,7 +836,7 @@ mod tests {
             ("kbind.io", false),
         ] {
             assert_eq!(reserved_group(group), reserved, "{group}");
-            let mut desired = desired_crd(&provider_crd(), "p").unwrap();
+            let mut desired = desired_crd(&provider_crd(), "p").unwrap().0;
             desired.spec.group = group.into();
             let adopted = {
                 let mut c = desired.clone();

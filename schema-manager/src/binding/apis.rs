@@ -54,7 +54,7 @@ pub(super) async fn api_state<B: Scoped>(
     let policy = &connection.spec.schema;
     let create = policy.pull_policy != PullPolicy::None;
     let update = policy.update_policy != UpdatePolicy::Once;
-    let desired = match schema::desired_for(
+    let (desired, omitted) = match schema::desired_for(
         provider,
         &ctx.documents,
         &connection.name_any(),
@@ -63,7 +63,7 @@ pub(super) async fn api_state<B: Scoped>(
     )
     .await
     {
-        Ok(desired) => desired,
+        Ok(found) => found,
         Err(ProviderError::Forbidden(message)) => return ApiState::Forbidden(message),
         Err(ProviderError::Failed(message)) => return ApiState::Pending(message),
     };
@@ -111,6 +111,10 @@ pub(super) async fn api_state<B: Scoped>(
         in_sync: installed.in_sync,
         conflicts,
         held,
+        omitted: omitted
+            .iter()
+            .map(|v| format!("{} ({})", v.name, v.reason))
+            .collect(),
     }
 }
 

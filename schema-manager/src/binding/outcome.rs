@@ -10,6 +10,8 @@ use super::ledger::{Going, Left};
 pub const CLUSTER_SCOPED_API: &str = "ClusterScopedAPI";
 /// Reason while unbind waits for provider copies to be gone (PGAP-1).
 pub const DRAINING_OBJECTS: &str = "DrainingObjects";
+/// Reason (per API, still bound) when some provider versions are not served on the consumer.
+pub const VERSIONS_OMITTED: &str = "VersionsOmitted";
 /// Reason (SchemaInSync, per API) while a breaking provider schema change waits for consent.
 pub const BREAKING_CHANGE: &str = "BreakingChange";
 
@@ -124,6 +126,8 @@ pub enum ApiState {
         conflicts: Conflicts,
         /// A breaking change waiting for consent (then not in sync).
         held: Option<Held>,
+        /// Provider versions the consumer does not serve, each `name (why)`.
+        omitted: Vec<String>,
     },
 }
 
@@ -179,6 +183,7 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
             in_sync,
             conflicts: c,
             held,
+            ..
         } = state
         {
             bound.push(BoundApi {
@@ -345,13 +350,27 @@ pub fn entries(connection: &str, states: &[(String, ApiState)], going: &[Going])
             ApiState::Bound {
                 held: Some(held), ..
             } => entry(name, connection, true, BREAKING_CHANGE, &held.message(name)),
-            ApiState::Bound { in_sync, .. } => {
-                let note = if *in_sync {
-                    ""
+            ApiState::Bound {
+                in_sync, omitted, ..
+            } => {
+                let mut note = if *in_sync {
+                    String::new()
                 } else {
                     "the installed CRD differs from the provider's schema (updatePolicy Once)"
+                        .to_owned()
                 };
-                entry(name, connection, true, reasons::AS_EXPECTED, note)
+                if omitted.is_empty() {
+                    entry(name, connection, true, reasons::AS_EXPECTED, &note)
+                } else {
+                    if !note.is_empty() {
+                        note.push_str("; ");
+                    }
+                    note.push_str(&format!(
+                        "not served here: {}",
+                        kbind_shared::redact::remote(&omitted.join("; "))
+                    ));
+                    entry(name, connection, true, VERSIONS_OMITTED, &note)
+                }
             }
         })
         .collect();
@@ -439,6 +458,7 @@ mod tests {
             in_sync: true,
             conflicts,
             held: None,
+            omitted: Vec::new(),
         }
     }
 
@@ -658,6 +678,7 @@ mod tests {
                 in_sync: true,
                 conflicts: foreign,
                 held: None,
+                omitted: Vec::new(),
             },
         )]);
         assert_eq!(get(&out, "Conflicts").reason, "ForeignObjectExists");
@@ -674,6 +695,7 @@ mod tests {
                 in_sync: true,
                 conflicts: other,
                 held: None,
+                omitted: Vec::new(),
             },
         )]);
         assert_eq!(get(&out, "Conflicts").reason, "OwnedByAnother");
@@ -712,6 +734,7 @@ mod tests {
                     complete: true,
                 }),
             }),
+            omitted: Vec::new(),
         };
         // A hostile provider: long change texts with control characters.
         let long: Vec<String> = (0..100)
@@ -767,6 +790,7 @@ mod tests {
                 in_sync: false,
                 conflicts: Conflicts::default(),
                 held: None,
+                omitted: Vec::new(),
             },
         )]);
         assert_eq!(get(&out, "SchemaInSync").status, Status::False);

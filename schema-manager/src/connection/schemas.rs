@@ -33,7 +33,7 @@ pub(super) async fn install_all(
         )
         .await;
         let result = match desired {
-            Ok(desired) => {
+            Ok((desired, _)) => {
                 let policy = crate::schema::Policy {
                     create: true,
                     update,

@@ -231,6 +231,7 @@ pub async fn synthesize_from_provider(
                         ApiScope::Cluster
                     },
                     versions,
+                    omitted_versions: Vec::new(),
                 },
                 why,
             )

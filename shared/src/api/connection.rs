@@ -295,6 +295,22 @@ pub struct ExportedApi {
     /// Served versions.
     #[schemars(transform = schema::set_list)]
     pub versions: Vec<String>,
+    /// Served versions the consumer does not serve, and why: kbind converts between versions with
+    /// conversion `None` only, so it serves the versions whose schema is identical to the storage
+    /// version's (lossless) and leaves out the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), transform = schema::atomic_list)]
+    pub omitted_versions: Vec<OmittedVersion>,
+}
+
+/// A provider version the consumer does not serve.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OmittedVersion {
+    /// The version, e.g. `v1beta1`.
+    pub name: String,
+    /// Why it is not served.
+    pub reason: String,
 }
 
 /// Whether instances of an API live in namespaces.

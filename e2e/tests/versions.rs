@@ -12,7 +12,7 @@ use kbind_e2e::wait::wait_for;
 use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, Connection, PullPolicy, SchemaSource};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// A Gizmo CRD on the provider serving v1beta1 (`spec.size` a string), v1 (storage) and v2 (the
 /// same schema as v1, deprecated), conversion None; labelled exported or not.
@@ -205,7 +205,7 @@ async fn every_lossless_version_is_served_and_the_others_are_named(
             .get("g1")
             .await
             .map_err(|e| e.to_string())?;
-        Ok((g.data["status"]["phase"] == Value::from("Ready")).then_some(()))
+        Ok((g.data["status"]["phase"] == "Ready").then_some(()))
     })
     .await;
     // A change made through v1 syncs too.

@@ -165,6 +165,17 @@ async fn connection_before_its_secret_becomes_ready_and_pins_both_identities() {
             .contains("kbind_api_requests_total{cluster=\"provider\",code=\"200\",verb=\"get\"}"),
         "{metrics}"
     );
+    // The heartbeat's age, computed when scraped: renewed within the last intervals.
+    let heartbeat = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kbind_connection_heartbeat_age_seconds{connection=\"provider\"} ")
+        })
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        heartbeat.is_some_and(|age| (0.0..30.0).contains(&age)),
+        "{metrics}"
+    );
     let events = Api::<Event>::namespaced(s.consumer.clone(), "default")
         .list(&ListParams::default())
         .await

@@ -105,6 +105,12 @@ async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_l
         "the standby wrote: {:?}",
         writes(&standby_metrics, "consumer")
     );
+    // Readiness is the leader's to say: a standby exports none (so dashboards read one source).
+    assert!(leader_metrics.contains("kbind_connection_ready{connection=\"first\"} 1"));
+    assert!(
+        !standby_metrics.contains("kbind_connection_ready{"),
+        "{standby_metrics}"
+    );
     assert!(
         !standby_metrics.contains("cluster=\"first\""),
         "the standby talked to the provider"

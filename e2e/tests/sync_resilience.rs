@@ -196,6 +196,12 @@ async fn revoked_credentials_give_forbidden_events_and_recover_when_granted_agai
         ))
     })
     .await;
+    let metrics = s.syncer.metrics().await.unwrap();
+    let forbidden = [("op", "spec_up"), ("result", "forbidden")];
+    assert!(
+        metric_sum(&metrics, "kbind_sync_operations_total", &forbidden) >= 1.0,
+        "RBAC's refusal is counted as such: {metrics}"
+    );
     assert!(
         warnings.iter().any(|w| w.contains("forbidden")),
         "{warnings:?}"
@@ -393,6 +399,12 @@ async fn provider_rejection_is_reported_and_other_objects_keep_syncing() {
             .iter()
             .any(|w| w.contains("less than or equal to 10")),
         "the provider's message: {warnings:?}"
+    );
+    let metrics = s.syncer.metrics().await.unwrap();
+    let rejected = [("op", "spec_up"), ("result", "rejected")];
+    assert!(
+        metric_sum(&metrics, "kbind_sync_operations_total", &rejected) >= 1.0,
+        "the provider's rejection is counted as such: {metrics}"
     );
     assert!(provider_widgets.get_opt("too-big").await.unwrap().is_none());
 }

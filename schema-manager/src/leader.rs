@@ -88,6 +88,7 @@ where
             tracing::error!(lease = %election.lease_name, "the reconcilers {why}; releasing the leader Lease and exiting");
             failed = Some(format!("the reconcilers {why} while leading"));
             metrics.leader.set(0.0);
+            metrics.forget_leader_state();
             break;
         }
         match lock.try_acquire_or_renew().await {
@@ -106,6 +107,7 @@ where
                     tracing::warn!(lease = %election.lease_name, "lost the leader Lease; stopped reconciling");
                     t.abort();
                     metrics.leader.set(0.0);
+                    metrics.forget_leader_state();
                 }
                 let holder = lease
                     .spec
@@ -121,6 +123,7 @@ where
                         t.abort();
                     }
                     metrics.leader.set(0.0);
+                    metrics.forget_leader_state();
                 }
             }
         }
@@ -139,6 +142,7 @@ where
             tracing::warn!("reconcilers did not stop within 8 s");
         }
         metrics.leader.set(0.0);
+        metrics.forget_leader_state();
     }
     if held {
         if let Err(e) = lock.step_down().await {

@@ -41,6 +41,20 @@ pub struct Metrics {
     pub assignment_overlaps: Gauge,
     /// `kbind_assignment_unassigned_units`: work units left out because the assignment is full
     pub assignment_unassigned_units: Gauge,
+    /// `kbind_sync_lag_seconds{connection,api,op}`: from the watch event that showed a change to
+    /// the write that delivered it (spec up: consumer change → provider copy written; status
+    /// down: provider status → consumer status written; delete: deletion seen → provider copy
+    /// gone and the finalizer released)
+    pub sync_lag_seconds: HistogramVec,
+    /// `kbind_sync_backlog{connection,api}`: objects whose change was seen and not yet synced
+    pub sync_backlog: GaugeVec,
+    /// `kbind_sync_backlog_oldest_seconds{connection,api}`: how long the oldest of them has waited
+    pub sync_backlog_oldest_seconds: GaugeVec,
+    /// `kbind_connection_heartbeat_age_seconds{connection}`: since the heartbeat Lease on the
+    /// provider was last renewed (computed when scraped)
+    pub connection_heartbeat_age_seconds: GaugeVec,
+    heartbeats:
+        std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
 }
 
 impl Default for Metrics {
@@ -87,6 +101,20 @@ impl Metrics {
         .expect("valid metric");
         registry
             .register(Box::new(sync_latency_seconds.clone()))
+            .expect("unique metric");
+        let sync_lag_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "kbind_sync_lag_seconds",
+                "End-to-end delay from the watch event that showed a change to the write that delivered it, per Connection, API and operation",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
+            &["connection", "api", "op"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(sync_lag_seconds.clone()))
             .expect("unique metric");
         let assignment_overlaps = Gauge::new(
             "kbind_assignment_overlaps",
@@ -181,6 +209,26 @@ impl Metrics {
                 "Work units a syncer runs: APIs, namespace buckets, bindings' related resources",
                 &["identity"],
             ),
+            sync_backlog: gauge_vec(
+                &registry,
+                "kbind_sync_backlog",
+                "Objects whose change was seen and is not yet synced",
+                &["connection", "api"],
+            ),
+            sync_backlog_oldest_seconds: gauge_vec(
+                &registry,
+                "kbind_sync_backlog_oldest_seconds",
+                "How long the oldest object not yet synced has waited",
+                &["connection", "api"],
+            ),
+            connection_heartbeat_age_seconds: gauge_vec(
+                &registry,
+                "kbind_connection_heartbeat_age_seconds",
+                "Seconds since the heartbeat Lease on the Connection's provider was last renewed",
+                &["connection"],
+            ),
+            heartbeats: Default::default(),
+            sync_lag_seconds,
             leader,
             assignment_overlaps,
             assignment_unassigned_units,
@@ -188,8 +236,48 @@ impl Metrics {
         }
     }
 
+    /// The heartbeat Lease of `connection` was renewed just now.
+    pub fn heartbeat_renewed(&self, connection: &str) {
+        if let Ok(mut heartbeats) = self.heartbeats.lock() {
+            heartbeats.insert(connection.to_owned(), std::time::Instant::now());
+        }
+    }
+
+    /// Drops every series about `connection` (it is gone).
+    pub fn forget_connection(&self, connection: &str) {
+        if let Ok(mut heartbeats) = self.heartbeats.lock() {
+            heartbeats.remove(connection);
+        }
+        for gauge in [
+            &self.connection_ready,
+            &self.connection_exported_apis,
+            &self.connection_heartbeat_age_seconds,
+        ] {
+            let _ = gauge.remove_label_values(&[connection]);
+        }
+    }
+
+    /// Drops what only the leader knows (Connection and binding readiness, heartbeats): a
+    /// schema manager that stops leading exports none of it, so dashboards read the leader's.
+    pub fn forget_leader_state(&self) {
+        if let Ok(mut heartbeats) = self.heartbeats.lock() {
+            heartbeats.clear();
+        }
+        self.connection_ready.reset();
+        self.connection_exported_apis.reset();
+        self.connection_heartbeat_age_seconds.reset();
+        self.binding_ready.reset();
+    }
+
     /// The registry in Prometheus text format.
     pub fn render(&self) -> String {
+        if let Ok(heartbeats) = self.heartbeats.lock() {
+            for (connection, renewed) in heartbeats.iter() {
+                self.connection_heartbeat_age_seconds
+                    .with_label_values(&[connection.as_str()])
+                    .set(renewed.elapsed().as_secs_f64());
+            }
+        }
         let mut out = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
             tracing::warn!(error = %e, "cannot render the metrics");

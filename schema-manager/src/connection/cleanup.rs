@@ -82,16 +82,7 @@ pub(super) async fn cleanup(connection: Arc<Connection>, state: &State) -> Resul
     }
     state.secrets.untrack(&name);
     state.ctx.providers.forget(&name);
-    let _ = state
-        .ctx
-        .metrics
-        .connection_ready
-        .remove_label_values(&[&name]);
-    let _ = state
-        .ctx
-        .metrics
-        .connection_exported_apis
-        .remove_label_values(&[&name]);
+    state.ctx.metrics.forget_connection(&name);
     // CDEL-5: the finalizer helper removes the Connection's own finalizer.
     Ok(Action::await_change())
 }

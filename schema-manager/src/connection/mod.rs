@@ -377,6 +377,8 @@ async fn connect(
     .await
     {
         tracing::info!(connection = %name, error = %e, "heartbeat not renewed");
+    } else {
+        ctx.metrics.heartbeat_renewed(&name);
     }
 
     let server = provider.kubeconfig.server().to_owned();

@@ -24,6 +24,7 @@ use crate::context::Context;
 
 mod buckets;
 mod decide;
+mod pending;
 mod sync;
 
 use crate::namespaces;
@@ -87,6 +88,8 @@ struct Worker {
     stopping: std::sync::atomic::AtomicBool,
     /// Backoff and log-once for objects whose sync keeps failing.
     retries: kbind_shared::backoff::Retries,
+    /// Changes seen and not yet synced: the backlog, and what lag is measured from.
+    pending: Arc<Mutex<pending::Pending>>,
 }
 
 /// Where an object stands, for `kbind_synced_objects` and `kbind_conflicts`.
@@ -116,10 +119,37 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     // be waited for once, before any decision reads it. (Waiting inside reconciles is not an
     // option: a Store's readiness wakes only the last of several concurrent waiters.)
     let buckets = spec.buckets.clone();
+    // The consumer side's cache, made first: a provider change counts as waiting only for an
+    // object the consumer has (nothing else is ever synced, so nothing else may wait).
+    let consumer_writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+    let consumer_objects = consumer_writer.as_reader();
+    let pending = Arc::new(Mutex::new(pending::Pending::default()));
+    let (seen_consumer, seen_pending) = (consumer_objects.clone(), pending.clone());
+    let seen_resource = resource.clone();
+    // A change is recorded as waiting before the cache shows it, so that a sync that sees it in
+    // the cache also finds when it was first seen.
     let provider_events = reflector::reflector(
         writer,
         watcher(provider_api, watcher::Config::default())
-            .filter(move |e| std::future::ready(buckets.keep(e))),
+            .filter(move |e| std::future::ready(buckets.keep(e)))
+            .inspect(move |event| {
+                if let Ok(
+                    watcher::Event::Apply(o)
+                    | watcher::Event::Delete(o)
+                    | watcher::Event::InitApply(o),
+                ) = event
+                {
+                    let mut reference = ObjectRef::new_with(&o.name_any(), seen_resource.clone());
+                    if let Some(namespace) = o.namespace() {
+                        reference = reference.within(&namespace);
+                    }
+                    if seen_consumer.get(&reference).is_some() {
+                        seen_pending
+                            .locked()
+                            .provider_changed(pending_key(o), std::time::Instant::now());
+                    }
+                }
+            }),
     )
     .default_backoff();
     let (trigger, provider_triggers) = futures::channel::mpsc::unbounded();
@@ -172,15 +202,16 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
             Duration::from_secs(1),
             Duration::from_secs(300),
         ),
+        pending,
     });
     let consumer_api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
-    let consumer_writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
-    let consumer_objects = consumer_writer.as_reader();
     let buckets = worker.spec.buckets.clone();
+    let seen = worker.clone();
     let consumer_events = reflector::reflector(
         consumer_writer,
         watcher(consumer_api, watcher::Config::default())
-            .filter(move |e| std::future::ready(buckets.keep(e))),
+            .filter(move |e| std::future::ready(buckets.keep(e)))
+            .inspect(move |event| seen.saw_consumer_event(event)),
     )
     .default_backoff()
     .applied_objects();
@@ -213,9 +244,28 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
+    // The backlog gauges, refreshed every second (the oldest entry ages between events).
+    let backlog = async {
+        let worker = &worker_for_stop;
+        let labels = [worker.spec.connection.as_str(), worker.spec.api.as_str()];
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let (waiting, oldest) = worker.pending.locked().backlog(std::time::Instant::now());
+            ctx.metrics
+                .sync_backlog
+                .with_label_values(&labels)
+                .set(waiting as f64);
+            ctx.metrics
+                .sync_backlog_oldest_seconds
+                .with_label_values(&labels)
+                .set(oldest.as_secs_f64());
+        }
+    };
     tokio::select! {
         _ = controller => {}
         _ = drained => {}
+        _ = backlog => {}
     }
     feeder.abort();
     for gauge in [
@@ -225,6 +275,34 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     ] {
         let _ = gauge.remove_label_values(&[api.as_str()]);
     }
+    for gauge in [
+        &ctx.metrics.sync_backlog,
+        &ctx.metrics.sync_backlog_oldest_seconds,
+    ] {
+        let _ =
+            gauge.remove_label_values(&[worker_for_stop.spec.connection.as_str(), api.as_str()]);
+    }
+}
+
+/// The `result` label of `kbind_sync_operations_total` for a failed request: `forbidden` (RBAC),
+/// `rejected` (the API server's admission or validation said no: 400, 422), `conflict` (409),
+/// `transient` (unavailable, overloaded, timed out, unreachable — retrying helps), `error`
+/// (anything else).
+pub fn result_label(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::Api(s) if s.is_forbidden() => "forbidden",
+        kube::Error::Api(s) if s.is_conflict() => "conflict",
+        kube::Error::Api(s) if s.is_invalid() || s.code == 400 => "rejected",
+        kube::Error::Api(s) if s.code >= 500 || s.code == 429 || s.code == 408 => "transient",
+        kube::Error::Api(_) => "error",
+        kube::Error::HyperError(_) | kube::Error::Service(_) => "transient",
+        _ => "error",
+    }
+}
+
+/// The backlog key of an object.
+fn pending_key(object: &DynamicObject) -> pending::Key {
+    (object.namespace(), object.name_any())
 }
 
 /// `namespace/name` (or `name`) of an object, for retries and logs.
@@ -263,6 +341,43 @@ fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) 
 }
 
 impl Worker {
+    /// A consumer watch event (already filtered to this worker's buckets): a change now waits.
+    fn saw_consumer_event(&self, event: &Result<watcher::Event<DynamicObject>, watcher::Error>) {
+        let now = std::time::Instant::now();
+        match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                let deleting = o.metadata.deletion_timestamp.is_some();
+                self.pending
+                    .locked()
+                    .consumer_changed(pending_key(o), now, deleting);
+            }
+            // Gone from the consumer: nothing of it is synced any more, nor waits.
+            Ok(watcher::Event::Delete(o)) => {
+                self.pending.locked().deleted(&pending_key(o));
+            }
+            _ => {}
+        }
+    }
+
+    /// Records the delay from `since` (when the change was first seen) to now for `op`, in
+    /// `kbind_sync_lag_seconds` and `kbind_sync_latency_seconds`.
+    fn lag(&self, op: &str, since: Option<std::time::Instant>) {
+        let Some(since) = since else {
+            return;
+        };
+        let seconds = since.elapsed().as_secs_f64();
+        self.ctx
+            .metrics
+            .sync_lag_seconds
+            .with_label_values(&[self.spec.connection.as_str(), self.spec.api.as_str(), op])
+            .observe(seconds);
+        self.ctx
+            .metrics
+            .sync_latency_seconds
+            .with_label_values(&[op])
+            .observe(seconds);
+    }
+
     /// The write fence, checked right before each write.
     fn fence(&self) -> Result<(), Error> {
         if self.ctx.membership.is_current() {
@@ -435,11 +550,54 @@ async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Ac
     let name = object.name_any();
     tracing::trace!(object = %name, "sync start");
     let key = object_key(&object);
-    let result = sync::sync(object, worker.clone()).await;
+    let waiting = pending_key(&object);
+    let seen = worker.pending.locked().take(&waiting);
+    let result = sync::sync(object, worker.clone(), seen).await;
     if result.is_ok() {
         worker.retries.succeeded(&key);
+    } else {
+        worker.pending.locked().give_back(waiting, seen);
     }
     tracing::trace!(object = %name, ok = result.is_ok(), "sync end");
     gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            reason: reason.into(),
+            ..kube::core::Status::failure("no", reason)
+        }))
+    }
+
+    #[test]
+    fn results_tell_forbidden_rejected_conflict_and_transient_apart() {
+        let cases = [
+            (api(403, "Forbidden"), "forbidden"),
+            (api(409, "Conflict"), "conflict"),
+            (api(422, "Invalid"), "rejected"),
+            (api(400, "BadRequest"), "rejected"),
+            (api(500, "InternalError"), "transient"),
+            (api(503, "ServiceUnavailable"), "transient"),
+            (api(429, "TooManyRequests"), "transient"),
+            (api(504, "Timeout"), "transient"),
+            (api(404, "NotFound"), "error"),
+            (
+                kube::Error::Service("connection refused".into()),
+                "transient",
+            ),
+            (
+                kube::Error::SerdeError(serde_json::from_str::<u8>("x").unwrap_err()),
+                "error",
+            ),
+        ];
+        for (error, want) in cases {
+            assert_eq!(result_label(&error), want, "{error}");
+        }
+    }
 }

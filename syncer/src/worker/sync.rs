@@ -3,7 +3,7 @@
 
 use kbind_shared::sync::Locked;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kbind_shared::keys;
 use kbind_shared::ownership::{self, Owner};
@@ -13,10 +13,16 @@ use kube::runtime::controller::Action;
 use serde_json::json;
 
 use super::decide::{Copy, Facts, SpecUp, Step, decide};
+use super::pending::Seen;
 use super::{Error, SyncState, Worker};
 
-/// One sync: gather the facts, [`decide`], execute the step.
-pub(super) async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action, Error> {
+/// One sync: gather the facts, [`decide`], execute the step. `seen`: when the changes it syncs
+/// were first seen, for the lag of the writes that deliver them.
+pub(super) async fn sync(
+    object: Arc<DynamicObject>,
+    worker: Arc<Worker>,
+    seen: Seen,
+) -> Result<Action, Error> {
     // The fence: a replica whose membership is not current writes nothing.
     if !worker.ctx.membership.is_current() {
         return Ok(Action::requeue(Duration::from_secs(1)));
@@ -94,7 +100,6 @@ pub(super) async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Res
         .as_ref()
         .and_then(|c| c.data.get("status").cloned());
     if let Some(how) = spec_up {
-        let started = Instant::now();
         if let Some(ns) = namespace.as_deref()
             && let Err(e) = worker.ensure_provider_namespace(ns).await
         {
@@ -128,12 +133,7 @@ pub(super) async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Res
         match applied {
             Ok(applied) => {
                 worker.count("spec_up", "ok");
-                worker
-                    .ctx
-                    .metrics
-                    .sync_latency_seconds
-                    .with_label_values(&["spec_up"])
-                    .observe(started.elapsed().as_secs_f64());
+                worker.lag("spec_up", seen.first());
                 provider_status = applied.data.get("status").cloned();
             }
             Err(e) if creating && kbind_shared::apply::exists(&e) => {
@@ -158,6 +158,7 @@ pub(super) async fn sync(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Res
         && object.data.get("status") != Some(&status)
     {
         status_down(&worker, &object, status).await?;
+        worker.lag("status_down", seen.provider.or(seen.consumer));
     }
     worker.mark(&object, Some(SyncState::Synced));
     Ok(Action::requeue(worker.ctx.resync_interval))
@@ -195,7 +196,7 @@ async fn status_down(
             Ok(())
         }
         Err(e) => {
-            worker.count("status_down", "error");
+            worker.count("status_down", super::result_label(&e));
             Err(Error::Consumer(e))
         }
     }
@@ -226,7 +227,7 @@ async fn forbidden_or(
         kube::Error::Api(s) if s.is_invalid() => {
             // The provider's admission said no: tell the user why, retry with backoff; other
             // objects are unaffected.
-            worker.count("spec_up", "error");
+            worker.count("spec_up", "rejected");
             worker
                 .warn(
                     object,
@@ -240,7 +241,7 @@ async fn forbidden_or(
             Ok(Action::requeue(Duration::from_secs(30)))
         }
         e => {
-            worker.count("spec_up", "error");
+            worker.count("spec_up", super::result_label(&e));
             Err(Error::Provider(e))
         }
     }
@@ -253,7 +254,16 @@ async fn delete(object: &DynamicObject, worker: &Worker) -> Result<Action, Error
     else {
         return Ok(Action::await_change());
     };
-    let release = || worker.set_finalizers(object, released.clone());
+    let release = || async {
+        // Read first: the object can vanish (and its watch event clear the entry) before the
+        // release's answer arrives.
+        let key = super::pending_key(object);
+        let since = worker.pending.locked().deletion_started(&key);
+        worker.set_finalizers(object, released.clone()).await?;
+        worker.pending.locked().deleted(&key);
+        worker.lag("delete", since);
+        Ok::<(), Error>(())
+    };
     if object
         .annotations()
         .get(keys::DELETION_POLICY_ANNOTATION)
@@ -290,7 +300,7 @@ async fn delete(object: &DynamicObject, worker: &Worker) -> Result<Action, Error
                     Ok(_) => worker.count("delete", "ok"),
                     Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
                     Err(e) => {
-                        worker.count("delete", "error");
+                        worker.count("delete", super::result_label(&e));
                         return Err(Error::Provider(e));
                     }
                 }

@@ -1,0 +1,223 @@
+//! "Is it keeping up?" from `/metrics`, on two real clusters: the end-to-end lag histograms count
+//! every change delivered (spec up, status down, deletion), the backlog drains to zero, and
+//! failed operations say why (`result`: conflict, transient here; forbidden and rejected in
+//! `sync_resilience.rs`).
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::{wait_for, wait_gone};
+use kbind_shared::api::ClusterBinding;
+use kube::Api;
+use kube::api::{DeleteParams, DynamicObject, PostParams};
+use serde_json::json;
+
+const API: &str = "widgets.example.org";
+
+async fn ready(s: &SyncEnv) {
+    wait_binding_condition(
+        &Api::<ClusterBinding>::all(s.consumer.clone()),
+        "widgets",
+        "Ready",
+        "True",
+        None,
+    )
+    .await
+    .unwrap();
+}
+
+/// `kbind_sync_operations_total` for `op` and `result`.
+fn operations(text: &str, op: &str, result: &str) -> f64 {
+    metric_sum(
+        text,
+        "kbind_sync_operations_total",
+        &[("api", API), ("op", op), ("result", result)],
+    )
+}
+
+/// How many delays `kbind_sync_lag_seconds` recorded for `op`.
+fn lags(text: &str, op: &str) -> f64 {
+    metric_sum(
+        text,
+        "kbind_sync_lag_seconds_count",
+        &[("connection", "provider"), ("api", API), ("op", op)],
+    )
+}
+
+/// Waits until the backlog of the widgets worker is empty (both gauges 0).
+async fn wait_backlog_drained(s: &SyncEnv) {
+    wait_for("the backlog to drain", 30, || async {
+        let text = s.syncer.metrics().await?;
+        let labels = [("connection", "provider"), ("api", API)];
+        let (waiting, oldest) = (
+            metric_sum(&text, "kbind_sync_backlog", &labels),
+            metric_sum(&text, "kbind_sync_backlog_oldest_seconds", &labels),
+        );
+        if !text.contains("kbind_sync_backlog{") {
+            return Err("no backlog gauge yet".into());
+        }
+        Ok((waiting == 0.0 && oldest == 0.0).then_some(()))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn lag_histograms_count_every_delivered_change_and_the_backlog_drains() {
+    let s = SyncEnv::start("metrics_lag", &[0, 1, 2], None).await;
+    ready(&s).await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    let names = ["w1", "w2", "w3", "w4", "w5"];
+    for name in names {
+        create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", name, 1).await;
+    }
+    for name in &names[..3] {
+        resize_and_wait_upstream(&consumer_widgets, &provider_widgets, name, 2).await;
+    }
+    // Every status (the provider's stand-in controller sets observedSize) has come down.
+    wait_for("every status down", 30, || async {
+        let list = consumer_widgets
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(list
+            .items
+            .iter()
+            .all(|w: &DynamicObject| w.data["status"]["observedSize"] == w.data["spec"]["size"])
+            .then_some(()))
+    })
+    .await;
+    for name in ["w4", "w5"] {
+        consumer_widgets
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for name in ["w4", "w5"] {
+        wait_gone(&consumer_widgets, name, "the deleted consumer object", 30).await;
+    }
+    wait_backlog_drained(&s).await;
+
+    let text = s.syncer.metrics().await.unwrap();
+    // One spec-up write per change (5 creations, 3 resizes), each with its delay recorded.
+    assert_eq!(operations(&text, "spec_up", "ok"), 8.0, "{text}");
+    assert_eq!(lags(&text, "spec_up"), 8.0);
+    assert_eq!(
+        metric_sum(
+            &text,
+            "kbind_sync_latency_seconds_count",
+            &[("op", "spec_up")]
+        ),
+        8.0,
+        "INTERFACES.md's histogram measures the same delay"
+    );
+    // Every status written back, and both deletions, timed the same way.
+    let status_writes = operations(&text, "status_down", "ok");
+    assert!(status_writes >= 8.0, "{text}");
+    assert_eq!(lags(&text, "status_down"), status_writes);
+    assert_eq!(operations(&text, "delete", "ok"), 2.0);
+    assert_eq!(lags(&text, "delete"), 2.0);
+    assert!(
+        metric_sum(&text, "kbind_sync_lag_seconds_sum", &[("op", "spec_up")]) > 0.0,
+        "delays are real"
+    );
+}
+
+#[tokio::test]
+async fn failures_are_labelled_conflict_and_transient_and_the_backlog_shows_them() {
+    let s = SyncEnv::start("metrics_results", &[0, 1, 2], None).await;
+    ready(&s).await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    ensure_namespace(&s.provider, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+
+    // Conflict: the provider already has an object of that name that kbind did not create.
+    provider_widgets
+        .create(&PostParams::default(), &widget("taken", 1))
+        .await
+        .unwrap();
+    consumer_widgets
+        .create(&PostParams::default(), &widget("taken", 2))
+        .await
+        .unwrap();
+    wait_for("a conflict result", 30, || async {
+        let text = s.syncer.metrics().await?;
+        Ok((operations(&text, "spec_up", "conflict") >= 1.0).then_some(()))
+    })
+    .await;
+
+    // Transient: the provider's admission webhook is down (failurePolicy Fail → HTTP 500).
+    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(s.provider.clone());
+    let webhook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": { "name": "down" },
+        "webhooks": [{
+            "name": "down.example.org",
+            "clientConfig": { "url": "https://127.0.0.1:1/validate" },
+            "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["widgets"] }],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 1,
+        }],
+    }))
+    .unwrap();
+    webhooks
+        .create(&PostParams::default(), &webhook)
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    consumer_widgets
+        .create(&PostParams::default(), &widget("flaky", 3))
+        .await
+        .unwrap();
+    wait_for(
+        "a transient result, and the object waiting in the backlog",
+        30,
+        || async {
+            let text = s.syncer.metrics().await?;
+            let waiting = metric_sum(
+                &text,
+                "kbind_sync_backlog",
+                &[("connection", "provider"), ("api", API)],
+            );
+            Ok((operations(&text, "spec_up", "transient") >= 1.0 && waiting >= 1.0).then_some(()))
+        },
+    )
+    .await;
+    // It ages while it waits.
+    wait_for("the oldest waiting object to age", 30, || async {
+        let text = s.syncer.metrics().await?;
+        let oldest = metric_sum(
+            &text,
+            "kbind_sync_backlog_oldest_seconds",
+            &[("connection", "provider"), ("api", API)],
+        );
+        Ok((oldest >= 2.0).then_some(()))
+    })
+    .await;
+
+    // The webhook is back out of the way: the object syncs and the backlog drains.
+    webhooks
+        .delete("down", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the waiting object upstream", 60, || async {
+        provider_widgets
+            .get_opt("flaky")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    // The conflict is not a backlog: it waits for a person, not for a retry.
+    consumer_widgets
+        .delete("taken", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_backlog_drained(&s).await;
+}

@@ -1,0 +1,162 @@
+//! The backlog of one worker: objects whose change a watch showed and that are not synced yet,
+//! with when each kind of change was first seen. What the lag histograms measure from and what
+//! `kbind_sync_backlog` counts. A reconcile takes an object's entry when it starts and gives it
+//! back if it fails, so an object that keeps failing stays in the backlog and ages.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// `(namespace, name)` of a consumer object.
+pub type Key = (Option<String>, String);
+
+/// When the changes waiting for one object were first seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// A consumer change (spec, metadata or deletion).
+    pub consumer: Option<Instant>,
+    /// A provider change (its status, or drift).
+    pub provider: Option<Instant>,
+}
+
+impl Seen {
+    /// The earliest change.
+    pub fn first(&self) -> Option<Instant> {
+        match (self.consumer, self.provider) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn merge(&mut self, other: Seen) {
+        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.consumer = earliest(self.consumer, other.consumer);
+        self.provider = earliest(self.provider, other.provider);
+    }
+}
+
+/// The backlog, and when each deletion in progress was first seen (a deletion takes several
+/// reconciles: delete the copy, wait until it is gone, release the finalizer).
+#[derive(Debug, Default)]
+pub struct Pending {
+    waiting: HashMap<Key, Seen>,
+    deleting: HashMap<Key, Instant>,
+}
+
+impl Pending {
+    /// A watch showed a consumer change of `key` at `now`; `deleting`: it is being deleted.
+    pub fn consumer_changed(&mut self, key: Key, now: Instant, deleting: bool) {
+        if deleting {
+            self.deleting.entry(key.clone()).or_insert(now);
+        }
+        self.waiting.entry(key).or_default().merge(Seen {
+            consumer: Some(now),
+            provider: None,
+        });
+    }
+
+    /// A watch showed a provider change of the copy of `key` at `now`.
+    pub fn provider_changed(&mut self, key: Key, now: Instant) {
+        self.waiting.entry(key).or_default().merge(Seen {
+            consumer: None,
+            provider: Some(now),
+        });
+    }
+
+    /// A sync of `key` starts: what it is about (nothing for a periodic resync).
+    pub fn take(&mut self, key: &Key) -> Seen {
+        self.waiting.remove(key).unwrap_or_default()
+    }
+
+    /// That sync failed: its changes are waiting again, as old as they were.
+    pub fn give_back(&mut self, key: Key, seen: Seen) {
+        if seen.first().is_some() {
+            self.waiting.entry(key).or_default().merge(seen);
+        }
+    }
+
+    /// When the deletion of `key` was first seen, if it is being deleted.
+    pub fn deletion_started(&self, key: &Key) -> Option<Instant> {
+        self.deleting.get(key).copied()
+    }
+
+    /// The deletion of `key` finished (or the object is gone): when it was first seen.
+    pub fn deleted(&mut self, key: &Key) -> Option<Instant> {
+        self.waiting.remove(key);
+        self.deleting.remove(key)
+    }
+
+    /// Objects waiting, and how long the oldest has waited at `now`.
+    pub fn backlog(&self, now: Instant) -> (usize, Duration) {
+        let oldest = self
+            .waiting
+            .values()
+            .filter_map(Seen::first)
+            .min()
+            .map(|t| now.saturating_duration_since(t))
+            .unwrap_or_default();
+        (self.waiting.len(), oldest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        (Some("ns".into()), name.into())
+    }
+
+    #[test]
+    fn changes_wait_until_a_sync_takes_them_and_failures_give_them_back() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut p = Pending::default();
+        assert_eq!(p.backlog(at(0)), (0, Duration::ZERO));
+
+        // Two consumer events before a sync: the first one counts.
+        p.consumer_changed(key("a"), at(10), false);
+        p.consumer_changed(key("a"), at(20), false);
+        p.provider_changed(key("b"), at(30));
+        assert_eq!(p.backlog(at(110)), (2, Duration::from_millis(100)));
+
+        // A sync takes a's changes; b still waits.
+        let seen = p.take(&key("a"));
+        assert_eq!(seen.consumer, Some(at(10)));
+        assert_eq!(seen.provider, None);
+        assert_eq!(p.backlog(at(110)), (1, Duration::from_millis(80)));
+
+        // A change during the sync, then the sync fails: the earliest time survives.
+        p.provider_changed(key("a"), at(50));
+        p.give_back(key("a"), seen);
+        let again = p.take(&key("a"));
+        assert_eq!(
+            (again.consumer, again.provider),
+            (Some(at(10)), Some(at(50)))
+        );
+        assert_eq!(again.first(), Some(at(10)));
+
+        // A periodic resync takes nothing, and giving nothing back adds nothing.
+        let none = p.take(&key("c"));
+        assert_eq!(none, Seen::default());
+        p.give_back(key("c"), none);
+        assert_eq!(p.backlog(at(200)).0, 1);
+    }
+
+    #[test]
+    fn a_deletion_is_timed_from_its_first_sighting_across_syncs() {
+        let t0 = Instant::now();
+        let mut p = Pending::default();
+        p.consumer_changed(key("a"), t0, true);
+        let _ = p.take(&key("a"));
+        // The copy's deletion shows up as a provider event, later.
+        p.consumer_changed(key("a"), t0 + Duration::from_secs(1), true);
+        p.provider_changed(key("a"), t0 + Duration::from_secs(2));
+        assert_eq!(p.deletion_started(&key("a")), Some(t0));
+        assert_eq!(p.deleted(&key("a")), Some(t0));
+        assert_eq!(p.backlog(t0).0, 0, "a finished deletion leaves no backlog");
+        assert_eq!(p.deleted(&key("a")), None);
+    }
+}

@@ -85,7 +85,12 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
             .get("w1")
             .await
             .map_err(|e| e.to_string())?;
-        Ok((w.data["status"] == json!({ "phase": "Ready", "observedSize": 3 })).then_some(()))
+        // The provider's status, and kbind's delivery record beside it.
+        let mut status = w.data["status"].clone();
+        let record = status.as_object_mut().and_then(|s| s.remove("kbindSync"));
+        Ok((status == json!({ "phase": "Ready", "observedSize": 3 })
+            && record.is_some_and(|r| r["state"] == "Synced" && r["generation"] == 1))
+        .then_some(()))
     })
     .await;
     let w = consumer_widgets.get("w1").await.unwrap();

@@ -304,11 +304,15 @@ fn compare(path: &str, old: &Value, new: &Value, depth: usize, out: &mut Out) {
         }
     }
     let keeps_unknown = truthy(new, "x-kubernetes-preserve-unknown-fields");
+    // kbind's own delivery record is not the provider's schema: adding it never waits.
+    let ours = |field: &str| {
+        field == kbind_shared::delivery::FIELD && (path == "status" || path.ends_with(": status"))
+    };
     if truthy(old, "x-kubernetes-preserve-unknown-fields") {
         // Under preserved unknown fields an undeclared field could hold anything: declaring it
         // constrains values that are already stored.
         for (field, after) in new_properties {
-            if !old_properties.contains_key(field) && !unconstrained(after) {
+            if !old_properties.contains_key(field) && !unconstrained(after) && !ours(field) {
                 out.push(
                     &join(path, field),
                     "now declared (it could hold any value before)".into(),
@@ -319,7 +323,7 @@ fn compare(path: &str, old: &Value, new: &Value, depth: usize, out: &mut Out) {
     for (field, before) in old_properties {
         match new_properties.get(field) {
             Some(after) => compare(&join(path, field), before, after, depth + 1, out),
-            None if keeps_unknown => {}
+            None if keeps_unknown || ours(field) => {}
             None => out.push(
                 &join(path, field),
                 "removed (its data would be pruned)".into(),

@@ -42,6 +42,7 @@ pub fn desired_crd(
         return Err(format!("provider CRD {name} has no served version"));
     }
     let omitted = serve_lossless(&mut spec);
+    with_delivery(&mut spec);
     Ok((
         with_markers(
             CustomResourceDefinition {
@@ -56,6 +57,57 @@ pub fn desired_crd(
         ),
         omitted,
     ))
+}
+
+/// Per-object delivery on a consumer CRD, in place: each version with a status subresource and a
+/// `status` object in its schema gets kbind's `status.kbindSync` field and printer columns
+/// ([`kbind_shared::delivery`]), unless the provider's schema already has a field of that name.
+pub fn with_delivery(spec: &mut CustomResourceDefinitionSpec) {
+    use kbind_shared::delivery;
+    for version in &mut spec.versions {
+        if version
+            .subresources
+            .as_ref()
+            .is_none_or(|s| s.status.is_none())
+        {
+            continue;
+        }
+        let Some(mut schema) = version
+            .schema
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok())
+        else {
+            continue;
+        };
+        let status = &mut schema["openAPIV3Schema"]["properties"]["status"];
+        let is_object = status.is_object()
+            && status
+                .get("type")
+                .is_none_or(|t| t == &serde_json::Value::from("object"));
+        if !is_object || status["properties"].get(delivery::FIELD).is_some() {
+            continue;
+        }
+        if !status["properties"].is_object() {
+            status["properties"] = json!({});
+        }
+        status["properties"][delivery::FIELD] = delivery::status_schema();
+        let Ok(with_field) = serde_json::from_value(schema) else {
+            continue;
+        };
+        version.schema = Some(with_field);
+        let columns = version
+            .additional_printer_columns
+            .get_or_insert_with(Vec::new);
+        for column in delivery::printer_columns() {
+            let name = column["name"].as_str().unwrap_or_default();
+            if columns.iter().any(|c| c.name.eq_ignore_ascii_case(name)) {
+                continue;
+            }
+            if let Ok(column) = serde_json::from_value(column) {
+                columns.push(column);
+            }
+        }
+    }
 }
 
 /// The versions a consumer CRD serves, in place: the storage version (the provider's, else its
@@ -165,6 +217,7 @@ pub async fn desired_for(
             .find(|c| c.metadata.name.as_deref() == Some(export.name.as_str()))
             .map(|mut crd| {
                 let omitted = serve_lossless(&mut crd.spec);
+                with_delivery(&mut crd.spec);
                 (with_markers(crd, connection), omitted)
             })
             .ok_or_else(|| {
@@ -612,6 +665,97 @@ mod tests {
         assert_eq!(
             (conversion.strategy.as_str(), conversion.webhook.is_none()),
             ("None", true)
+        );
+    }
+
+    #[test]
+    fn installed_crds_carry_the_delivery_record_and_its_columns() {
+        let with = |status: serde_json::Value, subresource: bool| {
+            let mut p = provider_crd();
+            p.spec.versions = vec![version("v1", true, true)];
+            p.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": {
+                "type": "object", "properties": { "spec": { "type": "object" }, "status": status } } }))
+            .unwrap();
+            if subresource {
+                p.spec.versions[0].subresources =
+                    Some(serde_json::from_value(json!({ "status": {} })).unwrap());
+            }
+            p.spec.versions[0].additional_printer_columns = Some(vec![
+                serde_json::from_value(
+                    json!({ "name": "Phase", "type": "string", "jsonPath": ".status.phase" }),
+                )
+                .unwrap(),
+            ]);
+            desired_crd(&p, "c").unwrap().0
+        };
+        let status_of = |crd: &CustomResourceDefinition| {
+            serde_json::to_value(&crd.spec.versions[0].schema).unwrap()["openAPIV3Schema"]
+                ["properties"]["status"]
+                .clone()
+        };
+        let columns = |crd: &CustomResourceDefinition| -> Vec<String> {
+            crd.spec.versions[0]
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.clone())
+                .collect()
+        };
+        // A free-form status gets the declared record; the provider's columns come first.
+        let crd = with(
+            json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true }),
+            true,
+        );
+        assert_eq!(
+            status_of(&crd)["properties"]["kbindSync"]["properties"]["generation"]["type"],
+            "integer"
+        );
+        assert_eq!(
+            columns(&crd),
+            [
+                "Phase",
+                "Synced",
+                "Delivered",
+                "Generation",
+                "Synced-Generation",
+                "Message",
+                "Age"
+            ]
+        );
+        // A structured status keeps its fields.
+        let crd = with(
+            json!({ "type": "object", "properties": { "phase": { "type": "string" } } }),
+            true,
+        );
+        assert!(status_of(&crd)["properties"]["phase"].is_object());
+        assert!(status_of(&crd)["properties"]["kbindSync"].is_object());
+        // No status subresource (no status write), or a provider field of that name: untouched.
+        let crd = with(json!({ "type": "object" }), false);
+        assert!(status_of(&crd)["properties"].get("kbindSync").is_none());
+        assert_eq!(columns(&crd), ["Phase"]);
+        let crd = with(
+            json!({ "type": "object", "properties": { "kbindSync": { "type": "string" } } }),
+            true,
+        );
+        assert_eq!(
+            status_of(&crd)["properties"]["kbindSync"],
+            json!({ "type": "string" })
+        );
+        assert_eq!(columns(&crd), ["Phase"]);
+        // Adding the record to an installed CRD is never a breaking change.
+        let before = with(
+            json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true }),
+            false,
+        );
+        let mut after = before.clone();
+        after.spec.versions[0].subresources =
+            Some(serde_json::from_value(json!({ "status": {} })).unwrap());
+        with_delivery(&mut after.spec);
+        after.spec.versions[0].subresources = None;
+        assert!(
+            crate::evolution::breaking_changes(&before.spec, &after.spec)
+                .0
+                .is_empty()
         );
     }
 

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod client;
 pub mod conditions;
 pub mod credential;
+pub mod delivery;
 pub mod dynamic;
 pub mod finalizers;
 #[cfg(test)]

@@ -443,6 +443,7 @@ fn desired_workers(
                 has_status_subresource: crd.spec.versions.iter().any(|v| {
                     v.storage && v.subresources.as_ref().is_some_and(|s| s.status.is_some())
                 }),
+                has_delivery: has_delivery_record(&crd),
                 connection: connection_name,
                 local_uid,
                 kubeconfig,
@@ -451,6 +452,19 @@ fn desired_workers(
         wanted.insert(name, (key, Work::Api(spec)));
     }
     wanted
+}
+
+/// Whether the consumer CRD's storage version has kbind's `status.kbindSync` (the schema
+/// manager adds it to the CRDs it installs; a CRD supplied by someone else may lack it, and then
+/// the record is not written — the API server would prune it, every time).
+fn has_delivery_record(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> bool {
+    kbind_shared::dynamic::storage_version(&crd.spec.versions)
+        .filter(|v| v.subresources.as_ref().is_some_and(|s| s.status.is_some()))
+        .and_then(|v| v.schema.as_ref()?.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref()?.get("status")?.properties.as_ref())
+        .is_some_and(|p| p.contains_key(kbind_shared::delivery::FIELD))
 }
 
 #[cfg(test)]

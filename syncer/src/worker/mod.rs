@@ -38,6 +38,8 @@ pub struct WorkerSpec {
     pub resource: ApiResource,
     /// Whether the consumer CRD has a status subresource.
     pub has_status_subresource: bool,
+    /// Whether its status has kbind's delivery record (`status.kbindSync`).
+    pub has_delivery: bool,
     /// The Connection.
     pub connection: String,
     /// The consumer's pinned identity.

@@ -43,6 +43,9 @@ impl Seen {
 pub struct Pending {
     waiting: HashMap<Key, Seen>,
     deleting: HashMap<Key, Instant>,
+    /// When kbind last wrote an object's spec to the provider, while its delivery record waits
+    /// for the provider's status change to carry it.
+    applied: HashMap<Key, Instant>,
 }
 
 impl Pending {
@@ -85,7 +88,31 @@ impl Pending {
     /// The deletion of `key` finished (or the object is gone): when it was first seen.
     pub fn deleted(&mut self, key: &Key) -> Option<Instant> {
         self.waiting.remove(key);
+        self.applied.remove(key);
         self.deleting.remove(key)
+    }
+
+    /// kbind wrote the spec of `key` to the provider at `now`.
+    pub fn spec_applied(&mut self, key: Key, now: Instant) {
+        self.applied.insert(key, now);
+    }
+
+    /// How much longer a delivery record for `key` should wait for the provider's status change
+    /// (`wait` after the spec was written); `None` once it need not (and then it is forgotten).
+    pub fn record_wait(&mut self, key: &Key, now: Instant, wait: Duration) -> Option<Duration> {
+        let applied = *self.applied.get(key)?;
+        let left = wait.saturating_sub(now.saturating_duration_since(applied));
+        if left.is_zero() {
+            self.applied.remove(key);
+            None
+        } else {
+            Some(left)
+        }
+    }
+
+    /// The record of `key` was written: nothing waits for it any more.
+    pub fn recorded(&mut self, key: &Key) {
+        self.applied.remove(key);
     }
 
     /// Objects waiting, and how long the oldest has waited at `now`.
@@ -143,6 +170,39 @@ mod tests {
         assert_eq!(none, Seen::default());
         p.give_back(key("c"), none);
         assert_eq!(p.backlog(at(200)).0, 1);
+    }
+
+    #[test]
+    fn a_delivery_record_waits_a_while_after_the_spec_was_written_then_not_at_all() {
+        let t0 = Instant::now();
+        let wait = Duration::from_secs(2);
+        let mut p = Pending::default();
+        assert_eq!(
+            p.record_wait(&key("a"), t0, wait),
+            None,
+            "nothing written, nothing to wait for"
+        );
+        p.spec_applied(key("a"), t0);
+        assert_eq!(
+            p.record_wait(&key("a"), t0 + Duration::from_millis(500), wait),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(p.record_wait(&key("a"), t0 + wait, wait), None);
+        assert_eq!(
+            p.record_wait(&key("a"), t0, wait),
+            None,
+            "forgotten once elapsed"
+        );
+        p.spec_applied(key("b"), t0);
+        p.recorded(&key("b"));
+        assert_eq!(
+            p.record_wait(&key("b"), t0, wait),
+            None,
+            "written with the status"
+        );
+        p.spec_applied(key("c"), t0);
+        p.deleted(&key("c"));
+        assert_eq!(p.record_wait(&key("c"), t0, wait), None, "gone");
     }
 
     #[test]

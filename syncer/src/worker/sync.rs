@@ -5,6 +5,7 @@ use kbind_shared::sync::Locked;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kbind_shared::delivery;
 use kbind_shared::keys;
 use kbind_shared::ownership::{self, Owner};
 use kube::ResourceExt;
@@ -99,6 +100,10 @@ pub(super) async fn sync(
     let mut provider_status = provider_copy
         .as_ref()
         .and_then(|c| c.data.get("status").cloned());
+    // When kbind last wrote the copy's spec (the delivery record's time).
+    let mut delivered_at = provider_copy
+        .as_ref()
+        .and_then(|c| delivery::applied_at(&c.metadata));
     if let Some(how) = spec_up {
         if let Some(ns) = namespace.as_deref()
             && let Err(e) = worker.ensure_provider_namespace(ns).await
@@ -135,6 +140,11 @@ pub(super) async fn sync(
                 worker.count("spec_up", "ok");
                 worker.lag("spec_up", seen.first());
                 provider_status = applied.data.get("status").cloned();
+                delivered_at = delivery::applied_at(&applied.metadata);
+                worker
+                    .pending
+                    .locked()
+                    .spec_applied(super::pending_key(&object), std::time::Instant::now());
             }
             Err(e) if creating && kbind_shared::apply::exists(&e) => {
                 tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object appeared before the first spec-up; classifying it");
@@ -153,21 +163,53 @@ pub(super) async fn sync(
         }
     }
 
-    // SYNC-9: status down, only when it differs.
-    if let Some(status) = provider_status
-        && object.data.get("status") != Some(&status)
+    // SYNC-9: status down, only when it differs — with kbind's delivery record, which says the
+    // current generation reached the provider.
+    let current = object.data.get("status");
+    let desired = if spec.has_delivery {
+        let record = delivery::delivered(object.metadata.generation, delivered_at);
+        Some(delivery::with_record(provider_status.as_ref(), &record))
+    } else {
+        provider_status
+    };
+    if let Some(status) = desired
+        && current != Some(&status)
     {
-        status_down(&worker, &object, status).await?;
-        worker.lag("status_down", seen.provider.or(seen.consumer));
+        let key = super::pending_key(&object);
+        if !delivery::differs_beyond_record(current, Some(&status)) {
+            let wait =
+                worker
+                    .pending
+                    .locked()
+                    .record_wait(&key, std::time::Instant::now(), DELIVERY_WAIT);
+            if let Some(wait) = wait {
+                // Only the record is new: the status change the provider makes for this spec
+                // will carry it, in the one consumer write a change costs. If none comes soon,
+                // the record is written on its own.
+                worker.mark(&object, Some(SyncState::Synced));
+                return Ok(Action::requeue(wait));
+            }
+            status_down(&worker, &object, status, "record").await?;
+        } else {
+            status_down(&worker, &object, status, "status_down").await?;
+            worker.lag("status_down", seen.provider.or(seen.consumer));
+        }
+        worker.pending.locked().recorded(&key);
     }
     worker.mark(&object, Some(SyncState::Synced));
     Ok(Action::requeue(worker.ctx.resync_interval))
 }
 
+/// How long a delivery record waits for the provider's status change to carry it.
+const DELIVERY_WAIT: Duration = Duration::from_secs(2);
+
+/// Writes `status` (the provider's, and kbind's record) to the consumer object, counted as `op`:
+/// `status_down`, or `record` when only kbind's delivery record changes.
 async fn status_down(
     worker: &Worker,
     object: &DynamicObject,
     status: serde_json::Value,
+    op: &str,
 ) -> Result<(), Error> {
     if !worker.spec.has_status_subresource {
         // QRK-12: one clear Warning, not an endless error loop.
@@ -192,14 +234,34 @@ async fn status_down(
         .await
     {
         Ok(_) => {
-            worker.count("status_down", "ok");
+            worker.count(op, "ok");
             Ok(())
         }
         Err(e) => {
-            worker.count("status_down", super::result_label(&e));
+            worker.count(op, super::result_label(&e));
             Err(Error::Consumer(e))
         }
     }
+}
+
+/// The delivery record says the current spec was refused, and why — written once per refusal
+/// (a retry that is refused the same way writes nothing).
+async fn record_refusal(
+    worker: &Worker,
+    object: &DynamicObject,
+    state: &str,
+    message: &str,
+) -> Result<(), Error> {
+    if !worker.spec.has_delivery || !worker.spec.has_status_subresource {
+        return Ok(());
+    }
+    let current = delivery::record_of(object.data.get("status"));
+    let record = delivery::refused(current, state, message);
+    let status = delivery::with_record(object.data.get("status"), &record);
+    if object.data.get("status") == Some(&status) {
+        return Ok(());
+    }
+    status_down(worker, object, status, "record").await
 }
 
 /// SYNC-10: Forbidden gets a Warning Event and a 30 s retry; anything else is an error.
@@ -212,6 +274,7 @@ async fn forbidden_or(
     match error {
         kube::Error::Api(s) if s.is_forbidden() => {
             worker.count("spec_up", "forbidden");
+            record_refusal(worker, object, delivery::FORBIDDEN, &s.message).await?;
             worker
                 .warn(
                     object,
@@ -228,6 +291,7 @@ async fn forbidden_or(
             // The provider's admission said no: tell the user why, retry with backoff; other
             // objects are unaffected.
             worker.count("spec_up", "rejected");
+            record_refusal(worker, object, delivery::REJECTED, &s.message).await?;
             worker
                 .warn(
                     object,

@@ -1,0 +1,233 @@
+//! Per-object delivery on two real clusters: every synced consumer object says, in
+//! `status.kbindSync` and in `kubectl get` columns, which generation of its spec reached the
+//! provider and when — or why not — and saying so costs no write beyond those a change already
+//! causes.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::wait_for;
+use kbind_shared::api::ClusterBinding;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+/// Writes on Widgets an API server has served (every client's), from its own `/metrics`.
+async fn widget_writes(client: &Client) -> f64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    ["CREATE", "UPDATE", "PATCH", "APPLY", "DELETE"]
+        .iter()
+        .map(|verb| {
+            metric_sum(
+                &text,
+                "apiserver_request_total",
+                &[("resource", "widgets"), ("verb", verb)],
+            )
+        })
+        .sum()
+}
+
+/// The consumer Widgets of `namespace` as `kubectl get` shows them: the column names, and the
+/// cells of the row `name`.
+async fn table(client: &Client, namespace: &str, name: &str) -> (Vec<String>, Vec<Value>) {
+    let request = http::Request::get(format!(
+        "/apis/example.org/v1/namespaces/{namespace}/widgets"
+    ))
+    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+    .body(Vec::new())
+    .unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let table: Value = serde_json::from_str(&text).unwrap();
+    let columns = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let row = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["cells"][0] == name)
+        .map(|r| r["cells"].as_array().unwrap().clone())
+        .unwrap_or_default();
+    (columns, row)
+}
+
+/// Waits until w1's record has `state` and `generation`; returns it.
+async fn wait_record(s: &SyncEnv, state: &str, generation: i64) -> Value {
+    let widgets = widgets(&s.consumer, "team-a");
+    wait_for(
+        &format!("w1's record {state} at generation {generation}"),
+        30,
+        || async {
+            let w = widgets.get("w1").await.map_err(|e| e.to_string())?;
+            let record = w.data["status"]["kbindSync"].clone();
+            if record["state"] == state && record["generation"] == generation {
+                Ok(Some(record))
+            } else {
+                Err(format!(
+                    "record {record}, generation {:?}",
+                    w.metadata.generation
+                ))
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn each_object_says_which_generation_reached_the_provider_when_and_why_not() {
+    let s = SyncEnv::start("delivery", &[0, 1, 2], None).await;
+    wait_binding_condition(
+        &Api::<ClusterBinding>::all(s.consumer.clone()),
+        "widgets",
+        "Ready",
+        "True",
+        None,
+    )
+    .await
+    .unwrap();
+    // The installed CRD declares the record and shows it.
+    let crd = Api::<CustomResourceDefinition>::all(s.consumer.clone())
+        .get("widgets.example.org")
+        .await
+        .unwrap();
+    let columns: Vec<&str> = crd.spec.versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "Synced",
+            "Delivered",
+            "Generation",
+            "Synced-Generation",
+            "Message",
+            "Age"
+        ]
+    );
+
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
+    let first = wait_record(&s, "Synced", 1).await;
+    assert!(
+        first["time"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{first}"
+    );
+    let (columns, row) = table(&s.consumer, "team-a", "w1").await;
+    let at = |name: &str| columns.iter().position(|c| c == name).unwrap();
+    assert_eq!(
+        row[at("Synced")],
+        "Synced",
+        "kubectl get shows it: {columns:?} {row:?}"
+    );
+    assert_eq!(row[at("Synced-Generation")], 1);
+
+    // A change: delivered, recorded, and no write beyond the one provider and one consumer write
+    // it costs anyway (the record rides in the status write the provider's status change causes).
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    let before = (
+        widget_writes(&s.consumer).await,
+        widget_writes(&s.provider).await,
+    );
+    let ops_before = s.syncer.metrics().await.unwrap();
+    resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "w1", 2).await;
+    wait_record(&s, "Synced", 2).await;
+    wait_for("the new status down", 30, || async {
+        let w = consumer_widgets
+            .get("w1")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((w.data["status"]["observedSize"] == 2).then_some(()))
+    })
+    .await;
+    // Past the wait after which a record would be written on its own.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let after = (
+        widget_writes(&s.consumer).await,
+        widget_writes(&s.provider).await,
+    );
+    let ops_after = s.syncer.metrics().await.unwrap();
+    // kbind's side of it: one spec-up, one status write carrying the record, no record alone.
+    for (op, expected) in [("spec_up", 1.0), ("status_down", 1.0), ("record", 0.0)] {
+        let n = |t: &str| metric_sum(t, "kbind_sync_operations_total", &[("op", op)]);
+        assert_eq!(n(&ops_after) - n(&ops_before), expected, "{op}");
+    }
+    // Consumer: this test's patch and kbind's one status write. Provider: kbind's spec-up and
+    // the provider controller's status update.
+    assert_eq!(
+        after.0 - before.0,
+        2.0,
+        "consumer writes on Widgets for one change"
+    );
+    assert_eq!(
+        after.1 - before.1,
+        2.0,
+        "provider writes on Widgets for one change"
+    );
+
+    // Refused: the provider's schema now caps size at 10 (a breaking change the consumer holds,
+    // so the consumer still accepts 50). The record says why; the delivered generation stays.
+    let mut strict = widget_crd();
+    strict.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": { "type": "object", "properties": {
+        "spec": { "type": "object", "properties": { "size": { "type": "integer", "maximum": 10 } } },
+        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+    }}}))
+    .unwrap();
+    install_crd(&s.provider, &strict).await.unwrap();
+    consumer_widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 50 } })),
+        )
+        .await
+        .unwrap();
+    let refused = wait_for("w1 refused", 30, || async {
+        let w = consumer_widgets
+            .get("w1")
+            .await
+            .map_err(|e| e.to_string())?;
+        let record = w.data["status"]["kbindSync"].clone();
+        Ok((record["state"] == "Rejected").then_some(record))
+    })
+    .await;
+    assert_eq!(
+        refused["generation"], 2,
+        "the provider still has generation 2: {refused}"
+    );
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("less than or equal to 10")),
+        "{refused}"
+    );
+    let (columns, row) = table(&s.consumer, "team-a", "w1").await;
+    let at = |name: &str| columns.iter().position(|c| c == name).unwrap();
+    assert_eq!(row[at("Synced")], "Rejected");
+    assert!(
+        row[at("Message")]
+            .as_str()
+            .is_some_and(|m| m.contains("less than or equal to 10"))
+    );
+
+    // Fixed: delivered again.
+    consumer_widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 5 } })),
+        )
+        .await
+        .unwrap();
+    let fixed = wait_record(&s, "Synced", 4).await;
+    assert!(fixed.get("message").is_none(), "{fixed}");
+}

@@ -281,12 +281,20 @@ async fn a_provider_exporting_a_crd_the_consumer_owns_never_changes_it_until_the
         30,
         || async {
             let crd = get_crd(&s.consumer, "certificates.cert-manager.io").await;
+            // The provider's schema (no Issuer column), with kbind's delivery columns.
+            let columns: Vec<String> = crd.spec.versions[0]
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.clone())
+                .collect();
             Ok((crd
                 .annotations()
                 .get("core.kbind.io/connection")
                 .map(String::as_str)
                 == Some("provider")
-                && crd.spec.versions[0].additional_printer_columns.is_none())
+                && !columns.iter().any(|c| c == "Issuer")
+                && columns.iter().any(|c| c == "Synced"))
             .then_some(()))
         },
     )

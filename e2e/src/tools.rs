@@ -5,24 +5,28 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+/// Runs one of the `e2e/tools/` build scripts, which build once into the cache and print a path.
+fn cached_build(script: &str) -> Result<PathBuf, String> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tools")
+        .join(script);
+    let output = Command::new("bash")
+        .arg(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !output.status.success() {
+        return Err(format!("{} failed ({})", script.display(), output.status));
+    }
+    Ok(PathBuf::from(
+        String::from_utf8_lossy(&output.stdout).trim(),
+    ))
+}
+
 /// The Helm binary, built by `e2e/tools/build-helm.sh` the first time.
 pub fn helm() -> Result<PathBuf, String> {
     static HELM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    HELM.get_or_init(|| {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/build-helm.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        if !output.status.success() {
-            return Err(format!("{} failed ({})", script.display(), output.status));
-        }
-        Ok(PathBuf::from(
-            String::from_utf8_lossy(&output.stdout).trim(),
-        ))
-    })
-    .clone()
+    HELM.get_or_init(|| cached_build("build-helm.sh")).clone()
 }
 
 /// The directory holding `kbind-schema-manager` and `kbind-syncer` of the previous version
@@ -30,20 +34,7 @@ pub fn helm() -> Result<PathBuf, String> {
 pub fn previous_build() -> Result<PathBuf, String> {
     static PREVIOUS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     PREVIOUS
-        .get_or_init(|| {
-            let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/build-previous.sh");
-            let output = Command::new("bash")
-                .arg(&script)
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-            if !output.status.success() {
-                return Err(format!("{} failed ({})", script.display(), output.status));
-            }
-            Ok(PathBuf::from(
-                String::from_utf8_lossy(&output.stdout).trim(),
-            ))
-        })
+        .get_or_init(|| cached_build("build-previous.sh"))
         .clone()
 }
 

@@ -7,7 +7,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::wait_for;
-use kbind_shared::api::ClusterBinding;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -80,15 +79,7 @@ async fn wait_record(s: &SyncEnv, state: &str, generation: i64) -> Value {
 #[tokio::test]
 async fn each_object_says_which_generation_reached_the_provider_when_and_why_not() {
     let s = SyncEnv::start("delivery", &[0, 1, 2], None).await;
-    wait_binding_condition(
-        &Api::<ClusterBinding>::all(s.consumer.clone()),
-        "widgets",
-        "Ready",
-        "True",
-        None,
-    )
-    .await
-    .unwrap();
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
     // The installed CRD declares the record and shows it.
     let crd = Api::<CustomResourceDefinition>::all(s.consumer.clone())
         .get("widgets.example.org")

@@ -235,14 +235,7 @@ async fn programs_from_the_images_become_ready_and_sync_an_object_between_two_cl
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 3).await;
     let consumer_widgets = widgets(&s.consumer, "team-a");
     let provider_widgets = widgets(&s.provider, "team-a");
-    wait_for("status down", 30, || async {
-        let w = consumer_widgets
-            .get("w1")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((w.data["status"]["observedSize"] == 3).then_some(()))
-    })
-    .await;
+    wait_status_down(&consumer_widgets, "w1", 3).await;
     resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "w1", 5).await;
 
     // Each program runs as the image's user, not as the root that launched it.

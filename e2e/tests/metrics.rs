@@ -7,24 +7,11 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::{wait_for, wait_gone};
-use kbind_shared::api::ClusterBinding;
 use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, PostParams};
 use serde_json::json;
 
 const API: &str = "widgets.example.org";
-
-async fn ready(s: &SyncEnv) {
-    wait_binding_condition(
-        &Api::<ClusterBinding>::all(s.consumer.clone()),
-        "widgets",
-        "Ready",
-        "True",
-        None,
-    )
-    .await
-    .unwrap();
-}
 
 /// `kbind_sync_operations_total` for `op` and `result`.
 fn operations(text: &str, op: &str, result: &str) -> f64 {
@@ -64,7 +51,7 @@ async fn wait_backlog_drained(s: &SyncEnv) {
 #[tokio::test]
 async fn lag_histograms_count_every_delivered_change_and_the_backlog_drains() {
     let s = SyncEnv::start("metrics_lag", &[0, 1, 2], None).await;
-    ready(&s).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let (consumer_widgets, provider_widgets) = (
         widgets(&s.consumer, "team-a"),
@@ -129,7 +116,7 @@ async fn lag_histograms_count_every_delivered_change_and_the_backlog_drains() {
 #[tokio::test]
 async fn failures_are_labelled_conflict_and_transient_and_the_backlog_shows_them() {
     let s = SyncEnv::start("metrics_results", &[0, 1, 2], None).await;
-    ready(&s).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     ensure_namespace(&s.provider, "team-a").await.unwrap();
     let (consumer_widgets, provider_widgets) = (

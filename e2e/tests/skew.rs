@@ -109,14 +109,7 @@ async fn skew_syncs(test: &str, manager: Build, syncer: Build) {
     for name in ["w1", "w2"] {
         create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", name, 3).await;
     }
-    wait_for("status down", 30, || async {
-        let w = consumer_widgets
-            .get("w1")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((w.data["status"]["observedSize"] == 3).then_some(()))
-    })
-    .await;
+    wait_status_down(&consumer_widgets, "w1", 3).await;
     resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "w2", 7).await;
     consumer_widgets
         .delete("w1", &Default::default())

@@ -2,22 +2,11 @@
 //! discovery, schema installation, binding reconcile and cleanup, and assigning sync work.
 #![forbid(unsafe_code)]
 
-mod assignment;
-mod binding;
-mod cli;
-mod connection;
-mod context;
-mod discovery;
-mod evolution;
-mod leader;
-mod openapi;
-mod providers;
-mod schema;
-
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use kbind_schema_manager::{assignment, binding, cli, connection, context, leader};
 use kbind_shared::process;
 
 const PROGRAM: &str = "kbind-schema-manager";

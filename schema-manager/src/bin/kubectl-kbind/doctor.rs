@@ -1,0 +1,603 @@
+//! `kubectl kbind doctor <connection>`: asks the provider, with the Connection's own credential,
+//! whether it may do each thing kbind does (a SelfSubjectAccessReview per verb and resource), and
+//! prints what is missing as RBAC ready to apply on the provider. The credential's cluster is
+//! checked against the Connection's pinned identity before anything is sent to it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kbind_schema_manager::connection::heartbeat;
+use kbind_schema_manager::discovery;
+use kbind_schema_manager::openapi::fetch::Documents;
+use kbind_shared::api::{
+    ActiveSchemaSource, Binding, BindingSpec, ClusterBinding, Connection, ExportedApi,
+    RelatedResourceKind, SchemaSource,
+};
+use kbind_shared::kubeconfig::Transport;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::view::{self, Pin, cell};
+
+const READ_WRITE: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
+/// One thing kbind needs on the provider.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Need {
+    /// Why kbind needs it.
+    pub why: String,
+    /// API group (`""` for the core group); empty with `path` for a non-resource URL.
+    pub group: String,
+    pub resource: String,
+    /// A non-resource URL (`/openapi/v3`), instead of a resource.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub path: String,
+    /// The namespace it is needed in; `None`: cluster-wide.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub verbs: Vec<String>,
+}
+
+fn need(why: &str, group: &str, resource: &str, namespace: Option<&str>, verbs: &[&str]) -> Need {
+    Need {
+        why: why.into(),
+        group: group.into(),
+        resource: resource.into(),
+        path: String::new(),
+        namespace: namespace.map(str::to_owned),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+    }
+}
+
+/// Everything kbind does on a provider for a Connection: read its identity, discover its exports
+/// (CRDs, or OpenAPI documents), keep the heartbeat Lease in `lease_namespace`, create namespaces
+/// for the objects it copies, write every exported API, and copy related Secrets/ConfigMaps the
+/// Connection's bindings name.
+pub fn needs(
+    source: SchemaSource,
+    active: Option<ActiveSchemaSource>,
+    lease_namespace: &str,
+    exports: &[ExportedApi],
+    related: &[RelatedResourceKind],
+) -> Vec<Need> {
+    let mut out = vec![
+        need(
+            "read the provider's cluster identity",
+            "",
+            "namespaces",
+            None,
+            &["get"],
+        ),
+        need(
+            "create a provider namespace before the first object in it",
+            "",
+            "namespaces",
+            None,
+            &["create"],
+        ),
+        need(
+            "renew the heartbeat Lease",
+            "coordination.k8s.io",
+            "leases",
+            Some(lease_namespace),
+            &["get", "create", "update", "patch"],
+        ),
+    ];
+    let crds = source != SchemaSource::OpenApi;
+    let openapi = source == SchemaSource::OpenApi || active == Some(ActiveSchemaSource::OpenApi);
+    if crds {
+        out.push(need(
+            "discover exported APIs and pull their CRDs",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            None,
+            &["get", "list", "watch"],
+        ));
+    }
+    if openapi {
+        for path in ["/openapi/v3", "/openapi/v3/*"] {
+            out.push(Need {
+                why: "read the provider's OpenAPI documents".into(),
+                group: String::new(),
+                resource: String::new(),
+                path: path.into(),
+                namespace: None,
+                verbs: vec!["get".into()],
+            });
+        }
+    }
+    for export in exports {
+        out.push(need(
+            &format!("sync {}", export.name),
+            &export.group,
+            &export.resource,
+            None,
+            READ_WRITE,
+        ));
+    }
+    let mut related: Vec<RelatedResourceKind> = related.to_vec();
+    related.sort_by_key(|k| format!("{k:?}"));
+    related.dedup();
+    for kind in related {
+        let resource = match kind {
+            RelatedResourceKind::Secrets => "secrets",
+            RelatedResourceKind::Configmaps => "configmaps",
+        };
+        out.push(need(
+            &format!("copy related {resource}"),
+            "",
+            resource,
+            None,
+            READ_WRITE,
+        ));
+    }
+    out
+}
+
+/// One verb of one [`Need`], as the provider answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Check {
+    pub need: Need,
+    pub allowed: Vec<String>,
+    pub missing: Vec<String>,
+}
+
+/// The RBAC that grants what `checks` found missing to `user` (a ServiceAccount when the name
+/// says so): a ClusterRole and ClusterRoleBinding for cluster-wide needs, a Role and RoleBinding
+/// per namespace for namespaced ones. `None` when nothing is missing.
+pub fn missing_rbac(connection: &str, user: &str, checks: &[Check]) -> Option<String> {
+    let name = format!("kbind-provider-{connection}");
+    let subject = match user
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+    {
+        Some((namespace, account)) => {
+            json!({ "kind": "ServiceAccount", "name": account, "namespace": namespace })
+        }
+        None => json!({ "kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": user }),
+    };
+    let mut by_scope: BTreeMap<Option<String>, Vec<Value>> = BTreeMap::new();
+    for check in checks.iter().filter(|c| !c.missing.is_empty()) {
+        let need = &check.need;
+        let rule = if need.path.is_empty() {
+            json!({ "apiGroups": [need.group], "resources": [need.resource], "verbs": check.missing })
+        } else {
+            json!({ "nonResourceURLs": [need.path], "verbs": check.missing })
+        };
+        by_scope
+            .entry(need.namespace.clone())
+            .or_default()
+            .push(rule);
+    }
+    if by_scope.is_empty() {
+        return None;
+    }
+    let mut documents = Vec::new();
+    for (namespace, rules) in by_scope {
+        let (role, binding, metadata) = match &namespace {
+            None => ("ClusterRole", "ClusterRoleBinding", json!({ "name": name })),
+            Some(ns) => (
+                "Role",
+                "RoleBinding",
+                json!({ "name": name, "namespace": ns }),
+            ),
+        };
+        documents.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": role,
+            "metadata": metadata,
+            "rules": rules,
+        }));
+        documents.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": binding,
+            "metadata": metadata,
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": role, "name": name },
+            "subjects": [subject],
+        }));
+    }
+    let mut text = format!(
+        "# What Connection {connection}'s provider credential ({user}) is missing; apply on the provider.\n"
+    );
+    for document in documents {
+        text.push_str("---\n");
+        text.push_str(&serde_yaml::to_string(&document).unwrap_or_default());
+    }
+    Some(text)
+}
+
+/// The doctor's findings.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub connection: String,
+    pub provider_cluster_uid: String,
+    pub identity: Pin,
+    /// Who the provider says the credential is.
+    pub user: String,
+    pub checks: Vec<Check>,
+    /// Things worth knowing that are not permissions.
+    pub notes: Vec<String>,
+    /// RBAC granting what is missing, ready to apply on the provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing_rbac: Option<String>,
+}
+
+impl Report {
+    /// Nothing missing.
+    pub fn healthy(&self) -> bool {
+        self.checks.iter().all(|c| c.missing.is_empty())
+    }
+}
+
+fn related_kinds<'a>(
+    specs: impl Iterator<Item = &'a BindingSpec>,
+    connection: &str,
+) -> Vec<RelatedResourceKind> {
+    specs
+        .filter(|s| s.connection_ref.name == connection)
+        .flat_map(|s| s.related_resources.iter().map(|r| r.resource))
+        .collect()
+}
+
+/// Reads the Connection and its credential, checks the provider's identity against the pin, then
+/// asks the provider about each need.
+pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Result<Report, String> {
+    let connection: Connection = view::connection(consumer, name)
+        .await?
+        .ok_or_else(|| format!("Connection {name} not found"))?;
+    let provider = view::provider(consumer, &connection.spec, transport).await?;
+    let identity = view::pin(connection.status.as_ref(), &provider.identity);
+    if let Pin::Mismatch { pinned } = &identity {
+        return Err(format!(
+            "the credential of Connection {name} reaches cluster {}, not the pinned {pinned}; kbind refuses it (ClusterIdentityChanged), and so does the doctor",
+            provider.identity
+        ));
+    }
+    let mut notes = Vec::new();
+    if identity == Pin::Unpinned {
+        notes.push(format!(
+            "the Connection has not pinned a provider identity yet; kbind would pin {}",
+            provider.identity
+        ));
+    }
+    let client = provider.provider.client.clone();
+    let status = connection.status.clone().unwrap_or_default();
+    // The exports now, when discovery is allowed; else the ones the Connection last recorded.
+    let documents = Documents::new(10 << 20);
+    let exports = match discovery::discover(
+        &provider.provider,
+        &documents,
+        connection.spec.schema.source,
+    )
+    .await
+    {
+        Ok(exports) => exports.apis,
+        Err(e) => {
+            notes.push(format!(
+                "discovery failed ({}); checking the APIs the Connection last recorded",
+                view::line(e.message(), 200)
+            ));
+            status.exported_apis.clone()
+        }
+    };
+    let cluster_bindings = Api::<ClusterBinding>::all(consumer.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let bindings = Api::<Binding>::all(consumer.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let related = related_kinds(
+        cluster_bindings
+            .iter()
+            .map(|b| &b.spec.binding)
+            .chain(bindings.iter().map(|b| &b.spec)),
+        name,
+    );
+    let lease_namespace = heartbeat::lease_namespace(provider.provider.kubeconfig.namespace());
+    let user = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .ok()
+        .and_then(|r| r.status?.user_info?.username)
+        .unwrap_or_else(|| "<the credential's user>".into());
+    let mut checks = Vec::new();
+    for need in needs(
+        connection.spec.schema.source,
+        status.active_schema_source,
+        lease_namespace,
+        &exports,
+        &related,
+    ) {
+        let (mut allowed, mut missing) = (Vec::new(), Vec::new());
+        for verb in &need.verbs {
+            if may(&client, &need, verb).await? {
+                allowed.push(verb.clone());
+            } else {
+                missing.push(verb.clone());
+            }
+        }
+        checks.push(Check {
+            need,
+            allowed,
+            missing,
+        });
+    }
+    Ok(Report {
+        connection: name.into(),
+        provider_cluster_uid: provider.identity,
+        missing_rbac: missing_rbac(name, &user, &checks),
+        identity,
+        user,
+        checks,
+        notes,
+    })
+}
+
+/// One SelfSubjectAccessReview.
+async fn may(client: &Client, need: &Need, verb: &str) -> Result<bool, String> {
+    let spec = if need.path.is_empty() {
+        SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(need.group.clone()),
+                resource: Some(need.resource.clone()),
+                namespace: need.namespace.clone(),
+                verb: Some(verb.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    } else {
+        SelfSubjectAccessReviewSpec {
+            non_resource_attributes: Some(NonResourceAttributes {
+                path: Some(need.path.clone()),
+                verb: Some(verb.into()),
+            }),
+            ..Default::default()
+        }
+    };
+    let review = SelfSubjectAccessReview {
+        spec,
+        ..Default::default()
+    };
+    let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|e| {
+            format!(
+                "the provider did not answer an access review: {}",
+                kbind_shared::identity::describe_error(&e)
+            )
+        })?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// The findings as text, the RBAC last.
+pub fn render(report: &Report) -> String {
+    let mut out = format!(
+        "Connection {}: provider {} ({}), credential {}\n\n",
+        cell(&report.connection),
+        cell(&report.provider_cluster_uid),
+        match report.identity {
+            Pin::Matches => "matches the pinned identity",
+            Pin::Unpinned => "not pinned yet",
+            Pin::Mismatch { .. } => "NOT the pinned identity",
+        },
+        cell(&report.user)
+    );
+    let rows: Vec<Vec<String>> = report
+        .checks
+        .iter()
+        .map(|c| {
+            let what = if c.need.path.is_empty() {
+                let group = if c.need.group.is_empty() {
+                    "core"
+                } else {
+                    &c.need.group
+                };
+                format!("{}.{}", c.need.resource, group)
+            } else {
+                c.need.path.clone()
+            };
+            vec![
+                if c.missing.is_empty() {
+                    "ok".into()
+                } else {
+                    "MISSING".into()
+                },
+                cell(&what),
+                cell(c.need.namespace.as_deref().unwrap_or_default()),
+                cell(&c.missing.join(",")),
+                cell(&c.need.why),
+            ]
+        })
+        .collect();
+    out += &view::table(
+        &["", "RESOURCE", "NAMESPACE", "MISSING", "NEEDED TO"],
+        &rows,
+    );
+    for note in &report.notes {
+        out += &format!("note: {}\n", view::line(note, 300));
+    }
+    match &report.missing_rbac {
+        None => out += "\nThe credential may do everything kbind needs.\n",
+        Some(rbac) => {
+            out += "\nThe credential lacks permissions kbind needs. Grant them on the provider, e.g. with this (kubectl apply -f -):\n\n";
+            out += rbac;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export(name: &str, group: &str, resource: &str) -> ExportedApi {
+        serde_json::from_value(json!({
+            "name": name, "group": group, "resource": resource,
+            "scope": "Namespaced", "versions": ["v1"],
+        }))
+        .unwrap()
+    }
+
+    fn kinds(needs: &[Need]) -> Vec<String> {
+        needs
+            .iter()
+            .map(|n| {
+                if n.path.is_empty() {
+                    format!(
+                        "{}/{} {:?} {}",
+                        n.group,
+                        n.resource,
+                        n.namespace,
+                        n.verbs.join(",")
+                    )
+                } else {
+                    format!("{} {}", n.path, n.verbs.join(","))
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn needs_follow_the_schema_source_the_exports_and_related_resources() {
+        let widgets = export("widgets.example.org", "example.org", "widgets");
+        let base = [
+            "/namespaces None get",
+            "/namespaces None create",
+            "coordination.k8s.io/leases Some(\"kbind\") get,create,update,patch",
+        ];
+        let crd = "apiextensions.k8s.io/customresourcedefinitions None get,list,watch";
+        let rw = "get,list,watch,create,update,patch,delete";
+        for (source, active, exports, related, extra) in [
+            (
+                SchemaSource::Crd,
+                None,
+                vec![],
+                vec![],
+                vec![crd.to_owned()],
+            ),
+            (
+                SchemaSource::Auto,
+                Some(ActiveSchemaSource::Crd),
+                vec![widgets.clone()],
+                vec![],
+                vec![crd.to_owned(), format!("example.org/widgets None {rw}")],
+            ),
+            (
+                SchemaSource::OpenApi,
+                None,
+                vec![],
+                vec![],
+                vec!["/openapi/v3 get".to_owned(), "/openapi/v3/* get".to_owned()],
+            ),
+            (
+                SchemaSource::Auto,
+                Some(ActiveSchemaSource::OpenApi),
+                vec![],
+                vec![
+                    RelatedResourceKind::Secrets,
+                    RelatedResourceKind::Secrets,
+                    RelatedResourceKind::Configmaps,
+                ],
+                vec![
+                    crd.to_owned(),
+                    "/openapi/v3 get".to_owned(),
+                    "/openapi/v3/* get".to_owned(),
+                    format!("/configmaps None {rw}"),
+                    format!("/secrets None {rw}"),
+                ],
+            ),
+        ] {
+            let got = kinds(&needs(source, active, "kbind", &exports, &related));
+            let mut want: Vec<String> = base.iter().map(|s| (*s).to_owned()).collect();
+            want.extend(extra);
+            assert_eq!(got, want, "{source:?} {active:?}");
+        }
+    }
+
+    fn check(need: Need, missing: &[&str]) -> Check {
+        let allowed = need
+            .verbs
+            .iter()
+            .filter(|v| !missing.contains(&v.as_str()))
+            .cloned()
+            .collect();
+        Check {
+            need,
+            allowed,
+            missing: missing.iter().map(|v| (*v).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn missing_permissions_become_rbac_for_the_credentials_subject() {
+        let all = needs(
+            SchemaSource::Crd,
+            None,
+            "kbind",
+            &[export("widgets.example.org", "example.org", "widgets")],
+            &[],
+        );
+        let nothing: Vec<Check> = all.iter().cloned().map(|n| check(n, &[])).collect();
+        assert_eq!(missing_rbac("c", "alice", &nothing), None);
+
+        let checks: Vec<Check> = all
+            .iter()
+            .cloned()
+            .map(|n| match (n.resource.as_str(), n.namespace.is_some()) {
+                ("widgets", _) => check(n, &["create", "delete"]),
+                ("leases", _) => check(n, &["create"]),
+                _ => check(n, &[]),
+            })
+            .collect();
+        let text = missing_rbac("c", "system:serviceaccount:team:kbind", &checks).unwrap();
+        let documents: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+            .filter(|d| !d.is_null())
+            .collect();
+        let kinds: Vec<&str> = documents
+            .iter()
+            .map(|d| d["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+        );
+        assert_eq!(
+            documents[0]["rules"],
+            json!([{ "apiGroups": ["example.org"], "resources": ["widgets"], "verbs": ["create", "delete"] }])
+        );
+        assert_eq!(
+            documents[2]["metadata"],
+            json!({ "name": "kbind-provider-c", "namespace": "kbind" })
+        );
+        assert_eq!(
+            documents[2]["rules"],
+            json!([{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"] }])
+        );
+        assert_eq!(
+            documents[1]["subjects"],
+            json!([{ "kind": "ServiceAccount", "name": "kbind", "namespace": "team" }])
+        );
+        let user = missing_rbac("c", "alice", &checks).unwrap();
+        assert!(
+            user.contains("kind: User") && user.contains("name: alice"),
+            "{user}"
+        );
+    }
+}

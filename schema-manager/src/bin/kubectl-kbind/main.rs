@@ -1,0 +1,135 @@
+//! `kubectl-kbind`, the kubectl plugin (`kubectl kbind …`): the operator's view of kbind from the
+//! consumer cluster.
+//!
+//! - `status`: Connections, bindings, bound APIs with per-API object counts, conflicts and delivery
+//!   lag, on one screen (`-o json` for scripts);
+//! - `plan <file>`: what applying a Connection/binding file would do — CRDs created or changed
+//!   (breaking or not), consumer objects that would start syncing, conflicts waiting on the
+//!   provider — computed with the schema manager's own decisions and only reads on both clusters;
+//! - `doctor <connection>`: the provider credential checked against everything kbind needs, per
+//!   verb and resource, and what is missing as RBAC ready to apply.
+//!
+//! kubectl runs it with the user's environment, so it talks to the cluster `KUBECONFIG` (or
+//! `--kubeconfig`, `--context`) names: the consumer. Everything read from a cluster is printed
+//! through [`view::cell`] (control characters removed, length bounded).
+#![forbid(unsafe_code)]
+
+mod doctor;
+mod plan;
+mod status;
+mod view;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// `kubectl kbind`: kbind's view from the consumer cluster.
+#[derive(Debug, Parser)]
+#[command(name = "kubectl kbind", version)]
+struct Args {
+    /// The consumer's kubeconfig (default: `KUBECONFIG`, then `~/.kube/config`, then in-cluster).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Text)]
+    output: Output,
+    /// Accept provider kubeconfigs with `insecure-skip-tls-verify` or an `http://` server (as the
+    /// programs' `--allow-insecure-providers`).
+    #[arg(long, global = true)]
+    allow_insecure_providers: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    /// Tables for a terminal.
+    Text,
+    /// One JSON document.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Connections, bindings and bound APIs: object counts, delivery, conflicts, lag.
+    Status,
+    /// A dry run of applying a file of Connections, ClusterBindings and Bindings: changes nothing.
+    Plan {
+        /// The YAML or JSON file (several documents allowed; `-` reads standard input).
+        file: PathBuf,
+    },
+    /// Checks a Connection's provider credential against everything kbind needs.
+    Doctor {
+        /// The Connection's name.
+        connection: String,
+    },
+}
+
+/// How a command ended: its report was printed and it found nothing wrong (0), or something the
+/// user must act on (1). A command that could not run exits 2 with the reason on stderr.
+enum Verdict {
+    Fine,
+    Attention,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(Verdict::Fine) => ExitCode::SUCCESS,
+        Ok(Verdict::Attention) => ExitCode::from(1),
+        Err(message) => {
+            eprintln!("error: {}", view::line(&message, 2000));
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<Verdict, String> {
+    let consumer = view::consumer_client(args.kubeconfig.as_deref(), args.context.as_deref())
+        .await
+        .map_err(|e| format!("cannot reach the consumer cluster: {e}"))?;
+    let transport = if args.allow_insecure_providers {
+        kbind_shared::kubeconfig::Transport::AllowInsecure
+    } else {
+        kbind_shared::kubeconfig::Transport::Secure
+    };
+    let json = args.output == Output::Json;
+    match &args.command {
+        Command::Status => {
+            let report = status::gather(&consumer).await?;
+            view::print(json, &report, status::render)?;
+            Ok(Verdict::Fine)
+        }
+        Command::Plan { file } => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())
+                    .map_err(|e| format!("read standard input: {e}"))?
+            } else {
+                std::fs::read_to_string(file)
+                    .map_err(|e| format!("read {}: {e}", file.display()))?
+            };
+            let documents = plan::parse(&text)?;
+            let report = plan::gather(&consumer, documents, transport).await?;
+            view::print(json, &report, plan::render)?;
+            Ok(if report.blocked() {
+                Verdict::Attention
+            } else {
+                Verdict::Fine
+            })
+        }
+        Command::Doctor { connection } => {
+            let report = doctor::gather(&consumer, connection, transport).await?;
+            view::print(json, &report, doctor::render)?;
+            Ok(if report.healthy() {
+                Verdict::Fine
+            } else {
+                Verdict::Attention
+            })
+        }
+    }
+}

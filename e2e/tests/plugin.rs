@@ -1,0 +1,468 @@
+//! `kubectl kbind` on two real clusters: the plugin binary run as kubectl runs a plugin (its own
+//! process, the user's `KUBECONFIG` in its environment), against kbind's programs running.
+//!
+//! - `status` shows Connections, bindings and per-API objects: counts, conflicts, lag;
+//! - `plan` says which CRDs a file would create or change (breaking or not), which objects would
+//!   start syncing and which conflict — and both API servers serve no write while it runs;
+//! - `doctor` finds what a restricted provider credential lacks and prints RBAC that, applied,
+//!   fixes it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::{apiserver_writes, new_writes};
+use kbind_e2e::wait::wait_for;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+const API: &str = "widgets.example.org";
+
+/// What one run of the plugin printed, and how it ended.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", self.stdout, self.stderr))
+    }
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `kubectl-kbind args…` as kubectl would: the consumer's kubeconfig in `KUBECONFIG`.
+async fn plugin(kubeconfig: &Path, args: &[&str]) -> Run {
+    let binary = kbind_e2e::controlplane::kbind_bin("kubectl-kbind").unwrap();
+    let run = tokio::process::Command::new(binary)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the plugin answers within 2 minutes")
+        .expect("the plugin runs");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// The report's entry in `list` whose `key` is `value`.
+fn entry<'a>(list: &'a Value, key: &str, value: &str) -> &'a Value {
+    list.as_array()
+        .and_then(|l| l.iter().find(|e| e[key] == value))
+        .unwrap_or_else(|| panic!("no {key}={value} in {list:#}"))
+}
+
+#[tokio::test]
+async fn status_shows_connections_bindings_objects_conflicts_and_lag() {
+    let s = SyncEnv::start("plugin-status", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w2", 2).await;
+    // A provider object kbind did not create: the consumer object of that name conflicts.
+    ensure_namespace(&s.provider, "team-a").await.unwrap();
+    widgets(&s.provider, "team-a")
+        .create(&PostParams::default(), &widget("taken", 9))
+        .await
+        .unwrap();
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    consumer_widgets
+        .create(&PostParams::default(), &widget("taken", 3))
+        .await
+        .unwrap();
+    wait_conflict(&consumer_widgets, "taken", Some("ForeignObjectExists")).await;
+
+    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+    let report = wait_for("status counts both delivered widgets", 30, || async {
+        let run = plugin(&kubeconfig, &["status", "-o", "json"]).await;
+        if run.code != 0 {
+            return Err(run.to_string());
+        }
+        let report = run.json();
+        let api = entry(&report["apis"], "api", API).clone();
+        if api["synced"] == 2 {
+            Ok(Some(report))
+        } else {
+            Err(format!("{api}"))
+        }
+    })
+    .await;
+
+    let connection = entry(&report["connections"], "name", "provider");
+    assert_eq!(connection["ready"], "True", "{connection:#}");
+    assert_eq!(connection["exportedApis"], 1, "{connection:#}");
+    assert!(
+        connection["providerClusterUid"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty()),
+        "{connection:#}"
+    );
+    let binding = entry(&report["bindings"], "name", "widgets");
+    assert_eq!(binding["kind"], "ClusterBinding");
+    assert_eq!(binding["ready"], "True", "{binding:#}");
+    assert_eq!(binding["connection"], "provider");
+    assert_eq!(
+        binding["apis"],
+        json!([{ "name": API, "bound": true, "reason": "AsExpected" }])
+    );
+    assert_eq!(binding["conflicts"], 1, "{binding:#}");
+    let api = entry(&report["apis"], "api", API);
+    assert_eq!(
+        (
+            &api["connection"],
+            &api["objects"],
+            &api["synced"],
+            &api["pending"],
+            &api["conflicts"],
+            &api["rejected"],
+            &api["notBound"],
+        ),
+        (
+            &json!("provider"),
+            &json!(3),
+            &json!(2),
+            &json!(0),
+            &json!(1),
+            &json!(0),
+            &json!(0)
+        ),
+        "{api:#}"
+    );
+    // Both delivered changes were timed (each took well under a minute here).
+    let lag = api["lagMaxSeconds"].as_u64().expect("a delivery lag");
+    assert!(lag < 60, "{api:#}");
+
+    // The text view: one screen, three tables.
+    let run = plugin(&kubeconfig, &["status"]).await;
+    eprintln!("{run}");
+    assert_eq!(run.code, 0, "{run}");
+    for part in [
+        "CONNECTIONS",
+        "BINDINGS",
+        "APIS",
+        "OLDEST-PENDING",
+        API,
+        "provider",
+    ] {
+        assert!(run.stdout.contains(part), "{part} missing:\n{run}");
+    }
+}
+
+/// Snapshots both API servers' write counters until two readings a second apart agree (nothing
+/// else is writing), and returns them.
+async fn quiet_writes(
+    consumer: &Client,
+    provider: &Client,
+) -> (
+    std::collections::BTreeMap<String, u64>,
+    std::collections::BTreeMap<String, u64>,
+) {
+    wait_for("both clusters are quiet", 60, || async {
+        let before = (
+            apiserver_writes(consumer).await?,
+            apiserver_writes(provider).await?,
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = (
+            apiserver_writes(consumer).await?,
+            apiserver_writes(provider).await?,
+        );
+        if before == after {
+            Ok(Some(after))
+        } else {
+            Err(format!(
+                "still writing: {:?} {:?}",
+                new_writes(&before.0, &after.0),
+                new_writes(&before.1, &after.1)
+            ))
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn plan_shows_what_a_file_would_do_and_changes_nothing() {
+    // A Connection and a Binding for team-a only: team-b's Widgets exist but do not sync.
+    let mut s = SyncEnv::start("plugin-plan", &[0, 1], None).await;
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    ensure_namespace(&s.consumer, "team-b").await.unwrap();
+    apply_manifest(
+        &s.consumer,
+        "apiVersion: core.kbind.io/v1alpha1\nkind: Binding\nmetadata: { name: widgets, namespace: team-a }\nspec: { connectionRef: { name: provider }, apis: [ { name: widgets.example.org } ] }\n",
+    )
+    .await
+    .unwrap();
+    let team_a: Api<kbind_shared::api::Binding> = Api::namespaced(s.consumer.clone(), "team-a");
+    wait_binding_condition(&team_a, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "a1", 1).await;
+    for name in ["b1", "b2"] {
+        widgets(&s.consumer, "team-b")
+            .create(&PostParams::default(), &widget(name, 1))
+            .await
+            .unwrap();
+    }
+    // On the provider, a b2 kbind did not create.
+    ensure_namespace(&s.provider, "team-b").await.unwrap();
+    widgets(&s.provider, "team-b")
+        .create(&PostParams::default(), &widget("b2", 7))
+        .await
+        .unwrap();
+    // kbind stops, and the provider's schema changes in a breaking way (an open spec becomes a
+    // typed one): applying a binding now would hold the consumer CRD.
+    let (manager, syncer) = (s.manager.index, s.syncer.index);
+    s.env.process(manager).kill();
+    s.env.process(syncer).kill();
+    let mut crd = widget_crd();
+    crd.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": {
+        "type": "object",
+        "properties": {
+            "spec": { "type": "object", "properties": { "size": { "type": "string" } } },
+            "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+        },
+    }}))
+    .unwrap();
+    Api::<CustomResourceDefinition>::all(s.provider.clone())
+        .patch(
+            API,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "versions": crd.spec.versions } })),
+        )
+        .await
+        .unwrap();
+
+    let file = s.env.dir().join("plan.yaml");
+    std::fs::write(
+        &file,
+        r#"# A second Connection to the same provider, a ClusterBinding and a Binding.
+apiVersion: core.kbind.io/v1alpha1
+kind: Connection
+metadata: { name: second }
+spec:
+  kubeconfigSecretRef: { namespace: kbind, name: provider-kubeconfig }
+  schema: { source: CRD }
+---
+apiVersion: core.kbind.io/v1alpha1
+kind: ClusterBinding
+metadata: { name: all-widgets }
+spec: { connectionRef: { name: provider }, apis: [ { name: widgets.example.org } ] }
+---
+apiVersion: core.kbind.io/v1alpha1
+kind: Binding
+metadata: { name: widgets, namespace: team-b }
+spec: { connectionRef: { name: provider }, apis: [ { name: widgets.example.org } ] }
+---
+apiVersion: core.kbind.io/v1alpha1
+kind: ClusterBinding
+metadata: { name: second-widgets }
+spec: { connectionRef: { name: second }, apis: [ { name: widgets.example.org } ] }
+"#,
+    )
+    .unwrap();
+    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+    let before = quiet_writes(&s.consumer, &s.provider).await;
+    let run = plugin(&kubeconfig, &["plan", file.to_str().unwrap(), "-o", "json"]).await;
+    let text = plugin(&kubeconfig, &["plan", file.to_str().unwrap()]).await;
+    let after = (
+        apiserver_writes(&s.consumer).await.unwrap(),
+        apiserver_writes(&s.provider).await.unwrap(),
+    );
+    // Proof that planning changes nothing: neither API server served a write.
+    assert_eq!(
+        (
+            new_writes(&before.0, &after.0),
+            new_writes(&before.1, &after.1)
+        ),
+        (Vec::new(), Vec::new()),
+        "writes during the plan (consumer, provider)"
+    );
+
+    assert_eq!(
+        run.code, 1,
+        "a plan with conflicts and a held schema asks for attention: {run}"
+    );
+    let report = run.json();
+    let provider = entry(&report["connections"], "name", "provider");
+    assert_eq!(provider["action"], "unchanged", "{provider:#}");
+    assert_eq!(provider["identity"]["verdict"], "matches", "{provider:#}");
+    let second = entry(&report["connections"], "name", "second");
+    assert_eq!(second["action"], "create", "{second:#}");
+    assert_eq!(second["identity"]["verdict"], "unpinned", "{second:#}");
+    assert_eq!(second["exportedApis"], json!([API]), "{second:#}");
+
+    let plan = |binding: &str| entry(&report["apis"], "binding", binding).clone();
+    let cluster_wide = plan("ClusterBinding/all-widgets");
+    assert_eq!(cluster_wide["crd"]["action"], "hold", "{cluster_wide:#}");
+    assert!(
+        !cluster_wide["crd"]["breaking"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{cluster_wide:#}"
+    );
+    assert_eq!(cluster_wide["crd"]["accepted"], false);
+    assert_eq!(
+        cluster_wide["alreadySyncing"], 1,
+        "a1 syncs already: {cluster_wide:#}"
+    );
+    assert_eq!(cluster_wide["startSyncing"], 2, "{cluster_wide:#}");
+    assert_eq!(
+        cluster_wide["startSyncingNames"],
+        json!(["team-b/b1", "team-b/b2"])
+    );
+    assert_eq!(
+        cluster_wide["conflicts"],
+        json!([{ "object": "team-b/b2", "reason": "ForeignObjectExists" }])
+    );
+    let team_b = plan("Binding/team-b/widgets");
+    assert_eq!(
+        (
+            &team_b["crd"]["action"],
+            &team_b["alreadySyncing"],
+            &team_b["startSyncing"],
+            &team_b["conflictCount"]
+        ),
+        (&json!("hold"), &json!(0), &json!(2), &json!(1)),
+        "{team_b:#}"
+    );
+    let other = plan("ClusterBinding/second-widgets");
+    assert_eq!(other["crd"]["action"], "refuse", "{other:#}");
+    assert!(
+        other["crd"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("serves Connection provider")),
+        "{other:#}"
+    );
+
+    eprintln!("{text}");
+    assert_eq!(text.code, 1, "{text}");
+    for part in [
+        "ClusterBinding/all-widgets",
+        "hold",
+        "conflict team-b/b2: ForeignObjectExists",
+        "would start syncing team-b/b1, team-b/b2",
+        "Nothing was changed on either cluster.",
+    ] {
+        assert!(text.stdout.contains(part), "{part} missing:\n{text}");
+    }
+
+    // Bad input gets a message naming what is wrong.
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Secret\nmetadata: { name: x }\n",
+    )
+    .unwrap();
+    let bad = plugin(&kubeconfig, &["plan", file.to_str().unwrap()]).await;
+    assert_eq!(bad.code, 2, "{bad}");
+    assert!(bad.stderr.contains("a plan reads only"), "{bad}");
+}
+
+#[tokio::test]
+async fn doctor_finds_what_the_credential_lacks_and_its_rbac_fixes_it() {
+    let s = SyncEnv::start("plugin-doctor", &[0, 1, 2], None).await;
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    // The credential becomes alice's: same provider, but only what a Connection needs — no
+    // Widgets.
+    let cluster = s.env.cluster("provider");
+    let alice = cluster.mint_user("alice").await.unwrap();
+    cluster
+        .grant(&alice, "alice", connection_rules())
+        .await
+        .unwrap();
+    put_kubeconfig(&s.consumer, "provider-kubeconfig", &alice.kubeconfig).await;
+    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+
+    let run = plugin(&kubeconfig, &["doctor", "provider", "-o", "json"]).await;
+    assert_eq!(run.code, 1, "missing permissions ask for attention: {run}");
+    let report = run.json();
+    assert_eq!(report["identity"]["verdict"], "matches", "{report:#}");
+    assert_eq!(report["user"], alice.username, "{report:#}");
+    let missing: Vec<(String, Vec<String>)> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["missing"].as_array().unwrap().is_empty())
+        .map(|c| {
+            (
+                format!(
+                    "{}/{}",
+                    c["need"]["group"].as_str().unwrap(),
+                    c["need"]["resource"].as_str().unwrap()
+                ),
+                serde_json::from_value(c["missing"].clone()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        missing,
+        [(
+            "example.org/widgets".to_owned(),
+            [
+                "get", "list", "watch", "create", "update", "patch", "delete"
+            ]
+            .map(String::from)
+            .to_vec()
+        )],
+        "{report:#}"
+    );
+    let rbac = report["missingRbac"]
+        .as_str()
+        .expect("RBAC to apply")
+        .to_owned();
+
+    let text = plugin(&kubeconfig, &["doctor", "provider"]).await;
+    eprintln!("{text}");
+    assert_eq!(text.code, 1, "{text}");
+    assert!(text.stdout.contains("MISSING"), "{text}");
+    assert!(text.stdout.contains("kind: ClusterRole"), "{text}");
+
+    // The printed RBAC, applied on the provider as is, is all it takes.
+    apply_manifest(&s.provider, &rbac).await.unwrap();
+    let fixed = wait_for("the doctor is satisfied", 30, || async {
+        let run = plugin(&kubeconfig, &["doctor", "provider"]).await;
+        if run.code == 0 {
+            Ok(Some(run))
+        } else {
+            Err(run.to_string())
+        }
+    })
+    .await;
+    assert!(
+        fixed.stdout.contains("may do everything kbind needs"),
+        "{fixed}"
+    );
+
+    // A Connection that does not exist is an error naming it.
+    let absent = plugin(&kubeconfig, &["doctor", "nope"]).await;
+    assert_eq!(absent.code, 2, "{absent}");
+    assert!(
+        absent.stderr.contains("Connection nope not found"),
+        "{absent}"
+    );
+}

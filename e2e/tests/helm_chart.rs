@@ -77,6 +77,12 @@ fn chart_lints_clean_and_its_schema_rejects_bad_values() {
             "--set",
             "logFormat=text",
         ],
+        vec![
+            "--set",
+            "metrics.podMonitor.enabled=true",
+            "--set",
+            "metrics.dashboard.enabled=true",
+        ],
     ] {
         let mut args = vec![
             "lint",
@@ -102,6 +108,15 @@ fn chart_lints_clean_and_its_schema_rejects_bad_values() {
         // The core group: no CRD lives there, and a rule on it would grant every Secret.
         ("boundAPIGroups[0]=", "/boundAPIGroups"),
         ("allowInsecureProviders=maybe", "/allowInsecureProviders"),
+        (
+            "metrics.podMonitor.interval=often",
+            "/metrics/podMonitor/interval",
+        ),
+        (
+            "metrics.dashboard.namespace=Not_A_Namespace",
+            "/metrics/dashboard/namespace",
+        ),
+        ("metrics.dashboard.enable=true", "enable"),
     ] {
         let err = helm_err(&[
             "template",
@@ -532,4 +547,211 @@ fn related_resources_rbac_is_off_by_default_and_follows_its_namespaces() {
         .collect();
     bound.sort();
     assert_eq!(bound, ["team-a", "team-a", "team-b", "team-b"]);
+}
+
+/// The `kbind_*` series a PromQL expression reads (histogram suffixes removed).
+fn series_in(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("kbind_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        let base = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name);
+        out.push(base.to_owned());
+    }
+    out
+}
+
+#[test]
+fn chart_renders_scrape_configs_and_the_dashboard_on_request() {
+    let kinds = |docs: &[serde_json::Value], kind: &str| -> Vec<serde_json::Value> {
+        docs.iter().filter(|d| d["kind"] == kind).cloned().collect()
+    };
+    // Off by default.
+    let plain = yaml_documents(&template(&[])).unwrap();
+    for kind in ["ServiceMonitor", "PodMonitor", "ConfigMap"] {
+        assert!(kinds(&plain, kind).is_empty(), "{kind} rendered by default");
+    }
+    let deployments = kinds(&plain, "Deployment");
+    let pod_of = |component: &str| {
+        deployments
+            .iter()
+            .find(|d| {
+                d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+                    == component
+            })
+            .map(|d| d["spec"]["template"].clone())
+            .unwrap_or_else(|| panic!("no {component} Deployment"))
+    };
+    let selects = |selector: &serde_json::Value, labels: &serde_json::Value| {
+        let wanted = selector.as_object().expect("matchLabels");
+        !wanted.is_empty() && wanted.iter().all(|(k, v)| labels[k] == *v)
+    };
+
+    // ServiceMonitors: one per component, selecting that component's metrics Service by its labels
+    // and scraping its named port, which targets the pods' metrics port.
+    let docs =
+        yaml_documents(&template(&["--set", "metrics.serviceMonitor.enabled=true"])).unwrap();
+    let monitors = kinds(&docs, "ServiceMonitor");
+    assert_eq!(monitors.len(), 2);
+    let services = kinds(&docs, "Service");
+    for component in ["schema-manager", "syncer"] {
+        let monitor = monitors
+            .iter()
+            .find(|m| m["metadata"]["name"] == format!("kbind-{component}"))
+            .expect("a ServiceMonitor per component");
+        let service = services
+            .iter()
+            .find(|s| {
+                selects(
+                    &monitor["spec"]["selector"]["matchLabels"],
+                    &s["metadata"]["labels"],
+                )
+            })
+            .unwrap_or_else(|| panic!("the {component} ServiceMonitor selects no Service"));
+        assert_eq!(
+            service["metadata"]["labels"]["app.kubernetes.io/component"],
+            component
+        );
+        let pod = pod_of(component);
+        assert!(selects(
+            &service["spec"]["selector"],
+            &pod["metadata"]["labels"]
+        ));
+        assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+        assert_eq!(service["spec"]["ports"][0]["name"], "metrics");
+        assert_eq!(pod["spec"]["containers"][0]["ports"][0]["name"], "metrics");
+    }
+
+    // PodMonitors: one per component, selecting its pods and their named metrics port.
+    let docs = yaml_documents(&template(&[
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.labels.release=prometheus",
+    ]))
+    .unwrap();
+    let monitors = kinds(&docs, "PodMonitor");
+    assert_eq!(monitors.len(), 2);
+    for component in ["schema-manager", "syncer"] {
+        let monitor = monitors
+            .iter()
+            .find(|m| m["metadata"]["name"] == format!("kbind-{component}"))
+            .expect("a PodMonitor per component");
+        assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+        let pod = pod_of(component);
+        assert!(selects(
+            &monitor["spec"]["selector"]["matchLabels"],
+            &pod["metadata"]["labels"]
+        ));
+        let port = &monitor["spec"]["podMetricsEndpoints"][0]["port"];
+        assert!(
+            pod["spec"]["containers"][0]["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == *port),
+            "{port} is not a port of the {component} pod"
+        );
+    }
+    for other in ["schema-manager", "syncer"] {
+        let monitor = &monitors
+            .iter()
+            .find(|m| m["metadata"]["name"] == format!("kbind-{other}"))
+            .unwrap()["spec"]["selector"]["matchLabels"];
+        let another = if other == "syncer" {
+            "schema-manager"
+        } else {
+            "syncer"
+        };
+        assert!(!selects(monitor, &pod_of(another)["metadata"]["labels"]));
+    }
+    // Both at once would scrape every pod twice.
+    let chart = chart_dir().display().to_string();
+    let err = helm_err(&[
+        "template",
+        "kbind",
+        &chart,
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+    ]);
+    assert!(err.contains("enable one"), "{err}");
+
+    // The dashboard: a ConfigMap Grafana's sidecar picks up, holding the chart's dashboard JSON.
+    let docs = yaml_documents(&template(&[
+        "--set",
+        "metrics.dashboard.enabled=true",
+        "--set",
+        "metrics.dashboard.namespace=monitoring",
+    ]))
+    .unwrap();
+    let maps = kinds(&docs, "ConfigMap");
+    assert_eq!(maps.len(), 1);
+    let map = &maps[0];
+    assert_eq!(map["metadata"]["namespace"], "monitoring");
+    assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+    let file = std::fs::read_to_string(chart_dir().join("dashboards/kbind.json")).unwrap();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(map["data"]["kbind.json"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        dashboard,
+        serde_json::from_str::<serde_json::Value>(&file).unwrap()
+    );
+
+    // Its panels answer the operator's questions, fit Grafana's 24-column grid, and read only
+    // series kbind documents (and so serves).
+    let panels = dashboard["panels"].as_array().unwrap();
+    let titles: Vec<String> = panels
+        .iter()
+        .map(|p| p["title"].as_str().unwrap().to_lowercase())
+        .collect();
+    for topic in [
+        "lag",
+        "backlog",
+        "writes per second",
+        "failed",
+        "per syncer replica",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.contains(topic)),
+            "no panel on {topic}: {titles:?}"
+        );
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    let readme = std::fs::read_to_string(chart_dir().join("../../../README.md")).unwrap();
+    let documented = &readme[readme.find("## Metrics").unwrap()..];
+    let documented = &documented[..documented[3..].find("\n## ").unwrap()];
+    for panel in panels {
+        assert!(
+            ids.insert(panel["id"].as_u64().unwrap()),
+            "duplicate panel id"
+        );
+        let grid = &panel["gridPos"];
+        let (x, w) = (grid["x"].as_u64().unwrap(), grid["w"].as_u64().unwrap());
+        assert!(x + w <= 24, "{} overflows the grid", panel["title"]);
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            assert!(!series_in(expr).is_empty(), "{expr} reads no kbind series");
+            for series in series_in(expr) {
+                assert!(
+                    documented.contains(&format!("`{series}`")),
+                    "{series} (in {expr}) is not a documented series"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        dashboard["templating"]["list"][0]["type"], "datasource",
+        "the data source is a choice, not a fixed UID"
+    );
 }

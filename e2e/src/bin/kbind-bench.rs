@@ -35,6 +35,25 @@ struct Args {
     /// Changes per second in phase 2.
     #[arg(long, default_value_t = 20.0)]
     rate: f64,
+    /// Phase 3: delete every object and time until every provider copy is gone.
+    #[arg(long)]
+    delete: bool,
+    /// Write the programs' `/metrics` addresses here as a Prometheus `file_sd` target list, for a
+    /// Prometheus scraping the run (`scripts/dashboard-picture`).
+    #[arg(long)]
+    prometheus_targets: Option<std::path::PathBuf>,
+    /// Keep the clusters and programs running this many seconds after the last phase (so that a
+    /// scraper sees the end).
+    #[arg(long, default_value_t = 0)]
+    linger_secs: u64,
+}
+
+/// The `file_sd` target list of the bench's two programs.
+fn prometheus_targets(s: &SyncEnv) -> serde_json::Value {
+    json!([
+        { "targets": [s.manager.metrics], "labels": { "job": "kbind", "component": "schema-manager" } },
+        { "targets": [s.syncer.metrics], "labels": { "job": "kbind", "component": "syncer" } },
+    ])
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -88,6 +107,9 @@ async fn main() {
     )
     .await
     .unwrap();
+    if let Some(path) = &args.prometheus_targets {
+        std::fs::write(path, prometheus_targets(&s).to_string()).expect("write the target list");
+    }
     ensure_namespace(&s.consumer, "bench").await.unwrap();
     let (consumer_widgets, provider_widgets) =
         (widgets(&s.consumer, "bench"), widgets(&s.provider, "bench"));
@@ -260,4 +282,33 @@ async fn main() {
         "kbind-syncer peak RSS: {:.1} MiB",
         peak_rss_mib(s.env.process_ref(s.syncer.index).pid())
     );
+    if args.delete {
+        let started = Instant::now();
+        consumer_widgets
+            .delete_collection(&Default::default(), &ListParams::default())
+            .await
+            .expect("delete every Widget");
+        eventually(
+            "every provider copy gone",
+            Duration::from_secs(1800),
+            || async {
+                let left = provider_widgets
+                    .list_metadata(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len();
+                Ok((left == 0).then_some(()))
+            },
+        )
+        .await
+        .unwrap();
+        println!("phase 3: deleted {n} objects");
+        println!(
+            "  every provider copy gone after    {:>8.1?}  ({:.0} objects/s)",
+            started.elapsed(),
+            n as f64 / started.elapsed().as_secs_f64()
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(args.linger_secs)).await;
 }

@@ -300,8 +300,12 @@ impl Context {
             let store = writer.as_reader();
             let api: Api<PartialObjectMeta<DynamicObject>> =
                 Api::all_with(self.client.clone(), resource);
-            let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-                .default_backoff();
+            let stream = reflector::reflector(
+                writer,
+                watcher(api, watcher::Config::default())
+                    .modify(|o| kbind_shared::cache::conflict_metadata(&mut o.metadata)),
+            )
+            .default_backoff();
             let mut conflicting = ConflictingSet::default();
             let (changes, api_name) = (
                 self.conflict_changes.clone(),

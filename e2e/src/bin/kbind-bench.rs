@@ -46,6 +46,9 @@ struct Args {
     /// scraper sees the end).
     #[arg(long, default_value_t = 0)]
     linger_secs: u64,
+    /// Write every figure here as JSON.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
 }
 
 /// The `file_sd` target list of the bench's two programs.
@@ -83,12 +86,21 @@ async fn apiserver_requests(client: &kube::Client) -> u64 {
 }
 
 fn peak_rss_mib(pid: Option<u32>) -> f64 {
+    status_mib(pid, "VmHWM:")
+}
+
+/// Resident memory now.
+fn rss_mib(pid: Option<u32>) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+fn status_mib(pid: Option<u32>, field: &str) -> f64 {
     let status = pid
         .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
         .unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map(|kb| kb / 1024.0)
         .unwrap_or_default()
@@ -111,6 +123,13 @@ async fn main() {
         std::fs::write(path, prometheus_targets(&s).to_string()).expect("write the target list");
     }
     ensure_namespace(&s.consumer, "bench").await.unwrap();
+    let (manager_pid, syncer_pid) = (
+        s.env.process_ref(s.manager.index).pid(),
+        s.env.process_ref(s.syncer.index).pid(),
+    );
+    // Memory with the API bound and no objects: the base that per-object figures subtract.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let empty = (rss_mib(manager_pid), rss_mib(syncer_pid));
     let (consumer_widgets, provider_widgets) =
         (widgets(&s.consumer, "bench"), widgets(&s.provider, "bench"));
     let n = args.objects;
@@ -158,6 +177,9 @@ async fn main() {
     .await
     .unwrap();
     let all_back = started.elapsed();
+    // Memory with every object synced, once the burst's buffers have been returned.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let steady = (rss_mib(manager_pid), rss_mib(syncer_pid));
 
     // Phase 2: steady changes; watches on both sides timestamp when each change arrives.
     let sent: Arc<Mutex<HashMap<String, (i64, Instant)>>> = Arc::default();
@@ -278,10 +300,44 @@ async fn main() {
         "  provider API server requests per change:   {:.2}  (all clients, including the stand-in controller)",
         (provider_after - provider_before) as f64 / m
     );
+    let syncer_peak = peak_rss_mib(syncer_pid);
+    println!("kbind-syncer peak RSS: {syncer_peak:.1} MiB");
+    let per_object_kib = ((steady.0 + steady.1) - (empty.0 + empty.1)) * 1024.0 / n as f64;
     println!(
-        "kbind-syncer peak RSS: {:.1} MiB",
-        peak_rss_mib(s.env.process_ref(s.syncer.index).pid())
+        "memory at {n} objects: schema manager {:.1} MiB, syncer {:.1} MiB (with no objects: {:.1}, {:.1})",
+        steady.0, steady.1, empty.0, empty.1
     );
+    println!("  per synced object, both programs:  {per_object_kib:.2} KiB  (goal <= 2 KiB)");
+    let mut report = json!({
+        "objects": n,
+        "changes": args.changes,
+        "rate": args.rate,
+        "cores": std::thread::available_parallelism().map(|p| p.get()).unwrap_or(0),
+        "bulk": {
+            "createdSeconds": created.as_secs_f64(),
+            "allProviderCopiesSeconds": synced_up.as_secs_f64(),
+            "allStatusesBackSeconds": all_back.as_secs_f64(),
+            "objectsPerSecond": n as f64 / synced_up.as_secs_f64(),
+        },
+        "changesPhase": {
+            "specUpP50Ms": percentile(&up, 0.5).as_secs_f64() * 1000.0,
+            "specUpP99Ms": percentile(&up, 0.99).as_secs_f64() * 1000.0,
+            "statusDownP50Ms": percentile(&down, 0.5).as_secs_f64() * 1000.0,
+            "statusDownP99Ms": percentile(&down, 0.99).as_secs_f64() * 1000.0,
+            "syncerRequestsPerChange": (kbind_after - kbind_before) as f64 / m,
+            "consumerRequestsPerChange": (consumer_after - consumer_before) as f64 / m,
+            "providerRequestsPerChange": (provider_after - provider_before) as f64 / m,
+        },
+        "memoryMiB": {
+            "schemaManagerEmpty": empty.0,
+            "syncerEmpty": empty.1,
+            "schemaManagerSteady": steady.0,
+            "syncerSteady": steady.1,
+            "syncerPeak": syncer_peak,
+            "perObjectKiB": per_object_kib,
+            "perObjectGoalKiB": 2.0,
+        },
+    });
     if args.delete {
         let started = Instant::now();
         consumer_widgets
@@ -303,12 +359,17 @@ async fn main() {
         )
         .await
         .unwrap();
+        let deleted = started.elapsed();
         println!("phase 3: deleted {n} objects");
         println!(
             "  every provider copy gone after    {:>8.1?}  ({:.0} objects/s)",
-            started.elapsed(),
-            n as f64 / started.elapsed().as_secs_f64()
+            deleted,
+            n as f64 / deleted.as_secs_f64()
         );
+        report["deleteSeconds"] = json!(deleted.as_secs_f64());
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, format!("{report:#}\n")).expect("write the JSON report");
     }
     tokio::time::sleep(Duration::from_secs(args.linger_secs)).await;
 }

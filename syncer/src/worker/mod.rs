@@ -134,6 +134,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         writer,
         watcher(provider_api, watcher::Config::default())
             .filter(move |e| std::future::ready(buckets.keep(e)))
+            .modify(|o| kbind_shared::cache::slim_instance(&mut o.metadata))
             .inspect(move |event| {
                 if let Ok(
                     watcher::Event::Apply(o)
@@ -213,6 +214,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         consumer_writer,
         watcher(consumer_api, watcher::Config::default())
             .filter(move |e| std::future::ready(buckets.keep(e)))
+            .modify(|o| kbind_shared::cache::slim_instance(&mut o.metadata))
             .inspect(move |event| seen.saw_consumer_event(event)),
     )
     .default_backoff()

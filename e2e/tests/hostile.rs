@@ -78,22 +78,33 @@ async fn an_oversized_openapi_document_is_reported_on_its_api_and_the_others_syn
     let mut c = connection("provider", "p", SchemaSource::OpenApi);
     c.spec.schema.pull_policy = PullPolicy::Bound;
     create_connection(&consumer, &c).await.unwrap();
-    // The oversized API is still an export: binding it says why it cannot be installed.
-    let connection = wait_condition(&consumer, "provider", "Ready", "True", None)
+    // The oversized API is still an export: binding it says why it cannot be installed. (The
+    // provider publishes a new CRD's OpenAPI document a moment after the CRD is established, so
+    // the first discovery may see only Widgets; the next one, a second later, sees both.)
+    wait_condition(&consumer, "provider", "Ready", "True", None)
         .await
         .unwrap();
-    let exported: Vec<String> = connection
-        .status
-        .unwrap()
-        .exported_apis
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
-    assert!(
-        exported.contains(&"monsters.big.example.org".to_owned())
-            && exported.contains(&"widgets.example.org".to_owned()),
-        "{exported:?}"
-    );
+    wait_for("both APIs exported", 30, || async {
+        let connection = Api::<kbind_shared::api::Connection>::all(consumer.clone())
+            .get("provider")
+            .await
+            .map_err(|e| e.to_string())?;
+        let exported: Vec<String> = connection
+            .status
+            .unwrap_or_default()
+            .exported_apis
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        if exported.contains(&"monsters.big.example.org".to_owned())
+            && exported.contains(&"widgets.example.org".to_owned())
+        {
+            Ok(Some(()))
+        } else {
+            Err(format!("exported: {exported:?}"))
+        }
+    })
+    .await;
 
     Api::<ClusterBinding>::all(consumer.clone())
         .create(

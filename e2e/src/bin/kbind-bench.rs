@@ -49,6 +49,78 @@ struct Args {
     /// Write every figure here as JSON.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// At rest after phase 2: count kbind's requests over this many seconds (0: skip).
+    #[arg(long, default_value_t = 0)]
+    idle_secs: u64,
+}
+
+/// `kbind_api_requests_total` of one program by `"<cluster> <verb>"`.
+fn kbind_requests_by(metrics: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("kbind_api_requests_total{"))
+    {
+        let label = |name: &str| {
+            line.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        *out.entry(format!("{} {}", label("cluster"), label("verb")))
+            .or_default() += value;
+    }
+    out
+}
+
+/// Requests an API server served by `"<verb> <resource>"` (every client's), from its `/metrics`.
+async fn apiserver_requests_by(client: &kube::Client) -> std::collections::BTreeMap<String, f64> {
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap_or_default();
+    let mut out = std::collections::BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let label = |name: &str| {
+            line.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        *out.entry(format!("{} {}", label("verb"), label("resource")))
+            .or_default() += value;
+    }
+    out
+}
+
+/// Per minute, what grew from `before` to `after` over `seconds`.
+fn per_minute(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+    seconds: u64,
+) -> std::collections::BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter_map(|(key, n)| {
+            let delta = n - before.get(key).copied().unwrap_or_default();
+            (delta > 0.0).then(|| (key.clone(), delta * 60.0 / seconds.max(1) as f64))
+        })
+        .collect()
 }
 
 /// The `file_sd` target list of the bench's two programs.
@@ -338,6 +410,36 @@ async fn main() {
             "perObjectGoalKiB": 2.0,
         },
     });
+    if args.idle_secs > 0 {
+        // At rest: nothing changes; what kbind still asks for is background load.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let snapshot = || async {
+            let mut kbind = kbind_requests_by(&s.manager.metrics().await.unwrap_or_default());
+            for (key, n) in kbind_requests_by(&s.syncer.metrics().await.unwrap_or_default()) {
+                *kbind.entry(key).or_default() += n;
+            }
+            (
+                kbind,
+                apiserver_requests_by(&s.consumer).await,
+                apiserver_requests_by(&s.provider).await,
+            )
+        };
+        let before = snapshot().await;
+        tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
+        let after = snapshot().await;
+        let kbind = per_minute(&before.0, &after.0, args.idle_secs);
+        let consumer = per_minute(&before.1, &after.1, args.idle_secs);
+        let provider = per_minute(&before.2, &after.2, args.idle_secs);
+        println!("at rest, per minute over {} s:", args.idle_secs);
+        println!("  kbind's requests (both programs, by cluster and verb): {kbind:?}");
+        println!("  consumer API server, every client (by verb and resource): {consumer:?}");
+        println!("  provider API server, every client (by verb and resource): {provider:?}");
+        report["atRestPerMinute"] = json!({
+            "kbindByClusterVerb": kbind,
+            "consumerApiServer": consumer,
+            "providerApiServer": provider,
+        });
+    }
     if args.delete {
         let started = Instant::now();
         consumer_widgets

@@ -113,37 +113,50 @@ pub async fn apiserver_writes(
         .await
         .map_err(|e| format!("read API server metrics: {e}"))?;
     let mut writes = std::collections::BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let label = |name: &str| {
+    let served = counter_by(
+        &text,
+        "apiserver_request_total",
+        &["verb", "group", "resource", "subresource"],
+    );
+    for (key, count) in served {
+        let [verb, group, resource, subresource] = key;
+        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE")
+            || resource == "leases"
+        {
+            continue;
+        }
+        *writes
+            .entry(format!("{verb} {group}/{resource} {subresource}"))
+            .or_default() += count as u64;
+    }
+    Ok(writes)
+}
+
+/// The samples of the counter `metric` in a `/metrics` text, summed by the values of `labels`
+/// (missing labels read as empty).
+pub fn counter_by<const N: usize>(
+    text: &str,
+    metric: &str,
+    labels: &[&str; N],
+) -> std::collections::BTreeMap<[String; N], f64> {
+    let mut out = std::collections::BTreeMap::new();
+    let prefix = format!("{metric}{{");
+    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
+        let key = labels.map(|name| {
             line.split(&format!("{name}=\""))
                 .nth(1)
                 .and_then(|rest| rest.split('"').next())
                 .unwrap_or_default()
-        };
-        let verb = label("verb");
-        if !matches!(verb, "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE")
-            || label("resource") == "leases"
-        {
-            continue;
-        }
-        let count: f64 = line
+                .to_owned()
+        });
+        let value: f64 = line
             .rsplit(' ')
             .next()
             .and_then(|v| v.parse().ok())
             .unwrap_or_default();
-        *writes
-            .entry(format!(
-                "{verb} {}/{} {}",
-                label("group"),
-                label("resource"),
-                label("subresource")
-            ))
-            .or_default() += count as u64;
+        *out.entry(key).or_default() += value;
     }
-    Ok(writes)
+    out
 }
 
 /// The writes in `after` that `before` did not have yet.
@@ -169,4 +182,33 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_summed_by_the_labels_asked_for() {
+        let text = "# HELP apiserver_request_total x\n\
+apiserver_request_total{code=\"201\",group=\"\",resource=\"configmaps\",subresource=\"\",verb=\"POST\"} 2\n\
+apiserver_request_total{code=\"409\",group=\"\",resource=\"configmaps\",subresource=\"\",verb=\"POST\"} 1\n\
+apiserver_request_total{code=\"200\",group=\"apps\",resource=\"deployments\",subresource=\"status\",verb=\"PATCH\"} 4\n\
+apiserver_request_total_other{verb=\"POST\"} 9\n";
+        let by = counter_by(
+            text,
+            "apiserver_request_total",
+            &["verb", "group", "resource", "subresource"],
+        );
+        assert_eq!(
+            by.into_iter().collect::<Vec<_>>(),
+            [
+                (
+                    ["PATCH", "apps", "deployments", "status"].map(String::from),
+                    4.0
+                ),
+                (["POST", "", "configmaps", ""].map(String::from), 3.0),
+            ]
+        );
+    }
 }

@@ -300,6 +300,19 @@ spec: { connectionRef: { name: second }, apis: [ { name: widgets.example.org } ]
         (Vec::new(), Vec::new()),
         "writes during the plan (consumer, provider)"
     );
+    // The counters do see writes: one ConfigMap created on each side shows up.
+    for client in [&s.consumer, &s.provider] {
+        let before = apiserver_writes(client).await.unwrap();
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "default")
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "metadata": { "name": "witness" } })).unwrap(),
+            )
+            .await
+            .unwrap();
+        let seen = new_writes(&before, &apiserver_writes(client).await.unwrap());
+        assert_eq!(seen, ["POST /configmaps : 1"], "the witness write");
+    }
 
     assert_eq!(
         run.code, 1,

@@ -17,6 +17,7 @@ use futures::{StreamExt, TryStreamExt};
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::counter_by;
 use kbind_shared::api::ClusterBinding;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -56,56 +57,26 @@ struct Args {
 
 /// `kbind_api_requests_total` of one program by `"<cluster> <verb>"`.
 fn kbind_requests_by(metrics: &str) -> std::collections::BTreeMap<String, f64> {
-    let mut out = std::collections::BTreeMap::new();
-    for line in metrics
-        .lines()
-        .filter(|l| l.starts_with("kbind_api_requests_total{"))
-    {
-        let label = |name: &str| {
-            line.split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_default();
-        *out.entry(format!("{} {}", label("cluster"), label("verb")))
-            .or_default() += value;
-    }
-    out
+    counter_by(metrics, "kbind_api_requests_total", &["cluster", "verb"])
+        .into_iter()
+        .map(|([cluster, verb], n)| (format!("{cluster} {verb}"), n))
+        .collect()
+}
+
+async fn apiserver_metrics(client: &kube::Client) -> String {
+    client
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap_or_default()
 }
 
 /// Requests an API server served by `"<verb> <resource>"` (every client's), from its `/metrics`.
 async fn apiserver_requests_by(client: &kube::Client) -> std::collections::BTreeMap<String, f64> {
-    let text = client
-        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
-        .await
-        .unwrap_or_default();
-    let mut out = std::collections::BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let label = |name: &str| {
-            line.split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_default();
-        *out.entry(format!("{} {}", label("verb"), label("resource")))
-            .or_default() += value;
-    }
-    out
+    let text = apiserver_metrics(client).await;
+    counter_by(&text, "apiserver_request_total", &["verb", "resource"])
+        .into_iter()
+        .map(|([verb, resource], n)| (format!("{verb} {resource}"), n))
+        .collect()
 }
 
 /// Per minute, what grew from `before` to `after` over `seconds`.
@@ -139,22 +110,15 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn kbind_requests(metrics: &str) -> u64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("kbind_api_requests_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    metric_sum(metrics, "kbind_api_requests_total", &[]) as u64
 }
 
 async fn apiserver_requests(client: &kube::Client) -> u64 {
-    let text = client
-        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
-        .await
-        .unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    metric_sum(
+        &apiserver_metrics(client).await,
+        "apiserver_request_total",
+        &[],
+    ) as u64
 }
 
 fn peak_rss_mib(pid: Option<u32>) -> f64 {

@@ -15,7 +15,7 @@ use kbind_shared::api::{
 };
 use kbind_shared::kubeconfig::Transport;
 use kbind_shared::ownership::{self, Decision, Owner};
-use kube::api::{DynamicObject, ListParams};
+use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use serde_json::Value;
@@ -28,8 +28,6 @@ const MAX_FILE: usize = 4 << 20;
 const MAX_DOCUMENTS: usize = 500;
 /// Object names listed per category (the counts are always whole).
 const MAX_NAMES: usize = 50;
-/// Objects listed per request.
-const PAGE: u32 = 500;
 /// The largest OpenAPI document read from a provider (the schema manager's default).
 const OPENAPI_LIMIT: u64 = 10 << 20;
 
@@ -364,13 +362,6 @@ fn planned_bindings(
     out
 }
 
-fn list_error(what: &str, e: &kube::Error) -> String {
-    format!(
-        "cannot read {what}: {}",
-        kbind_shared::identity::describe_error(e)
-    )
-}
-
 /// Reads both clusters and decides. Only GETs and LISTs.
 pub async fn gather(
     consumer: &Client,
@@ -383,12 +374,12 @@ pub async fn gather(
     let cluster_bindings = Api::<ClusterBinding>::all(consumer.clone())
         .list(&ListParams::default())
         .await
-        .map_err(|e| list_error("ClusterBindings", &e))?
+        .map_err(|e| view::read_error("ClusterBindings", &e))?
         .items;
     let bindings = Api::<Binding>::all(consumer.clone())
         .list(&ListParams::default())
         .await
-        .map_err(|e| list_error("Bindings", &e))?
+        .map_err(|e| view::read_error("Bindings", &e))?
         .items;
     let documents = Documents::new(OPENAPI_LIMIT);
 
@@ -590,7 +581,7 @@ async fn plan_api(
     let existing = Api::<CustomResourceDefinition>::all(scope.consumer.clone())
         .get_opt(&plan.api)
         .await
-        .map_err(|e| list_error(&format!("consumer CRD {}", plan.api), &e))?;
+        .map_err(|e| view::read_error(&format!("consumer CRD {}", plan.api), &e))?;
     plan.crd = crd_plan(existing.as_ref(), &desired, &state.name, &state.spec);
     let Some(existing) = existing else {
         return Ok(()); // No consumer objects can exist yet.
@@ -606,7 +597,7 @@ async fn plan_api(
     let consumer_objects =
         kbind_shared::dynamic::scoped(scope.consumer, binding.namespace.as_deref(), &resource);
     let mut already: BTreeMap<Option<String>, bool> = BTreeMap::new();
-    for_each_object(&consumer_objects, |object| {
+    view::for_each_object(&consumer_objects, "consumer objects", |object| {
         let namespace = object.metadata.namespace.clone();
         let syncing = *already.entry(namespace.clone()).or_insert_with(|| {
             kbind_shared::resolve::resolve_served_by(
@@ -653,7 +644,7 @@ async fn plan_api(
         &provider_resource,
     );
     let mut copies: BTreeMap<(Option<String>, String), BTreeMap<String, String>> = BTreeMap::new();
-    for_each_object(&provider_objects, |object| {
+    view::for_each_object(&provider_objects, "provider objects", |object| {
         copies.insert(
             (object.metadata.namespace.clone(), object.name_any()),
             object.annotations().clone(),
@@ -689,25 +680,6 @@ async fn plan_api(
         }
     }
     Ok(())
-}
-
-/// Lists `api` page by page, handing each object to `each`.
-async fn for_each_object(
-    api: &Api<DynamicObject>,
-    mut each: impl FnMut(&DynamicObject),
-) -> Result<(), String> {
-    let mut params = ListParams::default().limit(PAGE);
-    loop {
-        let page = api
-            .list(&params)
-            .await
-            .map_err(|e| list_error("objects", &e))?;
-        page.items.iter().for_each(&mut each);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(()),
-        }
-    }
 }
 
 /// The plan as text.

@@ -17,9 +17,6 @@ use serde_json::Value;
 
 use crate::view::{self, cell};
 
-/// Objects listed per request.
-const PAGE: u32 = 500;
-
 /// The whole report.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -276,34 +273,27 @@ fn binding_row(
     }
 }
 
-fn read_error(what: &str, e: &kube::Error) -> String {
-    format!(
-        "cannot list {what}: {}",
-        kbind_shared::identity::describe_error(e)
-    )
-}
-
 /// Reads everything the report shows from the consumer (lists only).
 pub async fn gather(consumer: &Client) -> Result<Report, String> {
     let connections = Api::<Connection>::all(consumer.clone())
         .list(&ListParams::default())
         .await
-        .map_err(|e| read_error("Connections", &e))?
+        .map_err(|e| view::read_error("Connections", &e))?
         .items;
     let cluster_bindings = Api::<ClusterBinding>::all(consumer.clone())
         .list(&ListParams::default())
         .await
-        .map_err(|e| read_error("ClusterBindings", &e))?
+        .map_err(|e| view::read_error("ClusterBindings", &e))?
         .items;
     let bindings = Api::<Binding>::all(consumer.clone())
         .list(&ListParams::default())
         .await
-        .map_err(|e| read_error("Bindings", &e))?
+        .map_err(|e| view::read_error("Bindings", &e))?
         .items;
     let crds = Api::<CustomResourceDefinition>::all(consumer.clone())
         .list(&ListParams::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)))
         .await
-        .map_err(|e| read_error("CustomResourceDefinitions", &e))?
+        .map_err(|e| view::read_error("CustomResourceDefinitions", &e))?
         .items;
     let now = jiff::Timestamp::now();
     let mut apis = Vec::new();
@@ -384,31 +374,21 @@ async fn api_objects(
     let mut row = ApiRow::default();
     let mut lags = Vec::new();
     let mut bound_in: BTreeMap<Option<String>, bool> = BTreeMap::new();
-    let mut params = ListParams::default().limit(PAGE);
-    loop {
-        let page = objects
-            .list(&params)
-            .await
-            .map_err(|e| read_error(&api, &e))?;
-        for object in &page.items {
-            let namespace = object.metadata.namespace.clone();
-            let bound = *bound_in.entry(namespace.clone()).or_insert_with(|| {
-                kbind_shared::resolve::resolve_served_by(
-                    connection,
-                    &api,
-                    namespace.as_deref(),
-                    cluster_bindings,
-                    bindings,
-                )
-                .is_some_and(|r| r.is_bound())
-            });
-            count(&mut row, &mut lags, object_view(object, bound, now));
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
-    }
+    view::for_each_object(&objects, &api, |object| {
+        let namespace = object.metadata.namespace.clone();
+        let bound = *bound_in.entry(namespace.clone()).or_insert_with(|| {
+            kbind_shared::resolve::resolve_served_by(
+                connection,
+                &api,
+                namespace.as_deref(),
+                cluster_bindings,
+                bindings,
+            )
+            .is_some_and(|r| r.is_bound())
+        });
+        count(&mut row, &mut lags, object_view(object, bound, now));
+    })
+    .await?;
     Ok((row, lags))
 }
 

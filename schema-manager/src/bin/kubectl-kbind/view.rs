@@ -3,9 +3,7 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::Secret;
 use kbind_shared::api::{Connection, ConnectionSpec, ConnectionStatus};
-use kbind_shared::credential::ProviderCredential;
 use kbind_shared::kubeconfig::Transport;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -159,19 +157,15 @@ pub async fn provider(
     spec: &ConnectionSpec,
     transport: Transport,
 ) -> Result<ProviderView, String> {
+    // The Secret is read wherever the spec points: the plugin cannot know the operator's
+    // `--provider-secret-namespaces`, so that is the only namespace it allows.
     let reference = &spec.kubeconfig_secret_ref;
-    let secret = Api::<Secret>::namespaced(consumer.clone(), &reference.namespace)
-        .get_opt(&reference.name)
-        .await
-        .map_err(|e| {
-            format!(
-                "cannot read Secret {}/{}: {}",
-                reference.namespace,
-                reference.name,
-                kbind_shared::identity::describe_error(&e)
-            )
-        })?;
-    let credential = ProviderCredential::from_secret(secret.as_ref(), reference, transport)?;
+    let policy = kbind_shared::credential::SecretPolicy {
+        namespaces: vec![reference.namespace.clone()],
+        transport,
+    };
+    let credential =
+        kbind_schema_manager::providers::read_credential(consumer, reference, &policy).await?;
     let client = credential
         .kubeconfig
         .client()
@@ -190,17 +184,40 @@ pub async fn provider(
     })
 }
 
+/// Objects listed per request.
+const PAGE: u32 = 500;
+
+/// Why reading `what` failed, without URLs or tokens.
+pub fn read_error(what: &str, e: &kube::Error) -> String {
+    format!(
+        "cannot read {what}: {}",
+        kbind_shared::identity::describe_error(e)
+    )
+}
+
+/// Lists `api` page by page, handing each object to `each` (nothing is kept between pages).
+pub async fn for_each_object(
+    api: &Api<kube::api::DynamicObject>,
+    what: &str,
+    mut each: impl FnMut(&kube::api::DynamicObject),
+) -> Result<(), String> {
+    let mut params = kube::api::ListParams::default().limit(PAGE);
+    loop {
+        let page = api.list(&params).await.map_err(|e| read_error(what, &e))?;
+        page.items.iter().for_each(&mut each);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(()),
+        }
+    }
+}
+
 /// The Connection named `name` on the consumer, if it exists.
 pub async fn connection(consumer: &Client, name: &str) -> Result<Option<Connection>, String> {
     Api::<Connection>::all(consumer.clone())
         .get_opt(name)
         .await
-        .map_err(|e| {
-            format!(
-                "cannot read Connection {name}: {}",
-                kbind_shared::identity::describe_error(&e)
-            )
-        })
+        .map_err(|e| read_error(&format!("Connection {name}"), &e))
 }
 
 /// Seconds from an RFC 3339 time to `now`, never negative; `None` for text that is not a time.

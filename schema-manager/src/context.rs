@@ -3,7 +3,7 @@
 use kbind_shared::sync::Locked;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kbind_shared::api::{Binding, ClusterBinding};
 use kbind_shared::identity::{IdentityError, cluster_identity};
 use kbind_shared::metrics::Metrics;
@@ -274,8 +274,9 @@ impl Context {
         Some(affected)
     }
 
-    /// A metadata-only cache of every instance of a bound API, started on first use (conflict
-    /// counts read it instead of listing, LIM-16). Caches unused for [`METADATA_CACHE_IDLE`] (an
+    /// A metadata-only cache of the instances of a bound API that carry a conflict annotation
+    /// (the rest are watched, not kept: `cache::only_conflicting`), started on first use
+    /// (conflict counts read it instead of listing, LIM-16). Caches unused for [`METADATA_CACHE_IDLE`] (an
     /// API no longer bound, a CRD gone) are stopped.
     pub fn instance_metadata(
         &self,
@@ -303,6 +304,9 @@ impl Context {
             let stream = reflector::reflector(
                 writer,
                 watcher(api, watcher::Config::default())
+                    .try_filter_map(|e| {
+                        std::future::ready(Ok(kbind_shared::cache::only_conflicting(e)))
+                    })
                     .modify(|o| kbind_shared::cache::conflict_metadata(&mut o.metadata)),
             )
             .default_backoff();

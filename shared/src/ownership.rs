@@ -24,11 +24,23 @@ pub fn classify(
     local_uid: &str,
     object_uid: &str,
 ) -> Owner {
-    let get = |key: &str| annotations.get(key).map(String::as_str).unwrap_or_default();
-    let (cluster, object) = (
+    let get = |key: &str| annotations.get(key).map(String::as_str);
+    classify_markers(
         get(keys::CONSUMER_CLUSTER_UID_ANNOTATION),
         get(keys::CONSUMER_OBJECT_UID_ANNOTATION),
-    );
+        local_uid,
+        object_uid,
+    )
+}
+
+/// OWN-1 from the two marker annotations' values (`cluster`, `object`).
+pub fn classify_markers(
+    cluster: Option<&str>,
+    object: Option<&str>,
+    local_uid: &str,
+    object_uid: &str,
+) -> Owner {
+    let (cluster, object) = (cluster.unwrap_or_default(), object.unwrap_or_default());
     if cluster.is_empty() && object.is_empty() {
         Owner::Unmarked
     } else if cluster == local_uid && object == object_uid {
@@ -84,21 +96,6 @@ pub fn spec_up_body(
         body["spec"] = spec.clone();
     }
     body
-}
-
-/// "No write when nothing changed": whether the provider copy already carries exactly what a
-/// spec-up would apply (spec, label, markers).
-pub fn provider_is_current(
-    provider: &Value,
-    spec: Option<&Value>,
-    local_uid: &str,
-    object_uid: &str,
-) -> bool {
-    let metadata = &provider["metadata"];
-    metadata["labels"][keys::MANAGED_LABEL] == keys::TRUE
-        && metadata["annotations"][keys::CONSUMER_CLUSTER_UID_ANNOTATION] == local_uid
-        && metadata["annotations"][keys::CONSUMER_OBJECT_UID_ANNOTATION] == object_uid
-        && provider.get("spec") == spec
 }
 
 /// An RFC 7386 merge patch that turns `current` into `desired`: changed and new keys are set,
@@ -261,34 +258,5 @@ mod tests {
         let mut applied = current.clone();
         apply(&mut applied, &patch);
         assert_eq!(applied, desired);
-    }
-
-    #[test]
-    fn a_current_provider_copy_needs_no_write() {
-        let spec = json!({ "size": 3 });
-        let mut provider = spec_up_body(
-            "example.org/v1",
-            "Widget",
-            Some("ns"),
-            "w",
-            Some(&spec),
-            "c",
-            "o",
-        );
-        provider["status"] = json!({ "phase": "Ready" });
-        provider["metadata"]["labels"]["other"] = json!("x");
-        assert!(provider_is_current(&provider, Some(&spec), "c", "o"));
-        assert!(!provider_is_current(
-            &provider,
-            Some(&json!({ "size": 4 })),
-            "c",
-            "o"
-        ));
-        assert!(!provider_is_current(
-            &provider,
-            Some(&spec),
-            "c",
-            "other-object"
-        ));
     }
 }

@@ -41,6 +41,19 @@ struct Args {
     /// Largest replica count.
     #[arg(long, default_value_t = 4)]
     max_replicas: usize,
+    /// Write every figure here as JSON.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// The largest over the smallest of `values` (1 when there is at most one, or a zero).
+fn spread(values: &[f64]) -> f64 {
+    let max = values.iter().cloned().fold(f64::MIN, f64::max);
+    let min = values.iter().cloned().fold(f64::MAX, f64::min);
+    if values.len() < 2 || min <= 0.0 {
+        return if values.len() < 2 { 1.0 } else { f64::INFINITY };
+    }
+    max / min
 }
 
 fn rss_mib(pid: Option<u32>, field: &str) -> f64 {
@@ -180,6 +193,8 @@ async fn main() {
         "N", "units max/min", "objects max/min", "RSS per replica (MiB)", "settled in"
     );
     let mut generation = 0;
+    let mut rows = Vec::new();
+    let mut single_rss = 0.0;
     for n in 1..=args.max_replicas {
         let started = Instant::now();
         let mut replicas = Vec::new();
@@ -210,10 +225,30 @@ async fn main() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let per_replica = running(&consumer).await;
         let unit_counts: Vec<usize> = per_replica.values().map(BTreeSet::len).collect();
-        let rss: Vec<String> = replicas
+        let rss_values: Vec<f64> = replicas
             .iter()
-            .map(|r| format!("{:.1}", rss_mib(env.process_ref(r.index).pid(), "VmRSS:")))
+            .map(|r| rss_mib(env.process_ref(r.index).pid(), "VmRSS:"))
             .collect();
+        let rss: Vec<String> = rss_values.iter().map(|v| format!("{v:.1}")).collect();
+        let rss_sum: f64 = rss_values.iter().sum();
+        if n == 1 {
+            single_rss = rss_sum;
+        }
+        let units_spread = spread(&unit_counts.iter().map(|&u| u as f64).collect::<Vec<_>>());
+        let objects_spread = spread(&counts);
+        rows.push(serde_json::json!({
+            "replicas": n,
+            "unitsPerReplica": unit_counts,
+            "objectsPerReplica": counts,
+            "unitsSpread": units_spread,
+            "objectsSpread": objects_spread,
+            "spreadGoal": 1.25,
+            "rssMiB": rss_values,
+            "rssSumMiB": rss_sum,
+            "rssSumOverSingle": rss_sum / single_rss,
+            "rssSumOverSingleGoal": 1.2,
+            "settledSeconds": took.as_secs_f64(),
+        }));
         println!(
             "{n:>3}  {:>14}  {:>16}  {:>26}  {:>9.1?}",
             format!(
@@ -229,6 +264,12 @@ async fn main() {
             rss.join(" "),
             took
         );
+        if n > 1 {
+            println!(
+                "     spread units {units_spread:.2}, objects {objects_spread:.2} (goal <= 1.25); RSS summed {rss_sum:.1} MiB = {:.2} x one replica's (goal <= 1.2)",
+                rss_sum / single_rss
+            );
+        }
         if n < args.max_replicas {
             for replica in &replicas {
                 env.process(replica.index).signal("TERM").unwrap();
@@ -276,4 +317,21 @@ async fn main() {
         "  a member joins:     every unit owned again after {after_join:.1?}; object writes meanwhile: {}",
         write_delta(&death_writes, &join_writes)
     );
+    if let Some(path) = &args.json {
+        let report = serde_json::json!({
+            "apis": kinds.len(),
+            "namespaces": args.namespaces,
+            "objects": total,
+            "bucketsPerApi": args.buckets,
+            "units": units.len(),
+            "replicaCounts": rows,
+            "rebalance": {
+                "afterKillSeconds": after_death.as_secs_f64(),
+                "objectWritesAfterKill": write_delta(&before, &death_writes),
+                "afterJoinSeconds": after_join.as_secs_f64(),
+                "objectWritesAfterJoin": write_delta(&death_writes, &join_writes),
+            },
+        });
+        std::fs::write(path, format!("{report:#}\n")).expect("write the JSON report");
+    }
 }

@@ -6,7 +6,13 @@
 //!    write → provider copy updated) and status-down latency (→ consumer status updated by the
 //!    provider's stand-in controller, so it includes that controller's reaction).
 //! 3. Reports API requests per change, kbind's own (`kbind_api_requests_total`) and as counted by
-//!    both API servers, and the syncer's peak RSS.
+//!    both API servers, and memory per synced object (both programs, steady minus empty RSS).
+//!
+//! With `--minimal`, phase 1 first runs with the minimal client ([`kbind_e2e::minimal`]) in place
+//! of kbind's syncer, on the same two API servers, so that kbind's throughput is printed beside
+//! the best a client can do there. `--restart` restarts the syncer at the end and times it until
+//! ready and caught up, counting its writes and its peak memory. `--idle-secs` counts requests at
+//! rest; `--json` writes every figure with its goal (issue #15).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -53,6 +59,152 @@ struct Args {
     /// At rest after phase 2: count kbind's requests over this many seconds (0: skip).
     #[arg(long, default_value_t = 0)]
     idle_secs: u64,
+    /// Run phase 1 with the minimal client first, for the throughput kbind is measured against.
+    #[arg(long)]
+    minimal: bool,
+    /// After the other phases: restart the syncer and time it until ready and caught up.
+    #[arg(long)]
+    restart: bool,
+}
+
+/// Phase 1's figures.
+struct Bulk {
+    created: Duration,
+    synced_up: Duration,
+    all_back: Duration,
+}
+
+/// Creates `n` Widgets named `<prefix><i>` (16 in flight) and times them until every provider
+/// copy exists and every status is back.
+async fn bulk(
+    consumer: &Api<kube::api::DynamicObject>,
+    provider: &Api<kube::api::DynamicObject>,
+    prefix: &str,
+    n: usize,
+) -> Bulk {
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = consumer.clone();
+            async move {
+                api.create(&PostParams::default(), &widget(&format!("{prefix}{i}"), 1))
+                    .await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("creates");
+    let created = started.elapsed();
+    eventually("all provider copies", Duration::from_secs(3600), || async {
+        let count = provider
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        Ok((count == n).then_some(()))
+    })
+    .await
+    .unwrap();
+    let synced_up = started.elapsed();
+    eventually("all statuses back", Duration::from_secs(3600), || async {
+        let list = consumer
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((list
+            .items
+            .iter()
+            .filter(|w| w.data["status"]["phase"] == "Ready")
+            .count()
+            == n)
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+    Bulk {
+        created,
+        synced_up,
+        all_back: started.elapsed(),
+    }
+}
+
+/// Phase 1 with the minimal client in kbind's place: the syncer is stopped, the minimal client
+/// syncs `n` Widgets of its own namespace, they are removed from both sides, and a new syncer
+/// process (same identity) is started and ready.
+async fn minimal_bulk(s: &mut SyncEnv, n: usize) -> Bulk {
+    const NAMESPACE: &str = "bench-minimal";
+    s.env.process(s.syncer.index).kill();
+    ensure_namespace(&s.consumer, NAMESPACE).await.unwrap();
+    ensure_namespace(&s.provider, NAMESPACE).await.unwrap();
+    let (consumer, provider) = (
+        widgets(&s.consumer, NAMESPACE),
+        widgets(&s.provider, NAMESPACE),
+    );
+    let tasks = kbind_e2e::minimal::start(consumer.clone(), provider.clone(), 8);
+    let figures = bulk(&consumer, &provider, "m", n).await;
+    for task in tasks {
+        task.abort();
+    }
+    // Removed from both sides: the finalizers released first (16 in flight), then a collection
+    // delete, which for many objects can outlast a request's timeout and go on in the API server:
+    // it is repeated until nothing is left.
+    let names: Vec<String> = consumer
+        .list_metadata(&ListParams::default())
+        .await
+        .expect("list the minimal client's Widgets")
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .collect();
+    futures::stream::iter(names)
+        .map(|name| {
+            let api = consumer.clone();
+            async move {
+                let patch = json!({ "metadata": { "finalizers": null } });
+                let _ = api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+            }
+        })
+        .buffer_unordered(16)
+        .for_each(|()| async {})
+        .await;
+    for api in [&consumer, &provider] {
+        eventually(
+            "the minimal client's Widgets gone",
+            Duration::from_secs(1200),
+            || async {
+                let left = api
+                    .list_metadata(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len();
+                if left > 0 {
+                    let _ = api
+                        .delete_collection(&Default::default(), &ListParams::default())
+                        .await;
+                }
+                Ok((left == 0).then_some(()))
+            },
+        )
+        .await
+        .unwrap();
+    }
+    s.syncer = start_syncer(
+        &mut s.env,
+        "consumer",
+        "syncer-0-after-minimal",
+        &["--identity=syncer-0"],
+    )
+    .await
+    .unwrap();
+    s.syncer
+        .wait_ready("the syncer after the minimal client", 60)
+        .await;
+    figures
 }
 
 /// `kbind_api_requests_total` of one program by `"<cluster> <verb>"`.
@@ -121,6 +273,26 @@ async fn apiserver_requests(client: &kube::Client) -> u64 {
     ) as u64
 }
 
+/// CPU time a process has used (user and system), in seconds.
+fn cpu_seconds(pid: Option<u32>) -> f64 {
+    let stat = pid
+        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .unwrap_or_default();
+    // Fields after the command (which is in parentheses and may hold spaces): state is the 3rd
+    // field, utime and stime the 14th and 15th, in clock ticks (100 per second on Linux).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i - 3)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_default()
+    };
+    (ticks(14) + ticks(15)) / 100.0
+}
+
 fn peak_rss_mib(pid: Option<u32>) -> f64 {
     status_mib(pid, "VmHWM:")
 }
@@ -145,7 +317,7 @@ fn status_mib(pid: Option<u32>, field: &str) -> f64 {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let s = SyncEnv::start("bench", &[0, 1, 2], None).await;
+    let mut s = SyncEnv::start("bench", &[0, 1, 2], None).await;
     wait_binding_condition(
         &Api::<ClusterBinding>::all(s.consumer.clone()),
         "widgets",
@@ -159,60 +331,33 @@ async fn main() {
         std::fs::write(path, prometheus_targets(&s).to_string()).expect("write the target list");
     }
     ensure_namespace(&s.consumer, "bench").await.unwrap();
-    let (manager_pid, syncer_pid) = (
-        s.env.process_ref(s.manager.index).pid(),
-        s.env.process_ref(s.syncer.index).pid(),
-    );
-    // Memory with the API bound and no objects: the base that per-object figures subtract.
+    let n = args.objects;
+    // Memory with the API bound and no objects: the base that per-object figures subtract (the
+    // schema manager's before the minimal client's objects come and go; the syncer's in the
+    // process that runs the benchmark).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let empty = (rss_mib(manager_pid), rss_mib(syncer_pid));
+    let manager_pid = s.env.process_ref(s.manager.index).pid();
+    let manager_empty = rss_mib(manager_pid);
+    let minimal = if args.minimal {
+        Some(minimal_bulk(&mut s, n).await)
+    } else {
+        None
+    };
+    let syncer_pid = s.env.process_ref(s.syncer.index).pid();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let empty = (manager_empty, rss_mib(syncer_pid));
+    let cpu = || cpu_seconds(manager_pid) + cpu_seconds(syncer_pid);
+    let cpu_start = cpu();
     let (consumer_widgets, provider_widgets) =
         (widgets(&s.consumer, "bench"), widgets(&s.provider, "bench"));
-    let n = args.objects;
 
     // Phase 1: create N.
-    let started = Instant::now();
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let api = consumer_widgets.clone();
-            async move {
-                api.create(&PostParams::default(), &widget(&format!("w{i}"), 1))
-                    .await
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<_>>()
-        .await
-        .expect("creates");
-    let created = started.elapsed();
-    eventually("all provider copies", Duration::from_secs(1800), || async {
-        let count = provider_widgets
-            .list_metadata(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .len();
-        Ok((count == n).then_some(()))
-    })
-    .await
-    .unwrap();
-    let synced_up = started.elapsed();
-    eventually("all statuses back", Duration::from_secs(1800), || async {
-        let list = consumer_widgets
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((list
-            .items
-            .iter()
-            .filter(|w| w.data["status"]["phase"] == "Ready")
-            .count()
-            == n)
-            .then_some(()))
-    })
-    .await
-    .unwrap();
-    let all_back = started.elapsed();
+    let Bulk {
+        created,
+        synced_up,
+        all_back,
+    } = bulk(&consumer_widgets, &provider_widgets, "w", n).await;
+    let cpu_bulk = cpu() - cpu_start;
     // Memory with every object synced, once the burst's buffers have been returned.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let steady = (rss_mib(manager_pid), rss_mib(syncer_pid));
@@ -253,6 +398,7 @@ async fn main() {
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let kbind_before = kbind_requests(&s.syncer.metrics().await.unwrap());
+    let cpu_before_changes = cpu();
     let (consumer_before, provider_before) = (
         apiserver_requests(&s.consumer).await,
         apiserver_requests(&s.provider).await,
@@ -283,6 +429,7 @@ async fn main() {
     .await
     .unwrap();
     let kbind_after = kbind_requests(&s.syncer.metrics().await.unwrap());
+    let cpu_changes = cpu() - cpu_before_changes;
     let (consumer_after, provider_after) = (
         apiserver_requests(&s.consumer).await,
         apiserver_requests(&s.provider).await,
@@ -313,6 +460,23 @@ async fn main() {
         all_back,
         n as f64 / all_back.as_secs_f64()
     );
+    let throughput = |b: &Bulk| n as f64 / b.all_back.as_secs_f64();
+    let kbind_bulk = Bulk {
+        created,
+        synced_up,
+        all_back,
+    };
+    if let Some(minimal) = &minimal {
+        println!(
+            "  the minimal client, same run:     {:>8.1?}  ({:.0} objects/s, statuses back)",
+            minimal.all_back,
+            throughput(minimal)
+        );
+        println!(
+            "  kbind / minimal client:            {:>7.0} %  (goal >= 90 %)",
+            100.0 * throughput(&kbind_bulk) / throughput(minimal)
+        );
+    }
     println!("phase 2: {} changes at {}/s", args.changes, args.rate);
     println!(
         "  spec-up latency      p50 {:>8.1?}  p99 {:>8.1?}",
@@ -344,6 +508,11 @@ async fn main() {
         steady.0, steady.1, empty.0, empty.1
     );
     println!("  per synced object, both programs:  {per_object_kib:.2} KiB  (goal <= 2 KiB)");
+    println!(
+        "CPU, both programs: {:.2} ms per object synced in phase 1, {:.2} ms per change in phase 2",
+        cpu_bulk * 1000.0 / n as f64,
+        cpu_changes * 1000.0 / m
+    );
     let mut report = json!({
         "objects": n,
         "changes": args.changes,
@@ -354,6 +523,7 @@ async fn main() {
             "allProviderCopiesSeconds": synced_up.as_secs_f64(),
             "allStatusesBackSeconds": all_back.as_secs_f64(),
             "objectsPerSecond": n as f64 / synced_up.as_secs_f64(),
+            "statusesBackObjectsPerSecond": throughput(&kbind_bulk),
         },
         "changesPhase": {
             "specUpP50Ms": percentile(&up, 0.5).as_secs_f64() * 1000.0,
@@ -373,7 +543,20 @@ async fn main() {
             "perObjectKiB": per_object_kib,
             "perObjectGoalKiB": 2.0,
         },
+        "cpuMs": {
+            "perObjectSynced": cpu_bulk * 1000.0 / n as f64,
+            "perChange": cpu_changes * 1000.0 / m,
+        },
     });
+    if let Some(minimal) = &minimal {
+        report["minimalClient"] = json!({
+            "allProviderCopiesSeconds": minimal.synced_up.as_secs_f64(),
+            "allStatusesBackSeconds": minimal.all_back.as_secs_f64(),
+            "statusesBackObjectsPerSecond": throughput(minimal),
+            "kbindPercent": 100.0 * throughput(&kbind_bulk) / throughput(minimal),
+            "goalPercent": 90.0,
+        });
+    }
     if args.idle_secs > 0 {
         // At rest: nothing changes; what kbind still asks for is background load.
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -389,8 +572,10 @@ async fn main() {
             )
         };
         let before = snapshot().await;
+        let cpu_before_idle = cpu();
         tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
         let after = snapshot().await;
+        let cpu_idle = (cpu() - cpu_before_idle) * 60.0 / args.idle_secs as f64;
         let kbind = per_minute(&before.0, &after.0, args.idle_secs);
         let consumer = per_minute(&before.1, &after.1, args.idle_secs);
         let provider = per_minute(&before.2, &after.2, args.idle_secs);
@@ -398,10 +583,112 @@ async fn main() {
         println!("  kbind's requests (both programs, by cluster and verb): {kbind:?}");
         println!("  consumer API server, every client (by verb and resource): {consumer:?}");
         println!("  provider API server, every client (by verb and resource): {provider:?}");
+        println!(
+            "  CPU at rest, both programs: {:.0} ms per minute",
+            cpu_idle * 1000.0
+        );
         report["atRestPerMinute"] = json!({
+            "cpuMs": cpu_idle * 1000.0,
             "kbindByClusterVerb": kbind,
             "consumerApiServer": consumer,
             "providerApiServer": provider,
+        });
+    }
+    if args.restart {
+        // A restart of the syncer: it lists everything again, is ready, and a change made right
+        // after the restart is synced — with no write but that change's own.
+        use kbind_e2e::kbind::{apiserver_writes, new_writes};
+        let writes = async || {
+            (
+                apiserver_writes(&s.consumer).await.unwrap_or_default(),
+                apiserver_writes(&s.provider).await.unwrap_or_default(),
+            )
+        };
+        let writes_before = writes().await;
+        let before = rss_mib(s.env.process_ref(s.syncer.index).pid());
+        s.env.process(s.syncer.index).kill();
+        let started = Instant::now();
+        s.syncer = start_syncer(
+            &mut s.env,
+            "consumer",
+            "syncer-0-restarted",
+            &["--identity=syncer-0"],
+        )
+        .await
+        .unwrap();
+        let target = 1_000_000_i64;
+        consumer_widgets
+            .patch(
+                "w0",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": { "size": target } })),
+            )
+            .await
+            .unwrap();
+        let probes = s.syncer.probes.clone();
+        let ready = tokio::spawn(async move {
+            loop {
+                if let Ok((200, _)) = kbind_e2e::kbind::http_get(&probes, "/readyz").await {
+                    return started.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        eventually(
+            "the change after the restart",
+            Duration::from_secs(600),
+            || async {
+                let copy = provider_widgets
+                    .get("w0")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok((copy.data["spec"]["size"] == target).then_some(()))
+            },
+        )
+        .await
+        .unwrap();
+        let caught_up = started.elapsed();
+        let ready = ready.await.unwrap_or_default();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let pid = s.env.process_ref(s.syncer.index).pid();
+        let (after, peak) = (rss_mib(pid), peak_rss_mib(pid));
+        // As both API servers count them (Lease renewals aside): the change's own are the
+        // benchmark's patch and kbind's status write on the consumer, kbind's apply and the
+        // stand-in controller's status write on the provider.
+        let writes_after = writes().await;
+        let consumer_writes = new_writes(&writes_before.0, &writes_after.0);
+        let provider_writes = new_writes(&writes_before.1, &writes_after.1);
+        let total = |w: &std::collections::BTreeMap<String, u64>,
+                     b: &std::collections::BTreeMap<String, u64>| {
+            w.iter()
+                .map(|(k, n)| n - b.get(k).copied().unwrap_or_default())
+                .sum::<u64>()
+        };
+        let writes =
+            total(&writes_after.0, &writes_before.0) + total(&writes_after.1, &writes_before.1);
+        println!("restart of the syncer at {n} objects:");
+        println!("  ready after                       {ready:>8.1?}");
+        println!("  a change made at the restart synced after {caught_up:>8.1?}  (goal <= 10 s)");
+        println!(
+            "  writes, both API servers: {writes}  (the change's own: 4 — goal: nothing else); consumer {consumer_writes:?}, provider {provider_writes:?}"
+        );
+        println!(
+            "  peak RSS {peak:.1} MiB, then {after:.1} MiB; before the restart {before:.1} MiB  (peak / steady {:.2}, goal <= 1.2)",
+            peak / before
+        );
+        report["restart"] = json!({
+            "readySeconds": ready.as_secs_f64(),
+            "caughtUpSeconds": caught_up.as_secs_f64(),
+            "caughtUpGoalSeconds": 10.0,
+            "writes": writes,
+            "writesOfTheChange": 4,
+            "consumerWrites": consumer_writes,
+            "providerWrites": provider_writes,
+            "peakMiB": peak,
+            "steadyAfterMiB": after,
+            "steadyBeforeMiB": before,
+            "peakOverSteady": peak / before,
+            "peakOverSteadyGoal": 1.2,
         });
     }
     if args.delete {

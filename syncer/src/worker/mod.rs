@@ -7,8 +7,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
+use kbind_shared::cache::{Instance, InstanceType, ProviderCopy};
 use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams};
@@ -80,7 +81,9 @@ struct Worker {
     ctx: Arc<Context>,
     spec: WorkerSpec,
     provider: Client,
-    provider_objects: Store<DynamicObject>,
+    /// The API, as the caches' keys share it.
+    dyntype: InstanceType,
+    provider_objects: Store<ProviderCopy>,
     recorder: Recorder,
     known_namespaces: Mutex<HashSet<String>>,
     warned_no_status: Mutex<bool>,
@@ -109,21 +112,22 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     else {
         return;
     };
-    let resource = spec.resource.clone();
+    let resource: InstanceType = Arc::new(spec.resource.clone());
     let api = spec.api.clone();
 
-    // Provider side: a cache of the API's objects; events on them re-sync the consumer object with
-    // the same namespace/name (drift repair, SYNC-12, and conflict re-evaluation, QRK-19).
-    let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+    // Provider side: a cache of the API's objects, each kept as the facts a sync reads
+    // (`ProviderCopy`); events on them re-sync the consumer object with the same namespace/name
+    // (drift repair, SYNC-12, and conflict re-evaluation, QRK-19).
+    let writer = reflector::store::Writer::<ProviderCopy>::new(resource.clone());
     let provider_objects = writer.as_reader();
-    let provider_api: Api<DynamicObject> = Api::all_with(provider.clone(), &resource);
+    let provider_api: Api<Instance> = Api::all_with(provider.clone(), &resource);
     // One watch feeds both the cache and the triggers; it runs on its own so that the cache can
     // be waited for once, before any decision reads it. (Waiting inside reconciles is not an
     // option: a Store's readiness wakes only the last of several concurrent waiters.)
     let buckets = spec.buckets.clone();
     // The consumer side's cache, made first: a provider change counts as waiting only for an
     // object the consumer has (nothing else is ever synced, so nothing else may wait).
-    let consumer_writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+    let consumer_writer = reflector::store::Writer::<Instance>::new(resource.clone());
     let consumer_objects = consumer_writer.as_reader();
     let pending = Arc::new(Mutex::new(pending::Pending::default()));
     let (seen_consumer, seen_pending) = (consumer_objects.clone(), pending.clone());
@@ -134,7 +138,6 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         writer,
         watcher(provider_api, watcher::Config::default())
             .filter(move |e| std::future::ready(buckets.keep(e)))
-            .modify(|o| kbind_shared::cache::slim_instance(&mut o.metadata))
             .inspect(move |event| {
                 if let Ok(
                     watcher::Event::Apply(o)
@@ -152,7 +155,8 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
                             .provider_changed(pending_key(o), std::time::Instant::now());
                     }
                 }
-            }),
+            })
+            .map_ok(|event| kbind_shared::cache::map_event(event, ProviderCopy::of)),
     )
     .default_backoff();
     let (trigger, provider_triggers) = futures::channel::mpsc::unbounded();
@@ -168,9 +172,10 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
                 ) => o,
                 _ => continue,
             };
-            let mut reference = ObjectRef::new_with(&object.name_any(), trigger_resource.clone());
-            if let Some(namespace) = object.namespace() {
-                reference = reference.within(&namespace);
+            let mut reference =
+                ObjectRef::<Instance>::new_with(&object.name, trigger_resource.clone());
+            if let Some(namespace) = object.namespace.as_deref() {
+                reference = reference.within(namespace);
             }
             if trigger.unbounded_send(reference).is_err() {
                 break;
@@ -195,6 +200,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         ctx: ctx.clone(),
         spec,
         provider,
+        dyntype: resource.clone(),
         provider_objects: provider_objects.clone(),
         known_namespaces: Mutex::default(),
         warned_no_status: Mutex::new(false),
@@ -207,14 +213,14 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         ),
         pending,
     });
-    let consumer_api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
+    let consumer_api: Api<Instance> = Api::all_with(ctx.client.clone(), &resource);
     let buckets = worker.spec.buckets.clone();
     let seen = worker.clone();
     let consumer_events = reflector::reflector(
         consumer_writer,
         watcher(consumer_api, watcher::Config::default())
             .filter(move |e| std::future::ready(buckets.keep(e)))
-            .modify(|o| kbind_shared::cache::slim_instance(&mut o.metadata))
+            .modify(|o| kbind_shared::cache::consumer_metadata(&mut o.metadata))
             .inspect(move |event| seen.saw_consumer_event(event)),
     )
     .default_backoff()
@@ -225,6 +231,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.workers))
         .reconcile_on(provider_triggers)
         .reconcile_all_on(ctx.binding_changes())
+        .reconcile_all_on(resync_ticks(ctx.resync_interval))
         .graceful_shutdown_on(async move { graceful.cancelled().await })
         .run(reconcile, error_policy, worker)
         .for_each(|result| async move {
@@ -288,6 +295,14 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     }
 }
 
+/// One tick per `period`, the first after one period: the backstop resync of every object.
+fn resync_ticks(period: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold((), move |()| async move {
+        tokio::time::sleep(period).await;
+        Some(((), ()))
+    })
+}
+
 /// The `result` label of `kbind_sync_operations_total` for a failed request: `forbidden` (RBAC),
 /// `rejected` (the API server's admission or validation said no: 400, 422), `conflict` (409),
 /// `transient` (unavailable, overloaded, timed out, unreachable — retrying helps), `error`
@@ -305,19 +320,19 @@ pub fn result_label(error: &kube::Error) -> &'static str {
 }
 
 /// The backlog key of an object.
-fn pending_key(object: &DynamicObject) -> pending::Key {
+fn pending_key<K: Resource>(object: &K) -> pending::Key {
     (object.namespace(), object.name_any())
 }
 
 /// `namespace/name` (or `name`) of an object, for retries and logs.
-fn object_key(object: &DynamicObject) -> String {
+fn object_key<K: Resource>(object: &K) -> String {
     match object.namespace() {
         Some(ns) => format!("{ns}/{}", object.name_any()),
         None => object.name_any(),
     }
 }
 
-fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) -> Action {
+fn error_policy(object: Arc<Instance>, error: &Error, worker: Arc<Worker>) -> Action {
     worker
         .ctx
         .metrics
@@ -334,7 +349,7 @@ fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) 
         tracing::debug!(api = %worker.spec.api, object = %object.name_any(), "write conflict; retrying");
         return Action::requeue(Duration::from_millis(200));
     }
-    let key = object_key(&object);
+    let key = object_key(object.as_ref());
     let retry = worker.retries.failed(&key, &error.to_string());
     if retry.log {
         tracing::warn!(api = %worker.spec.api, object = %key, error = %error, kind = error.metric_label(), retry_in = ?retry.after, "sync failed");
@@ -346,7 +361,7 @@ fn error_policy(object: Arc<DynamicObject>, error: &Error, worker: Arc<Worker>) 
 
 impl Worker {
     /// A consumer watch event (already filtered to this worker's buckets): a change now waits.
-    fn saw_consumer_event(&self, event: &Result<watcher::Event<DynamicObject>, watcher::Error>) {
+    fn saw_consumer_event(&self, event: &Result<watcher::Event<Instance>, watcher::Error>) {
         let now = std::time::Instant::now();
         match event {
             Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
@@ -399,8 +414,8 @@ impl Worker {
         kbind_shared::dynamic::scoped(&self.provider, namespace, &self.spec.resource)
     }
 
-    fn provider_copy(&self, object: &DynamicObject) -> Option<Arc<DynamicObject>> {
-        let mut reference = ObjectRef::new_with(&object.name_any(), self.spec.resource.clone());
+    fn provider_copy(&self, object: &Instance) -> Option<Arc<ProviderCopy>> {
+        let mut reference = ObjectRef::new_with(&object.name_any(), self.dyntype.clone());
         if let Some(namespace) = object.namespace() {
             reference = reference.within(&namespace);
         }
@@ -409,7 +424,7 @@ impl Worker {
 
     /// Records where `object` stands (`None`: neither synced nor conflicting) and updates the
     /// per-API gauges.
-    fn mark(&self, object: &DynamicObject, state: Option<SyncState>) {
+    fn mark(&self, object: &Instance, state: Option<SyncState>) {
         let key = (object.namespace(), object.name_any());
         let mut states = self.states.locked();
         match state {
@@ -438,7 +453,7 @@ impl Worker {
             .inc();
     }
 
-    async fn warn(&self, object: &DynamicObject, reason: &str, note: String) {
+    async fn warn(&self, object: &Instance, reason: &str, note: String) {
         let event = Event {
             type_: EventType::Warning,
             reason: reason.into(),
@@ -448,7 +463,7 @@ impl Worker {
         };
         if let Err(e) = self
             .recorder
-            .publish(&event, &object.object_ref(&self.spec.resource))
+            .publish(&event, &object.object_ref(&self.dyntype))
             .await
         {
             tracing::debug!(error = %e, "cannot publish Event");
@@ -457,7 +472,7 @@ impl Worker {
 
     async fn set_finalizers(
         &self,
-        object: &DynamicObject,
+        object: &Instance,
         finalizers: Vec<String>,
     ) -> Result<(), Error> {
         let patch = kbind_shared::finalizers::patch(&object.metadata, &finalizers);
@@ -477,11 +492,7 @@ impl Worker {
         }
     }
 
-    async fn set_conflict(
-        &self,
-        object: &DynamicObject,
-        reason: Option<&str>,
-    ) -> Result<(), Error> {
+    async fn set_conflict(&self, object: &Instance, reason: Option<&str>) -> Result<(), Error> {
         let current = object
             .annotations()
             .get(keys::CONFLICT_ANNOTATION)
@@ -537,7 +548,7 @@ impl Worker {
 }
 
 /// One object sync, with `kbind_work_queue_depth` counting syncs in progress.
-async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Action, Error> {
+async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action, Error> {
     use std::sync::atomic::Ordering;
     let gauge = worker
         .ctx
@@ -553,8 +564,8 @@ async fn reconcile(object: Arc<DynamicObject>, worker: Arc<Worker>) -> Result<Ac
     }
     let name = object.name_any();
     tracing::trace!(object = %name, "sync start");
-    let key = object_key(&object);
-    let waiting = pending_key(&object);
+    let key = object_key(object.as_ref());
+    let waiting = pending_key(object.as_ref());
     let seen = worker.pending.locked().take(&waiting);
     let result = sync::sync(object, worker.clone(), seen).await;
     if result.is_ok() {

@@ -5,11 +5,12 @@ use kbind_shared::sync::Locked;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kbind_shared::cache::{Instance, Json};
 use kbind_shared::delivery;
 use kbind_shared::keys;
 use kbind_shared::ownership::{self, Owner};
 use kube::ResourceExt;
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use serde_json::json;
 
@@ -20,7 +21,7 @@ use super::{Error, SyncState, Worker};
 /// One sync: gather the facts, [`decide`], execute the step. `seen`: when the changes it syncs
 /// were first seen, for the lag of the writes that deliver them.
 pub(super) async fn sync(
-    object: Arc<DynamicObject>,
+    object: Arc<Instance>,
     worker: Arc<Worker>,
     seen: Seen,
 ) -> Result<Action, Error> {
@@ -37,16 +38,13 @@ pub(super) async fn sync(
         .filter(|r| r.is_bound());
     let object_uid = object.metadata.uid.clone().unwrap_or_default();
     let provider_copy = worker.provider_copy(&object);
-    let consumer_spec = object.data.get("spec");
     let facts = Facts {
         deleting: object.metadata.deletion_timestamp.is_some(),
         bound: resolution.as_ref().map(|r| r.conflict_policy),
         copy: provider_copy.as_ref().map(|copy| Copy {
-            owner: ownership::classify(copy.annotations(), &spec.local_uid, &object_uid),
-            terminating: copy.metadata.deletion_timestamp.is_some(),
-            current: serde_json::to_value(copy.as_ref()).is_ok_and(|copy| {
-                ownership::provider_is_current(&copy, consumer_spec, &spec.local_uid, &object_uid)
-            }),
+            owner: copy.owner(&spec.local_uid, &object_uid),
+            terminating: copy.terminating,
+            current: copy.is_current(object.spec.as_ref(), &spec.local_uid, &object_uid),
         }),
         has_finalizer: kbind_shared::finalizers::has(&object.metadata, keys::SYNCER_FINALIZER),
         conflict: object
@@ -99,11 +97,11 @@ pub(super) async fn sync(
 
     let mut provider_status = provider_copy
         .as_ref()
-        .and_then(|c| c.data.get("status").cloned());
+        .and_then(|c| c.status.as_ref().map(Json::value));
     // When kbind last wrote the copy's spec (the delivery record's time).
     let mut delivered_at = provider_copy
         .as_ref()
-        .and_then(|c| delivery::applied_at(&c.metadata));
+        .and_then(|c| c.applied_at.as_deref().map(String::from));
     if let Some(how) = spec_up {
         if let Some(ns) = namespace.as_deref()
             && let Err(e) = worker.ensure_provider_namespace(ns).await
@@ -115,7 +113,7 @@ pub(super) async fn sync(
             &spec.resource.kind,
             namespace.as_deref(),
             &object.name_any(),
-            consumer_spec,
+            object.spec.as_ref().map(Json::value).as_ref(),
             &spec.local_uid,
             &object_uid,
         );
@@ -141,10 +139,10 @@ pub(super) async fn sync(
                 worker.lag("spec_up", seen.first());
                 provider_status = applied.data.get("status").cloned();
                 delivered_at = delivery::applied_at(&applied.metadata);
-                worker
-                    .pending
-                    .locked()
-                    .spec_applied(super::pending_key(&object), std::time::Instant::now());
+                worker.pending.locked().spec_applied(
+                    super::pending_key(object.as_ref()),
+                    std::time::Instant::now(),
+                );
             }
             Err(e) if creating && kbind_shared::apply::exists(&e) => {
                 tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object appeared before the first spec-up; classifying it");
@@ -165,7 +163,8 @@ pub(super) async fn sync(
 
     // SYNC-9: status down, only when it differs — with kbind's delivery record, which says the
     // current generation reached the provider.
-    let current = object.data.get("status");
+    let current = object.status.as_ref().map(Json::value);
+    let current = current.as_ref();
     let desired = if spec.has_delivery {
         let record = delivery::delivered(object.metadata.generation, delivered_at);
         Some(delivery::with_record(provider_status.as_ref(), &record))
@@ -175,7 +174,7 @@ pub(super) async fn sync(
     if let Some(status) = desired
         && current != Some(&status)
     {
-        let key = super::pending_key(&object);
+        let key = super::pending_key(object.as_ref());
         if !delivery::differs_beyond_record(current, Some(&status)) {
             let wait =
                 worker
@@ -197,7 +196,9 @@ pub(super) async fn sync(
         worker.pending.locked().recorded(&key);
     }
     worker.mark(&object, Some(SyncState::Synced));
-    Ok(Action::requeue(worker.ctx.resync_interval))
+    // The backstop resync is one periodic pass over the whole cache (`super::resync_ticks`), not a
+    // timer per object: at rest a synced object costs no scheduler entry.
+    Ok(Action::await_change())
 }
 
 /// How long a delivery record waits for the provider's status change to carry it.
@@ -207,7 +208,7 @@ const DELIVERY_WAIT: Duration = Duration::from_secs(2);
 /// `status_down`, or `record` when only kbind's delivery record changes.
 async fn status_down(
     worker: &Worker,
-    object: &DynamicObject,
+    object: &Instance,
     status: serde_json::Value,
     op: &str,
 ) -> Result<(), Error> {
@@ -221,7 +222,7 @@ async fn status_down(
         }
         return Ok(());
     }
-    let current = object.data.get("status").cloned().unwrap_or(json!({}));
+    let current = object.status.as_ref().map(Json::value).unwrap_or(json!({}));
     let patch = json!({ "status": ownership::merge_patch(&current, &status) });
     worker.fence()?;
     match worker
@@ -248,17 +249,18 @@ async fn status_down(
 /// (a retry that is refused the same way writes nothing).
 async fn record_refusal(
     worker: &Worker,
-    object: &DynamicObject,
+    object: &Instance,
     state: &str,
     message: &str,
 ) -> Result<(), Error> {
     if !worker.spec.has_delivery || !worker.spec.has_status_subresource {
         return Ok(());
     }
-    let current = delivery::record_of(object.data.get("status"));
+    let current_status = object.status.as_ref().map(Json::value);
+    let current = delivery::record_of(current_status.as_ref());
     let record = delivery::refused(current, state, message);
-    let status = delivery::with_record(object.data.get("status"), &record);
-    if object.data.get("status") == Some(&status) {
+    let status = delivery::with_record(current_status.as_ref(), &record);
+    if current_status.as_ref() == Some(&status) {
         return Ok(());
     }
     status_down(worker, object, status, "record").await
@@ -267,7 +269,7 @@ async fn record_refusal(
 /// SYNC-10: Forbidden gets a Warning Event and a 30 s retry; anything else is an error.
 async fn forbidden_or(
     worker: &Worker,
-    object: &DynamicObject,
+    object: &Instance,
     operation: &str,
     error: kube::Error,
 ) -> Result<Action, Error> {
@@ -312,7 +314,7 @@ async fn forbidden_or(
 }
 
 /// IDEL-1 … IDEL-3.
-async fn delete(object: &DynamicObject, worker: &Worker) -> Result<Action, Error> {
+async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
     let Some(released) =
         kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, false)
     else {

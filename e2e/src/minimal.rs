@@ -1,0 +1,151 @@
+//! The minimal client the benchmarks measure kbind against: it syncs one namespace's Widgets the
+//! way kbind does (spec up by server-side apply, status down by a merge patch, both watch-fed)
+//! and makes only the unavoidable writes: a finalizer on each new consumer object before its first
+//! provider write (without it, a deletion could leave the provider copy behind — the one safety
+//! write every syncer that propagates deletion needs), one provider apply per spec it has not
+//! pushed yet, one consumer status patch per status it has not copied yet. No ownership markers or
+//! checks, no delivery record, no conflicts, no deletion handling, no fencing: what is left when
+//! everything else kbind does is taken away. It runs with the same concurrency as a kbind syncer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+/// The minimal client's finalizer.
+pub const FINALIZER: &str = "bench.kbind.io/minimal";
+
+/// What was last written per object name, so that an unchanged value is never written again.
+type Written = Arc<Mutex<HashMap<String, Value>>>;
+
+/// The write one observed value needs: `Some(value)` when it differs from what was last written
+/// for `name` (and records it), `None` when it was written already or there is none.
+pub fn needs_write(
+    written: &Mutex<HashMap<String, Value>>,
+    name: &str,
+    value: Option<&Value>,
+) -> Option<Value> {
+    let value = value?;
+    let mut written = written.lock().unwrap_or_else(|e| e.into_inner());
+    if written.get(name) == Some(value) {
+        return None;
+    }
+    written.insert(name.to_owned(), value.clone());
+    Some(value.clone())
+}
+
+/// Runs the minimal client for `consumer` → `provider` Widgets until the returned tasks are
+/// aborted. `workers`: writes in flight per direction.
+pub fn start(
+    consumer: Api<DynamicObject>,
+    provider: Api<DynamicObject>,
+    workers: usize,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let pushed: Written = Arc::default();
+    let copied: Written = Arc::default();
+    let up = {
+        let (consumer, provider) = (consumer.clone(), provider.clone());
+        tokio::spawn(async move {
+            watcher(consumer.clone(), watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .filter_map(|o| std::future::ready(o.ok()))
+                .map(|object| {
+                    let (consumer, provider, pushed) =
+                        (consumer.clone(), provider.clone(), pushed.clone());
+                    async move {
+                        let name = object.name_any();
+                        let Some(spec) = needs_write(&pushed, &name, object.data.get("spec"))
+                        else {
+                            return;
+                        };
+                        if !object.finalizers().iter().any(|f| f == FINALIZER) {
+                            let mut finalizers = object.finalizers().to_vec();
+                            finalizers.push(FINALIZER.to_owned());
+                            let patch = json!({ "metadata": { "finalizers": finalizers } });
+                            if let Err(e) = consumer
+                                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                                .await
+                            {
+                                eprintln!("minimal client: finalizer {name}: {e}");
+                                pushed
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .remove(&name);
+                                return;
+                            }
+                        }
+                        let body = json!({
+                            "apiVersion": object.types.as_ref().map(|t| t.api_version.as_str()),
+                            "kind": object.types.as_ref().map(|t| t.kind.as_str()),
+                            "metadata": { "name": name },
+                            "spec": spec,
+                        });
+                        let params = PatchParams::apply("kbind-bench-minimal").force();
+                        if let Err(e) = provider.patch(&name, &params, &Patch::Apply(&body)).await {
+                            eprintln!("minimal client: apply {name}: {e}");
+                            pushed
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .remove(&name);
+                        }
+                    }
+                })
+                .buffer_unordered(workers)
+                .for_each(|()| async {})
+                .await;
+        })
+    };
+    let down = tokio::spawn(async move {
+        watcher(provider, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .filter_map(|o| std::future::ready(o.ok()))
+            .map(|object| {
+                let (consumer, copied) = (consumer.clone(), copied.clone());
+                async move {
+                    let name = object.name_any();
+                    let Some(status) = needs_write(&copied, &name, object.data.get("status"))
+                    else {
+                        return;
+                    };
+                    let patch = json!({ "status": status });
+                    if let Err(e) = consumer
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        eprintln!("minimal client: status {name}: {e}");
+                        copied
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&name);
+                    }
+                }
+            })
+            .buffer_unordered(workers)
+            .for_each(|()| async {})
+            .await;
+    });
+    vec![up, down]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_new_value_is_written() {
+        let written = Mutex::new(HashMap::new());
+        let (a, b) = (json!({ "size": 1 }), json!({ "size": 2 }));
+        assert_eq!(needs_write(&written, "w", Some(&a)), Some(a.clone()));
+        assert_eq!(needs_write(&written, "w", Some(&a)), None);
+        assert_eq!(needs_write(&written, "other", Some(&a)), Some(a.clone()));
+        assert_eq!(needs_write(&written, "w", Some(&b)), Some(b.clone()));
+        assert_eq!(needs_write(&written, "w", None), None);
+        assert_eq!(needs_write(&written, "w", Some(&b)), None);
+    }
+}

@@ -117,6 +117,12 @@ fn chart_lints_clean_and_its_schema_rejects_bad_values() {
             "/metrics/dashboard/namespace",
         ),
         ("metrics.dashboard.enable=true", "enable"),
+        ("sizing.objects=-1", "/sizing/objects"),
+        (
+            "sizing.syncer.perObjectKiB=a-lot",
+            "/sizing/syncer/perObjectKiB",
+        ),
+        ("sizing.nodes=3", "nodes"),
     ] {
         let err = helm_err(&[
             "template",
@@ -129,6 +135,69 @@ fn chart_lints_clean_and_its_schema_rejects_bad_values() {
         ]);
         assert!(err.contains("schema") && err.contains(why), "{bad}: {err}");
     }
+}
+
+/// The resources of each Deployment's container, by component, as rendered with `extra`.
+fn resources(extra: &[&str]) -> std::collections::BTreeMap<String, serde_json::Value> {
+    yaml_documents(&template(extra))
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .map(|d| {
+            (
+                d["metadata"]["labels"]["app.kubernetes.io/component"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                d["spec"]["template"]["spec"]["containers"][0]["resources"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn resources_are_derived_from_the_expected_load_unless_given() {
+    let memory = |r: &serde_json::Value| {
+        (
+            r["requests"]["memory"].as_str().unwrap().to_owned(),
+            r["limits"]["memory"].as_str().unwrap().to_owned(),
+        )
+    };
+    // The defaults: 10,000 objects and 20 APIs, two syncers. Schema manager: 32 MiB + 10,000 ×
+    // 1 KiB + 20 × 256 KiB = 47 MiB, limit × 1.5. Syncer: 24 MiB + 5,000 × 4 KiB + 20 × 1 MiB =
+    // 64 MiB; limit: one replica holding all 10,000 (84 MiB) × 1.25.
+    let defaults = resources(&[]);
+    assert_eq!(
+        memory(&defaults["schema-manager"]),
+        ("47Mi".into(), "71Mi".into())
+    );
+    assert_eq!(memory(&defaults["syncer"]), ("64Mi".into(), "105Mi".into()));
+    assert_eq!(defaults["syncer"]["requests"]["cpu"], "100m");
+    assert!(
+        defaults["syncer"]["limits"].get("cpu").is_none(),
+        "no CPU limit"
+    );
+    // 100,000 objects over 200 APIs, three syncers: each holds a third, and half when one is gone.
+    let large = resources(&[
+        "--set",
+        "sizing.objects=100000",
+        "--set",
+        "sizing.apis=200",
+        "--set",
+        "syncer.replicas=3",
+    ]);
+    assert_eq!(
+        memory(&large["schema-manager"]),
+        ("180Mi".into(), "270Mi".into())
+    );
+    assert_eq!(memory(&large["syncer"]), ("355Mi".into(), "525Mi".into()));
+    // A component's own resources replace the derived ones, whole.
+    let given = resources(&["--set", "syncer.resources.requests.memory=1Gi"]);
+    assert_eq!(
+        given["syncer"],
+        serde_json::json!({ "requests": { "memory": "1Gi" } })
+    );
+    assert_eq!(given["schema-manager"], defaults["schema-manager"]);
 }
 
 #[test]

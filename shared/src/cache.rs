@@ -196,10 +196,10 @@ pub struct ProviderCopy {
     pub name: Box<str>,
     /// Namespace.
     pub namespace: Option<Box<str>>,
-    /// Its consumer-cluster UID annotation (OWN-1).
-    pub cluster_marker: Option<Box<str>>,
+    /// Its consumer-cluster UID annotation, against this consumer's (OWN-1).
+    pub cluster_marker: ClusterMarker,
     /// Its consumer-object UID annotation (OWN-1).
-    pub object_marker: Option<Box<str>>,
+    pub object_marker: Uid,
     /// It carries kbind's managed label.
     pub managed: bool,
     /// It is being deleted.
@@ -208,24 +208,104 @@ pub struct ProviderCopy {
     pub spec: Option<Json>,
     /// Its status, for status down.
     pub status: Option<Json>,
-    /// When kbind last wrote it ([`crate::delivery::applied_at`]).
-    pub applied_at: Option<Box<str>>,
+    /// When kbind last wrote it (the time of [`crate::delivery::applied_at`]).
+    pub applied_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
+/// A provider copy's consumer-cluster marker, compared with this consumer's identity once, when
+/// the copy is cached (it is the same for every copy a worker sees).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterMarker {
+    /// None, or empty.
+    Absent,
+    /// This consumer cluster's UID.
+    Local,
+    /// Anything else.
+    Other,
+}
+
+/// A UID held without an allocation when it has the canonical form (lowercase 8-4-4-4-12 hex,
+/// as API servers make them); any other text is kept as it is, so that comparing stays exactly
+/// a comparison of the texts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Uid {
+    /// None, or empty.
+    Absent,
+    /// A canonical UUID.
+    Uuid(u128),
+    /// Any other text.
+    Text(Box<str>),
+}
+
+impl Uid {
+    /// The UID `text` (`None` or empty: absent).
+    pub fn new(text: Option<&str>) -> Self {
+        match text {
+            None | Some("") => Uid::Absent,
+            Some(text) => canonical_uuid(text)
+                .map(Uid::Uuid)
+                .unwrap_or_else(|| Uid::Text(text.into())),
+        }
+    }
+
+    /// Whether this is exactly the UID `text`.
+    pub fn is(&self, text: &str) -> bool {
+        *self == Uid::new(Some(text))
+    }
+}
+
+/// The value of a canonical UUID text: 36 characters, lowercase hex digits in groups of
+/// 8-4-4-4-12 separated by `-`.
+fn canonical_uuid(text: &str) -> Option<u128> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 36 {
+        return None;
+    }
+    let mut value: u128 = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            if b != b'-' {
+                return None;
+            }
+            continue;
+        }
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => return None,
+        };
+        value = (value << 4) | u128::from(digit);
+    }
+    Some(value)
 }
 
 impl ProviderCopy {
-    /// The facts of a provider object, as a watch delivered it.
-    pub fn of(object: Instance) -> Self {
+    /// The facts of a provider object, as a watch delivered it, for the consumer cluster whose
+    /// UID is `local_uid`.
+    pub fn of(object: Instance, local_uid: &str) -> Self {
         let Instance {
             metadata,
             spec,
             status,
         } = object;
-        let applied_at = crate::delivery::applied_at(&metadata).map(String::into_boxed_str);
-        let mut annotations = metadata.annotations.unwrap_or_default();
-        let mut marker = |key: &str| annotations.remove(key).map(String::into_boxed_str);
+        let applied_at = metadata
+            .managed_fields
+            .as_ref()
+            .and_then(|fields| {
+                fields
+                    .iter()
+                    .find(|f| f.manager.as_deref() == Some(crate::keys::FIELD_MANAGER))
+            })
+            .and_then(|f| f.time.clone());
+        let annotations = metadata.annotations.unwrap_or_default();
+        let marker = |key: &str| annotations.get(key).map(String::as_str);
         ProviderCopy {
-            cluster_marker: marker(crate::keys::CONSUMER_CLUSTER_UID_ANNOTATION),
-            object_marker: marker(crate::keys::CONSUMER_OBJECT_UID_ANNOTATION),
+            cluster_marker: match marker(crate::keys::CONSUMER_CLUSTER_UID_ANNOTATION) {
+                None | Some("") => ClusterMarker::Absent,
+                Some(uid) if uid == local_uid => ClusterMarker::Local,
+                Some(_) => ClusterMarker::Other,
+            },
+            object_marker: Uid::new(marker(crate::keys::CONSUMER_OBJECT_UID_ANNOTATION)),
             managed: metadata
                 .labels
                 .as_ref()
@@ -240,23 +320,29 @@ impl ProviderCopy {
         }
     }
 
-    /// OWN-1: whose it is.
-    pub fn owner(&self, local_uid: &str, object_uid: &str) -> crate::ownership::Owner {
-        crate::ownership::classify_markers(
-            self.cluster_marker.as_deref(),
-            self.object_marker.as_deref(),
-            local_uid,
-            object_uid,
-        )
+    /// OWN-1 (`ownership::classify`): whose it is, for the consumer object `object_uid` of this
+    /// consumer cluster.
+    pub fn owner(&self, object_uid: &str) -> crate::ownership::Owner {
+        use crate::ownership::Owner;
+        match (self.cluster_marker, &self.object_marker) {
+            (ClusterMarker::Absent, Uid::Absent) => Owner::Unmarked,
+            (ClusterMarker::Local, marker) if marker.is(object_uid) => Owner::Ours,
+            _ => Owner::Another,
+        }
+    }
+
+    /// When kbind last wrote it, as the delivery record states it.
+    pub fn applied_at(&self) -> Option<String> {
+        self.applied_at.as_ref().map(|t| t.0.to_string())
     }
 
     /// "No write when nothing changed": it already carries exactly what a spec-up
     /// (`ownership::spec_up_body`) would apply: the consumer's `spec`, kbind's label and both
-    /// markers naming this consumer cluster and object.
-    pub fn is_current(&self, spec: Option<&Json>, local_uid: &str, object_uid: &str) -> bool {
+    /// markers naming this consumer cluster and the consumer object `object_uid`.
+    pub fn is_current(&self, spec: Option<&Json>, object_uid: &str) -> bool {
         self.managed
-            && self.cluster_marker.as_deref() == Some(local_uid)
-            && self.object_marker.as_deref() == Some(object_uid)
+            && self.cluster_marker == ClusterMarker::Local
+            && self.object_marker.is(object_uid)
             && self.spec.as_ref() == spec
     }
 }
@@ -461,14 +547,14 @@ mod tests {
 
     #[test]
     fn a_provider_copy_keeps_the_facts_a_sync_reads() {
-        let copy = ProviderCopy::of(serde_json::from_value(instance()).unwrap());
+        let copy = ProviderCopy::of(serde_json::from_value(instance()).unwrap(), "c");
         assert_eq!(
             copy,
             ProviderCopy {
                 name: "w1".into(),
                 namespace: Some("team-a".into()),
-                cluster_marker: Some("c".into()),
-                object_marker: Some("o".into()),
+                cluster_marker: ClusterMarker::Local,
+                object_marker: Uid::Text("o".into()),
                 managed: true,
                 terminating: true,
                 spec: Some(Json::new(
@@ -476,19 +562,22 @@ mod tests {
                 )),
                 status: Some(Json::new(&json!({ "phase": "Ready" }))),
                 // kbind's own entry's time, not kubectl's.
-                applied_at: Some("2026-12-01T00:00:02Z".into()),
+                applied_at: serde_json::from_value(json!("2026-12-01T00:00:02Z")).unwrap(),
             }
         );
-        assert_eq!(
-            copy.applied_at.as_deref(),
-            crate::delivery::applied_at(&meta()).as_deref()
-        );
-        assert_eq!(copy.owner("c", "o"), Owner::Ours);
-        assert_eq!(copy.owner("c", "another-object"), Owner::Another);
+        // The delivery record's time, exactly as it is read from the metadata.
+        assert_eq!(copy.applied_at(), crate::delivery::applied_at(&meta()));
+        assert_eq!(copy.applied_at().as_deref(), Some("2026-12-01T00:00:02Z"));
+        assert_eq!(copy.owner("o"), Owner::Ours);
+        assert_eq!(copy.owner("another-object"), Owner::Another);
+        let elsewhere = ProviderCopy::of(serde_json::from_value(instance()).unwrap(), "other");
+        assert_eq!(elsewhere.cluster_marker, ClusterMarker::Other);
+        assert_eq!(elsewhere.owner("o"), Owner::Another);
         let unmarked = ProviderCopy::of(
             serde_json::from_value(json!({ "metadata": { "name": "w" } })).unwrap(),
+            "c",
         );
-        assert_eq!(unmarked.owner("c", "o"), Owner::Unmarked);
+        assert_eq!(unmarked.owner("o"), Owner::Unmarked);
         assert_eq!(
             (unmarked.managed, unmarked.terminating, unmarked.applied_at),
             (false, false, None)
@@ -507,6 +596,85 @@ mod tests {
     }
 
     #[test]
+    fn a_provider_copy_is_classified_as_ownership_classify_does() {
+        // Every combination of the two markers (absent, empty, this, another, a UUID in both
+        // cases) against one consumer cluster and object.
+        let local = "0b2e4c9a-5d1f-4e8b-9a7c-3f6d2e1b0a98";
+        let object = "5e8d1a7c-3b2f-4c9e-a6d0-000000000001";
+        let values = [
+            None,
+            Some(""),
+            Some(local),
+            Some(object),
+            Some("another"),
+            Some("5E8D1A7C-3B2F-4C9E-A6D0-000000000001"),
+        ];
+        for cluster in values {
+            for marker in values {
+                let mut annotations = std::collections::BTreeMap::new();
+                if let Some(v) = cluster {
+                    annotations.insert(
+                        keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
+                        v.to_owned(),
+                    );
+                }
+                if let Some(v) = marker {
+                    annotations.insert(
+                        keys::CONSUMER_OBJECT_UID_ANNOTATION.to_owned(),
+                        v.to_owned(),
+                    );
+                }
+                let copy = ProviderCopy::of(
+                    Instance {
+                        metadata: ObjectMeta {
+                            name: Some("w".into()),
+                            annotations: Some(annotations.clone()),
+                            ..Default::default()
+                        },
+                        spec: None,
+                        status: None,
+                    },
+                    local,
+                );
+                assert_eq!(
+                    copy.owner(object),
+                    crate::ownership::classify(&annotations, local, object),
+                    "cluster {cluster:?}, object {marker:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_uid_compares_as_its_text() {
+        let uuid = "5e8d1a7c-3b2f-4c9e-a6d0-00000000000f";
+        assert_eq!(
+            Uid::new(Some(uuid)),
+            Uid::Uuid(0x5e8d1a7c_3b2f_4c9e_a6d0_00000000000f)
+        );
+        assert!(Uid::new(Some(uuid)).is(uuid));
+        // Not the canonical form: kept as text, and unequal to the canonical one.
+        for other in [
+            "5E8D1A7C-3B2F-4C9E-A6D0-00000000000F",
+            "5e8d1a7c3b2f4c9ea6d000000000000f",
+            "5e8d1a7c-3b2f-4c9e-a6d0-00000000000",
+            "5e8d1a7c-3b2f-4c9e-a6d0_00000000000f",
+            "5e8d1a7c-3b2f-4c9e-a6d0-00000000000g",
+            "o",
+        ] {
+            let uid = Uid::new(Some(other));
+            assert_eq!(uid, Uid::Text(other.into()), "{other}");
+            assert!(uid.is(other));
+            assert!(!uid.is(uuid), "{other}");
+            assert!(!Uid::new(Some(uuid)).is(other), "{other}");
+        }
+        assert_eq!(Uid::new(None), Uid::Absent);
+        assert_eq!(Uid::new(Some("")), Uid::Absent);
+        assert!(Uid::Absent.is(""));
+        assert!(!Uid::Absent.is(uuid));
+    }
+
+    #[test]
     fn a_provider_copy_is_current_when_it_carries_what_a_spec_up_applies() {
         let spec = json!({ "size": 3 });
         let mut applied = crate::ownership::spec_up_body(
@@ -520,21 +688,23 @@ mod tests {
         );
         applied["status"] = json!({ "phase": "Ready" });
         applied["metadata"]["labels"]["other"] = json!("x");
-        let copy = ProviderCopy::of(serde_json::from_value(applied.clone()).unwrap());
+        let copy = ProviderCopy::of(serde_json::from_value(applied.clone()).unwrap(), "c");
         let consumer = |v: Value| Some(Json::new(&v));
-        assert!(copy.is_current(consumer(json!({ "size": 3 })).as_ref(), "c", "o"));
-        assert!(!copy.is_current(consumer(json!({ "size": 4 })).as_ref(), "c", "o"));
-        assert!(!copy.is_current(None, "c", "o"));
-        assert!(!copy.is_current(consumer(spec.clone()).as_ref(), "c", "another-object"));
-        assert!(!copy.is_current(consumer(spec.clone()).as_ref(), "another-cluster", "o"));
+        assert!(copy.is_current(consumer(json!({ "size": 3 })).as_ref(), "o"));
+        assert!(!copy.is_current(consumer(json!({ "size": 4 })).as_ref(), "o"));
+        assert!(!copy.is_current(None, "o"));
+        assert!(!copy.is_current(consumer(spec.clone()).as_ref(), "another-object"));
+        // Applied for another consumer cluster.
+        let foreign = ProviderCopy::of(serde_json::from_value(applied.clone()).unwrap(), "d");
+        assert!(!foreign.is_current(consumer(spec.clone()).as_ref(), "o"));
         // Without kbind's label, a spec-up still has something to apply.
         applied["metadata"]["labels"] = json!({});
-        let unlabelled = ProviderCopy::of(serde_json::from_value(applied).unwrap());
-        assert!(!unlabelled.is_current(consumer(spec).as_ref(), "c", "o"));
+        let unlabelled = ProviderCopy::of(serde_json::from_value(applied).unwrap(), "c");
+        assert!(!unlabelled.is_current(consumer(spec).as_ref(), "o"));
         // No spec on either side: current.
         let bare = crate::ownership::spec_up_body("v1", "W", None, "w", None, "c", "o");
-        let copy = ProviderCopy::of(serde_json::from_value(bare).unwrap());
-        assert!(copy.is_current(None, "c", "o"));
+        let copy = ProviderCopy::of(serde_json::from_value(bare).unwrap(), "c");
+        assert!(copy.is_current(None, "o"));
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct Context {
     cluster_bindings: Store<ClusterBinding>,
     bindings: Store<Binding>,
     binding_changes: broadcast::Sender<()>,
+    /// One provider client per Connection and credential digest, shared by its workers (one
+    /// connection pool and TLS setup per provider, not per API).
+    provider_clients: std::sync::Mutex<std::collections::HashMap<String, (String, Client)>>,
 }
 
 impl Context {
@@ -67,22 +70,37 @@ impl Context {
             cluster_bindings,
             bindings,
             binding_changes,
+            provider_clients: Default::default(),
         }
     }
 
-    /// A provider client for `connection`'s verified `kubeconfig`, its requests counted in
-    /// `kbind_api_requests_total`; `None` (logged, naming `who`) when it cannot be built.
+    /// The provider client for `connection`'s verified `kubeconfig` (whose digest is `digest`),
+    /// its requests counted in `kbind_api_requests_total`; `None` (logged, naming `who`) when it
+    /// cannot be built. Workers of one Connection share it; a new digest (a rotated credential)
+    /// builds a new one in its place.
     pub async fn provider_client(
         &self,
         kubeconfig: &kbind_shared::kubeconfig::InlineKubeconfig,
+        digest: &str,
         connection: &str,
         who: &str,
     ) -> Option<Client> {
+        use kbind_shared::sync::Locked;
+        if let Some((known, client)) = self.provider_clients.locked().get(connection)
+            && known == digest
+        {
+            return Some(client.clone());
+        }
         match kubeconfig
             .counted_client(connection, Some(&self.metrics.api_requests_total))
             .await
         {
-            Ok(client) => Some(client),
+            Ok(client) => {
+                self.provider_clients
+                    .locked()
+                    .insert(connection.to_owned(), (digest.to_owned(), client.clone()));
+                Some(client)
+            }
             Err(e) => {
                 tracing::warn!(worker = %who, error = %e, "cannot build the provider client");
                 None

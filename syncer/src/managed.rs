@@ -382,6 +382,7 @@ fn desired_related(
             connection: connection_name.clone(),
             local_uid,
             kubeconfig,
+            digest: key.credentials.clone(),
             secrets_to_provider,
         };
         wanted.insert(unit.to_string(), (key, Work::Related(spec)));
@@ -447,6 +448,7 @@ fn desired_workers(
                 connection: connection_name,
                 local_uid,
                 kubeconfig,
+                digest: key.credentials.clone(),
                 buckets,
             };
         wanted.insert(name, (key, Work::Api(spec)));

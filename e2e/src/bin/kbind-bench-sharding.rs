@@ -130,7 +130,7 @@ async fn main() {
     install_crds(&consumer).await.unwrap();
     export_kinds(&provider, kinds).await;
     let buckets = format!("--namespace-buckets={}", args.buckets);
-    start_schema_manager(
+    let manager = start_schema_manager(
         &mut env,
         "consumer",
         "schema-manager",
@@ -317,8 +317,14 @@ async fn main() {
         "  a member joins:     every unit owned again after {after_join:.1?}; object writes meanwhile: {}",
         write_delta(&death_writes, &join_writes)
     );
+    let manager_rss = rss_mib(env.process_ref(manager.index).pid(), "VmRSS:");
+    println!(
+        "schema manager RSS: {manager_rss:.1} MiB ({} APIs bound, {total} objects)",
+        kinds.len()
+    );
     if let Some(path) = &args.json {
         let report = serde_json::json!({
+            "schemaManagerRssMiB": manager_rss,
             "apis": kinds.len(),
             "namespaces": args.namespaces,
             "objects": total,

@@ -65,6 +65,11 @@ struct Args {
     /// After the other phases: restart the syncer and time it until ready and caught up.
     #[arg(long)]
     restart: bool,
+    /// Run the programs with their production intervals (discovery and binding resync 30 s,
+    /// membership Lease 15 s) instead of the tests' 1 s and 3 s: for `--idle-secs` figures an
+    /// operator will see.
+    #[arg(long)]
+    production_intervals: bool,
 }
 
 /// Phase 1's figures.
@@ -317,7 +322,24 @@ fn status_mib(pid: Option<u32>, field: &str) -> f64 {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let mut s = SyncEnv::start("bench", &[0, 1, 2], None).await;
+    let manager_args: &[&str] = if args.production_intervals {
+        &["--discovery-interval=30s", "--binding-resync-interval=30s"]
+    } else {
+        &[]
+    };
+    let mut s = SyncEnv::start_full("bench", &[0, 1, 2], None, &[], manager_args).await;
+    if args.production_intervals {
+        s.env.process(s.syncer.index).kill();
+        s.syncer = start_syncer(
+            &mut s.env,
+            "consumer",
+            "syncer-0-production",
+            &["--identity=syncer-0", "--membership-lease-duration=15s"],
+        )
+        .await
+        .unwrap();
+        s.syncer.wait_ready("the syncer", 60).await;
+    }
     wait_binding_condition(
         &Api::<ClusterBinding>::all(s.consumer.clone()),
         "widgets",

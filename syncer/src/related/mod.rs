@@ -63,6 +63,8 @@ pub struct RelatedSpec {
     pub local_uid: String,
     /// Provider credentials.
     pub kubeconfig: InlineKubeconfig,
+    /// Their digest (workers of one Connection with the same digest share one provider client).
+    pub digest: String,
 }
 
 struct Worker {
@@ -86,7 +88,7 @@ const SIDES: [Side; 2] = [Side::Consumer, Side::Provider];
 pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) {
     let who = describe(&spec);
     let Some(provider) = ctx
-        .provider_client(&spec.kubeconfig, &spec.connection, &who)
+        .provider_client(&spec.kubeconfig, &spec.digest, &spec.connection, &who)
         .await
     else {
         return;

@@ -3,7 +3,7 @@
 //! watch-fed cache; a write happens only when something differs.
 
 use kbind_shared::sync::Locked;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,10 +26,12 @@ use crate::context::Context;
 mod buckets;
 mod decide;
 mod pending;
+mod states;
 mod sync;
 
 use crate::namespaces;
 pub use buckets::Buckets;
+use states::SyncState;
 
 /// What a worker syncs, and with which provider.
 pub struct WorkerSpec {
@@ -47,6 +49,8 @@ pub struct WorkerSpec {
     pub local_uid: String,
     /// Provider credentials.
     pub kubeconfig: InlineKubeconfig,
+    /// Their digest (workers of one Connection with the same digest share one provider client).
+    pub digest: String,
     /// Which namespaces' objects this worker syncs.
     pub buckets: Buckets,
 }
@@ -87,7 +91,7 @@ struct Worker {
     recorder: Recorder,
     known_namespaces: Mutex<HashSet<String>>,
     warned_no_status: Mutex<bool>,
-    states: Mutex<HashMap<(Option<String>, String), SyncState>>,
+    states: Mutex<states::States>,
     in_flight: std::sync::atomic::AtomicI64,
     /// Set when the worker stops: no new sync starts.
     stopping: std::sync::atomic::AtomicBool,
@@ -97,17 +101,10 @@ struct Worker {
     pending: Arc<Mutex<pending::Pending>>,
 }
 
-/// Where an object stands, for `kbind_synced_objects` and `kbind_conflicts`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SyncState {
-    Synced,
-    Conflict,
-}
-
 /// Runs the worker until `stop`.
 pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     let Some(provider) = ctx
-        .provider_client(&spec.kubeconfig, &spec.connection, &spec.api)
+        .provider_client(&spec.kubeconfig, &spec.digest, &spec.connection, &spec.api)
         .await
     else {
         return;
@@ -132,6 +129,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     let pending = Arc::new(Mutex::new(pending::Pending::default()));
     let (seen_consumer, seen_pending) = (consumer_objects.clone(), pending.clone());
     let seen_resource = resource.clone();
+    let local_uid = spec.local_uid.clone();
     // A change is recorded as waiting before the cache shows it, so that a sync that sees it in
     // the cache also finds when it was first seen.
     let provider_events = reflector::reflector(
@@ -156,7 +154,9 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
                     }
                 }
             })
-            .map_ok(|event| kbind_shared::cache::map_event(event, ProviderCopy::of)),
+            .map_ok(move |event| {
+                kbind_shared::cache::map_event(event, |o| ProviderCopy::of(o, &local_uid))
+            }),
     )
     .default_backoff();
     let (trigger, provider_triggers) = futures::channel::mpsc::unbounded();
@@ -262,7 +262,11 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            let (waiting, oldest) = worker.pending.locked().backlog(std::time::Instant::now());
+            let (waiting, oldest) = {
+                let mut pending = worker.pending.locked();
+                pending.compact();
+                pending.backlog(std::time::Instant::now())
+            };
             ctx.metrics
                 .sync_backlog
                 .with_label_values(&labels)
@@ -425,24 +429,26 @@ impl Worker {
     /// Records where `object` stands (`None`: neither synced nor conflicting) and updates the
     /// per-API gauges.
     fn mark(&self, object: &Instance, state: Option<SyncState>) {
-        let key = (object.namespace(), object.name_any());
-        let mut states = self.states.locked();
-        match state {
-            Some(state) => states.insert(key, state),
-            None => states.remove(&key),
+        let (synced, conflicts) = {
+            let mut states = self.states.locked();
+            states.set(
+                object.metadata.namespace.as_deref(),
+                object.metadata.name.as_deref().unwrap_or_default(),
+                state,
+            );
+            states.counts()
         };
-        let count = |wanted: SyncState| states.values().filter(|s| **s == wanted).count() as f64;
         let api = self.spec.api.as_str();
         self.ctx
             .metrics
             .synced_objects
             .with_label_values(&[api])
-            .set(count(SyncState::Synced));
+            .set(synced as f64);
         self.ctx
             .metrics
             .conflicts
             .with_label_values(&[api])
-            .set(count(SyncState::Conflict));
+            .set(conflicts as f64);
     }
 
     fn count(&self, op: &str, result: &str) {

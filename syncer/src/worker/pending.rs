@@ -126,6 +126,20 @@ impl Pending {
             .unwrap_or_default();
         (self.waiting.len(), oldest)
     }
+
+    /// Gives back the room a burst left behind (a hash map keeps its largest size: after a start
+    /// that saw every object change at once, the backlog's maps would hold room for all of them
+    /// for good). Called once a second.
+    pub fn compact(&mut self) {
+        fn shrink<V>(map: &mut HashMap<Key, V>) {
+            if map.capacity() > 4 * map.len().max(16) {
+                map.shrink_to_fit();
+            }
+        }
+        shrink(&mut self.waiting);
+        shrink(&mut self.deleting);
+        shrink(&mut self.applied);
+    }
 }
 
 #[cfg(test)]
@@ -203,6 +217,31 @@ mod tests {
         p.spec_applied(key("c"), t0);
         p.deleted(&key("c"));
         assert_eq!(p.record_wait(&key("c"), t0, wait), None, "gone");
+    }
+
+    #[test]
+    fn room_left_by_a_burst_is_given_back_and_entries_kept() {
+        let t0 = Instant::now();
+        let mut p = Pending::default();
+        for i in 0..1000 {
+            p.consumer_changed(key(&format!("w{i}")), t0, false);
+        }
+        for i in 1..1000 {
+            let _ = p.take(&key(&format!("w{i}")));
+        }
+        let burst = p.waiting.capacity();
+        assert!(burst >= 1000);
+        p.compact();
+        assert!(p.waiting.capacity() < 100, "{}", p.waiting.capacity());
+        assert_eq!(p.backlog(t0).0, 1);
+        assert_eq!(p.take(&key("w0")).consumer, Some(t0));
+        // Not shrunk when the room is in use.
+        for i in 0..1000 {
+            p.consumer_changed(key(&format!("w{i}")), t0, false);
+        }
+        let full = p.waiting.capacity();
+        p.compact();
+        assert_eq!(p.waiting.capacity(), full);
     }
 
     #[test]

@@ -42,9 +42,9 @@ pub(super) async fn sync(
         deleting: object.metadata.deletion_timestamp.is_some(),
         bound: resolution.as_ref().map(|r| r.conflict_policy),
         copy: provider_copy.as_ref().map(|copy| Copy {
-            owner: copy.owner(&spec.local_uid, &object_uid),
+            owner: copy.owner(&object_uid),
             terminating: copy.terminating,
-            current: copy.is_current(object.spec.as_ref(), &spec.local_uid, &object_uid),
+            current: copy.is_current(object.spec.as_ref(), &object_uid),
         }),
         has_finalizer: kbind_shared::finalizers::has(&object.metadata, keys::SYNCER_FINALIZER),
         conflict: object
@@ -99,9 +99,7 @@ pub(super) async fn sync(
         .as_ref()
         .and_then(|c| c.status.as_ref().map(Json::value));
     // When kbind last wrote the copy's spec (the delivery record's time).
-    let mut delivered_at = provider_copy
-        .as_ref()
-        .and_then(|c| c.applied_at.as_deref().map(String::from));
+    let mut delivered_at = provider_copy.as_ref().and_then(|c| c.applied_at());
     if let Some(how) = spec_up {
         if let Some(ns) = namespace.as_deref()
             && let Err(e) = worker.ensure_provider_namespace(ns).await

@@ -129,6 +129,8 @@ pub struct Context {
     pub documents: Documents,
     /// Backoff and log-once for failing Connections and bindings (by kind/namespace/name).
     pub retries: kbind_shared::backoff::Retries,
+    /// When each heartbeat Lease was acquired (a renewal need not read it).
+    pub heartbeats: crate::connection::heartbeat::Acquired,
     local_uid: OnceCell<String>,
     instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
     conflict_changes: tokio::sync::broadcast::Sender<String>,
@@ -159,6 +161,7 @@ impl Context {
             settings,
             namespace,
             providers: Providers::default(),
+            heartbeats: Default::default(),
             local_uid: OnceCell::new(),
             instance_metadata: Default::default(),
             impacts: Default::default(),

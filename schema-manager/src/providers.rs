@@ -63,7 +63,21 @@ pub async fn read_credential(
     reference: &KubeconfigSecretRef,
     policy: &SecretPolicy,
 ) -> Result<ProviderCredential, String> {
+    read_credential_cached(consumer, reference, policy, None).await
+}
+
+/// [`read_credential`], from `cached` when a watch of the Secret has it (`Some(None)`: it does
+/// not exist), else from the API.
+pub async fn read_credential_cached(
+    consumer: &Client,
+    reference: &KubeconfigSecretRef,
+    policy: &SecretPolicy,
+    cached: Option<Option<std::sync::Arc<Secret>>>,
+) -> Result<ProviderCredential, String> {
     kbind_shared::credential::check_secret_namespace(reference, &policy.namespaces)?;
+    if let Some(secret) = cached {
+        return ProviderCredential::from_secret(secret.as_deref(), reference, policy.transport);
+    }
     let secrets: Api<Secret> = Api::namespaced(consumer.clone(), &reference.namespace);
     let secret = secrets.get_opt(&reference.name).await.map_err(|e| {
         format!(

@@ -24,30 +24,54 @@ pub fn lease_namespace(context_namespace: Option<&str>) -> &str {
     context_namespace.unwrap_or(keys::DEFAULT_NAMESPACE)
 }
 
-/// Renews (creating if needed) the heartbeat Lease. Errors are for logging only (HB-4).
+/// When each heartbeat Lease was acquired, by provider server, namespace and name: read from the
+/// provider once, then a renewal is one request (the apply) instead of a read and an apply.
+#[derive(Default)]
+pub struct Acquired(std::sync::Mutex<std::collections::HashMap<String, MicroTime>>);
+
+impl Acquired {
+    fn get(&self, key: &str) -> Option<MicroTime> {
+        use kbind_shared::sync::Locked;
+        self.0.locked().get(key).cloned()
+    }
+
+    fn set(&self, key: String, time: MicroTime) {
+        use kbind_shared::sync::Locked;
+        self.0.locked().insert(key, time);
+    }
+}
+
+/// Renews (creating if needed) the heartbeat Lease on the provider at `server`. Errors are for
+/// logging only (HB-4).
 pub async fn renew(
     provider: &Client,
+    server: &str,
     namespace: &str,
     connection: &str,
     local_uid: &str,
     duration: Duration,
+    acquired_times: &Acquired,
 ) -> Result<(), String> {
     let leases: Api<Lease> = Api::namespaced(provider.clone(), namespace);
     let name = lease_name(connection, local_uid);
     let now = MicroTime(jiff::Timestamp::now());
-    let acquired = leases
-        .get_opt(&name)
-        .await
-        .map_err(|e| {
-            format!(
-                "read heartbeat Lease {namespace}/{name}: {}",
-                kbind_shared::identity::describe_error(&e)
-            )
-        })?
-        .and_then(|l| l.spec)
-        .and_then(|s| s.acquire_time)
-        .unwrap_or_else(|| now.clone());
-    let lease = json!({
+    let key = format!("{server} {namespace}/{name}");
+    let acquired = match acquired_times.get(&key) {
+        Some(known) => known,
+        None => leases
+            .get_opt(&name)
+            .await
+            .map_err(|e| {
+                format!(
+                    "read heartbeat Lease {namespace}/{name}: {}",
+                    kbind_shared::identity::describe_error(&e)
+                )
+            })?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.acquire_time)
+            .unwrap_or_else(|| now.clone()),
+    };
+    let lease_body = json!({
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {
@@ -66,18 +90,49 @@ pub async fn renew(
         },
     });
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let mut result = leases.patch(&name, &params, &Patch::Apply(&lease)).await;
+    let mut result = leases
+        .patch(&name, &params, &Patch::Apply(&lease_body))
+        .await;
     if matches!(&result, Err(kube::Error::Api(s)) if s.is_not_found()) {
         // The namespace is missing: create it once, not on every renewal.
         ensure_namespace(provider, namespace).await?;
-        result = leases.patch(&name, &params, &Patch::Apply(&lease)).await;
+        result = leases
+            .patch(&name, &params, &Patch::Apply(&lease_body))
+            .await;
     }
-    result.map(drop).map_err(|e| {
-        format!(
-            "renew heartbeat Lease {namespace}/{name}: {}",
-            kbind_shared::identity::describe_error(&e)
-        )
-    })
+    // A Lease created by this very renewal (it was deleted since the time was remembered) is
+    // acquired now, as a fresh read would have said: written again with that time.
+    let recreated = |lease: &Lease| {
+        lease
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|created| created.0 > acquired.0)
+    };
+    if let Ok(lease) = &result
+        && recreated(lease)
+    {
+        let mut again = lease_body.clone();
+        again["spec"]["acquireTime"] = json!(now);
+        result = leases.patch(&name, &params, &Patch::Apply(&again)).await;
+        return result
+            .map(|_| acquired_times.set(key, now))
+            .map_err(|e| renew_error(namespace, &name, &e));
+    }
+    match result {
+        Ok(_) => {
+            acquired_times.set(key, acquired);
+            Ok(())
+        }
+        Err(e) => Err(renew_error(namespace, &name, &e)),
+    }
+}
+
+fn renew_error(namespace: &str, name: &str, e: &kube::Error) -> String {
+    format!(
+        "renew heartbeat Lease {namespace}/{name}: {}",
+        kbind_shared::identity::describe_error(e)
+    )
 }
 
 /// Creates the Lease's namespace on the provider unless it exists; Forbidden is tolerated (HB-2),

@@ -170,7 +170,13 @@ async fn reconcile(connection: Arc<Connection>, state: Arc<State>) -> Result<Act
 async fn add_secret_finalizer(state: &State, connection: &Connection) -> Result<(), Error> {
     let reference = &connection.spec.kubeconfig_secret_ref;
     let secrets: Api<Secret> = Api::namespaced(state.ctx.client.clone(), &reference.namespace);
-    let Some(secret) = secrets.get_opt(&reference.name).await.ok().flatten() else {
+    // From the Secret's watch once it has listed (the finalizer patch is guarded by the
+    // resourceVersion it saw, so a stale copy only costs a retry), else read.
+    let secret = match state.secrets.cached(&reference.namespace, &reference.name) {
+        Some(cached) => cached.map(|s| s.as_ref().clone()),
+        None => secrets.get_opt(&reference.name).await.ok().flatten(),
+    };
+    let Some(secret) = secret else {
         // Missing or unreadable: the status reports it (CONN-3).
         return Ok(());
     };
@@ -252,10 +258,12 @@ async fn connect(
     let name = connection.name_any();
 
     // CONN-3: credentials.
-    let credential = match crate::providers::read_credential(
+    let reference = &connection.spec.kubeconfig_secret_ref;
+    let credential = match crate::providers::read_credential_cached(
         &ctx.client,
-        &connection.spec.kubeconfig_secret_ref,
+        reference,
         &ctx.settings.provider_secrets,
+        state.secrets.cached(&reference.namespace, &reference.name),
     )
     .await
     {
@@ -369,10 +377,12 @@ async fn connect(
     let namespace = heartbeat::lease_namespace(provider.kubeconfig.namespace());
     if let Err(e) = heartbeat::renew(
         &provider.client,
+        provider.kubeconfig.server(),
         namespace,
         &name,
         &status.local_cluster_uid,
         ctx.settings.heartbeat_lease_duration,
+        &ctx.heartbeats,
     )
     .await
     {

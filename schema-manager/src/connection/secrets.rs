@@ -1,21 +1,23 @@
 //! Watching only the Secrets that Connections reference (improving on QRK-7, which watched every
-//! Secret): one name-scoped watch per referenced Secret, feeding the Connection controller.
+//! Secret): one name-scoped watch per referenced Secret, feeding the Connection controller, and
+//! caching the Secret so that a reconcile reads it without a request (at rest, nothing is read).
 
 use kbind_shared::sync::Locked;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kbind_shared::api::Connection;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
 struct Watch {
     connections: BTreeSet<String>,
+    store: Store<Secret>,
     task: JoinHandle<()>,
 }
 
@@ -49,9 +51,13 @@ impl SecretWatches {
         let trigger = self.trigger.clone();
         let registry = self.watches.clone();
         let watched = key.clone();
+        let (store, writer) = reflector::store();
         let task = tokio::spawn(async move {
-            // Backoff on errors (a Secret kbind may not read must not become a hot loop).
-            let mut events = watcher(api, config).default_backoff().boxed();
+            // Backoff on errors (a Secret kbind may not read must not become a hot loop). The
+            // cache is updated before the Connections are triggered.
+            let mut events = reflector::reflector(writer, watcher(api, config))
+                .default_backoff()
+                .boxed();
             while let Some(event) = events.next().await {
                 match event {
                     Ok(
@@ -79,9 +85,22 @@ impl SecretWatches {
             key,
             Watch {
                 connections: [connection.to_owned()].into(),
+                store,
                 task,
             },
         );
+    }
+
+    /// The Secret `namespace/name` as its watch sees it: `None` until the watch has listed (read
+    /// it from the API instead), `Some(None)` when it does not exist.
+    pub fn cached(&self, namespace: &str, name: &str) -> Option<Option<std::sync::Arc<Secret>>> {
+        let watches = self.watches.locked();
+        let watch = watches.get(&(namespace.to_owned(), name.to_owned()))?;
+        // Listed once: the store is ready from then on, also while a watch reconnects.
+        let Some(Ok(())) = watch.store.wait_until_ready().now_or_never() else {
+            return None;
+        };
+        Some(watch.store.get(&ObjectRef::new(name).within(namespace)))
     }
 
     /// Stops watching for `connection`; a Secret no Connection references is no longer watched.

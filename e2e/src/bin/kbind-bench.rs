@@ -80,13 +80,39 @@ struct Bulk {
 }
 
 /// Creates `n` Widgets named `<prefix><i>` (16 in flight) and times them until every provider
-/// copy exists and every status is back.
+/// copy exists and every status is back — counted from a watch of each side, not by listing
+/// (a list of every object ten times a second would load the API servers more than the sync).
 async fn bulk(
     consumer: &Api<kube::api::DynamicObject>,
     provider: &Api<kube::api::DynamicObject>,
     prefix: &str,
     n: usize,
 ) -> Bulk {
+    use kube::runtime::reflector;
+    let writer = reflector::store::Writer::new(widget_resource());
+    let copies = writer.as_reader();
+    let provider_watch = tokio::spawn(
+        reflector::reflector(
+            writer,
+            watcher(provider.clone(), watcher::Config::default())
+                .modify(|w| w.metadata.managed_fields = None),
+        )
+        .default_backoff()
+        .for_each(|_| async {}),
+    );
+    let writer = reflector::store::Writer::new(widget_resource());
+    let statuses = writer.as_reader();
+    let consumer_watch = tokio::spawn(
+        reflector::reflector(
+            writer,
+            watcher(consumer.clone(), watcher::Config::default())
+                .modify(|w| w.metadata.managed_fields = None),
+        )
+        .default_backoff()
+        .for_each(|_| async {}),
+    );
+    let _ = copies.wait_until_ready().await;
+    let _ = statuses.wait_until_ready().await;
     let started = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
@@ -101,37 +127,35 @@ async fn bulk(
         .await
         .expect("creates");
     let created = started.elapsed();
-    eventually("all provider copies", Duration::from_secs(3600), || async {
-        let count = provider
-            .list_metadata(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .len();
+    let prefixed = |name: Option<&String>| name.is_some_and(|n| n.starts_with(prefix));
+    eventually("all provider copies", Duration::from_secs(7200), || async {
+        let count = copies
+            .state()
+            .iter()
+            .filter(|c| prefixed(c.metadata.name.as_ref()))
+            .count();
         Ok((count == n).then_some(()))
     })
     .await
     .unwrap();
     let synced_up = started.elapsed();
-    eventually("all statuses back", Duration::from_secs(3600), || async {
-        let list = consumer
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((list
-            .items
+    eventually("all statuses back", Duration::from_secs(7200), || async {
+        let done = statuses
+            .state()
             .iter()
-            .filter(|w| w.data["status"]["phase"] == "Ready")
-            .count()
-            == n)
-            .then_some(()))
+            .filter(|w| prefixed(w.metadata.name.as_ref()) && w.data["status"]["phase"] == "Ready")
+            .count();
+        Ok((done == n).then_some(()))
     })
     .await
     .unwrap();
+    let all_back = started.elapsed();
+    provider_watch.abort();
+    consumer_watch.abort();
     Bulk {
         created,
         synced_up,
-        all_back: started.elapsed(),
+        all_back,
     }
 }
 

@@ -5,7 +5,8 @@
 //! write every syncer that propagates deletion needs), one provider apply per spec it has not
 //! pushed yet, one consumer status patch per status it has not copied yet. No ownership markers or
 //! checks, no delivery record, no conflicts, no deletion handling, no fencing: what is left when
-//! everything else kbind does is taken away. It runs with the same concurrency as a kbind syncer.
+//! everything else kbind does is taken away. It runs with the same concurrency as a kbind syncer
+//! (`--workers`, 8): that many objects' writes in flight at once, both directions together.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,7 +40,7 @@ pub fn needs_write(
 }
 
 /// Runs the minimal client for `consumer` → `provider` Widgets until the returned tasks are
-/// aborted. `workers`: writes in flight per direction.
+/// aborted. `workers`: objects whose writes are in flight at once, both directions together.
 pub fn start(
     consumer: Api<DynamicObject>,
     provider: Api<DynamicObject>,
@@ -47,6 +48,8 @@ pub fn start(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let pushed: Written = Arc::default();
     let copied: Written = Arc::default();
+    let slots = Arc::new(tokio::sync::Semaphore::new(workers));
+    let down_slots = slots.clone();
     let up = {
         let (consumer, provider) = (consumer.clone(), provider.clone());
         tokio::spawn(async move {
@@ -55,9 +58,16 @@ pub fn start(
                 .applied_objects()
                 .filter_map(|o| std::future::ready(o.ok()))
                 .map(|object| {
-                    let (consumer, provider, pushed) =
-                        (consumer.clone(), provider.clone(), pushed.clone());
+                    let (consumer, provider, pushed, slots) = (
+                        consumer.clone(),
+                        provider.clone(),
+                        pushed.clone(),
+                        slots.clone(),
+                    );
                     async move {
+                        let Ok(_slot) = slots.acquire().await else {
+                            return;
+                        };
                         let name = object.name_any();
                         let Some(spec) = needs_write(&pushed, &name, object.data.get("spec"))
                         else {
@@ -106,8 +116,12 @@ pub fn start(
             .applied_objects()
             .filter_map(|o| std::future::ready(o.ok()))
             .map(|object| {
-                let (consumer, copied) = (consumer.clone(), copied.clone());
+                let (consumer, copied, slots) =
+                    (consumer.clone(), copied.clone(), down_slots.clone());
                 async move {
+                    let Ok(_slot) = slots.acquire().await else {
+                        return;
+                    };
                     let name = object.name_any();
                     let Some(status) = needs_write(&copied, &name, object.data.get("status"))
                     else {

@@ -476,11 +476,12 @@ impl Worker {
         }
     }
 
+    /// Sets the object's finalizers; false when the object is gone.
     async fn set_finalizers(
         &self,
         object: &Instance,
         finalizers: Vec<String>,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let patch = kbind_shared::finalizers::patch(&object.metadata, &finalizers);
         self.fence()?;
         match self
@@ -492,8 +493,8 @@ impl Worker {
             )
             .await
         {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
             Err(e) => Err(Error::Consumer(e)),
         }
     }

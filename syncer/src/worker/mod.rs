@@ -476,12 +476,11 @@ impl Worker {
         }
     }
 
-    /// Sets the object's finalizers; false when the object is gone.
     async fn set_finalizers(
         &self,
         object: &Instance,
         finalizers: Vec<String>,
-    ) -> Result<bool, Error> {
+    ) -> Result<(), Error> {
         let patch = kbind_shared::finalizers::patch(&object.metadata, &finalizers);
         self.fence()?;
         match self
@@ -493,8 +492,8 @@ impl Worker {
             )
             .await
         {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
             Err(e) => Err(Error::Consumer(e)),
         }
     }

@@ -38,7 +38,7 @@ pub(super) async fn sync(
         .filter(|r| r.is_bound());
     let object_uid = object.metadata.uid.clone().unwrap_or_default();
     let provider_copy = worker.provider_copy(&object);
-    let mut facts = Facts {
+    let facts = Facts {
         deleting: object.metadata.deletion_timestamp.is_some(),
         bound: resolution.as_ref().map(|r| r.conflict_policy),
         copy: provider_copy.as_ref().map(|copy| Copy {
@@ -52,22 +52,7 @@ pub(super) async fn sync(
             .get(keys::CONFLICT_ANNOTATION)
             .map(String::as_str),
     };
-    let mut step = decide(&facts);
-    if step == Step::AddFinalizer {
-        // KEY-10: the finalizer goes on before the first provider write — and once it is on, this
-        // sync goes on to that write instead of waiting for the finalizer's watch event (one
-        // round trip less for a new object; the event's sync then finds everything current).
-        let finalizers =
-            kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, true)
-                .unwrap_or_default();
-        if !worker.set_finalizers(&object, finalizers).await? {
-            // Gone meanwhile: nothing to sync.
-            return Ok(Action::await_change());
-        }
-        facts.has_finalizer = true;
-        step = decide(&facts);
-    }
-    let spec_up = match step {
+    let spec_up = match decide(&facts) {
         Step::Delete => return delete(&object, &worker).await,
         Step::Idle => return Ok(Action::await_change()),
         Step::Conflict {
@@ -92,8 +77,13 @@ pub(super) async fn sync(
             return Ok(Action::await_change());
         }
         Step::WaitForTerminatingCopy => return Ok(Action::requeue(Duration::from_secs(1))),
-        // Only before the finalizer is on, which it is by now.
-        Step::AddFinalizer => return Ok(Action::await_change()),
+        Step::AddFinalizer => {
+            let finalizers =
+                kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, true)
+                    .unwrap_or_default();
+            worker.set_finalizers(&object, finalizers).await?;
+            return Ok(Action::await_change());
+        }
         Step::Sync {
             clear_conflict,
             spec_up,

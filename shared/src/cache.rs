@@ -288,15 +288,7 @@ impl ProviderCopy {
             spec,
             status,
         } = object;
-        let applied_at = metadata
-            .managed_fields
-            .as_ref()
-            .and_then(|fields| {
-                fields
-                    .iter()
-                    .find(|f| f.manager.as_deref() == Some(crate::keys::FIELD_MANAGER))
-            })
-            .and_then(|f| f.time.clone());
+        let applied_at = crate::delivery::applied_time(&metadata).cloned();
         let annotations = metadata.annotations.unwrap_or_default();
         let marker = |key: &str| annotations.get(key).map(String::as_str);
         ProviderCopy {

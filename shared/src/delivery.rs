@@ -48,12 +48,18 @@ pub fn printer_columns() -> Vec<Value> {
 /// When kbind's field manager last wrote the provider copy (its `managedFields` entry), as the
 /// API server recorded it.
 pub fn applied_at(copy: &ObjectMeta) -> Option<String> {
+    applied_time(copy).map(|t| t.0.to_string())
+}
+
+/// The time of kbind's field manager's `managedFields` entry, as [`applied_at`] states it.
+pub fn applied_time(
+    copy: &ObjectMeta,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
     copy.managed_fields
         .as_ref()?
         .iter()
         .find(|f| f.manager.as_deref() == Some(crate::keys::FIELD_MANAGER))
         .and_then(|f| f.time.as_ref())
-        .map(|t| t.0.to_string())
 }
 
 /// The record of a delivered generation.

@@ -5,6 +5,8 @@
 use kbind_shared::api::ConflictPolicy;
 use kbind_shared::ownership::{self, Decision, Owner};
 
+use super::SyncState;
+
 /// The provider copy the cache holds under the consumer object's namespace and name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Copy {
@@ -102,6 +104,35 @@ pub fn decide(facts: &Facts<'_>) -> Step {
     Step::Sync {
         clear_conflict: facts.conflict.is_some(),
         spec_up,
+    }
+}
+
+/// Where an object stands, told without running its sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rest {
+    /// Something to write, wait for or announce: the object needs a sync.
+    Work,
+    /// No binding has its API bound for it: a sync does nothing and records nothing.
+    Unbound,
+    /// A sync would write nothing and record that the object stands here.
+    Stands(SyncState),
+}
+
+/// Whether the sync that `step` starts would write nothing. `status_current`: whether the
+/// consumer object already has the status that sync would leave on it (asked only when the
+/// step gets that far). A restart or a re-list shows every object again; those at rest are
+/// recorded where they stand instead of each taking a turn in the queue.
+pub fn rest(step: Step, status_current: impl FnOnce() -> bool) -> Rest {
+    match step {
+        Step::Idle => Rest::Unbound,
+        Step::Conflict {
+            announce: false, ..
+        } => Rest::Stands(SyncState::Conflict),
+        Step::Sync {
+            clear_conflict: false,
+            spec_up: None,
+        } if status_current() => Rest::Stands(SyncState::Synced),
+        _ => Rest::Work,
     }
 }
 
@@ -263,6 +294,45 @@ mod tests {
         ];
         for (name, facts, want) in cases {
             assert_eq!(decide(&facts), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn only_a_sync_that_writes_nothing_is_at_rest() {
+        use kbind_shared::keys::CONFLICT_FOREIGN;
+        let synced = Rest::Stands(SyncState::Synced);
+        let cases: Vec<(&str, Step, bool, Rest)> = vec![
+            ("deleting", Step::Delete, true, Rest::Work),
+            ("not bound", Step::Idle, false, Rest::Unbound),
+            (
+                "a recorded conflict",
+                conflict(CONFLICT_FOREIGN, Owner::Unmarked, false),
+                false,
+                Rest::Stands(SyncState::Conflict),
+            ),
+            (
+                "a new conflict is announced",
+                conflict(CONFLICT_FOREIGN, Owner::Unmarked, true),
+                true,
+                Rest::Work,
+            ),
+            ("a terminating copy", Step::WaitForTerminatingCopy, true, Rest::Work),
+            ("no finalizer", Step::AddFinalizer, true, Rest::Work),
+            ("create", sync(false, Some(SpecUp::Create)), true, Rest::Work),
+            ("apply", sync(false, Some(SpecUp::Apply)), true, Rest::Work),
+            ("a stale conflict annotation", sync(true, None), true, Rest::Work),
+            ("copy current, status differs", sync(false, None), false, Rest::Work),
+            ("copy current, status current", sync(false, None), true, synced),
+        ];
+        for (name, step, status_current, want) in cases {
+            let asked = std::cell::Cell::new(false);
+            let got = rest(step, || {
+                asked.set(true);
+                status_current
+            });
+            assert_eq!(got, want, "{name}");
+            // The status (two JSON documents) is compared only for a sync that writes no spec.
+            assert_eq!(asked.get(), step == sync(false, None), "{name}: status asked");
         }
     }
 }

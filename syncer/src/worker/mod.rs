@@ -99,6 +99,34 @@ struct Worker {
     retries: kbind_shared::backoff::Retries,
     /// Changes seen and not yet synced: the backlog, and what lag is measured from.
     pending: Arc<Mutex<pending::Pending>>,
+    /// Which sides' caches have listed.
+    listed: Mutex<Listed>,
+}
+
+/// A side of the sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Consumer,
+    Provider,
+}
+
+/// Which sides' caches have listed at least once.
+#[derive(Debug, Default)]
+struct Listed {
+    consumer: bool,
+    provider: bool,
+}
+
+impl Listed {
+    /// `side` has (re-)listed: whether its objects are to be compared now — only once the other
+    /// side has listed too, so that at a start exactly one of the two (the second) compares.
+    fn done(&mut self, side: Side) -> bool {
+        match side {
+            Side::Consumer => self.consumer = true,
+            Side::Provider => self.provider = true,
+        }
+        self.consumer && self.provider
+    }
 }
 
 /// Runs the worker until `stop`.
@@ -137,12 +165,8 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         watcher(provider_api, watcher::Config::default())
             .filter(move |e| std::future::ready(buckets.keep(e)))
             .inspect(move |event| {
-                if let Ok(
-                    watcher::Event::Apply(o)
-                    | watcher::Event::Delete(o)
-                    | watcher::Event::InitApply(o),
-                ) = event
-                {
+                // (A re-list's objects are compared once it is complete, below.)
+                if let Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) = event {
                     let mut reference = ObjectRef::new_with(&o.name_any(), seen_resource.clone());
                     if let Some(namespace) = o.namespace() {
                         reference = reference.within(&namespace);
@@ -159,42 +183,6 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
             }),
     )
     .default_backoff();
-    let (trigger, provider_triggers) = futures::channel::mpsc::unbounded();
-    let trigger_resource = resource.clone();
-    let feeder = tokio::spawn(async move {
-        let mut events = std::pin::pin!(provider_events);
-        while let Some(event) = events.next().await {
-            let object = match event {
-                Ok(
-                    watcher::Event::Apply(o)
-                    | watcher::Event::Delete(o)
-                    | watcher::Event::InitApply(o),
-                ) => o,
-                _ => continue,
-            };
-            let mut reference =
-                ObjectRef::<Instance>::new_with(&object.name, trigger_resource.clone());
-            if let Some(namespace) = object.namespace.as_deref() {
-                reference = reference.within(namespace);
-            }
-            if trigger.unbounded_send(reference).is_err() {
-                break;
-            }
-        }
-    });
-    tokio::select! {
-        ready = provider_objects.wait_until_ready() => {
-            if ready.is_err() {
-                tracing::warn!(api = %spec.api, "the provider watch ended before it listed");
-                return;
-            }
-        }
-        _ = stop.cancelled() => {
-            feeder.abort();
-            return;
-        }
-    }
-
     let worker = Arc::new(Worker {
         recorder: Recorder::new(ctx.client.clone(), ctx.reporter.clone()),
         ctx: ctx.clone(),
@@ -211,7 +199,48 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
             Duration::from_secs(1),
             Duration::from_secs(300),
         ),
-        pending,
+        pending: pending.clone(),
+        listed: Mutex::default(),
+    });
+    let (trigger, provider_triggers) = futures::channel::mpsc::unbounded();
+    let trigger_resource = resource.clone();
+    let (relisted, relisted_consumer) = (worker.clone(), consumer_objects.clone());
+    let feeder = tokio::spawn(async move {
+        let mut events = std::pin::pin!(provider_events);
+        while let Some(event) = events.next().await {
+            let object = match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => o,
+                // A (re-)list is complete and the cache holds it: only the consumer objects it
+                // leaves with work to do are synced, not every object again.
+                Ok(watcher::Event::InitDone) => {
+                    if !relisted.listed(Side::Provider) {
+                        continue;
+                    }
+                    let now = std::time::Instant::now();
+                    for object in relisted.with_work(&relisted_consumer) {
+                        relisted
+                            .pending
+                            .locked()
+                            .provider_changed(pending_key(object.as_ref()), now);
+                        let reference =
+                            ObjectRef::from_obj_with(object.as_ref(), trigger_resource.clone());
+                        if trigger.unbounded_send(reference).is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            let mut reference =
+                ObjectRef::<Instance>::new_with(&object.name, trigger_resource.clone());
+            if let Some(namespace) = object.namespace.as_deref() {
+                reference = reference.within(namespace);
+            }
+            if trigger.unbounded_send(reference).is_err() {
+                break;
+            }
+        }
     });
     let consumer_api: Api<Instance> = Api::all_with(ctx.client.clone(), &resource);
     let buckets = worker.spec.buckets.clone();
@@ -223,15 +252,92 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
             .modify(|o| kbind_shared::cache::consumer_metadata(&mut o.metadata))
             .inspect(move |event| seen.saw_consumer_event(event)),
     )
-    .default_backoff()
-    .applied_objects();
+    .default_backoff();
+    // The consumer side lists at the same time as the provider side (a restart waits for the
+    // longer of the two lists, not for both). A change syncs; a (re-)list is compared with the
+    // other side's cache — at a start by whichever side finishes listing second — and only the
+    // objects with work to do sync: the others are recorded where they stand, and do not queue
+    // ahead of the changes (a restart at 100,000 objects would otherwise sync every one of them
+    // before a change made meanwhile).
+    let (consumer_sender, consumer_received) = futures::channel::mpsc::unbounded();
+    let (listed, listed_consumer) = (worker.clone(), consumer_objects.clone());
+    let consumer_feeder = tokio::spawn(async move {
+        let mut events = std::pin::pin!(consumer_events);
+        while let Some(event) = events.next().await {
+            let changed = match event {
+                Ok(watcher::Event::Apply(o)) => o,
+                Ok(watcher::Event::InitDone) => {
+                    if !listed.listed(Side::Consumer) {
+                        continue;
+                    }
+                    let now = std::time::Instant::now();
+                    for object in listed.with_work(&listed_consumer) {
+                        let deleting = object.metadata.deletion_timestamp.is_some();
+                        listed.pending.locked().consumer_changed(
+                            pending_key(object.as_ref()),
+                            now,
+                            deleting,
+                        );
+                        if consumer_sender
+                            .unbounded_send(Ok(object.as_ref().clone()))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::debug!(api = %listed.spec.api, error = %e, "consumer watch");
+                    continue;
+                }
+            };
+            if consumer_sender.unbounded_send(Ok(changed)).is_err() {
+                return;
+            }
+        }
+    });
+    tokio::select! {
+        ready = provider_objects.wait_until_ready() => {
+            if ready.is_err() {
+                tracing::warn!(api = %api, "the provider watch ended before it listed");
+                feeder.abort();
+                consumer_feeder.abort();
+                return;
+            }
+        }
+        _ = stop.cancelled() => {
+            feeder.abort();
+            consumer_feeder.abort();
+            return;
+        }
+    }
+
+    // A binding change (which may bind or unbind the API for any object) and the periodic
+    // backstop resync look at every object, and sync the ones with work to do. (A burst of
+    // binding events is one look.)
+    let (scanner, scanned) = (worker.clone(), consumer_objects.clone());
+    let scan_resource = resource.clone();
+    let rescans = futures::stream::select(
+        ctx.binding_changes(),
+        resync_ticks(ctx.resync_interval),
+    )
+    .ready_chunks(1024)
+    .flat_map(move |_| {
+        let references: Vec<ObjectRef<Instance>> = scanner
+            .with_work(&scanned)
+            .iter()
+            .map(|o| ObjectRef::from_obj_with(o.as_ref(), scan_resource.clone()))
+            .collect();
+        futures::stream::iter(references)
+    });
     let graceful = stop.clone();
     let worker_for_stop = worker.clone();
-    let controller = Controller::for_stream_with(consumer_events, consumer_objects, resource)
+    let controller = Controller::for_stream_with(consumer_received, consumer_objects, resource)
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.workers))
         .reconcile_on(provider_triggers)
-        .reconcile_all_on(ctx.binding_changes())
-        .reconcile_all_on(resync_ticks(ctx.resync_interval))
+        .reconcile_on(rescans)
         .graceful_shutdown_on(async move { graceful.cancelled().await })
         .run(reconcile, error_policy, worker)
         .for_each(|result| async move {
@@ -283,6 +389,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         _ = backlog => {}
     }
     feeder.abort();
+    consumer_feeder.abort();
     for gauge in [
         &ctx.metrics.synced_objects,
         &ctx.metrics.conflicts,
@@ -368,7 +475,8 @@ impl Worker {
     fn saw_consumer_event(&self, event: &Result<watcher::Event<Instance>, watcher::Error>) {
         let now = std::time::Instant::now();
         match event {
-            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+            // (A listed object waits only if the list shows it has work to do: see `run`.)
+            Ok(watcher::Event::Apply(o)) => {
                 let deleting = o.metadata.deletion_timestamp.is_some();
                 self.pending
                     .locked()
@@ -380,6 +488,33 @@ impl Worker {
             }
             _ => {}
         }
+    }
+
+    /// `side` has (re-)listed: whether to compare the objects now ([`Listed::done`]).
+    fn listed(&self, side: Side) -> bool {
+        self.listed.locked().done(side)
+    }
+
+    /// Whether a sync of `object` has anything to do; when not, where it stands is recorded.
+    fn has_work(&self, object: &Instance) -> bool {
+        let copy = self.provider_copy(object);
+        match sync::at_rest(self, object, copy.as_deref()) {
+            decide::Rest::Work => true,
+            decide::Rest::Unbound => false,
+            decide::Rest::Stands(state) => {
+                self.mark(object, Some(state));
+                false
+            }
+        }
+    }
+
+    /// The objects of `consumer` (this worker's cache of them) whose sync has something to do.
+    fn with_work(&self, consumer: &Store<Instance>) -> Vec<Arc<Instance>> {
+        consumer
+            .state()
+            .into_iter()
+            .filter(|o| self.has_work(o))
+            .collect()
     }
 
     /// Records the delay from `since` (when the change was first seen) to now for `op`, in
@@ -594,6 +729,20 @@ mod tests {
             reason: reason.into(),
             ..kube::core::Status::failure("no", reason)
         }))
+    }
+
+    #[test]
+    fn at_a_start_only_the_side_that_lists_second_compares_and_a_relist_always_does() {
+        for (first, second) in [
+            (Side::Consumer, Side::Provider),
+            (Side::Provider, Side::Consumer),
+        ] {
+            let mut listed = Listed::default();
+            assert!(!listed.done(first), "{first:?} first");
+            assert!(listed.done(second), "{second:?} second");
+            assert!(listed.done(first), "{first:?} re-lists");
+            assert!(listed.done(second), "{second:?} re-lists");
+        }
     }
 
     #[test]

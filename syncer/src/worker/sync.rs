@@ -5,7 +5,7 @@ use kbind_shared::sync::Locked;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kbind_shared::cache::{Instance, Json};
+use kbind_shared::cache::{Instance, Json, ProviderCopy};
 use kbind_shared::delivery;
 use kbind_shared::keys;
 use kbind_shared::ownership::{self, Owner};
@@ -14,7 +14,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use serde_json::json;
 
-use super::decide::{Copy, Facts, SpecUp, Step, decide};
+use super::decide::{Copy, Facts, Rest, SpecUp, Step, decide, rest};
 use super::pending::Seen;
 use super::{Error, SyncState, Worker};
 
@@ -31,27 +31,9 @@ pub(super) async fn sync(
     }
     let spec = &worker.spec;
     let namespace = object.namespace();
-    // SYNC-14: cluster-scoped instances sync only under a ClusterBinding (the resolver ensures it).
-    let resolution = worker
-        .ctx
-        .resolve(&spec.connection, &spec.api, namespace.as_deref())
-        .filter(|r| r.is_bound());
     let object_uid = object.metadata.uid.clone().unwrap_or_default();
     let provider_copy = worker.provider_copy(&object);
-    let facts = Facts {
-        deleting: object.metadata.deletion_timestamp.is_some(),
-        bound: resolution.as_ref().map(|r| r.conflict_policy),
-        copy: provider_copy.as_ref().map(|copy| Copy {
-            owner: copy.owner(&object_uid),
-            terminating: copy.terminating,
-            current: copy.is_current(object.spec.as_ref(), &object_uid),
-        }),
-        has_finalizer: kbind_shared::finalizers::has(&object.metadata, keys::SYNCER_FINALIZER),
-        conflict: object
-            .annotations()
-            .get(keys::CONFLICT_ANNOTATION)
-            .map(String::as_str),
-    };
+    let facts = facts(&worker, &object, provider_copy.as_deref());
     let spec_up = match decide(&facts) {
         Step::Delete => return delete(&object, &worker).await,
         Step::Idle => return Ok(Action::await_change()),
@@ -163,13 +145,7 @@ pub(super) async fn sync(
     // current generation reached the provider.
     let current = object.status.as_ref().map(Json::value);
     let current = current.as_ref();
-    let desired = if spec.has_delivery {
-        let record = delivery::delivered(object.metadata.generation, delivered_at);
-        Some(delivery::with_record(provider_status.as_ref(), &record))
-    } else {
-        provider_status
-    };
-    if let Some(status) = desired
+    if let Some(status) = desired_status(spec, &object, provider_status, delivered_at)
         && current != Some(&status)
     {
         let key = super::pending_key(object.as_ref());
@@ -197,6 +173,67 @@ pub(super) async fn sync(
     // The backstop resync is one periodic pass over the whole cache (`super::resync_ticks`), not a
     // timer per object: at rest a synced object costs no scheduler entry.
     Ok(Action::await_change())
+}
+
+/// The facts a sync of `object` decides from, with `copy` the provider copy the cache holds.
+fn facts<'a>(worker: &Worker, object: &'a Instance, copy: Option<&ProviderCopy>) -> Facts<'a> {
+    // SYNC-14: cluster-scoped instances sync only under a ClusterBinding (the resolver ensures it).
+    let bound = worker
+        .ctx
+        .resolve(
+            &worker.spec.connection,
+            &worker.spec.api,
+            object.metadata.namespace.as_deref(),
+        )
+        .filter(|r| r.is_bound())
+        .map(|r| r.conflict_policy);
+    let object_uid = object.metadata.uid.as_deref().unwrap_or_default();
+    Facts {
+        deleting: object.metadata.deletion_timestamp.is_some(),
+        bound,
+        copy: copy.map(|copy| Copy {
+            owner: copy.owner(object_uid),
+            terminating: copy.terminating,
+            current: copy.is_current(object.spec.as_ref(), object_uid),
+        }),
+        has_finalizer: kbind_shared::finalizers::has(&object.metadata, keys::SYNCER_FINALIZER),
+        conflict: object
+            .annotations()
+            .get(keys::CONFLICT_ANNOTATION)
+            .map(String::as_str),
+    }
+}
+
+/// The status a sync leaves on `object` (SYNC-9): the provider's `provider_status` with, where
+/// the CRD has one, kbind's delivery record of the spec kbind applied at `delivered_at`.
+/// `None`: the provider has none and the CRD has no record to keep.
+fn desired_status(
+    spec: &super::WorkerSpec,
+    object: &Instance,
+    provider_status: Option<serde_json::Value>,
+    delivered_at: Option<String>,
+) -> Option<serde_json::Value> {
+    if spec.has_delivery {
+        let record = delivery::delivered(object.metadata.generation, delivered_at);
+        Some(delivery::with_record(provider_status.as_ref(), &record))
+    } else {
+        provider_status
+    }
+}
+
+/// Whether a sync of `object` (with `copy` the provider copy the cache holds) would write
+/// nothing: the same facts, [`decide`] and status the sync itself uses.
+pub(super) fn at_rest(worker: &Worker, object: &Instance, copy: Option<&ProviderCopy>) -> Rest {
+    rest(decide(&facts(worker, object, copy)), || {
+        let desired = desired_status(
+            &worker.spec,
+            object,
+            copy.and_then(|c| c.status.as_ref().map(Json::value)),
+            copy.and_then(ProviderCopy::applied_at),
+        );
+        let current = object.status.as_ref().map(Json::value);
+        desired.is_none_or(|status| current.as_ref() == Some(&status))
+    })
 }
 
 /// How long a delivery record waits for the provider's status change to carry it.

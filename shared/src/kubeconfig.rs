@@ -199,7 +199,8 @@ impl InlineKubeconfig {
         self.namespace.as_deref()
     }
 
-    /// A kube [`Config`] for the current context, with kbind's bounded timeouts.
+    /// A kube [`Config`] for the current context, with kbind's bounded timeouts (for a client
+    /// built by [`crate::client::build_watching`], which bounds requests other than watches).
     pub async fn config(&self) -> Result<Config, KubeconfigError> {
         let options = KubeConfigOptions {
             context: Some(self.context.clone()),
@@ -208,7 +209,7 @@ impl InlineKubeconfig {
         let mut config = Config::from_custom_kubeconfig(self.kubeconfig.clone(), &options)
             .await
             .map_err(|e| KubeconfigError::Client(crate::redact::remote(&e.to_string())))?;
-        crate::client::bound_timeouts(&mut config);
+        crate::client::bound_timeouts_watching(&mut config);
         Ok(config)
     }
 
@@ -224,7 +225,7 @@ impl InlineKubeconfig {
         cluster: &str,
         counter: Option<&prometheus::IntCounterVec>,
     ) -> Result<Client, KubeconfigError> {
-        crate::client::build(self.config().await?, cluster, counter)
+        crate::client::build_watching(self.config().await?, cluster, counter)
             .map_err(|e| KubeconfigError::Client(crate::redact::remote(&e.to_string())))
     }
 }

@@ -4,6 +4,7 @@ use kbind_shared::sync::Locked;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::{Binding, ClusterBinding};
 use kbind_shared::identity::{IdentityError, cluster_identity};
 use kbind_shared::metrics::Metrics;
@@ -176,6 +177,31 @@ impl Context {
             .binding_caches
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(caches);
+    }
+
+    /// kbind's managed consumer CRDs as this term's watch sees them (`None` outside a term).
+    pub fn managed_crds(&self) -> Option<Store<CustomResourceDefinition>> {
+        self.binding_caches
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|c| c.managed_crds.clone())
+    }
+
+    /// Names of managed consumer CRDs as this term's cache sees them change (`None` outside a
+    /// term).
+    pub fn crd_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        self.binding_caches
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(BindingCaches::crd_changes)
+    }
+
+    /// The managed consumer CRD `name`, if this term's watch has it.
+    pub fn cached_crd(&self, name: &str) -> Option<std::sync::Arc<CustomResourceDefinition>> {
+        self.managed_crds()?
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
     }
 
     /// Every ClusterBinding and Binding, for readers that only report: from this term's caches
@@ -389,6 +415,13 @@ pub struct BindingCaches {
     pub cluster_bindings: Store<ClusterBinding>,
     /// Every Binding.
     pub bindings: Store<Binding>,
+    /// The consumer CRDs labelled as kbind's (`core.kbind.io/managed`), without managedFields:
+    /// what a schema check at rest reads instead of a GET per API per resync. Anything a check
+    /// would write is decided again from a fresh read ([`crate::schema::install`]).
+    pub managed_crds: Store<CustomResourceDefinition>,
+    /// The name of each managed CRD the cache above has seen change: bindings listing it are
+    /// reconciled once the cache shows the change (never from a cache older than their trigger).
+    crd_changes: tokio::sync::broadcast::Sender<String>,
 }
 
 impl BindingCaches {
@@ -398,7 +431,10 @@ impl BindingCaches {
         stop: &tokio_util::sync::CancellationToken,
         on_change: impl Fn() + Clone + Send + 'static,
     ) -> Self {
+        let crd_changes = tokio::sync::broadcast::channel(256).0;
+        let changed = crd_changes.clone();
         Self {
+            crd_changes,
             cluster_bindings: kbind_shared::cache::spawn(
                 Api::all(client.clone()),
                 watcher::Config::default(),
@@ -411,13 +447,36 @@ impl BindingCaches {
                 stop.clone(),
                 on_change,
             ),
+            managed_crds: kbind_shared::cache::spawn_modified(
+                Api::all(client.clone()),
+                watcher::Config::default().labels(&format!(
+                    "{}={}",
+                    kbind_shared::keys::MANAGED_LABEL,
+                    kbind_shared::keys::TRUE
+                )),
+                stop.clone(),
+                |crd: &mut CustomResourceDefinition| crd.metadata.managed_fields = None,
+                move |event| {
+                    if let Ok(watcher::Event::Apply(crd) | watcher::Event::Delete(crd)) = event
+                        && let Some(name) = &crd.metadata.name
+                    {
+                        let _ = changed.send(name.clone());
+                    }
+                },
+            ),
         }
     }
 
-    /// Waits until both have listed.
+    /// Names of managed CRDs as their cache sees them change.
+    pub fn crd_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.crd_changes.subscribe()
+    }
+
+    /// Waits until all have listed.
     pub async fn ready(&self) {
         let _ = self.cluster_bindings.wait_until_ready().await;
         let _ = self.bindings.wait_until_ready().await;
+        let _ = self.managed_crds.wait_until_ready().await;
     }
 }
 

@@ -233,6 +233,13 @@ pub async fn desired_for(
     desired_crd(&provider_crd, connection).map_err(ProviderError::Failed)
 }
 
+impl Plan {
+    /// Whether carrying the plan out writes the CRD.
+    pub fn writes(&self) -> bool {
+        matches!(self, Plan::Create | Plan::Replace | Plan::Stamp)
+    }
+}
+
 /// What [`install`] will do (SCH-4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Plan {
@@ -396,6 +403,7 @@ pub async fn install(
     desired: &CustomResourceDefinition,
     connection: &str,
     policy: Policy<'_>,
+    cached: Option<&CustomResourceDefinition>,
 ) -> Result<Installed, String> {
     let Policy {
         create,
@@ -409,6 +417,26 @@ pub async fn install(
         .get(keys::SCHEMA_HASH_ANNOTATION)
         .cloned()
         .unwrap_or_default();
+    let in_sync = |crd: &CustomResourceDefinition| {
+        crd.annotations().get(keys::SCHEMA_HASH_ANNOTATION) == Some(&hash)
+    };
+    // At rest a watch's copy answers: a plan made from it that writes nothing is the plan. Any
+    // write is planned again from a fresh read.
+    if let Some(existing) = cached {
+        let plan = gate(
+            plan(Some(existing), desired, connection, create, update),
+            Some(existing),
+            desired,
+            accepted,
+        );
+        if !plan.writes() {
+            return Ok(Installed {
+                in_sync: in_sync(existing),
+                established: established(existing),
+                plan,
+            });
+        }
+    }
     let existing = api.get_opt(&name).await.map_err(|e| {
         format!(
             "read consumer CRD {name}: {}",
@@ -421,9 +449,6 @@ pub async fn install(
         desired,
         accepted,
     );
-    let in_sync = |crd: &CustomResourceDefinition| {
-        crd.annotations().get(keys::SCHEMA_HASH_ANNOTATION) == Some(&hash)
-    };
     let reject = |e: kube::Error| {
         format!(
             "the consumer API server rejected CRD {name}: {}",
@@ -506,6 +531,29 @@ pub async fn install(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_create_replace_and_stamp_write_so_only_they_need_a_fresh_read() {
+        use super::Plan;
+        let cases = [
+            (Plan::LeaveAbsent, false),
+            (Plan::Create, true),
+            (Plan::Replace, true),
+            (Plan::Stamp, true),
+            (Plan::Keep, false),
+            (Plan::Refuse("another Connection's".into()), false),
+            (
+                Plan::Hold {
+                    changes: Vec::new(),
+                    more: 0,
+                },
+                false,
+            ),
+        ];
+        for (plan, writes) in cases {
+            assert_eq!(plan.writes(), writes, "{plan:?}");
+        }
+    }
+
     use super::*;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
         CustomResourceDefinitionSpec, CustomResourceDefinitionVersion, WebhookConversion,

@@ -42,6 +42,31 @@ where
     reader
 }
 
+/// Starts caching `api` (filtered by `config`) until `stop`, each object as `modify` leaves it
+/// (e.g. without what no reader needs); `observer` sees every event once the cache holds it.
+pub fn spawn_modified<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    stop: CancellationToken,
+    modify: impl FnMut(&mut K) + Send + 'static,
+    observer: impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream =
+        reflector::reflector(writer, watcher(api, config).modify(modify)).default_backoff();
+    drive(stream, stop, observer);
+    reader
+}
+
 /// Feeds `writer` from a watch of `api` until `stop`; `observer` sees every event and every watch
 /// error (the watch retries with backoff after an error).
 pub fn observe<K>(
@@ -61,6 +86,15 @@ pub fn observe<K>(
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+    drive(stream, stop, observer);
+}
+
+/// Polls a reflector's `stream` on its own task until `stop`, showing `observer` each item.
+fn drive<K: Send + 'static>(
+    stream: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    stop: CancellationToken,
+    observer: impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static,
+) {
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         loop {

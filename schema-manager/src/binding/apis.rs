@@ -77,11 +77,19 @@ pub(super) async fn api_state<B: Scoped>(
         update,
         accepted: &policy.accepted_changes,
     };
-    let installed =
-        match schema::install(&ctx.client, &desired, &connection.name_any(), policy).await {
-            Ok(installed) => installed,
-            Err(message) => return ApiState::Pending(message),
-        };
+    let cached = ctx.cached_crd(api);
+    let installed = match schema::install(
+        &ctx.client,
+        &desired,
+        &connection.name_any(),
+        policy,
+        cached.as_deref(),
+    )
+    .await
+    {
+        Ok(installed) => installed,
+        Err(message) => return ApiState::Pending(message),
+    };
     if let schema::Plan::Refuse(message) = installed.plan {
         return ApiState::SchemaConflict(message);
     }

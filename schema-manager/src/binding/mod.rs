@@ -118,6 +118,30 @@ where
         )
     });
 
+    // A managed CRD's change, once the schema check's cache of them holds it (the CRD watch
+    // below may be seen first: a reconcile it starts can find the cache a moment behind).
+    let cached_crd_store = store.clone();
+    let cached_crd_triggers = futures::stream::unfold(ctx.crd_changes(), |changes| async {
+        let mut changes = changes?;
+        loop {
+            match changes.recv().await {
+                Ok(name) => return Some((name, Some(changes))),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+    .flat_map(move |name| {
+        futures::stream::iter(
+            cached_crd_store
+                .state()
+                .into_iter()
+                .filter(|b| b.binding_spec().apis.iter().any(|a| a.name == name))
+                .map(|b| ObjectRef::from_obj(b.as_ref()))
+                .collect::<Vec<_>>(),
+        )
+    });
+
     // BIND triggers: Connection events map to the bindings that name the Connection.
     controller
         .watches(
@@ -149,6 +173,7 @@ where
             },
         )
         .reconcile_on(conflict_triggers)
+        .reconcile_on(cached_crd_triggers)
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile::<B>, error_policy::<B>, ctx)
         .for_each(|result| async move {

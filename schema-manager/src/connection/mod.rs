@@ -194,9 +194,7 @@ async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Err
     let mut status = before.clone();
     let (outcome, provider_error) = connect(&connection, state, &mut status).await?;
     conditions_for(&mut status, &outcome, &connection);
-    let kept = kept_crds(&ctx.client, &name)
-        .await
-        .map_err(Error::Consumer)?;
+    let kept = kept_crds(ctx, &name).await.map_err(Error::Consumer)?;
     conditions::set(
         &mut status.conditions,
         autobind::unbound_condition(

@@ -41,7 +41,10 @@ pub(super) async fn install_all(
                 };
                 // A held breaking change is reported by the bindings of the API (pullPolicy All
                 // installs unbound APIs too: theirs simply stay as they are).
-                match crate::schema::install(consumer, &desired, &name, policy).await {
+                let cached = ctx.cached_crd(&export.name);
+                match crate::schema::install(consumer, &desired, &name, policy, cached.as_deref())
+                    .await
+                {
                     Ok(crate::schema::Installed {
                         plan: crate::schema::Plan::Refuse(message),
                         ..
@@ -63,24 +66,32 @@ pub(super) async fn install_all(
 
 /// The CRDs kbind kept for this Connection after their automatic binding went away (metadata
 /// only, kbind's managed CRDs only).
-pub(super) async fn kept_crds(
-    client: &kube::Client,
-    connection: &str,
-) -> Result<Vec<String>, kube::Error> {
-    let crds = Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(client.clone())
-        .list(&ListParams::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)))
-        .await?;
+pub(super) async fn kept_crds(ctx: &Context, connection: &str) -> Result<Vec<String>, kube::Error> {
+    // This term's watch of them, else a LIST.
+    let crds: Vec<kube::api::ObjectMeta> = match ctx.managed_crds() {
+        Some(store) => store.state().iter().map(|c| c.metadata.clone()).collect(),
+        None => {
+            let managed = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
+            Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(ctx.client.clone())
+                .list(&ListParams::default().labels(&managed))
+                .await?
+                .items
+                .into_iter()
+                .map(|c| c.metadata)
+                .collect()
+        }
+    };
     let mut kept: Vec<String> = crds
-        .items
         .iter()
         .filter(|c| {
-            c.annotations()
-                .get(keys::CONNECTION_ANNOTATION)
+            let annotations = c.annotations.as_ref();
+            annotations
+                .and_then(|a| a.get(keys::CONNECTION_ANNOTATION))
                 .map(String::as_str)
                 == Some(connection)
-                && c.annotations().contains_key(keys::UNBOUND_ANNOTATION)
+                && annotations.is_some_and(|a| a.contains_key(keys::UNBOUND_ANNOTATION))
         })
-        .map(|c| c.name_any())
+        .filter_map(|c| c.name.clone())
         .collect();
     kept.sort();
     Ok(kept)

@@ -316,13 +316,38 @@ mod tests {
                 true,
                 Rest::Work,
             ),
-            ("a terminating copy", Step::WaitForTerminatingCopy, true, Rest::Work),
+            (
+                "a terminating copy",
+                Step::WaitForTerminatingCopy,
+                true,
+                Rest::Work,
+            ),
             ("no finalizer", Step::AddFinalizer, true, Rest::Work),
-            ("create", sync(false, Some(SpecUp::Create)), true, Rest::Work),
+            (
+                "create",
+                sync(false, Some(SpecUp::Create)),
+                true,
+                Rest::Work,
+            ),
             ("apply", sync(false, Some(SpecUp::Apply)), true, Rest::Work),
-            ("a stale conflict annotation", sync(true, None), true, Rest::Work),
-            ("copy current, status differs", sync(false, None), false, Rest::Work),
-            ("copy current, status current", sync(false, None), true, synced),
+            (
+                "a stale conflict annotation",
+                sync(true, None),
+                true,
+                Rest::Work,
+            ),
+            (
+                "copy current, status differs",
+                sync(false, None),
+                false,
+                Rest::Work,
+            ),
+            (
+                "copy current, status current",
+                sync(false, None),
+                true,
+                synced,
+            ),
         ];
         for (name, step, status_current, want) in cases {
             let asked = std::cell::Cell::new(false);
@@ -332,7 +357,11 @@ mod tests {
             });
             assert_eq!(got, want, "{name}");
             // The status (two JSON documents) is compared only for a sync that writes no spec.
-            assert_eq!(asked.get(), step == sync(false, None), "{name}: status asked");
+            assert_eq!(
+                asked.get(),
+                step == sync(false, None),
+                "{name}: status asked"
+            );
         }
     }
 }

@@ -319,19 +319,16 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     // binding events is one look.)
     let (scanner, scanned) = (worker.clone(), consumer_objects.clone());
     let scan_resource = resource.clone();
-    let rescans = futures::stream::select(
-        ctx.binding_changes(),
-        resync_ticks(ctx.resync_interval),
-    )
-    .ready_chunks(1024)
-    .flat_map(move |_| {
-        let references: Vec<ObjectRef<Instance>> = scanner
-            .with_work(&scanned)
-            .iter()
-            .map(|o| ObjectRef::from_obj_with(o.as_ref(), scan_resource.clone()))
-            .collect();
-        futures::stream::iter(references)
-    });
+    let rescans = futures::stream::select(ctx.binding_changes(), resync_ticks(ctx.resync_interval))
+        .ready_chunks(1024)
+        .flat_map(move |_| {
+            let references: Vec<ObjectRef<Instance>> = scanner
+                .with_work(&scanned)
+                .iter()
+                .map(|o| ObjectRef::from_obj_with(o.as_ref(), scan_resource.clone()))
+                .collect();
+            futures::stream::iter(references)
+        });
     let graceful = stop.clone();
     let worker_for_stop = worker.clone();
     let controller = Controller::for_stream_with(consumer_received, consumer_objects, resource)

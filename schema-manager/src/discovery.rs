@@ -62,6 +62,10 @@ pub fn exports_from_crds(crds: &[CustomResourceDefinition]) -> Vec<ExportedApi> 
 }
 
 async fn list_exported_crds(provider: &Provider) -> Result<Vec<ExportedApi>, ProviderError> {
+    // At rest: the exports found in exactly the versions the provider still has.
+    if let Some(apis) = provider.schemas.exports() {
+        return Ok(apis);
+    }
     let crds: Api<CustomResourceDefinition> = Api::all(provider.client.clone());
     let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
     let list = crds
@@ -70,7 +74,9 @@ async fn list_exported_crds(provider: &Provider) -> Result<Vec<ExportedApi>, Pro
         .map_err(|e| {
             ProviderError::from_kube("listing the provider's CustomResourceDefinitions", e)
         })?;
-    Ok(exports_from_crds(&list.items))
+    let apis = exports_from_crds(&list.items);
+    provider.schemas.remember_exports(&list.items, &apis);
+    Ok(apis)
 }
 
 /// DISC-4: every non-built-in API for which a CRD can be synthesized from the provider's OpenAPI

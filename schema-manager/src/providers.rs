@@ -3,14 +3,21 @@
 
 use kbind_shared::sync::Locked;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::KubeconfigSecretRef;
+use kbind_shared::api::{ExportedApi, OmittedVersion};
 use kbind_shared::credential::{ProviderCredential, SecretPolicy};
+use kbind_shared::keys;
 use kbind_shared::kubeconfig::InlineKubeconfig;
 use kbind_shared::metrics::Metrics;
+use kube::api::{ObjectMeta, PartialObjectMeta};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
 
 /// A provider client and the credential it was built from.
 #[derive(Clone)]
@@ -21,6 +28,142 @@ pub struct Provider {
     pub kubeconfig: InlineKubeconfig,
     /// `sha256:<hex>` of the kubeconfig bytes.
     pub digest: String,
+    /// What was derived from the provider's exported CRDs, and which versions of them.
+    pub schemas: ProviderSchemas,
+}
+
+/// The consumer CRD derived from one provider CRD, and the versions it leaves out.
+pub type Derived = (CustomResourceDefinition, Vec<OmittedVersion>);
+
+/// Exported CRDs' names and `resourceVersion`s, sorted.
+type Versions = Vec<(String, String)>;
+
+/// The exports discovered, and from which versions of the exported CRDs.
+type Discovered = Option<(Versions, Vec<ExportedApi>)>;
+
+/// What kbind derived from a provider's exported CRDs, each with the `resourceVersion` of what it
+/// was derived from, and a watch of those CRDs' names and `resourceVersion`s alone (started once
+/// the Connection's identity is verified). A result is reused only while the watch shows exactly
+/// the versions it came from: at rest, discovery and the schema checks read nothing from the
+/// provider; any change is read fresh.
+#[derive(Clone, Default)]
+pub struct ProviderSchemas {
+    versions: Option<Store<PartialObjectMeta<CustomResourceDefinition>>>,
+    derived: Arc<Mutex<HashMap<String, (String, Derived)>>>,
+    exports: Arc<Mutex<Discovered>>,
+    /// Stops the watch when the last clone of this provider is gone.
+    _watch: Option<Arc<StopOnDrop>>,
+}
+
+struct StopOnDrop(CancellationToken);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+impl ProviderSchemas {
+    /// Watches the exported CRDs `client` reaches, keeping only names and `resourceVersion`s.
+    fn watched(client: &Client) -> Self {
+        let stop = CancellationToken::new();
+        let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
+        let versions = kbind_shared::cache::spawn_modified(
+            Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone()),
+            watcher::Config::default().labels(&selector),
+            stop.clone(),
+            |crd: &mut PartialObjectMeta<CustomResourceDefinition>| {
+                crd.metadata = ObjectMeta {
+                    name: crd.metadata.name.take(),
+                    resource_version: crd.metadata.resource_version.take(),
+                    ..Default::default()
+                };
+            },
+            |_| {},
+        );
+        Self::over(versions, stop)
+    }
+
+    fn over(
+        versions: Store<PartialObjectMeta<CustomResourceDefinition>>,
+        stop: CancellationToken,
+    ) -> Self {
+        Self {
+            versions: Some(versions),
+            _watch: Some(Arc::new(StopOnDrop(stop))),
+            ..Default::default()
+        }
+    }
+
+    /// The `resourceVersion` the watch shows for the exported CRD `name`.
+    fn version(&self, name: &str) -> Option<String> {
+        self.versions
+            .as_ref()?
+            .get(&ObjectRef::new(name))?
+            .metadata
+            .resource_version
+            .clone()
+    }
+
+    /// Every exported CRD's name and `resourceVersion` as the watch shows them, sorted (`None`
+    /// without a watch, or while it shows none).
+    fn all_versions(&self) -> Option<Versions> {
+        let mut all: Versions = self
+            .versions
+            .as_ref()?
+            .state()
+            .iter()
+            .map(|c| {
+                (
+                    c.metadata.name.clone().unwrap_or_default(),
+                    c.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        all.sort();
+        (!all.is_empty()).then_some(all)
+    }
+
+    /// What was derived from the exported CRD `name`, if it is still the version the watch shows.
+    pub fn derived(&self, name: &str) -> Option<Derived> {
+        let version = self.version(name)?;
+        let derived = self.derived.locked();
+        let (from, value) = derived.get(name)?;
+        (*from == version).then(|| value.clone())
+    }
+
+    /// Keeps what was derived from version `version` of the exported CRD `name`.
+    pub fn remember(&self, name: &str, version: Option<&str>, value: &Derived) {
+        if let Some(version) = version {
+            self.derived
+                .locked()
+                .insert(name.to_owned(), (version.to_owned(), value.clone()));
+        }
+    }
+
+    /// The exports discovered from the exported CRDs, if the watch still shows exactly the
+    /// versions they were discovered from.
+    pub fn exports(&self) -> Option<Vec<ExportedApi>> {
+        let versions = self.all_versions()?;
+        let exports = self.exports.locked();
+        let (from, apis) = exports.as_ref()?;
+        (*from == versions).then(|| apis.clone())
+    }
+
+    /// Keeps the exports discovered from `crds` (a LIST of the exported CRDs).
+    pub fn remember_exports(&self, crds: &[CustomResourceDefinition], apis: &[ExportedApi]) {
+        let mut versions: Versions = crds
+            .iter()
+            .map(|c| {
+                (
+                    c.metadata.name.clone().unwrap_or_default(),
+                    c.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        versions.sort();
+        *self.exports.locked() = Some((versions, apis.to_vec()));
+    }
 }
 
 /// Why reading something from a provider failed: RBAC said no, or anything else (retried).
@@ -121,15 +264,23 @@ impl Providers {
             client,
             kubeconfig: credential.kubeconfig,
             digest: credential.digest,
+            schemas: ProviderSchemas::default(),
         })
     }
 
-    /// Keeps `provider` as the Connection's client: its cluster identity matched the pin.
+    /// Keeps `provider` as the Connection's client: its cluster identity matched the pin. A new
+    /// client starts its watch of the exported CRDs' versions.
     pub fn verified(&self, connection: &str, provider: &Provider) {
-        let previous = self
-            .by_connection
-            .locked()
-            .insert(connection.to_owned(), provider.clone());
+        let mut by_connection = self.by_connection.locked();
+        if by_connection
+            .get(connection)
+            .is_some_and(|kept| kept.digest == provider.digest)
+        {
+            return;
+        }
+        let mut kept = provider.clone();
+        kept.schemas = ProviderSchemas::watched(&kept.client);
+        let previous = by_connection.insert(connection.to_owned(), kept);
         if previous.is_some_and(|p| p.digest != provider.digest) {
             tracing::info!(
                 connection,
@@ -168,5 +319,95 @@ impl Providers {
     /// Forgets the client of a deleted Connection.
     pub fn forget(&self, connection: &str) {
         self.by_connection.locked().remove(connection);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector::store::Writer;
+
+    fn version(name: &str, resource_version: &str) -> PartialObjectMeta<CustomResourceDefinition> {
+        PartialObjectMeta {
+            types: None,
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(resource_version.into()),
+                ..Default::default()
+            },
+            _phantom: std::marker::PhantomData,
+        }
+    }
+
+    fn crd(name: &str, resource_version: &str) -> CustomResourceDefinition {
+        CustomResourceDefinition {
+            metadata: version(name, resource_version).metadata,
+            ..Default::default()
+        }
+    }
+
+    fn derived(name: &str) -> Derived {
+        (crd(name, "0"), Vec::new())
+    }
+
+    fn export(name: &str) -> ExportedApi {
+        ExportedApi {
+            name: name.into(),
+            group: "example.org".into(),
+            resource: name.split('.').next().unwrap_or_default().into(),
+            scope: kbind_shared::api::ApiScope::Namespaced,
+            versions: vec!["v1".into()],
+            omitted_versions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_derived_schema_is_reused_only_while_the_provider_has_the_version_it_came_from() {
+        let mut watch = Writer::<PartialObjectMeta<CustomResourceDefinition>>::default();
+        let schemas = ProviderSchemas::over(watch.as_reader(), CancellationToken::new());
+        let a = "as.example.org";
+        schemas.remember(a, Some("5"), &derived(a));
+        assert_eq!(schemas.derived(a), None, "the watch does not show it yet");
+        watch.apply_watcher_event(&watcher::Event::Apply(version(a, "5")));
+        assert_eq!(schemas.derived(a), Some(derived(a)), "the same version");
+        watch.apply_watcher_event(&watcher::Event::Apply(version(a, "6")));
+        assert_eq!(schemas.derived(a), None, "a newer version is read fresh");
+        schemas.remember(a, Some("6"), &derived(a));
+        assert_eq!(schemas.derived(a), Some(derived(a)));
+        watch.apply_watcher_event(&watcher::Event::Delete(version(a, "6")));
+        assert_eq!(schemas.derived(a), None, "gone from the provider");
+        schemas.remember("bs.example.org", None, &derived("bs.example.org"));
+        assert_eq!(
+            schemas.derived("bs.example.org"),
+            None,
+            "no version, nothing kept"
+        );
+    }
+
+    #[test]
+    fn discovered_exports_are_reused_only_while_the_provider_has_exactly_those_versions() {
+        let (a, b) = ("as.example.org", "bs.example.org");
+        let mut watch = Writer::<PartialObjectMeta<CustomResourceDefinition>>::default();
+        let schemas = ProviderSchemas::over(watch.as_reader(), CancellationToken::new());
+        schemas.remember_exports(&[crd(b, "2"), crd(a, "1")], &[export(a), export(b)]);
+        assert_eq!(schemas.exports(), None, "the watch shows none yet");
+        watch.apply_watcher_event(&watcher::Event::Apply(version(a, "1")));
+        assert_eq!(schemas.exports(), None, "one is missing");
+        watch.apply_watcher_event(&watcher::Event::Apply(version(b, "2")));
+        assert_eq!(schemas.exports(), Some(vec![export(a), export(b)]));
+        watch.apply_watcher_event(&watcher::Event::Apply(version(b, "3")));
+        assert_eq!(schemas.exports(), None, "one changed");
+        watch.apply_watcher_event(&watcher::Event::Apply(version(b, "2")));
+        watch.apply_watcher_event(&watcher::Event::Apply(version("cs.example.org", "9")));
+        assert_eq!(schemas.exports(), None, "a new export");
+    }
+
+    #[test]
+    fn without_a_watch_nothing_is_reused() {
+        let schemas = ProviderSchemas::default();
+        schemas.remember("as.example.org", Some("1"), &derived("as.example.org"));
+        schemas.remember_exports(&[crd("as.example.org", "1")], &[export("as.example.org")]);
+        assert_eq!(schemas.derived("as.example.org"), None);
+        assert_eq!(schemas.exports(), None);
     }
 }

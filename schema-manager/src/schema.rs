@@ -226,11 +226,21 @@ pub async fn desired_for(
                 )
             });
     }
+    // At rest: what was derived from the version the provider still has.
+    if let Some(derived) = provider.schemas.derived(&export.name) {
+        return Ok(derived);
+    }
     let provider_crd = Api::<CustomResourceDefinition>::all(provider.client.clone())
         .get(&export.name)
         .await
         .map_err(|e| ProviderError::from_kube("reading the provider CRD", e))?;
-    desired_crd(&provider_crd, connection).map_err(ProviderError::Failed)
+    let derived = desired_crd(&provider_crd, connection).map_err(ProviderError::Failed)?;
+    provider.schemas.remember(
+        &export.name,
+        provider_crd.metadata.resource_version.as_deref(),
+        &derived,
+    );
+    Ok(derived)
 }
 
 impl Plan {

@@ -179,6 +179,7 @@ pub async fn provider(
             client,
             kubeconfig: credential.kubeconfig,
             digest: credential.digest,
+            schemas: Default::default(),
         },
         identity,
     })

@@ -198,6 +198,24 @@ impl Context {
             .map(BindingCaches::crd_changes)
     }
 
+    /// The ClusterBinding `name` as this term's watch shows it (`Some(None)`: it shows none;
+    /// `None` outside a term).
+    pub fn cached_cluster_binding(
+        &self,
+        name: &str,
+    ) -> Option<Option<std::sync::Arc<ClusterBinding>>> {
+        let caches = self
+            .binding_caches
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let caches = caches.as_ref()?;
+        Some(
+            caches
+                .cluster_bindings
+                .get(&kube::runtime::reflector::ObjectRef::new(name)),
+        )
+    }
+
     /// The managed consumer CRD `name`, if this term's watch has it.
     pub fn cached_crd(&self, name: &str) -> Option<std::sync::Arc<CustomResourceDefinition>> {
         self.managed_crds()?

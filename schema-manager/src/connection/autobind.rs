@@ -155,12 +155,24 @@ fn is_current(existing: &ClusterBinding, connection: &Connection, apis: &[String
 /// autoBind is off or nothing is left to list — and only one this Connection controls (the
 /// reference deleted any with the name, QRK-6). Removing it never deletes a CRD or an object
 /// (see `binding::release`). Returns the APIs dropped now.
+///
+/// `cached`: the ClusterBinding named after the Connection as a watch shows it (`Some(None)`: it
+/// shows none), when one is at hand. A decision from it that writes nothing stands; anything
+/// that writes is decided again from a fresh read.
 pub async fn reconcile(
     consumer: &Client,
     connection: &Connection,
     status: &mut ConnectionStatus,
     grace: std::time::Duration,
+    cached: Option<Option<&ClusterBinding>>,
 ) -> Result<Vec<String>, String> {
+    if let Some(cached) = cached
+        && let Some((missing, dropped)) =
+            at_rest(cached, connection, status, jiff::Timestamp::now(), grace)
+    {
+        status.missing_exports = missing;
+        return Ok(dropped);
+    }
     let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
     let name = connection.name_any();
     let existing = bindings.get_opt(&name).await.map_err(|e| {
@@ -230,6 +242,41 @@ pub async fn reconcile(
         }
     }
     Ok(plan.dropped)
+}
+
+/// What [`reconcile`] does when it writes nothing, from `existing` (the ClusterBinding named
+/// after the Connection, if any) at `now`: the missing exports to record and the APIs dropped.
+/// `None`: it would write (apply or delete the ClusterBinding) or warn, and must decide from a
+/// fresh read.
+fn at_rest(
+    existing: Option<&ClusterBinding>,
+    connection: &Connection,
+    status: &ConnectionStatus,
+    now: jiff::Timestamp,
+    grace: std::time::Duration,
+) -> Option<(Vec<MissingExport>, Vec<String>)> {
+    if existing.is_some_and(|b| !controlled_by(b, connection)) {
+        // Someone else's ClusterBinding of that name: the fresh path says so.
+        return None;
+    }
+    if !connection.spec.auto_bind {
+        return existing.is_none().then(|| (Vec::new(), Vec::new()));
+    }
+    let exports: Vec<String> = status
+        .exported_apis
+        .iter()
+        .map(|a| a.name.clone())
+        .collect();
+    let listed: Vec<String> = existing
+        .map(|b| b.spec.apis.iter().map(|a| a.name.clone()).collect())
+        .unwrap_or_default();
+    let plan = listing(&exports, &listed, &status.missing_exports, now, grace);
+    let unchanged = match existing {
+        _ if plan.apis.is_empty() => listed.is_empty(),
+        Some(existing) => is_current(existing, connection, &plan.apis),
+        None => false,
+    };
+    unchanged.then_some((plan.missing, plan.dropped))
 }
 
 /// CDEL-2: requests deletion of the autoBind ClusterBinding — only if this Connection controls
@@ -447,5 +494,131 @@ mod tests {
             (Some("conn-uid"), Some(true), Some(true))
         );
         assert!(body["spec"].get("conflictPolicy").is_none());
+    }
+
+    #[test]
+    fn only_a_reconcile_that_writes_nothing_is_decided_from_the_watch() {
+        use kbind_shared::api::{ApiScope, ExportedApi};
+        let t0 = jiff::Timestamp::from_second(1_000_000).unwrap();
+        let grace = std::time::Duration::from_secs(600);
+        let connection = |auto_bind: bool| {
+            let mut c = Connection::new(
+                "provider",
+                ConnectionSpec {
+                    auto_bind,
+                    ..ConnectionSpec::for_secret("kbind", "p")
+                },
+            );
+            c.metadata.uid = Some("conn-uid".into());
+            c
+        };
+        let ours = |apis: &[&str]| -> ClusterBinding {
+            let apis: Vec<String> = apis.iter().map(|a| (*a).to_owned()).collect();
+            serde_json::from_value(desired(&connection(true), &apis)).unwrap()
+        };
+        let mut users = ours(&["a"]);
+        users.metadata.owner_references = None;
+        let status = |exports: &[&str], missing: &[(&str, i64)]| ConnectionStatus {
+            exported_apis: exports
+                .iter()
+                .map(|name| ExportedApi {
+                    name: (*name).into(),
+                    group: "example.org".into(),
+                    resource: (*name).into(),
+                    scope: ApiScope::Namespaced,
+                    versions: vec!["v1".into()],
+                    omitted_versions: Vec::new(),
+                })
+                .collect(),
+            missing_exports: missing
+                .iter()
+                .map(|(name, at)| MissingExport {
+                    name: (*name).into(),
+                    since: Time(jiff::Timestamp::from_second(*at).unwrap()),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let recorded = |name: &str, at: i64| MissingExport {
+            name: name.into(),
+            since: Time(jiff::Timestamp::from_second(at).unwrap()),
+        };
+        let nothing = Some((Vec::new(), Vec::new()));
+        let cases: Vec<(&str, bool, Option<ClusterBinding>, ConnectionStatus, _)> = vec![
+            (
+                "off, none",
+                false,
+                None,
+                status(&["a"], &[]),
+                nothing.clone(),
+            ),
+            (
+                "off, ours: delete",
+                false,
+                Some(ours(&["a"])),
+                status(&["a"], &[]),
+                None,
+            ),
+            (
+                "off, the user's: fresh",
+                false,
+                Some(users.clone()),
+                status(&[], &[]),
+                None,
+            ),
+            (
+                "on, the user's: fresh",
+                true,
+                Some(users),
+                status(&["a"], &[]),
+                None,
+            ),
+            ("on, none: create", true, None, status(&["a"], &[]), None),
+            (
+                "on, current",
+                true,
+                Some(ours(&["a"])),
+                status(&["a"], &[]),
+                nothing.clone(),
+            ),
+            (
+                "on, a new export: apply",
+                true,
+                Some(ours(&["a"])),
+                status(&["a", "b"], &[]),
+                None,
+            ),
+            (
+                "on, an export missing within its grace",
+                true,
+                Some(ours(&["a", "b"])),
+                status(&["a"], &[("b", 999_900)]),
+                Some((vec![recorded("b", 999_900)], Vec::new())),
+            ),
+            (
+                "on, an export missing past its grace: apply",
+                true,
+                Some(ours(&["a", "b"])),
+                status(&["a"], &[("b", 1)]),
+                None,
+            ),
+            (
+                "on, no exports, none",
+                true,
+                None,
+                status(&[], &[]),
+                nothing,
+            ),
+        ];
+        for (name, auto_bind, existing, status, want) in cases {
+            let got = at_rest(
+                existing.as_ref(),
+                &connection(auto_bind),
+                &status,
+                t0,
+                grace,
+            );
+            assert_eq!(got, want, "{name}");
+        }
     }
 }

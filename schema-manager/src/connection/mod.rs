@@ -335,11 +335,13 @@ async fn connect(
 
     // CONN-9: autoBind (and removal of the owned ClusterBinding when it is turned off, LIM-12),
     // with a wall-clock grace for missing exports.
+    let cached = ctx.cached_cluster_binding(&name);
     match autobind::reconcile(
         &ctx.client,
         connection,
         status,
         ctx.settings.autobind_grace_period,
+        cached.as_ref().map(Option::as_deref),
     )
     .await
     {

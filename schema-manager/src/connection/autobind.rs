@@ -255,12 +255,14 @@ fn at_rest(
     now: jiff::Timestamp,
     grace: std::time::Duration,
 ) -> Option<(Vec<MissingExport>, Vec<String>)> {
-    if existing.is_some_and(|b| !controlled_by(b, connection)) {
-        // Someone else's ClusterBinding of that name: the fresh path says so.
-        return None;
-    }
+    let theirs = existing.is_some_and(|b| !controlled_by(b, connection));
     if !connection.spec.auto_bind {
-        return existing.is_none().then(|| (Vec::new(), Vec::new()));
+        // Nothing of autoBind's to remove (someone else's binding of that name is theirs).
+        return (existing.is_none() || theirs).then(|| (Vec::new(), Vec::new()));
+    }
+    if theirs {
+        // autoBind on, and someone else's ClusterBinding has the name: the fresh path says so.
+        return None;
     }
     let exports: Vec<String> = status
         .exported_apis
@@ -560,11 +562,11 @@ mod tests {
                 None,
             ),
             (
-                "off, the user's: fresh",
+                "off, the user's: theirs, and nothing missing is recorded",
                 false,
                 Some(users.clone()),
-                status(&[], &[]),
-                None,
+                status(&["a"], &[("a", 1)]),
+                nothing.clone(),
             ),
             (
                 "on, the user's: fresh",

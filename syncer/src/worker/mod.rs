@@ -25,6 +25,7 @@ use crate::context::Context;
 
 mod buckets;
 mod decide;
+mod echoes;
 mod pending;
 mod states;
 mod sync;
@@ -101,6 +102,8 @@ struct Worker {
     pending: Arc<Mutex<pending::Pending>>,
     /// Which sides' caches have listed.
     listed: Mutex<Listed>,
+    /// kbind's consumer writes the cache does not show yet.
+    echoes: Mutex<echoes::Echoes>,
 }
 
 /// A side of the sync.
@@ -201,6 +204,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         ),
         pending: pending.clone(),
         listed: Mutex::default(),
+        echoes: Mutex::default(),
     });
     let (trigger, provider_triggers) = futures::channel::mpsc::unbounded();
     let trigger_resource = resource.clone();
@@ -265,8 +269,19 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         let mut events = std::pin::pin!(consumer_events);
         while let Some(event) = events.next().await {
             let changed = match event {
-                Ok(watcher::Event::Apply(o)) => o,
+                Ok(watcher::Event::Apply(o)) => {
+                    listed
+                        .echoes
+                        .locked()
+                        .showed(&pending_key(&o), o.metadata.resource_version.as_deref());
+                    o
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    listed.echoes.locked().forget(&pending_key(&o));
+                    continue;
+                }
                 Ok(watcher::Event::InitDone) => {
+                    listed.echoes.locked().clear();
                     if !listed.listed(Side::Consumer) {
                         continue;
                     }
@@ -494,6 +509,13 @@ impl Worker {
 
     /// Whether a sync of `object` has anything to do; when not, where it stands is recorded.
     fn has_work(&self, object: &Instance) -> bool {
+        if self.echoes.locked().behind(
+            &pending_key(object),
+            object.metadata.resource_version.as_deref(),
+        ) {
+            // Its echo syncs it.
+            return false;
+        }
         let copy = self.provider_copy(object);
         match sync::at_rest(self, object, copy.as_deref()) {
             decide::Rest::Work => true,
@@ -624,7 +646,10 @@ impl Worker {
             )
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(written) => {
+                self.wrote(object, &written);
+                Ok(())
+            }
             Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
             Err(e) => Err(Error::Consumer(e)),
         }
@@ -647,8 +672,17 @@ impl Worker {
                 &Patch::Merge(&patch),
             )
             .await
-            .map(drop)
+            .map(|written| self.wrote(object, &written))
             .map_err(Error::Consumer)
+    }
+
+    /// kbind wrote `object` (as the cache showed it), and the API server answered `written`.
+    fn wrote(&self, object: &Instance, written: &kube::api::DynamicObject) {
+        self.echoes.locked().wrote(
+            pending_key(object),
+            object.metadata.resource_version.as_deref(),
+            written.metadata.resource_version.as_deref(),
+        );
     }
 
     /// The provider namespace went away: create it again before the next write there.
@@ -704,6 +738,16 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
     tracing::trace!(object = %name, "sync start");
     let key = object_key(object.as_ref());
     let waiting = pending_key(object.as_ref());
+    if worker
+        .echoes
+        .locked()
+        .behind(&waiting, object.metadata.resource_version.as_deref())
+    {
+        // The echo of kbind's own write syncs it again (`echoes`); its changes wait until then.
+        tracing::trace!(object = %name, "the cache does not show kbind's last write yet");
+        gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
+        return Ok(Action::await_change());
+    }
     let seen = worker.pending.locked().take(&waiting);
     let result = sync::sync(object, worker.clone(), seen).await;
     if result.is_ok() {

@@ -269,8 +269,9 @@ async fn status_down(
         )
         .await
     {
-        Ok(_) => {
+        Ok(written) => {
             worker.count(op, "ok");
+            worker.wrote(object, &written);
             Ok(())
         }
         Err(e) => {

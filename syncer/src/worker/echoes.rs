@@ -1,0 +1,129 @@
+//! kbind's own consumer writes whose echo the cache has not shown yet. A sync that starts in that
+//! instant (another change of the object was queued while the write was in flight) would decide
+//! from the object as it was before the write, and make the same write again — a second consumer
+//! write for one change. Such a sync waits instead: the echo is a watch event, and it syncs the
+//! object again with what kbind wrote in the cache.
+//!
+//! An entry lives from the write's response to the next watch event of the object (or its
+//! deletion, or a re-list), so the map holds about as many objects as there are writes in flight.
+
+use std::collections::HashMap;
+
+use super::pending::Key;
+
+/// Objects kbind wrote, each with the resourceVersion the cache showed when it was written over.
+#[derive(Debug, Default)]
+pub struct Echoes {
+    written_over: HashMap<Key, Box<str>>,
+}
+
+impl Echoes {
+    /// kbind wrote `key`, which the cache showed at `before`; the write made `after`. (A write
+    /// that changed nothing keeps the version, and has no echo to wait for.)
+    pub fn wrote(&mut self, key: Key, before: Option<&str>, after: Option<&str>) {
+        if let (Some(before), Some(after)) = (before, after)
+            && before != after
+        {
+            self.written_over.insert(key, before.into());
+        }
+    }
+
+    /// Whether the cache, showing `key` at `version`, is still behind kbind's own last write of
+    /// it.
+    pub fn behind(&self, key: &Key, version: Option<&str>) -> bool {
+        self.written_over
+            .get(key)
+            .is_some_and(|before| version == Some(before))
+    }
+
+    /// A watch event showed `key` at `version`: any version but the one written over means the
+    /// cache has moved on. (Usually it is the echo; a change someone else made in between also
+    /// ends the wait — a sync then decides from it, and at worst writes once more.)
+    pub fn showed(&mut self, key: &Key, version: Option<&str>) {
+        if self
+            .written_over
+            .get(key)
+            .is_some_and(|before| version != Some(before))
+        {
+            self.written_over.remove(key);
+        }
+    }
+
+    /// `key` is gone from the consumer.
+    pub fn forget(&mut self, key: &Key) {
+        self.written_over.remove(key);
+    }
+
+    /// A re-list replaced the cache: nothing in it is behind any more.
+    pub fn clear(&mut self) {
+        self.written_over = HashMap::new();
+    }
+
+    /// How many writes wait for their echo.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.written_over.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        (Some("ns".to_owned()), name.to_owned())
+    }
+
+    #[test]
+    fn the_cache_is_behind_from_the_write_until_an_event_shows_another_version() {
+        let mut e = Echoes::default();
+        e.wrote(key("a"), Some("10"), Some("11"));
+        assert!(e.behind(&key("a"), Some("10")), "the cache still shows 10");
+        assert!(!e.behind(&key("a"), Some("11")), "the echo is in the cache");
+        assert!(!e.behind(&key("b"), Some("10")), "another object");
+        e.showed(&key("a"), Some("10"));
+        assert!(
+            e.behind(&key("a"), Some("10")),
+            "an event of the old version"
+        );
+        e.showed(&key("a"), Some("11"));
+        assert!(!e.behind(&key("a"), Some("10")));
+        assert_eq!(e.len(), 0, "the echo ends the entry");
+    }
+
+    #[test]
+    fn a_write_that_changed_nothing_or_has_no_versions_waits_for_nothing() {
+        let mut e = Echoes::default();
+        e.wrote(key("same"), Some("10"), Some("10"));
+        e.wrote(key("unknown"), None, Some("11"));
+        e.wrote(key("no-answer"), Some("10"), None);
+        assert_eq!(e.len(), 0);
+        assert!(!e.behind(&key("same"), Some("10")));
+        assert!(!e.behind(&key("unknown"), None));
+    }
+
+    #[test]
+    fn a_deletion_or_a_re_list_ends_the_wait() {
+        let mut e = Echoes::default();
+        e.wrote(key("a"), Some("1"), Some("2"));
+        e.wrote(key("b"), Some("3"), Some("4"));
+        e.forget(&key("a"));
+        assert!(!e.behind(&key("a"), Some("1")));
+        assert!(e.behind(&key("b"), Some("3")));
+        e.clear();
+        assert!(!e.behind(&key("b"), Some("3")));
+        assert_eq!(e.len(), 0);
+    }
+
+    #[test]
+    fn a_second_write_over_the_same_stale_version_keeps_waiting_for_its_echo() {
+        // Two writes in one sync (the conflict mark, then the status) both start from the cached
+        // object; the first one's echo moves the cache on.
+        let mut e = Echoes::default();
+        e.wrote(key("a"), Some("5"), Some("6"));
+        e.wrote(key("a"), Some("5"), Some("7"));
+        assert!(e.behind(&key("a"), Some("5")));
+        e.showed(&key("a"), Some("6"));
+        assert!(!e.behind(&key("a"), Some("5")));
+    }
+}

@@ -260,18 +260,29 @@ async fn apiserver_requests_by(client: &kube::Client) -> std::collections::BTree
         .collect()
 }
 
+/// What grew from `before` to `after`, by how much.
+fn grown(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> std::collections::BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter_map(|(key, n)| {
+            let delta = n - before.get(key).copied().unwrap_or_default();
+            (delta > 0.0).then(|| (key.clone(), delta))
+        })
+        .collect()
+}
+
 /// Per minute, what grew from `before` to `after` over `seconds`.
 fn per_minute(
     before: &std::collections::BTreeMap<String, f64>,
     after: &std::collections::BTreeMap<String, f64>,
     seconds: u64,
 ) -> std::collections::BTreeMap<String, f64> {
-    after
-        .iter()
-        .filter_map(|(key, n)| {
-            let delta = n - before.get(key).copied().unwrap_or_default();
-            (delta > 0.0).then(|| (key.clone(), delta * 60.0 / seconds.max(1) as f64))
-        })
+    grown(before, after)
+        .into_iter()
+        .map(|(key, delta)| (key, delta * 60.0 / seconds.max(1) as f64))
         .collect()
 }
 
@@ -398,12 +409,22 @@ async fn main() {
         (widgets(&s.consumer, "bench"), widgets(&s.provider, "bench"));
 
     // Phase 1: create N.
+    let requests_before_bulk = kbind_requests_by(&s.syncer.metrics().await.unwrap_or_default());
     let Bulk {
         created,
         synced_up,
         all_back,
     } = bulk(&consumer_widgets, &provider_widgets, "w", n).await;
     let cpu_bulk = cpu() - cpu_start;
+    // What the syncer asked for per object, by cluster and verb (the unavoidable: one consumer
+    // finalizer patch, one provider apply, one consumer status patch).
+    let bulk_requests: std::collections::BTreeMap<String, f64> = grown(
+        &requests_before_bulk,
+        &kbind_requests_by(&s.syncer.metrics().await.unwrap_or_default()),
+    )
+    .into_iter()
+    .map(|(key, total)| (key, total / n as f64))
+    .collect();
     // Memory with every object synced, once the burst's buffers have been returned.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let steady = (rss_mib(manager_pid), rss_mib(syncer_pid));
@@ -506,6 +527,14 @@ async fn main() {
         all_back,
         n as f64 / all_back.as_secs_f64()
     );
+    println!(
+        "  kbind-syncer requests per object:  {}",
+        bulk_requests
+            .iter()
+            .map(|(key, n)| format!("{key} {n:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let throughput = |b: &Bulk| n as f64 / b.all_back.as_secs_f64();
     let kbind_bulk = Bulk {
         created,
@@ -570,6 +599,7 @@ async fn main() {
             "allStatusesBackSeconds": all_back.as_secs_f64(),
             "objectsPerSecond": n as f64 / synced_up.as_secs_f64(),
             "statusesBackObjectsPerSecond": throughput(&kbind_bulk),
+            "syncerRequestsPerObject": bulk_requests,
         },
         "changesPhase": {
             "specUpP50Ms": percentile(&up, 0.5).as_secs_f64() * 1000.0,

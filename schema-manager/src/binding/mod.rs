@@ -21,7 +21,7 @@ use kbind_shared::conditions::{self, types};
 use kbind_shared::resolve::BindingObject;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -88,6 +88,35 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     }
 }
 
+/// The messages of a broadcast, skipping what a slow reader missed (each is a hint to look
+/// again, and the next one covers it).
+fn received<T: Clone + Send + 'static>(
+    receiver: tokio::sync::broadcast::Receiver<T>,
+) -> impl futures::Stream<Item = T> {
+    futures::stream::unfold(receiver, |mut receiver| async {
+        loop {
+            match receiver.recv().await {
+                Ok(message) => return Some((message, receiver)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
+/// The bindings in `store` that list the API `name`.
+fn listing<B>(store: &Store<B>, name: &str) -> Vec<ObjectRef<B>>
+where
+    B: BindingObject + kube::Resource<DynamicType = ()>,
+{
+    store
+        .state()
+        .into_iter()
+        .filter(|b| b.binding_spec().apis.iter().any(|a| a.name == name))
+        .map(|b| ObjectRef::from_obj(b.as_ref()))
+        .collect()
+}
+
 async fn controller<B>(ctx: Arc<Context>, api: Api<B>, stop: CancellationToken)
 where
     B: BindingObject + kube::Resource<DynamicType = ()>,
@@ -95,52 +124,17 @@ where
 {
     let controller = Controller::new(api, watcher::Config::default());
     let store = controller.store();
-    let crd_store = store.clone();
     // BIND-5d live: a change in which instances conflict re-counts the bindings listing the API.
     let conflict_store = store.clone();
-    let conflict_triggers = futures::stream::unfold(ctx.conflict_changes(), |mut changes| async {
-        loop {
-            match changes.recv().await {
-                Ok(api) => return Some((api, changes)),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    })
-    .flat_map(move |api| {
-        futures::stream::iter(
-            conflict_store
-                .state()
-                .into_iter()
-                .filter(|b| b.binding_spec().apis.iter().any(|a| a.name == api))
-                .map(|b| ObjectRef::from_obj(b.as_ref()))
-                .collect::<Vec<_>>(),
-        )
-    });
-
+    let conflict_triggers = received(ctx.conflict_changes())
+        .flat_map(move |api| futures::stream::iter(listing(&conflict_store, &api)));
     // A managed CRD's change, once the schema check's cache of them holds it (the CRD watch
     // below may be seen first: a reconcile it starts can find the cache a moment behind).
     let cached_crd_store = store.clone();
-    let cached_crd_triggers = futures::stream::unfold(ctx.crd_changes(), |changes| async {
-        let mut changes = changes?;
-        loop {
-            match changes.recv().await {
-                Ok(name) => return Some((name, Some(changes))),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    })
-    .flat_map(move |name| {
-        futures::stream::iter(
-            cached_crd_store
-                .state()
-                .into_iter()
-                .filter(|b| b.binding_spec().apis.iter().any(|a| a.name == name))
-                .map(|b| ObjectRef::from_obj(b.as_ref()))
-                .collect::<Vec<_>>(),
-        )
-    });
+    let cached_crd_triggers = futures::stream::iter(ctx.crd_changes())
+        .flat_map(received)
+        .flat_map(move |name| futures::stream::iter(listing(&cached_crd_store, &name)));
+    let crd_store = store.clone();
 
     // BIND triggers: Connection events map to the bindings that name the Connection.
     controller
@@ -162,15 +156,7 @@ where
         .watches(
             Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(ctx.client.clone()),
             watcher::Config::default(),
-            move |crd| {
-                let name = crd.name_any();
-                crd_store
-                    .state()
-                    .into_iter()
-                    .filter(|b| b.binding_spec().apis.iter().any(|a| a.name == name))
-                    .map(|b| ObjectRef::from_obj(b.as_ref()))
-                    .collect::<Vec<_>>()
-            },
+            move |crd| listing(&crd_store, &crd.name_any()),
         )
         .reconcile_on(conflict_triggers)
         .reconcile_on(cached_crd_triggers)

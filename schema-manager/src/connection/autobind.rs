@@ -150,15 +150,77 @@ fn is_current(existing: &ClusterBinding, connection: &Connection, apis: &[String
             == Some(keys::TRUE)
 }
 
-/// AUTO-1 … AUTO-4, safe by default: applies the listing (writing only when the ClusterBinding
-/// differs), records the missing exports in `status`, and deletes the ClusterBinding only when
-/// autoBind is off or nothing is left to list — and only one this Connection controls (the
-/// reference deleted any with the name, QRK-6). Removing it never deletes a CRD or an object
-/// (see `binding::release`). Returns the APIs dropped now.
+/// What autoBind does about the ClusterBinding named after the Connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    /// autoBind is on and a ClusterBinding of that name is someone else's: never taken over.
+    LeaveTheirs,
+    /// Nothing to write: the missing exports to record, the APIs dropped.
+    Stand(Vec<MissingExport>, Vec<String>),
+    /// Delete autoBind's ClusterBinding (autoBind is off, or nothing is left to list).
+    Delete(Vec<MissingExport>, Vec<String>),
+    /// Apply the listing of `apis`.
+    Apply {
+        apis: Vec<String>,
+        missing: Vec<MissingExport>,
+        dropped: Vec<String>,
+    },
+}
+
+/// AUTO-1 … AUTO-4, safe by default, decided from `existing` (the ClusterBinding named after the
+/// Connection, if any) at `now`: write only when the ClusterBinding differs, record the missing
+/// exports, and delete the ClusterBinding only when autoBind is off or nothing is left to list —
+/// and only one this Connection controls (the reference deleted any with the name, QRK-6).
+fn plan(
+    existing: Option<&ClusterBinding>,
+    connection: &Connection,
+    status: &ConnectionStatus,
+    now: jiff::Timestamp,
+    grace: std::time::Duration,
+) -> Step {
+    let ours = existing.filter(|b| controlled_by(b, connection));
+    if !connection.spec.auto_bind {
+        // Nothing missing is recorded; someone else's binding of that name is theirs.
+        return match ours {
+            Some(_) => Step::Delete(Vec::new(), Vec::new()),
+            None => Step::Stand(Vec::new(), Vec::new()),
+        };
+    }
+    if existing.is_some() && ours.is_none() {
+        return Step::LeaveTheirs;
+    }
+    let exports: Vec<String> = status
+        .exported_apis
+        .iter()
+        .map(|a| a.name.clone())
+        .collect();
+    let listed: Vec<String> = ours
+        .map(|b| b.spec.apis.iter().map(|a| a.name.clone()).collect())
+        .unwrap_or_default();
+    let Listing {
+        apis,
+        missing,
+        dropped,
+    } = listing(&exports, &listed, &status.missing_exports, now, grace);
+    match ours {
+        _ if apis.is_empty() && listed.is_empty() => Step::Stand(missing, dropped),
+        _ if apis.is_empty() => Step::Delete(missing, dropped),
+        Some(ours) if is_current(ours, connection, &apis) => Step::Stand(missing, dropped),
+        _ => Step::Apply {
+            apis,
+            missing,
+            dropped,
+        },
+    }
+}
+
+/// Carries out [`plan`]: applies or deletes the ClusterBinding when it must, and records the
+/// missing exports in `status`. Removing the ClusterBinding never deletes a CRD or an object (see
+/// `binding::release`). Returns the APIs dropped now.
 ///
 /// `cached`: the ClusterBinding named after the Connection as a watch shows it (`Some(None)`: it
-/// shows none), when one is at hand. A decision from it that writes nothing stands; anything
-/// that writes is decided again from a fresh read.
+/// shows none), when one is at hand. A plan from it that writes nothing stands; anything else is
+/// planned again from a fresh read.
 pub async fn reconcile(
     consumer: &Client,
     connection: &Connection,
@@ -167,8 +229,8 @@ pub async fn reconcile(
     cached: Option<Option<&ClusterBinding>>,
 ) -> Result<Vec<String>, String> {
     if let Some(cached) = cached
-        && let Some((missing, dropped)) =
-            at_rest(cached, connection, status, jiff::Timestamp::now(), grace)
+        && let Step::Stand(missing, dropped) =
+            plan(cached, connection, status, jiff::Timestamp::now(), grace)
     {
         status.missing_exports = missing;
         return Ok(dropped);
@@ -181,56 +243,37 @@ pub async fn reconcile(
             kbind_shared::identity::describe_error(&e)
         )
     })?;
-    if connection.spec.auto_bind
-        && existing
-            .as_ref()
-            .is_some_and(|b| !controlled_by(b, connection))
-    {
-        // Never take over a user's ClusterBinding that happens to have the Connection's name.
-        tracing::warn!(connection = %name, "a ClusterBinding named after the Connection exists and is not autoBind's; autoBind leaves it alone");
-        return Ok(Vec::new());
-    }
-    let existing = existing.filter(|b| controlled_by(b, connection));
-    if !connection.spec.auto_bind {
-        status.missing_exports.clear();
-        return match existing {
-            Some(_) => delete_owned(consumer, connection)
-                .await
-                .map(|()| Vec::new()),
-            None => Ok(Vec::new()),
-        };
-    }
-    let exports: Vec<String> = status
-        .exported_apis
-        .iter()
-        .map(|a| a.name.clone())
-        .collect();
-    let listed: Vec<String> = existing
-        .as_ref()
-        .map(|b| b.spec.apis.iter().map(|a| a.name.clone()).collect())
-        .unwrap_or_default();
-    let plan = listing(
-        &exports,
-        &listed,
-        &status.missing_exports,
+    match plan(
+        existing.as_ref(),
+        connection,
+        status,
         jiff::Timestamp::now(),
         grace,
-    );
-    status.missing_exports = plan.missing.clone();
-    match existing {
-        _ if plan.apis.is_empty() => {
-            if listed.is_empty() {
-                return Ok(plan.dropped);
-            }
-            delete_owned(consumer, connection).await?;
+    ) {
+        Step::LeaveTheirs => {
+            tracing::warn!(connection = %name, "a ClusterBinding named after the Connection exists and is not autoBind's; autoBind leaves it alone");
+            Ok(Vec::new())
         }
-        Some(existing) if is_current(&existing, connection, &plan.apis) => {}
-        _ => {
+        Step::Stand(missing, dropped) => {
+            status.missing_exports = missing;
+            Ok(dropped)
+        }
+        Step::Delete(missing, dropped) => {
+            status.missing_exports = missing;
+            delete_owned(consumer, connection).await?;
+            Ok(dropped)
+        }
+        Step::Apply {
+            apis,
+            missing,
+            dropped,
+        } => {
+            status.missing_exports = missing;
             bindings
                 .patch(
                     &name,
                     &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(desired(connection, &plan.apis)),
+                    &Patch::Apply(desired(connection, &apis)),
                 )
                 .await
                 .map_err(|e| {
@@ -239,46 +282,9 @@ pub async fn reconcile(
                         kbind_shared::identity::describe_error(&e)
                     )
                 })?;
+            Ok(dropped)
         }
     }
-    Ok(plan.dropped)
-}
-
-/// What [`reconcile`] does when it writes nothing, from `existing` (the ClusterBinding named
-/// after the Connection, if any) at `now`: the missing exports to record and the APIs dropped.
-/// `None`: it would write (apply or delete the ClusterBinding) or warn, and must decide from a
-/// fresh read.
-fn at_rest(
-    existing: Option<&ClusterBinding>,
-    connection: &Connection,
-    status: &ConnectionStatus,
-    now: jiff::Timestamp,
-    grace: std::time::Duration,
-) -> Option<(Vec<MissingExport>, Vec<String>)> {
-    let theirs = existing.is_some_and(|b| !controlled_by(b, connection));
-    if !connection.spec.auto_bind {
-        // Nothing of autoBind's to remove (someone else's binding of that name is theirs).
-        return (existing.is_none() || theirs).then(|| (Vec::new(), Vec::new()));
-    }
-    if theirs {
-        // autoBind on, and someone else's ClusterBinding has the name: the fresh path says so.
-        return None;
-    }
-    let exports: Vec<String> = status
-        .exported_apis
-        .iter()
-        .map(|a| a.name.clone())
-        .collect();
-    let listed: Vec<String> = existing
-        .map(|b| b.spec.apis.iter().map(|a| a.name.clone()).collect())
-        .unwrap_or_default();
-    let plan = listing(&exports, &listed, &status.missing_exports, now, grace);
-    let unchanged = match existing {
-        _ if plan.apis.is_empty() => listed.is_empty(),
-        Some(existing) => is_current(existing, connection, &plan.apis),
-        None => false,
-    };
-    unchanged.then_some((plan.missing, plan.dropped))
 }
 
 /// CDEL-2: requests deletion of the autoBind ClusterBinding — only if this Connection controls
@@ -499,7 +505,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_reconcile_that_writes_nothing_is_decided_from_the_watch() {
+    fn the_plan_writes_only_what_differs_and_never_takes_a_users_binding() {
         use kbind_shared::api::{ApiScope, ExportedApi};
         let t0 = jiff::Timestamp::from_second(1_000_000).unwrap();
         let grace = std::time::Duration::from_secs(600);
@@ -545,8 +551,8 @@ mod tests {
             name: name.into(),
             since: Time(jiff::Timestamp::from_second(at).unwrap()),
         };
-        let nothing = Some((Vec::new(), Vec::new()));
-        let cases: Vec<(&str, bool, Option<ClusterBinding>, ConnectionStatus, _)> = vec![
+        let nothing = Step::Stand(Vec::new(), Vec::new());
+        let cases: Vec<(&str, bool, Option<ClusterBinding>, ConnectionStatus, Step)> = vec![
             (
                 "off, none",
                 false,
@@ -559,7 +565,7 @@ mod tests {
                 false,
                 Some(ours(&["a"])),
                 status(&["a"], &[]),
-                None,
+                Step::Delete(Vec::new(), Vec::new()),
             ),
             (
                 "off, the user's: theirs, and nothing missing is recorded",
@@ -569,13 +575,23 @@ mod tests {
                 nothing.clone(),
             ),
             (
-                "on, the user's: fresh",
+                "on, the user's: left alone",
                 true,
                 Some(users),
                 status(&["a"], &[]),
-                None,
+                Step::LeaveTheirs,
             ),
-            ("on, none: create", true, None, status(&["a"], &[]), None),
+            (
+                "on, none: create",
+                true,
+                None,
+                status(&["a"], &[]),
+                Step::Apply {
+                    apis: vec!["a".into()],
+                    missing: Vec::new(),
+                    dropped: Vec::new(),
+                },
+            ),
             (
                 "on, current",
                 true,
@@ -588,21 +604,36 @@ mod tests {
                 true,
                 Some(ours(&["a"])),
                 status(&["a", "b"], &[]),
-                None,
+                Step::Apply {
+                    apis: vec!["a".into(), "b".into()],
+                    missing: Vec::new(),
+                    dropped: Vec::new(),
+                },
             ),
             (
                 "on, an export missing within its grace",
                 true,
                 Some(ours(&["a", "b"])),
                 status(&["a"], &[("b", 999_900)]),
-                Some((vec![recorded("b", 999_900)], Vec::new())),
+                Step::Stand(vec![recorded("b", 999_900)], Vec::new()),
             ),
             (
                 "on, an export missing past its grace: apply",
                 true,
                 Some(ours(&["a", "b"])),
                 status(&["a"], &[("b", 1)]),
-                None,
+                Step::Apply {
+                    apis: vec!["a".into()],
+                    missing: Vec::new(),
+                    dropped: vec!["b".into()],
+                },
+            ),
+            (
+                "on, the last export missing past its grace: delete",
+                true,
+                Some(ours(&["b"])),
+                status(&[], &[("b", 1)]),
+                Step::Delete(Vec::new(), vec!["b".into()]),
             ),
             (
                 "on, no exports, none",
@@ -613,7 +644,7 @@ mod tests {
             ),
         ];
         for (name, auto_bind, existing, status, want) in cases {
-            let got = at_rest(
+            let got = plan(
                 existing.as_ref(),
                 &connection(auto_bind),
                 &status,

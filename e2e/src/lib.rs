@@ -20,6 +20,7 @@ pub mod env;
 pub mod fixtures;
 pub mod images;
 pub mod kbind;
+pub mod measure;
 pub mod minimal;
 pub mod process;
 pub mod sharding;

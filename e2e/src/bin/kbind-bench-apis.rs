@@ -16,7 +16,8 @@ use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
-use kbind_e2e::kbind::{apiserver_writes, http_get, install_crds, new_writes};
+use kbind_e2e::kbind::{http_get, install_crds, new_writes};
+use kbind_e2e::measure::{kbind_requests_by, object_writes, peak_rss_mib, per_minute, rss_mib};
 use kbind_e2e::sharding::{object, resource};
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{ClusterBinding, ClusterBindingSpec, SchemaSource};
@@ -46,46 +47,13 @@ struct Args {
 
 /// kbind's requests so far (`kbind_api_requests_total`) by `"<cluster> <verb>"`.
 async fn kbind_requests(program: &Program) -> BTreeMap<String, f64> {
-    let text = program.metrics().await.unwrap_or_default();
-    kbind_e2e::kbind::counter_by(&text, "kbind_api_requests_total", &["cluster", "verb"])
-        .into_iter()
-        .map(|([cluster, verb], n)| (format!("{cluster} {verb}"), n))
-        .collect()
-}
-
-/// Per minute, what grew from `before` to `after` over `seconds`.
-fn per_minute(
-    before: &BTreeMap<String, f64>,
-    after: &BTreeMap<String, f64>,
-    seconds: u64,
-) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .filter_map(|(key, n)| {
-            let delta = n - before.get(key).copied().unwrap_or_default();
-            (delta > 0.0).then(|| (key.clone(), delta * 60.0 / seconds.max(1) as f64))
-        })
-        .collect()
+    kbind_requests_by(&program.metrics().await.unwrap_or_default())
 }
 
 const NAMESPACE: &str = "bench";
 
 fn kind(i: usize) -> String {
     format!("Kind{i:03}")
-}
-
-fn status_mib(pid: Option<u32>, field: &str) -> f64 {
-    pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or_default()
-}
-
-fn rss_mib(pid: Option<u32>) -> f64 {
-    status_mib(pid, "VmRSS:")
 }
 
 /// Objects the syncer reports synced (`kbind_synced_objects`, every API).
@@ -108,19 +76,6 @@ async fn example_watches(client: &Client) -> f64 {
         "apiserver_longrunning_requests",
         &[("group", "example.org"), ("verb", "WATCH")],
     )
-}
-
-/// Writes to the `example.org` objects on both API servers.
-async fn object_writes(consumer: &Client, provider: &Client) -> [BTreeMap<String, u64>; 2] {
-    let only = |w: BTreeMap<String, u64>| {
-        w.into_iter()
-            .filter(|(k, _)| k.contains("example.org/"))
-            .collect()
-    };
-    [
-        only(apiserver_writes(consumer).await.unwrap_or_default()),
-        only(apiserver_writes(provider).await.unwrap_or_default()),
-    ]
 }
 
 async fn start_programs(env: &mut TestEnv, suffix: &str) -> (Program, Program) {
@@ -398,10 +353,7 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (manager_pid, syncer_pid) = pids(&env, &manager, &syncer);
     let after = (rss_mib(manager_pid), rss_mib(syncer_pid));
-    let peak = (
-        status_mib(manager_pid, "VmHWM:"),
-        status_mib(syncer_pid, "VmHWM:"),
-    );
+    let peak = (peak_rss_mib(manager_pid), peak_rss_mib(syncer_pid));
     let writes_after = object_writes(&consumer, &provider).await;
     // The change's own: the benchmark's patch and kbind's status write on the consumer, kbind's
     // apply on the provider.

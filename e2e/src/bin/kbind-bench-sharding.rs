@@ -15,7 +15,8 @@ use futures::{StreamExt, TryStreamExt};
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::metric_sum;
-use kbind_e2e::kbind::{apiserver_writes, install_crds, new_writes};
+use kbind_e2e::kbind::{install_crds, new_writes};
+use kbind_e2e::measure::{object_writes, rss_mib};
 use kbind_e2e::sharding::{connect_and_bind_all, export_kinds, object, owners, resource, running};
 use kbind_e2e::{TestEnv, eventually};
 use kube::api::{DynamicObject, PostParams};
@@ -56,16 +57,6 @@ fn spread(values: &[f64]) -> f64 {
     max / min
 }
 
-fn rss_mib(pid: Option<u32>, field: &str) -> f64 {
-    pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or_default()
-}
-
 /// Waits until every unit has exactly one live owner and `members` syncers run some.
 async fn settled(consumer: &Client, units: &BTreeSet<String>, members: usize) -> Duration {
     let started = Instant::now();
@@ -86,19 +77,6 @@ async fn settled(consumer: &Client, units: &BTreeSet<String>, members: usize) ->
     .await
     .unwrap();
     started.elapsed()
-}
-
-/// Writes to the synced objects' group on both API servers.
-async fn object_writes(consumer: &Client, provider: &Client) -> [BTreeMap<String, u64>; 2] {
-    let only = |w: BTreeMap<String, u64>| {
-        w.into_iter()
-            .filter(|(k, _)| k.contains("example.org/"))
-            .collect()
-    };
-    [
-        only(apiserver_writes(consumer).await.unwrap()),
-        only(apiserver_writes(provider).await.unwrap()),
-    ]
 }
 
 fn write_delta(before: &[BTreeMap<String, u64>; 2], after: &[BTreeMap<String, u64>; 2]) -> String {
@@ -227,7 +205,7 @@ async fn main() {
         let unit_counts: Vec<usize> = per_replica.values().map(BTreeSet::len).collect();
         let rss_values: Vec<f64> = replicas
             .iter()
-            .map(|r| rss_mib(env.process_ref(r.index).pid(), "VmRSS:"))
+            .map(|r| rss_mib(env.process_ref(r.index).pid()))
             .collect();
         let rss: Vec<String> = rss_values.iter().map(|v| format!("{v:.1}")).collect();
         let rss_sum: f64 = rss_values.iter().sum();
@@ -317,7 +295,7 @@ async fn main() {
         "  a member joins:     every unit owned again after {after_join:.1?}; object writes meanwhile: {}",
         write_delta(&death_writes, &join_writes)
     );
-    let manager_rss = rss_mib(env.process_ref(manager.index).pid(), "VmRSS:");
+    let manager_rss = rss_mib(env.process_ref(manager.index).pid());
     println!(
         "schema manager RSS: {manager_rss:.1} MiB ({} APIs bound, {total} objects)",
         kinds.len()

@@ -24,6 +24,9 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::counter_by;
+use kbind_e2e::measure::{
+    cpu_seconds, grown, kbind_requests_by, peak_rss_mib, per_minute, rss_mib,
+};
 use kbind_shared::api::ClusterBinding;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -236,14 +239,6 @@ async fn minimal_bulk(s: &mut SyncEnv, n: usize) -> Bulk {
     figures
 }
 
-/// `kbind_api_requests_total` of one program by `"<cluster> <verb>"`.
-fn kbind_requests_by(metrics: &str) -> std::collections::BTreeMap<String, f64> {
-    counter_by(metrics, "kbind_api_requests_total", &["cluster", "verb"])
-        .into_iter()
-        .map(|([cluster, verb], n)| (format!("{cluster} {verb}"), n))
-        .collect()
-}
-
 async fn apiserver_metrics(client: &kube::Client) -> String {
     client
         .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
@@ -257,32 +252,6 @@ async fn apiserver_requests_by(client: &kube::Client) -> std::collections::BTree
     counter_by(&text, "apiserver_request_total", &["verb", "resource"])
         .into_iter()
         .map(|([verb, resource], n)| (format!("{verb} {resource}"), n))
-        .collect()
-}
-
-/// What grew from `before` to `after`, by how much.
-fn grown(
-    before: &std::collections::BTreeMap<String, f64>,
-    after: &std::collections::BTreeMap<String, f64>,
-) -> std::collections::BTreeMap<String, f64> {
-    after
-        .iter()
-        .filter_map(|(key, n)| {
-            let delta = n - before.get(key).copied().unwrap_or_default();
-            (delta > 0.0).then(|| (key.clone(), delta))
-        })
-        .collect()
-}
-
-/// Per minute, what grew from `before` to `after` over `seconds`.
-fn per_minute(
-    before: &std::collections::BTreeMap<String, f64>,
-    after: &std::collections::BTreeMap<String, f64>,
-    seconds: u64,
-) -> std::collections::BTreeMap<String, f64> {
-    grown(before, after)
-        .into_iter()
-        .map(|(key, delta)| (key, delta * 60.0 / seconds.max(1) as f64))
         .collect()
 }
 
@@ -311,47 +280,6 @@ async fn apiserver_requests(client: &kube::Client) -> u64 {
         "apiserver_request_total",
         &[],
     ) as u64
-}
-
-/// CPU time a process has used (user and system), in seconds.
-fn cpu_seconds(pid: Option<u32>) -> f64 {
-    let stat = pid
-        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
-        .unwrap_or_default();
-    // Fields after the command (which is in parentheses and may hold spaces): state is the 3rd
-    // field, utime and stime the 14th and 15th, in clock ticks (100 per second on Linux).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i - 3)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or_default()
-    };
-    (ticks(14) + ticks(15)) / 100.0
-}
-
-fn peak_rss_mib(pid: Option<u32>) -> f64 {
-    status_mib(pid, "VmHWM:")
-}
-
-/// Resident memory now.
-fn rss_mib(pid: Option<u32>) -> f64 {
-    status_mib(pid, "VmRSS:")
-}
-
-fn status_mib(pid: Option<u32>, field: &str) -> f64 {
-    let status = pid
-        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
-        .unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or_default()
 }
 
 #[tokio::main]

@@ -173,8 +173,14 @@ async fn wait_for_port(
 }
 
 impl Cluster {
-    /// Starts a cluster whose files and logs live in `dir`.
-    pub async fn start(name: &str, dir: &Path, binaries: &Binaries) -> Result<Self, String> {
+    /// Starts a cluster whose files and logs live in `dir`; `apiserver_flags` are added to the
+    /// `kube-apiserver`'s own.
+    pub async fn start(
+        name: &str,
+        dir: &Path,
+        binaries: &Binaries,
+        apiserver_flags: &[String],
+    ) -> Result<Self, String> {
         let io = |e: std::io::Error| format!("cluster {name}: {e}");
         let certs = dir.join("certs");
         std::fs::create_dir_all(&certs).map_err(io)?;
@@ -207,24 +213,26 @@ impl Cluster {
         wait_for_port(etcd_port, &mut etcd, Duration::from_secs(30)).await?;
 
         let d = |file: &str| dir.join(file).display().to_string();
+        let mut apiserver_args = vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--etcd-prefix=/registry".into(),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", certs.display()),
+            format!("--token-auth-file={}", d("tokens.csv")),
+            "--authorization-mode=RBAC".into(),
+            format!("--service-account-issuer=https://{name}.test"),
+            format!("--service-account-key-file={}", d("sa.pub")),
+            format!("--service-account-signing-key-file={}", d("sa.key")),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--endpoint-reconciler-type=none".into(),
+        ];
+        apiserver_args.extend_from_slice(apiserver_flags);
         let mut apiserver = ChildProcess::start(
             "kube-apiserver",
             &binaries.kube_apiserver,
-            &[
-                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-                "--etcd-prefix=/registry".into(),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                format!("--secure-port={port}"),
-                format!("--cert-dir={}", certs.display()),
-                format!("--token-auth-file={}", d("tokens.csv")),
-                "--authorization-mode=RBAC".into(),
-                format!("--service-account-issuer=https://{name}.test"),
-                format!("--service-account-key-file={}", d("sa.pub")),
-                format!("--service-account-signing-key-file={}", d("sa.key")),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
-                "--endpoint-reconciler-type=none".into(),
-            ],
+            &apiserver_args,
             &[],
             &dir.join("kube-apiserver.log"),
         )?;

@@ -30,6 +30,16 @@ pub fn runs_dir() -> PathBuf {
 impl TestEnv {
     /// Starts one independent cluster per name, all at once.
     pub async fn start(test: &str, cluster_names: &[&str]) -> Result<Self, String> {
+        Self::start_flagged(test, cluster_names, &[]).await
+    }
+
+    /// [`TestEnv::start`], with more `kube-apiserver` flags for the named clusters (e.g. a
+    /// feature gate turned off, to be an older or a different kind of server).
+    pub async fn start_flagged(
+        test: &str,
+        cluster_names: &[&str],
+        apiserver_flags: &[(&str, &[&str])],
+    ) -> Result<Self, String> {
         let binaries = tokio::task::spawn_blocking(controlplane::binaries)
             .await
             .map_err(|e| e.to_string())??;
@@ -49,6 +59,11 @@ impl TestEnv {
         let starts = cluster_names.iter().map(|name| {
             let env_dir = env.dir.clone();
             let binaries = binaries.clone();
+            let flags: Vec<String> = apiserver_flags
+                .iter()
+                .filter(|(cluster, _)| cluster == name)
+                .flat_map(|(_, flags)| flags.iter().map(|f| (*f).to_owned()))
+                .collect();
             async move {
                 // A start that fails (say, a port another program took first) is retried once,
                 // with fresh ports and a fresh directory; both failures are reported.
@@ -58,7 +73,7 @@ impl TestEnv {
                         1 => env_dir.join(name),
                         n => env_dir.join(format!("{name}-attempt{n}")),
                     };
-                    match Cluster::start(name, &dir, &binaries).await {
+                    match Cluster::start(name, &dir, &binaries, &flags).await {
                         Ok(cluster) => return Ok(cluster),
                         Err(e) => {
                             eprintln!(

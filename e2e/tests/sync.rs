@@ -499,3 +499,62 @@ async fn conflict_counts_follow_the_objects_without_waiting_for_a_resync() {
     .await;
     println!("conflict cleared after {:?}", started.elapsed());
 }
+
+#[tokio::test]
+async fn a_provider_without_streaming_lists_is_listed_instead_and_syncs_both_ways() {
+    // A provider API server without the WatchList feature (an older Kubernetes, or a server built
+    // on other libraries) refuses the streaming list a worker asks for first.
+    let mut s = SyncEnv::start_with_provider_flags(
+        "no_streaming_lists",
+        &["--feature-gates=WatchList=false"],
+    )
+    .await;
+    let streaming_watch = http::Request::get(
+        "/apis/example.org/v1/widgets?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+    )
+    .body(Vec::new())
+    .unwrap();
+    let refusal = s.provider.request_text(streaming_watch).await;
+    assert!(
+        matches!(&refusal, Err(kube::Error::Api(status)) if matches!(status.code, 400 | 422)),
+        "the provider refuses streaming lists: {refusal:?}"
+    );
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+
+    // Spec up, and the provider's status down (the provider side's watch feeds it).
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
+    wait_status_down(&consumer_widgets, "w1", 1).await;
+    resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "w1", 2).await;
+    wait_status_down(&consumer_widgets, "w1", 2).await;
+    let log = std::fs::read_to_string(s.env.dir().join("syncer-0.log")).unwrap_or_default();
+    assert!(
+        log.contains("refuses streaming lists; listing instead"),
+        "the syncer says it lists the provider instead"
+    );
+
+    // A restart lists both sides again (the provider's the paged way) and syncs a change made
+    // while no syncer ran.
+    s.env.process(s.syncer.index).kill();
+    consumer_widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 3 } })),
+        )
+        .await
+        .unwrap();
+    s.syncer = start_syncer(
+        &mut s.env,
+        "consumer",
+        "syncer-0-restarted",
+        &["--identity=syncer-0"],
+    )
+    .await
+    .unwrap();
+    wait_status_down(&consumer_widgets, "w1", 3).await;
+}

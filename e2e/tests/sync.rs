@@ -332,10 +332,11 @@ async fn no_writes_while_idle_or_after_a_syncer_restart_with_200_synced_objects(
     // Let the last writes (finalizers, status) settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
+    let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
     let writes = async || {
         (
-            apiserver_writes(&s.consumer).await.unwrap(),
-            apiserver_writes(&s.provider).await.unwrap(),
+            apiserver_writes(&consumer).await.unwrap(),
+            apiserver_writes(&provider).await.unwrap(),
         )
     };
     let (consumer_before, provider_before) = writes().await;
@@ -352,18 +353,11 @@ async fn no_writes_while_idle_or_after_a_syncer_restart_with_200_synced_objects(
         "provider writes while idle"
     );
 
-    // Restart the syncer: it re-lists everything and writes nothing.
-    s.env.process(s.syncer.index).kill();
-    // Same identity, as a restarted replica keeps its work; a new identity would (rightly) move
-    // the work assignment, two writes of the assignment ConfigMap, and still no sync write.
-    let restarted = start_syncer(
-        &mut s.env,
-        "consumer",
-        "syncer-0-restarted",
-        &["--identity=syncer-0"],
-    )
-    .await
-    .unwrap();
+    // Restart the syncer: it re-lists everything and writes nothing. (Same identity: a new one
+    // would rightly move the work assignment, two writes of the assignment ConfigMap, and still
+    // no sync write.)
+    s.restart_syncer("syncer-0-restarted", &[]).await;
+    let restarted = &s.syncer;
     eventually(
         "the restarted syncer to be ready and watching",
         Duration::from_secs(30),
@@ -403,7 +397,7 @@ async fn no_writes_while_idle_or_after_a_syncer_restart_with_200_synced_objects(
     eprintln!("{N} synced objects: 0 writes in 30 s idle, 0 writes after a syncer restart");
 
     // A change made while no syncer runs is not taken for one at rest: the next start syncs it.
-    s.env.process(restarted.index).kill();
+    s.env.process(s.syncer.index).kill();
     consumer_widgets
         .patch(
             "w7",
@@ -412,14 +406,7 @@ async fn no_writes_while_idle_or_after_a_syncer_restart_with_200_synced_objects(
         )
         .await
         .unwrap();
-    let _again = start_syncer(
-        &mut s.env,
-        "consumer",
-        "syncer-0-again",
-        &["--identity=syncer-0"],
-    )
-    .await
-    .unwrap();
+    s.restart_syncer("syncer-0-again", &[]).await;
     let provider_widgets = widgets(&s.provider, "team-a");
     eventually(
         "the change made while stopped to reach the provider",
@@ -548,13 +535,6 @@ async fn a_provider_without_streaming_lists_is_listed_instead_and_syncs_both_way
         )
         .await
         .unwrap();
-    s.syncer = start_syncer(
-        &mut s.env,
-        "consumer",
-        "syncer-0-restarted",
-        &["--identity=syncer-0"],
-    )
-    .await
-    .unwrap();
+    s.restart_syncer("syncer-0-restarted", &[]).await;
     wait_status_down(&consumer_widgets, "w1", 3).await;
 }

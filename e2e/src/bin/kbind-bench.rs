@@ -292,15 +292,8 @@ async fn main() {
     };
     let mut s = SyncEnv::start_full("bench", &[0, 1, 2], None, &[], manager_args).await;
     if args.production_intervals {
-        s.env.process(s.syncer.index).kill();
-        s.syncer = start_syncer(
-            &mut s.env,
-            "consumer",
-            "syncer-0-production",
-            &["--identity=syncer-0", "--membership-lease-duration=15s"],
-        )
-        .await
-        .unwrap();
+        s.restart_syncer("syncer-0-production", &["--membership-lease-duration=15s"])
+            .await;
         s.syncer.wait_ready("the syncer", 60).await;
     }
     wait_binding_condition(
@@ -602,24 +595,17 @@ async fn main() {
         // A restart of the syncer: it lists everything again, is ready, and a change made right
         // after the restart is synced — with no write but that change's own.
         use kbind_e2e::kbind::{apiserver_writes, new_writes};
+        let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
         let writes = async || {
             (
-                apiserver_writes(&s.consumer).await.unwrap_or_default(),
-                apiserver_writes(&s.provider).await.unwrap_or_default(),
+                apiserver_writes(&consumer).await.unwrap_or_default(),
+                apiserver_writes(&provider).await.unwrap_or_default(),
             )
         };
         let writes_before = writes().await;
         let before = rss_mib(s.env.process_ref(s.syncer.index).pid());
-        s.env.process(s.syncer.index).kill();
         let started = Instant::now();
-        s.syncer = start_syncer(
-            &mut s.env,
-            "consumer",
-            "syncer-0-restarted",
-            &["--identity=syncer-0"],
-        )
-        .await
-        .unwrap();
+        s.restart_syncer("syncer-0-restarted", &[]).await;
         let target = 1_000_000_i64;
         consumer_widgets
             .patch(

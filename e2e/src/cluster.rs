@@ -181,15 +181,35 @@ impl Cluster {
         binaries: &Binaries,
         apiserver_flags: &[String],
     ) -> Result<Self, String> {
+        Self::start_like(name, dir, binaries, apiserver_flags, None).await
+    }
+
+    /// [`Cluster::start`]; with `like`, the new cluster presents itself to a client exactly as
+    /// `like` does — the same serving certificate and the same admin token — while being another
+    /// cluster (its own etcd, its own identity): what a credential reaches when the server behind
+    /// its address is replaced.
+    pub async fn start_like(
+        name: &str,
+        dir: &Path,
+        binaries: &Binaries,
+        apiserver_flags: &[String],
+        like: Option<&Cluster>,
+    ) -> Result<Self, String> {
         let io = |e: std::io::Error| format!("cluster {name}: {e}");
         let certs = dir.join("certs");
         std::fs::create_dir_all(&certs).map_err(io)?;
+        if let Some(like) = like {
+            // kube-apiserver serves the pair it finds in its --cert-dir instead of making one.
+            for file in ["apiserver.crt", "apiserver.key"] {
+                std::fs::copy(like.dir.join("certs").join(file), certs.join(file)).map_err(io)?;
+            }
+        }
 
         // Service account signing key: lets the API server issue tokens for minted users.
         let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
         std::fs::write(dir.join("sa.key"), key.serialize_pem()).map_err(io)?;
         std::fs::write(dir.join("sa.pub"), key.public_key_pem()).map_err(io)?;
-        let admin_token = random_token();
+        let admin_token = like.map_or_else(random_token, |c| c.admin_token.clone());
         std::fs::write(
             dir.join("tokens.csv"),
             format!("{admin_token},admin,admin,\"system:masters\"\n"),

@@ -98,6 +98,27 @@ impl TestEnv {
         Ok(env)
     }
 
+    /// Starts one more cluster, `name`, that a client cannot tell from the cluster `like` by its
+    /// address's certificate or the admin's token ([`Cluster::start_like`]).
+    pub async fn start_twin(&mut self, name: &str, like: &str) -> Result<(), String> {
+        let binaries = tokio::task::spawn_blocking(controlplane::binaries)
+            .await
+            .map_err(|e| e.to_string())??;
+        let dir = self.dir.join(name);
+        let started =
+            Cluster::start_like(name, &dir, &binaries, &[], Some(self.cluster(like))).await;
+        match started {
+            Ok(cluster) => {
+                self.clusters.push(cluster);
+                Ok(())
+            }
+            Err(e) => {
+                self.keep_logs();
+                Err(e)
+            }
+        }
+    }
+
     /// The directory of this test's files and logs.
     pub fn dir(&self) -> &Path {
         &self.dir

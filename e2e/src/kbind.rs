@@ -98,10 +98,9 @@ pub async fn http_get(address: &str, path: &str) -> Result<(u16, String), String
     Ok((code, body.to_owned()))
 }
 
-/// Write requests (POST, PUT, PATCH, APPLY, DELETE) an API server has served so far, from its own
-/// `apiserver_request_total`, by `"<verb> <group>/<resource> <subresource>"`, leaving out Leases
-/// (heartbeats and leader election renew them by design).
-pub async fn apiserver_writes(
+/// Requests an API server has served so far, from its own `apiserver_request_total`, by
+/// `"<verb> <group>/<resource> <subresource>"`.
+pub async fn apiserver_requests(
     client: &Client,
 ) -> Result<std::collections::BTreeMap<String, u64>, String> {
     let text = client
@@ -112,7 +111,7 @@ pub async fn apiserver_writes(
         )
         .await
         .map_err(|e| format!("read API server metrics: {e}"))?;
-    let mut writes = std::collections::BTreeMap::new();
+    let mut requests = std::collections::BTreeMap::new();
     let served = counter_by(
         &text,
         "apiserver_request_total",
@@ -120,16 +119,42 @@ pub async fn apiserver_writes(
     );
     for (key, count) in served {
         let [verb, group, resource, subresource] = key;
-        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE")
-            || resource == "leases"
-        {
-            continue;
-        }
-        *writes
+        *requests
             .entry(format!("{verb} {group}/{resource} {subresource}"))
             .or_default() += count as u64;
     }
+    Ok(requests)
+}
+
+/// Write requests (POST, PUT, PATCH, APPLY, DELETE) an API server has served so far
+/// ([`apiserver_requests`]), leaving out Leases (heartbeats and leader election renew them by
+/// design).
+pub async fn apiserver_writes(
+    client: &Client,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let mut writes = apiserver_requests(client).await?;
+    writes.retain(|key, _| {
+        let mut parts = key.split(' ');
+        let verb = parts.next().unwrap_or_default();
+        let resource = parts.next().unwrap_or_default();
+        matches!(verb, "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE")
+            && !resource.ends_with("/leases")
+    });
     Ok(writes)
+}
+
+/// How many more of each request `after` counts than `before` (only those that grew).
+pub fn grown(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(key, n)| {
+            let more = n.saturating_sub(before.get(key).copied().unwrap_or_default());
+            (more > 0).then(|| (key.clone(), more))
+        })
+        .collect()
 }
 
 /// The samples of the counter `metric` in a `/metrics` text, summed by the values of `labels`
@@ -209,6 +234,29 @@ apiserver_request_total_other{verb=\"POST\"} 9\n";
                 ),
                 (["POST", "", "configmaps", ""].map(String::from), 3.0),
             ]
+        );
+    }
+
+    #[test]
+    fn only_requests_that_grew_are_counted() {
+        let at = |pairs: &[(&str, u64)]| {
+            pairs
+                .iter()
+                .map(|(k, n)| ((*k).to_owned(), *n))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let before = at(&[("GET /namespaces ", 3), ("WATCH /namespaces ", 1)]);
+        let after = at(&[
+            ("GET /namespaces ", 3),
+            ("WATCH /namespaces ", 2),
+            ("APPLY coordination.k8s.io/leases ", 1),
+        ]);
+        assert_eq!(
+            grown(&before, &after),
+            at(&[
+                ("APPLY coordination.k8s.io/leases ", 1),
+                ("WATCH /namespaces ", 1)
+            ])
         );
     }
 }

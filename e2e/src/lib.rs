@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod controlplane;
 pub mod env;
 pub mod fixtures;
+pub mod forward;
 pub mod images;
 pub mod kbind;
 pub mod measure;

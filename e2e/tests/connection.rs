@@ -7,7 +7,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
 use kbind_e2e::cluster::{User, ensure_namespace};
 use kbind_e2e::fixtures::*;
-use kbind_e2e::kbind::install_crds;
+use kbind_e2e::forward::{Forward, port_of};
+use kbind_e2e::kbind::{apiserver_requests, grown, install_crds};
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{
     ActiveSchemaSource, Binding, BindingSpec, Connection, ConnectionRef, SchemaSource,
@@ -66,6 +67,22 @@ async fn uid_of_kube_system(client: &Client) -> String {
         .metadata
         .uid
         .unwrap()
+}
+
+/// The reads of a cluster identity source (ID-1) the provider served while `at_rest` ran.
+async fn identity_reads_during(
+    provider: &Client,
+    at_rest: impl std::future::Future<Output = ()>,
+) -> std::collections::BTreeMap<String, u64> {
+    let before = apiserver_requests(provider).await.unwrap();
+    at_rest.await;
+    let after = apiserver_requests(provider).await.unwrap();
+    let mut reads = grown(&before, &after);
+    reads.retain(|key, _| {
+        key.starts_with("GET ")
+            && (key.contains("/namespaces ") || key.contains("/logicalclusters "))
+    });
+    reads
 }
 
 #[tokio::test]
@@ -136,6 +153,13 @@ async fn connection_before_its_secret_becomes_ready_and_pins_both_identities() {
             .iter()
             .all(|c| c.observed_generation == generation)
     );
+
+    // At rest the identity comes from a watch of `kube-system` (issue #15, goal 5): a few checks
+    // (1 s interval) read no identity source.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reads =
+        identity_reads_during(&s.provider, tokio::time::sleep(Duration::from_secs(4))).await;
+    assert!(reads.is_empty(), "identity reads at rest: {reads:?}");
 
     // CONN-2: both the Connection and its Secret carry the cleanup finalizer.
     assert!(
@@ -242,6 +266,37 @@ async fn kcp_like_provider_pins_its_logical_cluster_uid() {
     assert_ne!(
         status.remote_cluster_uid,
         uid_of_kube_system(&s.provider).await
+    );
+
+    // At rest the LogicalCluster is watched, not read (issue #15, goal 5).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reads =
+        identity_reads_during(&s.provider, tokio::time::sleep(Duration::from_secs(4))).await;
+    assert!(reads.is_empty(), "identity reads at rest: {reads:?}");
+
+    // The LogicalCluster replaced (another logical cluster now behind the credential): its watch
+    // shows the new UID and the Connection reports it against the pin.
+    api.delete("cluster", &DeleteParams::default())
+        .await
+        .unwrap();
+    let recreated = api.create(&PostParams::default(), &object).await.unwrap();
+    let c = wait_condition(
+        &s.consumer,
+        "provider",
+        "Connected",
+        "False",
+        Some("ClusterIdentityChanged"),
+    )
+    .await
+    .unwrap();
+    let ready = kbind_shared::conditions::find(&c.status.as_ref().unwrap().conditions, "Ready")
+        .unwrap()
+        .clone();
+    let new_uid = recreated.metadata.uid.unwrap();
+    assert!(ready.message.contains(&new_uid), "{}", ready.message);
+    assert_eq!(
+        c.status.unwrap().remote_cluster_uid,
+        status.remote_cluster_uid
     );
 }
 
@@ -382,6 +437,134 @@ async fn secret_swapped_to_another_cluster_reports_identity_changed_and_keeps_th
     assert!(
         leases.items.is_empty(),
         "a heartbeat was written to the other cluster"
+    );
+}
+
+#[tokio::test]
+async fn another_cluster_behind_the_same_address_and_credential_is_noticed_by_the_identity_watch() {
+    // CONN-6 with the credential unchanged: the address it names now reaches another cluster
+    // (same certificate, same token). The periodic check is 300 s away; the identity watch's
+    // fresh list after its connection broke is what notices (issue #15, goal 5).
+    let mut s = setup_with(
+        "conn_identity_behind_address",
+        &[],
+        &[
+            "--discovery-interval=300s",
+            "--binding-resync-interval=300s",
+        ],
+    )
+    .await;
+    s.env.start_twin("other", "provider").await.unwrap();
+    let provider = s.env.cluster("provider");
+    let forward = Forward::start(port_of(provider.server()).unwrap())
+        .await
+        .unwrap();
+    let kubeconfig = provider
+        .admin_kubeconfig()
+        .replace(provider.server(), &forward.server());
+    put_secret(&s.consumer, "p", "kubeconfig", kubeconfig.as_bytes())
+        .await
+        .unwrap();
+    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    let pinned = wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(
+        pinned.remote_cluster_uid,
+        uid_of_kube_system(&s.provider).await
+    );
+
+    let other = s.env.cluster("other").admin_client().await.unwrap();
+    let other_uid = uid_of_kube_system(&other).await;
+    assert_ne!(other_uid, pinned.remote_cluster_uid);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let switched = std::time::Instant::now();
+    forward.switch(port_of(s.env.cluster("other").server()).unwrap());
+    let c = wait_condition(
+        &s.consumer,
+        "provider",
+        "Connected",
+        "False",
+        Some("ClusterIdentityChanged"),
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "identity change noticed {:?} after the switch",
+        switched.elapsed()
+    );
+    let status = c.status.unwrap();
+    assert_eq!(status.remote_cluster_uid, pinned.remote_cluster_uid);
+    let ready = kbind_shared::conditions::find(&status.conditions, "Ready").unwrap();
+    assert_eq!(ready.reason, "ClusterIdentityChanged");
+    assert!(
+        ready.message.contains(&other_uid) && ready.message.contains(&pinned.remote_cluster_uid),
+        "{}",
+        ready.message
+    );
+    // Nothing was written there: no heartbeat.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leases = Api::<Lease>::all(other)
+        .list(&ListParams::default().labels("core.kbind.io/managed=true"))
+        .await
+        .unwrap();
+    assert!(
+        leases.items.is_empty(),
+        "a heartbeat was written to the other cluster"
+    );
+
+    // Back to the pinned cluster: Ready again, without any edit.
+    forward.switch(port_of(s.env.cluster("provider").server()).unwrap());
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_credential_that_may_only_read_the_identity_connects_and_checks_it_by_reads() {
+    // The identity watch needs list/watch on the identity objects; a credential allowed only to
+    // GET them (the reference's RBAC) works as before: the identity is read at each check.
+    let s = setup("conn_identity_get_only", &[]).await;
+    let provider = s.env.cluster("provider");
+    let user = provider.mint_user("get-only").await.unwrap();
+    let mut rules: Vec<_> = connection_rules()
+        .into_iter()
+        .filter(|r| {
+            !r.resources.as_ref().is_some_and(|rs| {
+                rs.iter()
+                    .any(|r| r == "namespaces" || r == "logicalclusters")
+            })
+        })
+        .collect();
+    rules.push(rule("core.kcp.io", &["logicalclusters"], &["get"]));
+    rules.push(rule("", &["namespaces"], &["get", "create"]));
+    provider.grant(&user, "get-only", rules).await.unwrap();
+    put_secret(&s.consumer, "p", "kubeconfig", user.kubeconfig.as_bytes())
+        .await
+        .unwrap();
+    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    let reads =
+        identity_reads_during(&s.provider, tokio::time::sleep(Duration::from_secs(4))).await;
+    assert!(
+        reads.keys().any(|k| k.starts_with("GET /namespaces ")),
+        "the identity is read at each check: {reads:?}"
+    );
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    let log = std::fs::read_to_string(s.env.process_ref(s.manager.index).log()).unwrap();
+    assert!(
+        log.contains("watching the provider's identity is not allowed"),
+        "the schema manager says why it reads"
     );
 }
 

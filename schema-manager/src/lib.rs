@@ -10,6 +10,7 @@ pub mod connection;
 pub mod context;
 pub mod discovery;
 pub mod evolution;
+pub mod identity_watch;
 pub mod leader;
 pub mod openapi;
 pub mod providers;

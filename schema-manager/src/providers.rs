@@ -30,6 +30,29 @@ pub struct Provider {
     pub digest: String,
     /// What was derived from the provider's exported CRDs, and which versions of them.
     pub schemas: ProviderSchemas,
+    /// The watch of the provider's identity, started once the identity was verified through this
+    /// client (shared by every clone).
+    pub identity: Arc<std::sync::OnceLock<crate::identity_watch::IdentityWatch>>,
+}
+
+impl Provider {
+    /// The provider's identity as this client's identity watch shows it for certain, if one runs.
+    pub fn watched_identity(&self) -> Option<String> {
+        self.identity.get()?.identity()
+    }
+
+    /// Starts watching the identity object `source` names, unless a watch runs already;
+    /// `on_change` runs when what it shows changes.
+    pub fn watch_identity(
+        &self,
+        source: kbind_shared::identity::Source,
+        connection: &str,
+        on_change: impl Fn() + Send + Sync + 'static,
+    ) {
+        self.identity.get_or_init(|| {
+            crate::identity_watch::IdentityWatch::start(&self.client, source, connection, on_change)
+        });
+    }
 }
 
 /// The consumer CRD derived from one provider CRD, and the versions it leaves out.
@@ -55,7 +78,8 @@ pub struct ProviderSchemas {
     _watch: Option<Arc<StopOnDrop>>,
 }
 
-struct StopOnDrop(CancellationToken);
+/// Cancels its token when dropped: a watch that ends with the last owner of its handle.
+pub(crate) struct StopOnDrop(pub(crate) CancellationToken);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
@@ -265,6 +289,7 @@ impl Providers {
             kubeconfig: credential.kubeconfig,
             digest: credential.digest,
             schemas: ProviderSchemas::default(),
+            identity: Default::default(),
         })
     }
 

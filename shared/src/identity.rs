@@ -133,20 +133,52 @@ fn describe(lookup: &Lookup) -> String {
     }
 }
 
+/// Which object gave a cluster's identity (ID-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// kcp's `LogicalCluster` named `cluster`.
+    LogicalCluster,
+    /// The `kube-system` Namespace.
+    Namespace,
+}
+
+impl Source {
+    /// The source's resource, and the name of the object in it.
+    pub fn object(self) -> (ApiResource, &'static str) {
+        match self {
+            Source::LogicalCluster => (logical_clusters(), "cluster"),
+            Source::Namespace => (ApiResource::erase::<Namespace>(&()), "kube-system"),
+        }
+    }
+}
+
+fn logical_clusters() -> ApiResource {
+    let gvk = GroupVersionKind::gvk("core.kcp.io", "v1alpha1", "LogicalCluster");
+    ApiResource::from_gvk_with_plural(&gvk, "logicalclusters")
+}
+
 /// Reads the identity of the cluster `client` talks to (ID-1).
 pub async fn cluster_identity(client: &Client) -> Result<String, IdentityError> {
-    let gvk = GroupVersionKind::gvk("core.kcp.io", "v1alpha1", "LogicalCluster");
-    let resource = ApiResource::from_gvk_with_plural(&gvk, "logicalclusters");
-    let logical_clusters: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    cluster_identity_and_source(client)
+        .await
+        .map(|(uid, _)| uid)
+}
+
+/// [`cluster_identity`], and which object gave it.
+pub async fn cluster_identity_and_source(
+    client: &Client,
+) -> Result<(String, Source), IdentityError> {
+    let logical_clusters: Api<DynamicObject> = Api::all_with(client.clone(), &logical_clusters());
     let logical = Lookup::from_result(logical_clusters.get("cluster").await);
     match after_logical_cluster(&logical) {
-        FirstStep::Done(result) => result,
+        FirstStep::Done(result) => result.map(|uid| (uid, Source::LogicalCluster)),
         FirstStep::ReadNamespace => {
             let namespaces: Api<Namespace> = Api::all(client.clone());
             after_namespace(
                 &logical,
                 Lookup::from_result(namespaces.get("kube-system").await),
             )
+            .map(|uid| (uid, Source::Namespace))
         }
     }
 }

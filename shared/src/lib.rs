@@ -25,5 +25,6 @@ pub mod process;
 pub mod redact;
 pub mod resolve;
 pub mod shard;
+pub mod streaming;
 pub mod sync;
 pub mod telemetry;

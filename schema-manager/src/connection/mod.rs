@@ -17,12 +17,13 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kbind_shared::api::{Connection, ConnectionStatus};
 use kbind_shared::conditions;
-use kbind_shared::identity::{IdentityError, cluster_identity};
+use kbind_shared::identity::{IdentityError, cluster_identity_and_source};
 use kbind_shared::keys;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -76,6 +77,8 @@ impl Error {
 /// Per-controller state beyond the shared [`Context`].
 struct State {
     ctx: Arc<Context>,
+    /// Reconciles a Connection at once (a provider's identity watch showing a change).
+    trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<Connection>>,
     secrets: SecretWatches,
     recorder: Recorder,
 }
@@ -85,7 +88,8 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let client = ctx.client.clone();
     let (trigger, triggers) = futures::channel::mpsc::unbounded();
     let state = Arc::new(State {
-        secrets: SecretWatches::new(client.clone(), trigger),
+        secrets: SecretWatches::new(client.clone(), trigger.clone()),
+        trigger,
         recorder: Recorder::new(client.clone(), ctx.reporter.clone()),
         ctx,
     });
@@ -273,22 +277,26 @@ async fn connect(
         Err(message) => return Ok((Outcome::SecretInvalid(message), None)),
     };
 
-    // CONN-4: provider identity.
-    let remote_uid = match cluster_identity(&provider.client).await {
-        Ok(uid) => uid,
-        Err(e @ IdentityError::Forbidden { .. }) => {
-            return Ok((Outcome::IdentityForbidden(e.to_string()), None));
-        }
-        Err(e) => {
-            return Ok((
-                Outcome::Unreachable(format!(
-                    "provider {}: {}",
-                    kbind_shared::redact::strip_userinfo(provider.kubeconfig.server()),
-                    kbind_shared::redact::remote(&e.to_string())
-                )),
-                None,
-            ));
-        }
+    // CONN-4: provider identity — as the identity watch of this verified client shows it for
+    // certain, else read (two GETs).
+    let (remote_uid, read_from) = match provider.watched_identity() {
+        Some(uid) => (uid, None),
+        None => match cluster_identity_and_source(&provider.client).await {
+            Ok((uid, source)) => (uid, Some(source)),
+            Err(e @ IdentityError::Forbidden { .. }) => {
+                return Ok((Outcome::IdentityForbidden(e.to_string()), None));
+            }
+            Err(e) => {
+                return Ok((
+                    Outcome::Unreachable(format!(
+                        "provider {}: {}",
+                        kbind_shared::redact::strip_userinfo(provider.kubeconfig.server()),
+                        kbind_shared::redact::remote(&e.to_string())
+                    )),
+                    None,
+                ));
+            }
+        },
     };
     // CONN-5: consumer identity.
     let local_uid = ctx.local_identity().await.map_err(Error::LocalIdentity)?;
@@ -311,6 +319,15 @@ async fn connect(
     // Only now may this credential be used for writes, here and by the syncers.
     status.verified_credential = provider.digest.clone();
     ctx.providers.verified(&name, &provider);
+    // From now on the identity object is watched: the next checks read nothing, and a change of
+    // what the credential reaches reconciles the Connection at once.
+    if let Some(source) = read_from {
+        let trigger = state.trigger.clone();
+        let connection_ref = ObjectRef::from_obj(connection);
+        provider.watch_identity(source, &name, move || {
+            let _ = trigger.unbounded_send(connection_ref.clone());
+        });
+    }
 
     // CONN-7: discovery.
     let exports =

@@ -29,7 +29,6 @@ mod echoes;
 mod pending;
 mod states;
 mod sync;
-mod watch;
 
 use crate::namespaces;
 pub use buckets::Buckets;
@@ -166,7 +165,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     // the cache also finds when it was first seen.
     let provider_events = reflector::reflector(
         writer,
-        watch::instances(provider_api, watcher::Config::default())
+        kbind_shared::streaming::instances(provider_api, watcher::Config::default())
             .filter(move |e| std::future::ready(buckets.keep(e)))
             .inspect(move |event| {
                 // (A re-list's objects are compared once it is complete, below.)
@@ -252,7 +251,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     let seen = worker.clone();
     let consumer_events = reflector::reflector(
         consumer_writer,
-        watch::instances(consumer_api, watcher::Config::default())
+        kbind_shared::streaming::instances(consumer_api, watcher::Config::default())
             .filter(move |e| std::future::ready(buckets.keep(e)))
             .modify(|o| kbind_shared::cache::consumer_metadata(&mut o.metadata))
             .inspect(move |event| seen.saw_consumer_event(event)),

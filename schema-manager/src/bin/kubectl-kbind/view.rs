@@ -180,6 +180,7 @@ pub async fn provider(
             kubeconfig: credential.kubeconfig,
             digest: credential.digest,
             schemas: Default::default(),
+            identity: Default::default(),
         },
         identity,
     })

@@ -1,9 +1,9 @@
-//! How a worker watches the instances of its API on either cluster: a streaming list where the
-//! API server serves one (`sendInitialEvents`: the current objects arrive as watch events from
-//! the server's cache, with no list response held whole in memory on either end — a restart at
-//! many objects is quicker and has no memory peak), else the paged list every server serves.
-//! Like client-go's reflector, a watch whose streaming list is refused, or never starts, lists
-//! instead from then on.
+//! How kbind watches a resource — a syncer worker its instances on either cluster, the schema
+//! manager a provider's identity: a streaming list where the API server serves one
+//! (`sendInitialEvents`: the current objects arrive as watch events from the server's cache, with
+//! no list response held whole in memory on either end — a restart at many objects is quicker and
+//! has no memory peak), else the paged list every server serves. Like client-go's reflector, a
+//! watch whose streaming list is refused, or never starts, lists instead from then on.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -17,7 +17,8 @@ use kube::runtime::watcher::{self, Event, watcher};
 /// ignores the request would only ever send later changes.
 const FIRST_EVENT_WITHIN: Duration = Duration::from_secs(15);
 
-type Events<K> = Pin<Box<dyn Stream<Item = watcher::Result<Event<K>>> + Send>>;
+/// A watch's events.
+pub type Events<K> = Pin<Box<dyn Stream<Item = watcher::Result<Event<K>>> + Send>>;
 
 /// Watches `api` with `config`, streaming the initial list where the server can.
 pub fn instances<K>(api: Api<K>, config: watcher::Config) -> Events<K>

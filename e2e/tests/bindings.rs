@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
-use kbind_e2e::kbind::install_crds;
+use kbind_e2e::kbind::{apiserver_requests, grown, install_crds};
 use kbind_e2e::wait::wait_gone;
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{
@@ -271,6 +271,34 @@ async fn multi_version_provider_crd_arrives_in_every_identical_version_with_conv
     assert_eq!(versions, [("v1alpha1", true, false), ("v1", true, true)]);
     assert_eq!(crd.spec.conversion.as_ref().unwrap().strategy, "None");
     assert!(!crd.labels().contains_key("core.kbind.io/exported"));
+
+    // At rest (1 s resyncs), the binding's and the Connection's checks read nothing: the
+    // Connection, the CRDs on both sides and the provider's identity come from watches (issue
+    // #15, goal 5).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (consumer_before, provider_before) = (
+        apiserver_requests(&s.consumer).await.unwrap(),
+        apiserver_requests(&s.provider).await.unwrap(),
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (consumer_after, provider_after) = (
+        apiserver_requests(&s.consumer).await.unwrap(),
+        apiserver_requests(&s.provider).await.unwrap(),
+    );
+    let reads = |before, after| {
+        let mut reads = grown(before, after);
+        // Resource reads only: the API servers' own aggregator fetches `/openapi/v3`.
+        reads.retain(|key, _| {
+            (key.starts_with("GET ") || key.starts_with("LIST ")) && !key.contains(" / ")
+        });
+        reads
+    };
+    let consumer_reads = reads(&consumer_before, &consumer_after);
+    let provider_reads = reads(&provider_before, &provider_after);
+    assert!(
+        consumer_reads.is_empty() && provider_reads.is_empty(),
+        "reads at rest: consumer {consumer_reads:?}, provider {provider_reads:?}"
+    );
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kbind_shared::api::{Binding, ClusterBinding};
+use kbind_shared::api::{Binding, ClusterBinding, Connection};
 use kbind_shared::identity::{IdentityError, cluster_identity};
 use kbind_shared::metrics::Metrics;
 use kube::Api;
@@ -212,6 +212,30 @@ impl Context {
         Some(
             caches
                 .cluster_bindings
+                .get(&kube::runtime::reflector::ObjectRef::new(name)),
+        )
+    }
+
+    /// Names of Connections as this term's cache sees them change (`None` outside a term).
+    pub fn connection_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        self.binding_caches
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(BindingCaches::connection_changes)
+    }
+
+    /// The Connection `name` as this term's watch shows it (`Some(None)`: it shows none; `None`
+    /// outside a term).
+    pub fn cached_connection(&self, name: &str) -> Option<Option<std::sync::Arc<Connection>>> {
+        let caches = self
+            .binding_caches
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let caches = caches.as_ref()?;
+        Some(
+            caches
+                .connections
                 .get(&kube::runtime::reflector::ObjectRef::new(name)),
         )
     }
@@ -440,6 +464,12 @@ pub struct BindingCaches {
     /// The name of each managed CRD the cache above has seen change: bindings listing it are
     /// reconciled once the cache shows the change (never from a cache older than their trigger).
     crd_changes: tokio::sync::broadcast::Sender<String>,
+    /// Every Connection, without managedFields: the bindings' Connection gate reads it instead of
+    /// a GET per resync.
+    pub connections: Store<Connection>,
+    /// The name of each Connection the cache above has seen change: the bindings naming it are
+    /// reconciled once the cache shows the change.
+    connection_changes: tokio::sync::broadcast::Sender<String>,
 }
 
 impl BindingCaches {
@@ -451,8 +481,24 @@ impl BindingCaches {
     ) -> Self {
         let crd_changes = tokio::sync::broadcast::channel(256).0;
         let changed = crd_changes.clone();
+        let connection_changes = tokio::sync::broadcast::channel(256).0;
+        let connection_changed = connection_changes.clone();
         Self {
             crd_changes,
+            connections: kbind_shared::cache::spawn_modified(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                stop.clone(),
+                |connection: &mut Connection| connection.metadata.managed_fields = None,
+                move |event| {
+                    if let Ok(watcher::Event::Apply(c) | watcher::Event::Delete(c)) = event
+                        && let Some(name) = &c.metadata.name
+                    {
+                        let _ = connection_changed.send(name.clone());
+                    }
+                },
+            ),
+            connection_changes,
             cluster_bindings: kbind_shared::cache::spawn(
                 Api::all(client.clone()),
                 watcher::Config::default(),
@@ -490,11 +536,17 @@ impl BindingCaches {
         self.crd_changes.subscribe()
     }
 
+    /// Names of Connections as their cache sees them change.
+    pub fn connection_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.connection_changes.subscribe()
+    }
+
     /// Waits until all have listed.
     pub async fn ready(&self) {
         let _ = self.cluster_bindings.wait_until_ready().await;
         let _ = self.bindings.wait_until_ready().await;
         let _ = self.managed_crds.wait_until_ready().await;
+        let _ = self.connections.wait_until_ready().await;
     }
 }
 

@@ -135,22 +135,23 @@ where
         .flat_map(received)
         .flat_map(move |name| futures::stream::iter(listing(&cached_crd_store, &name)));
     let crd_store = store.clone();
-
-    // BIND triggers: Connection events map to the bindings that name the Connection.
-    controller
-        .watches(
-            Api::<Connection>::all(ctx.client.clone()),
-            watcher::Config::default(),
-            move |connection| {
-                let name = connection.name_any();
+    // BIND triggers: a Connection's change, once the term's Connection cache (which the gate
+    // reads) holds it, maps to the bindings that name the Connection.
+    let connection_triggers = futures::stream::iter(ctx.connection_changes())
+        .flat_map(received)
+        .flat_map(move |name| {
+            futures::stream::iter(
                 store
                     .state()
                     .into_iter()
                     .filter(|b| b.binding_spec().connection_ref.name == name)
                     .map(|b| ObjectRef::from_obj(b.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+                    .collect::<Vec<_>>(),
+            )
+        });
+
+    controller
+        .reconcile_on(connection_triggers)
         // A consumer CRD changing (the user's `core.kbind.io/adopt` opt-in, markers edited by
         // hand) re-evaluates the bindings that list it at once; metadata only.
         .watches(
@@ -278,10 +279,15 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
             })
     };
 
-    let connection = Api::<Connection>::all(ctx.client.clone())
-        .get_opt(&connection_name)
-        .await
-        .map_err(Error::Consumer)?;
+    // The Connection as this term's cache shows it (bindings are triggered only once it shows a
+    // change); outside a term, read.
+    let connection = match ctx.cached_connection(&connection_name) {
+        Some(cached) => cached.map(|c| Connection::clone(&c)),
+        None => Api::<Connection>::all(ctx.client.clone())
+            .get_opt(&connection_name)
+            .await
+            .map_err(Error::Consumer)?,
+    };
     // BIND-3: the Connection gate.
     let gate = match &connection {
         None => Some(outcome::connection_pending(format!(

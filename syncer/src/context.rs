@@ -108,6 +108,14 @@ impl Context {
         }
     }
 
+    /// Keeps only the provider clients of the Connections `in_use` says yes to.
+    pub fn retain_provider_clients(&self, in_use: impl Fn(&str) -> bool) {
+        use kbind_shared::sync::Locked;
+        self.provider_clients
+            .locked()
+            .retain(|connection, _| in_use(connection));
+    }
+
     /// RES over the caches: the binding of `connection` (the one serving `api` here) covering an
     /// instance of `api` in `namespace`.
     pub fn resolve(

@@ -152,6 +152,11 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         let mut wanted = desired_workers(&crds, &connections, &credentials, &mine);
         wanted.extend(desired_related(&ctx, &connections, &credentials, &mine));
         credentials.retain(connections.state().iter().map(|c| c.as_ref()));
+        // A Connection no wanted worker uses any more (deleted, not Ready, assigned elsewhere)
+        // keeps no provider client here; a worker started later builds one again.
+        ctx.retain_provider_clients(|connection| {
+            wanted.values().any(|(key, _)| key.connection == connection)
+        });
         let stale: Vec<String> = running
             .iter()
             .filter(|(name, r)| wanted.get(*name).is_none_or(|(key, _)| r.key != *key))

@@ -275,25 +275,39 @@ async fn kcp_like_provider_pins_its_logical_cluster_uid() {
     assert!(reads.is_empty(), "identity reads at rest: {reads:?}");
 
     // The LogicalCluster replaced (another logical cluster now behind the credential): its watch
-    // shows the new UID and the Connection reports it against the pin.
+    // shows the new UID and the Connection reports it against the pin. (Between the delete and
+    // the create the provider's identity is `kube-system`'s, which is reported meanwhile.)
     api.delete("cluster", &DeleteParams::default())
         .await
         .unwrap();
     let recreated = api.create(&PostParams::default(), &object).await.unwrap();
-    let c = wait_condition(
-        &s.consumer,
-        "provider",
-        "Connected",
-        "False",
-        Some("ClusterIdentityChanged"),
+    let new_uid = recreated.metadata.uid.unwrap();
+    let connections: Api<Connection> = Api::all(s.consumer.clone());
+    let c = eventually(
+        "Connection provider ClusterIdentityChanged naming the new LogicalCluster",
+        Duration::from_secs(30),
+        || async {
+            let c = connections
+                .get("provider")
+                .await
+                .map_err(|e| e.to_string())?;
+            let conds = c
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default();
+            let ready = kbind_shared::conditions::find(&conds, "Ready").cloned();
+            Ok(ready
+                .is_some_and(|r| {
+                    r.status == "False"
+                        && r.reason == "ClusterIdentityChanged"
+                        && r.message.contains(&new_uid)
+                })
+                .then_some(c))
+        },
     )
     .await
     .unwrap();
-    let ready = kbind_shared::conditions::find(&c.status.as_ref().unwrap().conditions, "Ready")
-        .unwrap()
-        .clone();
-    let new_uid = recreated.metadata.uid.unwrap();
-    assert!(ready.message.contains(&new_uid), "{}", ready.message);
     assert_eq!(
         c.status.unwrap().remote_cluster_uid,
         status.remote_cluster_uid

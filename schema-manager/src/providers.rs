@@ -263,9 +263,56 @@ pub async fn read_credential_cached(
 #[derive(Default)]
 pub struct Providers {
     by_connection: Mutex<HashMap<String, Provider>>,
+    /// Where identity watches send the Connection whose provider they see change: the current
+    /// leadership term's Connection controller (a watch outlives the term that started it).
+    identity_trigger: Arc<std::sync::RwLock<Option<IdentityTrigger>>>,
 }
 
+/// Reconciles a Connection at once.
+pub type IdentityTrigger = futures::channel::mpsc::UnboundedSender<
+    kube::runtime::reflector::ObjectRef<kbind_shared::api::Connection>,
+>;
+
 impl Providers {
+    /// Sends identity watches' triggers to `trigger` from now on (each term's Connection
+    /// controller).
+    pub fn set_identity_trigger(&self, trigger: IdentityTrigger) {
+        *self
+            .identity_trigger
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(trigger);
+    }
+
+    /// Starts `provider`'s identity watch of the object `source` names, unless one runs; a change
+    /// it shows reconciles `connection` through the current term's trigger.
+    pub fn watch_identity(
+        &self,
+        provider: &Provider,
+        source: kbind_shared::identity::Source,
+        connection: &kbind_shared::api::Connection,
+    ) {
+        let name = kube::ResourceExt::name_any(connection);
+        provider.watch_identity(source, &name, self.reconciles(connection));
+    }
+
+    /// Reconciles `connection` through the trigger current when it is called.
+    fn reconciles(
+        &self,
+        connection: &kbind_shared::api::Connection,
+    ) -> impl Fn() + Send + Sync + 'static {
+        let trigger = self.identity_trigger.clone();
+        let reference = kube::runtime::reflector::ObjectRef::from_obj(connection);
+        move || {
+            if let Some(trigger) = trigger
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .as_ref()
+            {
+                let _ = trigger.unbounded_send(reference.clone());
+            }
+        }
+    }
+
     /// A client for `credential`: the verified one if it was built from the same credential,
     /// else a new one that is *not* kept until [`Providers::verified`] says so.
     pub async fn build(
@@ -425,6 +472,28 @@ mod tests {
         watch.apply_watcher_event(&watcher::Event::Apply(version(b, "2")));
         watch.apply_watcher_event(&watcher::Event::Apply(version("cs.example.org", "9")));
         assert_eq!(schemas.exports(), None, "a new export");
+    }
+
+    #[test]
+    fn identity_watches_reconcile_through_the_current_terms_trigger() {
+        let providers = Providers::default();
+        let connection = kbind_shared::api::Connection::new(
+            "c",
+            kbind_shared::api::ConnectionSpec::for_secret("kbind", "p"),
+        );
+        let reconcile = providers.reconciles(&connection);
+        reconcile(); // no term yet: nowhere to send, nothing breaks
+        let (first, mut first_received) = futures::channel::mpsc::unbounded();
+        providers.set_identity_trigger(first);
+        reconcile();
+        let sent = first_received.try_recv().ok();
+        assert_eq!(sent.map(|r| r.name), Some("c".to_owned()));
+        // A new term: the same watch's changes go to its controller.
+        let (second, mut second_received) = futures::channel::mpsc::unbounded();
+        providers.set_identity_trigger(second);
+        reconcile();
+        assert!(second_received.try_recv().ok().is_some());
+        assert!(first_received.try_recv().ok().is_none());
     }
 
     #[test]

@@ -23,7 +23,6 @@ use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -77,8 +76,6 @@ impl Error {
 /// Per-controller state beyond the shared [`Context`].
 struct State {
     ctx: Arc<Context>,
-    /// Reconciles a Connection at once (a provider's identity watch showing a change).
-    trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<Connection>>,
     secrets: SecretWatches,
     recorder: Recorder,
 }
@@ -87,9 +84,10 @@ struct State {
 pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let client = ctx.client.clone();
     let (trigger, triggers) = futures::channel::mpsc::unbounded();
+    // Identity watches started in an earlier term reconcile through this term's controller.
+    ctx.providers.set_identity_trigger(trigger.clone());
     let state = Arc::new(State {
         secrets: SecretWatches::new(client.clone(), trigger.clone()),
-        trigger,
         recorder: Recorder::new(client.clone(), ctx.reporter.clone()),
         ctx,
     });
@@ -322,11 +320,7 @@ async fn connect(
     // From now on the identity object is watched: the next checks read nothing, and a change of
     // what the credential reaches reconciles the Connection at once.
     if let Some(source) = read_from {
-        let trigger = state.trigger.clone();
-        let connection_ref = ObjectRef::from_obj(connection);
-        provider.watch_identity(source, &name, move || {
-            let _ = trigger.unbounded_send(connection_ref.clone());
-        });
+        ctx.providers.watch_identity(&provider, source, connection);
     }
 
     // CONN-7: discovery.

@@ -391,6 +391,47 @@ async fn restricted_credentials_report_permission_denied() {
         .unwrap();
 }
 
+/// CONN-6: the Connection reports the identity of the cluster `other` against the pin it keeps,
+/// and writes nothing there (no heartbeat).
+async fn reports_identity_changed_and_writes_nothing(
+    s: &Setup,
+    pinned: &kbind_shared::api::ConnectionStatus,
+    other: &str,
+) {
+    let c = wait_condition(
+        &s.consumer,
+        "provider",
+        "Connected",
+        "False",
+        Some("ClusterIdentityChanged"),
+    )
+    .await
+    .unwrap();
+    let status = c.status.unwrap();
+    assert_eq!(status.remote_cluster_uid, pinned.remote_cluster_uid);
+    assert_eq!(status.local_cluster_uid, pinned.local_cluster_uid);
+    let ready = kbind_shared::conditions::find(&status.conditions, "Ready").unwrap();
+    assert_eq!(ready.reason, "ClusterIdentityChanged");
+    let other = s.env.cluster(other).admin_client().await.unwrap();
+    let other_uid = uid_of_kube_system(&other).await;
+    assert!(
+        ready.message.contains(&other_uid) && ready.message.contains(&pinned.remote_cluster_uid),
+        "{}",
+        ready.message
+    );
+
+    // Nothing else happens: no heartbeat on the other cluster.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leases = Api::<Lease>::all(other)
+        .list(&ListParams::default().labels("core.kbind.io/managed=true"))
+        .await
+        .unwrap();
+    assert!(
+        leases.items.is_empty(),
+        "a heartbeat was written to the other cluster"
+    );
+}
+
 #[tokio::test]
 async fn secret_swapped_to_another_cluster_reports_identity_changed_and_keeps_the_pin() {
     // CONN-6, ID-3
@@ -420,38 +461,7 @@ async fn secret_swapped_to_another_cluster_reports_identity_changed_and_keeps_th
     )
     .await
     .unwrap();
-    let c = wait_condition(
-        &s.consumer,
-        "provider",
-        "Connected",
-        "False",
-        Some("ClusterIdentityChanged"),
-    )
-    .await
-    .unwrap();
-    let status = c.status.unwrap();
-    assert_eq!(status.remote_cluster_uid, pinned.remote_cluster_uid);
-    assert_eq!(status.local_cluster_uid, pinned.local_cluster_uid);
-    let ready = kbind_shared::conditions::find(&status.conditions, "Ready").unwrap();
-    assert_eq!(ready.reason, "ClusterIdentityChanged");
-    let other_uid = uid_of_kube_system(&s.env.cluster("other").admin_client().await.unwrap()).await;
-    assert!(
-        ready.message.contains(&other_uid) && ready.message.contains(&pinned.remote_cluster_uid),
-        "{}",
-        ready.message
-    );
-
-    // Nothing else happens: no heartbeat on the other cluster.
-    let other = s.env.cluster("other").admin_client().await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let leases = Api::<Lease>::all(other)
-        .list(&ListParams::default().labels("core.kbind.io/managed=true"))
-        .await
-        .unwrap();
-    assert!(
-        leases.items.is_empty(),
-        "a heartbeat was written to the other cluster"
-    );
+    reports_identity_changed_and_writes_nothing(&s, &pinned, "other").await;
 }
 
 #[tokio::test]
@@ -493,43 +503,10 @@ async fn another_cluster_behind_the_same_address_and_credential_is_noticed_by_th
     );
 
     let other = s.env.cluster("other").admin_client().await.unwrap();
-    let other_uid = uid_of_kube_system(&other).await;
-    assert_ne!(other_uid, pinned.remote_cluster_uid);
+    assert_ne!(uid_of_kube_system(&other).await, pinned.remote_cluster_uid);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let switched = std::time::Instant::now();
     forward.switch(port_of(s.env.cluster("other").server()).unwrap());
-    let c = wait_condition(
-        &s.consumer,
-        "provider",
-        "Connected",
-        "False",
-        Some("ClusterIdentityChanged"),
-    )
-    .await
-    .unwrap();
-    eprintln!(
-        "identity change noticed {:?} after the switch",
-        switched.elapsed()
-    );
-    let status = c.status.unwrap();
-    assert_eq!(status.remote_cluster_uid, pinned.remote_cluster_uid);
-    let ready = kbind_shared::conditions::find(&status.conditions, "Ready").unwrap();
-    assert_eq!(ready.reason, "ClusterIdentityChanged");
-    assert!(
-        ready.message.contains(&other_uid) && ready.message.contains(&pinned.remote_cluster_uid),
-        "{}",
-        ready.message
-    );
-    // Nothing was written there: no heartbeat.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let leases = Api::<Lease>::all(other)
-        .list(&ListParams::default().labels("core.kbind.io/managed=true"))
-        .await
-        .unwrap();
-    assert!(
-        leases.items.is_empty(),
-        "a heartbeat was written to the other cluster"
-    );
+    reports_identity_changed_and_writes_nothing(&s, &pinned, "other").await;
 
     // Back to the pinned cluster: Ready again, without any edit.
     forward.switch(port_of(s.env.cluster("provider").server()).unwrap());

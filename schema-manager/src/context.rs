@@ -181,21 +181,22 @@ impl Context {
 
     /// kbind's managed consumer CRDs as this term's watch sees them (`None` outside a term).
     pub fn managed_crds(&self) -> Option<Store<CustomResourceDefinition>> {
-        self.binding_caches
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .map(|c| c.managed_crds.clone())
+        self.in_term(|c| c.managed_crds.clone())
     }
 
     /// Names of managed consumer CRDs as this term's cache sees them change (`None` outside a
     /// term).
     pub fn crd_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        self.in_term(BindingCaches::crd_changes)
+    }
+
+    /// What `read` finds in this term's caches (`None` outside a term).
+    fn in_term<T>(&self, read: impl FnOnce(&BindingCaches) -> T) -> Option<T> {
         self.binding_caches
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
-            .map(BindingCaches::crd_changes)
+            .map(read)
     }
 
     /// The ClusterBinding `name` as this term's watch shows it (`Some(None)`: it shows none;
@@ -204,40 +205,24 @@ impl Context {
         &self,
         name: &str,
     ) -> Option<Option<std::sync::Arc<ClusterBinding>>> {
-        let caches = self
-            .binding_caches
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let caches = caches.as_ref()?;
-        Some(
-            caches
-                .cluster_bindings
-                .get(&kube::runtime::reflector::ObjectRef::new(name)),
-        )
+        self.in_term(|c| {
+            c.cluster_bindings
+                .get(&kube::runtime::reflector::ObjectRef::new(name))
+        })
     }
 
     /// Names of Connections as this term's cache sees them change (`None` outside a term).
     pub fn connection_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
-        self.binding_caches
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .map(BindingCaches::connection_changes)
+        self.in_term(BindingCaches::connection_changes)
     }
 
     /// The Connection `name` as this term's watch shows it (`Some(None)`: it shows none; `None`
     /// outside a term).
     pub fn cached_connection(&self, name: &str) -> Option<Option<std::sync::Arc<Connection>>> {
-        let caches = self
-            .binding_caches
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let caches = caches.as_ref()?;
-        Some(
-            caches
-                .connections
-                .get(&kube::runtime::reflector::ObjectRef::new(name)),
-        )
+        self.in_term(|c| {
+            c.connections
+                .get(&kube::runtime::reflector::ObjectRef::new(name))
+        })
     }
 
     /// The managed consumer CRD `name`, if this term's watch has it.

@@ -11,6 +11,9 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
+/// The Widget API as the metrics name it.
+const API: &str = "widgets.example.org";
+
 /// Writes on Widgets an API server has served (every client's), from its own `/metrics`.
 async fn widget_writes(client: &Client) -> f64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
@@ -221,4 +224,100 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
         .unwrap();
     let fixed = wait_record(&s, "Synced", 4).await;
     assert!(fixed.get("message").is_none(), "{fixed}");
+}
+
+/// Waits until the consumer's w1 has the provider's status for `size` and the record of
+/// `generation`, in `namespace`.
+async fn wait_status_and_record(s: &SyncEnv, namespace: &str, size: i64, generation: i64) {
+    let widgets = widgets(&s.consumer, namespace);
+    wait_for(
+        &format!("w1's status for size {size} with the record of generation {generation}"),
+        30,
+        || async {
+            let w = widgets.get("w1").await.map_err(|e| e.to_string())?;
+            let status = &w.data["status"];
+            let done = status["observedSize"] == size
+                && status["kbindSync"]["generation"] == generation
+                && status["kbindSync"]["state"] == "Synced";
+            Ok(done.then_some(()))
+        },
+    )
+    .await;
+}
+
+/// kbind's writes of `op` so far, from the syncer's metrics.
+async fn ops(s: &SyncEnv, op: &str) -> f64 {
+    let text = s.syncer.metrics().await.unwrap();
+    metric_sum(&text, "kbind_sync_operations_total", &[("op", op)])
+}
+
+#[tokio::test]
+async fn a_provider_that_answers_slowly_still_gets_one_status_write_per_change() {
+    let s = SyncEnv::start("delivery_slow", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    let ns = SLOW_STATUS_NAMESPACE;
+    ensure_namespace(&s.consumer, ns).await.unwrap();
+    let wait_gauge = || async {
+        let text = s.syncer.metrics().await.unwrap();
+        metric_sum(
+            &text,
+            "kbind_delivery_record_wait_seconds",
+            &[("connection", "provider"), ("api", API)],
+        )
+    };
+
+    // Nothing learned yet: the record waits 2 s, then is written on its own; the provider's
+    // status comes 4 s after the spec, in a second write.
+    let (records, statuses) = (ops(&s, "record").await, ops(&s, "status_down").await);
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, ns, "w1", 1).await;
+    wait_status_and_record(&s, ns, 1, 1).await;
+    assert_eq!(
+        ops(&s, "record").await - records,
+        1.0,
+        "the first record alone"
+    );
+    assert_eq!(ops(&s, "status_down").await - statuses, 1.0);
+    // That answer taught the syncer how long this provider takes (the gauge is refreshed once a
+    // second).
+    wait_for("the wait learned from the slow answer", 10, || async {
+        let learned = wait_gauge().await;
+        if learned >= SLOW_STATUS_DELAY.as_secs_f64() {
+            Ok(Some(()))
+        } else {
+            Err(format!(
+                "waits {learned} s after a {SLOW_STATUS_DELAY:?} answer"
+            ))
+        }
+    })
+    .await;
+
+    // A change now: the record waits for the provider's status and rides in its write.
+    let (records, statuses, spec_ups) = (
+        ops(&s, "record").await,
+        ops(&s, "status_down").await,
+        ops(&s, "spec_up").await,
+    );
+    let consumer_writes = widget_writes(&s.consumer).await;
+    resize_and_wait_upstream(
+        &widgets(&s.consumer, ns),
+        &widgets(&s.provider, ns),
+        "w1",
+        2,
+    )
+    .await;
+    wait_status_and_record(&s, ns, 2, 2).await;
+    // Past any wait after which the record would still be written on its own.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(ops(&s, "spec_up").await - spec_ups, 1.0);
+    assert_eq!(
+        ops(&s, "record").await - records,
+        0.0,
+        "no record alone once the wait fits the provider"
+    );
+    assert_eq!(ops(&s, "status_down").await - statuses, 1.0);
+    assert_eq!(
+        widget_writes(&s.consumer).await - consumer_writes,
+        2.0,
+        "consumer writes on Widgets for one change: this test's patch and kbind's one status write"
+    );
 }

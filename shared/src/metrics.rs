@@ -50,6 +50,9 @@ pub struct Metrics {
     pub sync_backlog: GaugeVec,
     /// `kbind_sync_backlog_oldest_seconds{connection,api}`: how long the oldest of them has waited
     pub sync_backlog_oldest_seconds: GaugeVec,
+    /// `kbind_delivery_record_wait_seconds{connection,api}`: how long a delivery record waits for
+    /// the provider's status change to carry it, learned from the provider's recent answers
+    pub delivery_record_wait_seconds: GaugeVec,
     /// `kbind_connection_heartbeat_age_seconds{connection}`: since the heartbeat Lease on the
     /// provider was last renewed (computed when scraped)
     pub connection_heartbeat_age_seconds: GaugeVec,
@@ -219,6 +222,12 @@ impl Metrics {
                 &registry,
                 "kbind_sync_backlog_oldest_seconds",
                 "How long the oldest object not yet synced has waited",
+                &["connection", "api"],
+            ),
+            delivery_record_wait_seconds: gauge_vec(
+                &registry,
+                "kbind_delivery_record_wait_seconds",
+                "How long a delivery record waits for the provider's status change to carry it",
                 &["connection", "api"],
             ),
             connection_heartbeat_age_seconds: gauge_vec(

@@ -28,6 +28,7 @@ mod decide;
 mod echoes;
 mod pending;
 mod states;
+mod status_delay;
 mod sync;
 
 use crate::namespaces;
@@ -380,11 +381,17 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            let (waiting, oldest) = {
+            let (waiting, oldest, record_wait) = {
                 let mut pending = worker.pending.locked();
-                pending.compact();
-                pending.backlog(std::time::Instant::now())
+                let now = std::time::Instant::now();
+                pending.compact(now);
+                let (waiting, oldest) = pending.backlog(now);
+                (waiting, oldest, pending.record_wait())
             };
+            ctx.metrics
+                .delivery_record_wait_seconds
+                .with_label_values(&labels)
+                .set(record_wait.as_secs_f64());
             ctx.metrics
                 .sync_backlog
                 .with_label_values(&labels)
@@ -412,6 +419,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     for gauge in [
         &ctx.metrics.sync_backlog,
         &ctx.metrics.sync_backlog_oldest_seconds,
+        &ctx.metrics.delivery_record_wait_seconds,
     ] {
         let _ =
             gauge.remove_label_values(&[worker_for_stop.spec.connection.as_str(), api.as_str()]);

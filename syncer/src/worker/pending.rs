@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::status_delay::{self, StatusDelay};
+
 /// `(namespace, name)` of a consumer object.
 pub type Key = (Option<String>, String);
 
@@ -43,9 +45,20 @@ impl Seen {
 pub struct Pending {
     waiting: HashMap<Key, Seen>,
     deleting: HashMap<Key, Instant>,
-    /// When kbind last wrote an object's spec to the provider, while its delivery record waits
-    /// for the provider's status change to carry it.
-    applied: HashMap<Key, Instant>,
+    /// When kbind last wrote an object's spec to the provider, until the provider's status
+    /// change for it is seen (or [`status_delay::REMEMBERED`] has passed).
+    applied: HashMap<Key, Applied>,
+    /// How long the provider has recently taken to answer a spec with a status change.
+    delay: StatusDelay,
+}
+
+/// A spec write whose status change has not been seen yet.
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    at: Instant,
+    /// The delivery record stopped waiting and was written on its own; the status change is
+    /// still watched for, as a measure of how long the provider takes.
+    alone: bool,
 }
 
 impl Pending {
@@ -94,25 +107,45 @@ impl Pending {
 
     /// kbind wrote the spec of `key` to the provider at `now`.
     pub fn spec_applied(&mut self, key: Key, now: Instant) {
-        self.applied.insert(key, now);
+        self.applied.insert(
+            key,
+            Applied {
+                at: now,
+                alone: false,
+            },
+        );
     }
 
     /// How much longer a delivery record for `key` should wait for the provider's status change
-    /// (`wait` after the spec was written); `None` once it need not (and then it is forgotten).
-    pub fn record_wait(&mut self, key: &Key, now: Instant, wait: Duration) -> Option<Duration> {
-        let applied = *self.applied.get(key)?;
-        let left = wait.saturating_sub(now.saturating_duration_since(applied));
+    /// ([`Self::record_wait`] after the spec was written); `None` once it need not.
+    pub fn record_wait_left(&mut self, key: &Key, now: Instant) -> Option<Duration> {
+        let wait = self.delay.wait();
+        let applied = self.applied.get_mut(key)?;
+        if applied.alone {
+            return None;
+        }
+        let left = wait.saturating_sub(now.saturating_duration_since(applied.at));
         if left.is_zero() {
-            self.applied.remove(key);
+            applied.alone = true;
             None
         } else {
             Some(left)
         }
     }
 
-    /// The record of `key` was written: nothing waits for it any more.
-    pub fn recorded(&mut self, key: &Key) {
-        self.applied.remove(key);
+    /// How long a delivery record waits after its spec was written, as learned from the
+    /// provider's recent answers.
+    pub fn record_wait(&self) -> Duration {
+        self.delay.wait()
+    }
+
+    /// The provider's status change for `key`, first seen at `seen`, is being written (with the
+    /// record): how long it took after the spec write teaches the wait.
+    pub fn status_carried(&mut self, key: &Key, seen: Instant) {
+        if let Some(applied) = self.applied.remove(key) {
+            self.delay
+                .observe(seen.saturating_duration_since(applied.at));
+        }
     }
 
     /// Objects waiting, and how long the oldest has waited at `now`.
@@ -129,8 +162,11 @@ impl Pending {
 
     /// Gives back the room a burst left behind (a hash map keeps its largest size: after a start
     /// that saw every object change at once, the backlog's maps would hold room for all of them
-    /// for good). Called once a second.
-    pub fn compact(&mut self) {
+    /// for good), and forgets spec writes no status change has answered for
+    /// [`status_delay::REMEMBERED`]. Called once a second.
+    pub fn compact(&mut self, now: Instant) {
+        self.applied
+            .retain(|_, a| now.saturating_duration_since(a.at) < status_delay::REMEMBERED);
         fn shrink<V>(map: &mut HashMap<Key, V>) {
             if map.capacity() > 4 * map.len().max(16) {
                 map.shrink_to_fit();
@@ -189,34 +225,69 @@ mod tests {
     #[test]
     fn a_delivery_record_waits_a_while_after_the_spec_was_written_then_not_at_all() {
         let t0 = Instant::now();
-        let wait = Duration::from_secs(2);
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut p = Pending::default();
+        assert_eq!(p.record_wait(), status_delay::FLOOR, "nothing learned yet");
         assert_eq!(
-            p.record_wait(&key("a"), t0, wait),
+            p.record_wait_left(&key("a"), t0),
             None,
             "nothing written, nothing to wait for"
         );
         p.spec_applied(key("a"), t0);
         assert_eq!(
-            p.record_wait(&key("a"), t0 + Duration::from_millis(500), wait),
+            p.record_wait_left(&key("a"), at(500)),
             Some(Duration::from_millis(1500))
         );
-        assert_eq!(p.record_wait(&key("a"), t0 + wait, wait), None);
+        assert_eq!(p.record_wait_left(&key("a"), at(2000)), None);
         assert_eq!(
-            p.record_wait(&key("a"), t0, wait),
+            p.record_wait_left(&key("a"), t0),
             None,
-            "forgotten once elapsed"
+            "written on its own once the wait is over"
         );
-        p.spec_applied(key("b"), t0);
-        p.recorded(&key("b"));
+
+        // The status comes 3 s after the spec, after the record was written alone: the wait
+        // learns from it (first answer: 3 s + 4 × 1.5 s).
+        p.status_carried(&key("a"), at(3000));
+        assert_eq!(p.record_wait(), Duration::from_secs(9));
+        p.spec_applied(key("b"), at(4000));
         assert_eq!(
-            p.record_wait(&key("b"), t0, wait),
-            None,
-            "written with the status"
+            p.record_wait_left(&key("b"), at(6000)),
+            Some(Duration::from_secs(7)),
+            "the next record waits longer"
         );
+        // Carried: forgotten; quick answers shorten the wait again.
+        p.status_carried(&key("b"), at(4100));
+        assert_eq!(p.record_wait_left(&key("b"), at(4200)), None);
+        for i in 0..20 {
+            let name = format!("q{i}");
+            p.spec_applied(key(&name), at(5000));
+            p.status_carried(&key(&name), at(5100));
+        }
+        assert!(
+            p.record_wait() < Duration::from_secs(3),
+            "{:?}",
+            p.record_wait()
+        );
+        let learned = p.record_wait();
+        p.status_carried(&key("b"), at(60_000));
+        assert_eq!(
+            p.record_wait(),
+            learned,
+            "a status change nothing waited for teaches nothing"
+        );
+
         p.spec_applied(key("c"), t0);
         p.deleted(&key("c"));
-        assert_eq!(p.record_wait(&key("c"), t0, wait), None, "gone");
+        assert_eq!(p.record_wait_left(&key("c"), t0), None, "gone");
+
+        // A spec write no status change answers is forgotten after a while, and teaches nothing.
+        p.spec_applied(key("d"), at(10_000));
+        p.compact(at(10_000) + status_delay::REMEMBERED - Duration::from_millis(1));
+        assert!(p.applied.contains_key(&key("d")));
+        p.compact(at(10_000) + status_delay::REMEMBERED);
+        assert!(p.applied.is_empty());
+        p.status_carried(&key("d"), at(100_000));
+        assert_eq!(p.record_wait(), learned);
     }
 
     #[test]
@@ -231,7 +302,7 @@ mod tests {
         }
         let burst = p.waiting.capacity();
         assert!(burst >= 1000);
-        p.compact();
+        p.compact(t0);
         assert!(p.waiting.capacity() < 100, "{}", p.waiting.capacity());
         assert_eq!(p.backlog(t0).0, 1);
         assert_eq!(p.take(&key("w0")).consumer, Some(t0));
@@ -240,7 +311,7 @@ mod tests {
             p.consumer_changed(key(&format!("w{i}")), t0, false);
         }
         let full = p.waiting.capacity();
-        p.compact();
+        p.compact(t0);
         assert_eq!(p.waiting.capacity(), full);
     }
 

@@ -149,25 +149,26 @@ pub(super) async fn sync(
         && current != Some(&status)
     {
         let key = super::pending_key(object.as_ref());
+        let now = std::time::Instant::now();
         if !delivery::differs_beyond_record(current, Some(&status)) {
-            let wait =
-                worker
-                    .pending
-                    .locked()
-                    .record_wait(&key, std::time::Instant::now(), DELIVERY_WAIT);
+            let wait = worker.pending.locked().record_wait_left(&key, now);
             if let Some(wait) = wait {
                 // Only the record is new: the status change the provider makes for this spec
-                // will carry it, in the one consumer write a change costs. If none comes soon,
-                // the record is written on its own.
+                // will carry it, in the one consumer write a change costs. If none comes soon
+                // (how soon is learned from the provider's recent answers), the record is
+                // written on its own.
                 worker.mark(&object, Some(SyncState::Synced));
                 return Ok(Action::requeue(wait));
             }
             status_down(&worker, &object, status, "record").await?;
         } else {
             status_down(&worker, &object, status, "status_down").await?;
+            worker
+                .pending
+                .locked()
+                .status_carried(&key, seen.provider.unwrap_or(now));
             worker.lag("status_down", seen.provider.or(seen.consumer));
         }
-        worker.pending.locked().recorded(&key);
     }
     worker.mark(&object, Some(SyncState::Synced));
     // The backstop resync is one periodic pass over the whole cache (`super::resync_ticks`), not a
@@ -235,9 +236,6 @@ pub(super) fn at_rest(worker: &Worker, object: &Instance, copy: Option<&Provider
         desired.is_none_or(|status| current.as_ref() == Some(&status))
     })
 }
-
-/// How long a delivery record waits for the provider's status change to carry it.
-const DELIVERY_WAIT: Duration = Duration::from_secs(2);
 
 /// Writes `status` (the provider's, and kbind's record) to the consumer object, counted as `op`:
 /// `status_down`, or `record` when only kbind's delivery record changes.

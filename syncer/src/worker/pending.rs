@@ -18,6 +18,10 @@ pub struct Seen {
     pub consumer: Option<Instant>,
     /// A provider change (its status, or drift).
     pub provider: Option<Instant>,
+    /// The latest provider change: when the provider's newest status was seen, for how long the
+    /// provider took to answer (several changes can wait as one — the copy created, then its
+    /// status set — and the first is not the answer).
+    pub provider_latest: Option<Instant>,
 }
 
 impl Seen {
@@ -36,6 +40,7 @@ impl Seen {
         };
         self.consumer = earliest(self.consumer, other.consumer);
         self.provider = earliest(self.provider, other.provider);
+        self.provider_latest = self.provider_latest.max(other.provider_latest);
     }
 }
 
@@ -69,7 +74,7 @@ impl Pending {
         }
         self.waiting.entry(key).or_default().merge(Seen {
             consumer: Some(now),
-            provider: None,
+            ..Seen::default()
         });
     }
 
@@ -78,6 +83,7 @@ impl Pending {
         self.waiting.entry(key).or_default().merge(Seen {
             consumer: None,
             provider: Some(now),
+            provider_latest: Some(now),
         });
     }
 
@@ -212,6 +218,14 @@ mod tests {
         assert_eq!(
             (again.consumer, again.provider),
             (Some(at(10)), Some(at(50)))
+        );
+        // Two provider changes waiting as one: the first for the lag, the latest for the answer.
+        p.provider_changed(key("d"), at(60));
+        p.provider_changed(key("d"), at(90));
+        let both = p.take(&key("d"));
+        assert_eq!(
+            (both.provider, both.provider_latest),
+            (Some(at(60)), Some(at(90)))
         );
         assert_eq!(again.first(), Some(at(10)));
 

@@ -166,7 +166,7 @@ pub(super) async fn sync(
             worker
                 .pending
                 .locked()
-                .status_carried(&key, seen.provider.unwrap_or(now));
+                .status_carried(&key, seen.provider_latest.unwrap_or(now));
             worker.lag("status_down", seen.provider.or(seen.consumer));
         }
     }

@@ -24,6 +24,12 @@ pub fn rss_mib(pid: Option<u32>) -> f64 {
     status_mib(pid, "VmRSS:")
 }
 
+/// Resident memory of the process's own (anonymous) pages, in MiB: its RSS without the pages of
+/// its program file, which replicas of one program on one machine share.
+pub fn anon_rss_mib(pid: Option<u32>) -> f64 {
+    status_mib(pid, "RssAnon:")
+}
+
 /// The most resident memory the process has had, in MiB.
 pub fn peak_rss_mib(pid: Option<u32>) -> f64 {
     status_mib(pid, "VmHWM:")
@@ -133,6 +139,7 @@ mod tests {
         let me = Some(std::process::id());
         assert!(rss_mib(me) > 0.0);
         assert!(peak_rss_mib(me) >= rss_mib(me));
+        assert!(anon_rss_mib(me) > 0.0 && anon_rss_mib(me) <= rss_mib(me));
         assert_eq!(rss_mib(None), 0.0);
         assert!(cpu_seconds(me) >= 0.0);
     }

@@ -16,7 +16,7 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::metric_sum;
 use kbind_e2e::kbind::{install_crds, new_writes};
-use kbind_e2e::measure::{object_writes, rss_mib};
+use kbind_e2e::measure::{anon_rss_mib, object_writes, rss_mib};
 use kbind_e2e::sharding::{connect_and_bind_all, export_kinds, object, owners, resource, running};
 use kbind_e2e::{TestEnv, eventually};
 use kube::api::{DynamicObject, PostParams};
@@ -173,6 +173,7 @@ async fn main() {
     let mut generation = 0;
     let mut rows = Vec::new();
     let mut single_rss = 0.0;
+    let mut single_anon = 0.0;
     for n in 1..=args.max_replicas {
         let started = Instant::now();
         let mut replicas = Vec::new();
@@ -209,8 +210,13 @@ async fn main() {
             .collect();
         let rss: Vec<String> = rss_values.iter().map(|v| format!("{v:.1}")).collect();
         let rss_sum: f64 = rss_values.iter().sum();
+        let anon_sum: f64 = replicas
+            .iter()
+            .map(|r| anon_rss_mib(env.process_ref(r.index).pid()))
+            .sum();
         if n == 1 {
             single_rss = rss_sum;
+            single_anon = anon_sum;
         }
         let units_spread = spread(&unit_counts.iter().map(|&u| u as f64).collect::<Vec<_>>());
         let objects_spread = spread(&counts);
@@ -225,6 +231,8 @@ async fn main() {
             "rssSumMiB": rss_sum,
             "rssSumOverSingle": rss_sum / single_rss,
             "rssSumOverSingleGoal": 1.2,
+            "anonRssSumMiB": anon_sum,
+            "anonRssSumOverSingle": anon_sum / single_anon,
             "settledSeconds": took.as_secs_f64(),
         }));
         println!(
@@ -244,8 +252,9 @@ async fn main() {
         );
         if n > 1 {
             println!(
-                "     spread units {units_spread:.2}, objects {objects_spread:.2} (goal <= 1.25); RSS summed {rss_sum:.1} MiB = {:.2} x one replica's (goal <= 1.2)",
-                rss_sum / single_rss
+                "     spread units {units_spread:.2}, objects {objects_spread:.2} (goal <= 1.25); RSS summed {rss_sum:.1} MiB = {:.2} x one replica's (goal <= 1.2); without the program file's pages {anon_sum:.1} MiB = {:.2} x",
+                rss_sum / single_rss,
+                anon_sum / single_anon
             );
         }
         if n < args.max_replicas {

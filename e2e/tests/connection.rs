@@ -49,6 +49,24 @@ async fn setup_with(test: &str, extra_clusters: &[&str], manager_args: &[&str]) 
     }
 }
 
+/// Puts the Secret `p` on the consumer: `cluster`'s admin kubeconfig.
+async fn admin_secret(s: &Setup, cluster: &str) {
+    let kubeconfig = s.env.cluster(cluster).admin_kubeconfig();
+    put_secret(&s.consumer, "p", "kubeconfig", kubeconfig.as_bytes())
+        .await
+        .unwrap();
+}
+
+/// The provider's admin kubeconfig in the Secret `p`, then `connection` (which names it): the
+/// Connection once it is Ready.
+async fn connect_ready(s: &Setup, connection: &Connection) -> Connection {
+    admin_secret(s, "provider").await;
+    create_connection(&s.consumer, connection).await.unwrap();
+    wait_condition(&s.consumer, &connection.name_any(), "Ready", "True", None)
+        .await
+        .unwrap()
+}
+
 async fn granted_user(env: &TestEnv, name: &str) -> User {
     let provider = env.cluster("provider");
     let user = provider.mint_user(name).await.unwrap();
@@ -244,20 +262,7 @@ async fn kcp_like_provider_pins_its_logical_cluster_uid() {
     .unwrap();
     let created = api.create(&PostParams::default(), &object).await.unwrap();
 
-    put_secret(
-        &s.consumer,
-        "p",
-        "kubeconfig",
-        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
-    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
-        .await
-        .unwrap();
-    let c = wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    let c = connect_ready(&s, &connection("provider", "p", SchemaSource::Crd)).await;
     let status = c.status.unwrap();
     assert_eq!(
         Some(status.remote_cluster_uid.clone()),
@@ -436,31 +441,12 @@ async fn reports_identity_changed_and_writes_nothing(
 async fn secret_swapped_to_another_cluster_reports_identity_changed_and_keeps_the_pin() {
     // CONN-6, ID-3
     let s = setup("conn_identity_changed", &["other"]).await;
-    put_secret(
-        &s.consumer,
-        "p",
-        "kubeconfig",
-        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
-    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
+    let pinned = connect_ready(&s, &connection("provider", "p", SchemaSource::Crd))
         .await
-        .unwrap();
-    let pinned = wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap()
         .status
         .unwrap();
 
-    put_secret(
-        &s.consumer,
-        "p",
-        "kubeconfig",
-        s.env.cluster("other").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
+    admin_secret(&s, "other").await;
     reports_identity_changed_and_writes_nothing(&s, &pinned, "other").await;
 }
 
@@ -631,20 +617,7 @@ async fn export_label_must_be_exactly_true_and_new_exports_appear_within_an_inte
     install_crd(&s.provider, &crd("gadgets", "example.org", "Gadget", &[]))
         .await
         .unwrap();
-    put_secret(
-        &s.consumer,
-        "p",
-        "kubeconfig",
-        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
-    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
-        .await
-        .unwrap();
-    let c = wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    let c = connect_ready(&s, &connection("provider", "p", SchemaSource::Crd)).await;
     assert!(
         c.status.unwrap().exported_apis.is_empty(),
         "\"True\" is not \"true\""
@@ -705,14 +678,7 @@ async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_other
     install_crd(&s.provider, &crd("gadgets", "example.org", "Gadget", &[]))
         .await
         .unwrap();
-    put_secret(
-        &s.consumer,
-        "p",
-        "kubeconfig",
-        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
+    admin_secret(&s, "provider").await;
     create_connection(&s.consumer, &connection("auto", "p", SchemaSource::Auto))
         .await
         .unwrap();
@@ -865,20 +831,7 @@ async fn heartbeat_lease_is_named_labelled_and_renewed_on_the_provider() {
 async fn deleting_a_connection_drains_bindings_then_releases_finalizers_and_keeps_the_secret() {
     // CDEL-1 … CDEL-5, CONN-15
     let s = setup("conn_delete", &[]).await;
-    put_secret(
-        &s.consumer,
-        "p",
-        "kubeconfig",
-        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
-    create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
-        .await
-        .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    connect_ready(&s, &connection("provider", "p", SchemaSource::Crd)).await;
 
     let mut binding = Binding::new(
         "widgets",
@@ -1209,22 +1162,9 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
     )
     .await
     .unwrap();
-    put_secret(
-        &s.consumer,
-        "p",
-        "kubeconfig",
-        s.env.cluster("provider").admin_kubeconfig().as_bytes(),
-    )
-    .await
-    .unwrap();
     let mut auto = connection("provider", "p", SchemaSource::Crd);
     auto.spec.auto_bind = true;
-    create_connection(&s.consumer, &auto).await.unwrap();
-    let owner_uid = wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap()
-        .metadata
-        .uid;
+    let owner_uid = connect_ready(&s, &auto).await.metadata.uid;
 
     let bindings: Api<kbind_shared::api::ClusterBinding> = Api::all(s.consumer.clone());
     let apis = |b: &kbind_shared::api::ClusterBinding| {

@@ -75,6 +75,37 @@ struct Args {
     production_intervals: bool,
 }
 
+/// How long a client takes to read every Widget on both sides at once, with the streaming lists
+/// kbind's syncer uses (`streaming`) or with paged lists (500 a page): each object parsed, none
+/// kept.
+async fn list_both(
+    consumer: &Api<kube::api::DynamicObject>,
+    provider: &Api<kube::api::DynamicObject>,
+    streaming: bool,
+) -> Duration {
+    let list = |api: Api<kube::api::DynamicObject>| async move {
+        let mut events = if streaming {
+            kbind_shared::streaming::instances(api, watcher::Config::default())
+        } else {
+            watcher(api, watcher::Config::default()).boxed()
+        };
+        let mut objects = 0_usize;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::InitApply(_)) => objects += 1,
+                Ok(watcher::Event::InitDone) => break,
+                _ => {}
+            }
+        }
+        objects
+    };
+    let started = Instant::now();
+    let (a, b) = futures::join!(list(consumer.clone()), list(provider.clone()));
+    let took = started.elapsed();
+    assert!(a > 0 && b > 0, "both sides list their objects");
+    took
+}
+
 /// Phase 1's figures.
 struct Bulk {
     created: Duration,
@@ -656,9 +687,23 @@ async fn main() {
         };
         let writes =
             total(&writes_after.0, &writes_before.0) + total(&writes_after.1, &writes_before.1);
+        // The floor: what any client that starts must do before it knows what to write — read
+        // both sides (the same streaming lists, both at once), parse every object and keep none.
+        // Twice each, alternating, the quicker of each kept (a second read finds the API servers'
+        // caches warmer).
+        let (mut floor, mut paged) = (Duration::MAX, Duration::MAX);
+        for _ in 0..2 {
+            floor = floor.min(list_both(&consumer_widgets, &provider_widgets, true).await);
+            paged = paged.min(list_both(&consumer_widgets, &provider_widgets, false).await);
+        }
         println!("restart of the syncer at {n} objects:");
         println!("  ready after                       {ready:>8.1?}");
         println!("  a change made at the restart synced after {caught_up:>8.1?}  (goal <= 10 s)");
+        println!(
+            "  a minimal client reads both sides in {floor:>8.1?}  (kbind / minimal {:.2})",
+            caught_up.as_secs_f64() / floor.as_secs_f64()
+        );
+        println!("  (with paged lists instead: {paged:>8.1?})");
         println!(
             "  writes, both API servers: {writes}  (the change's own: 4 — goal: nothing else); consumer {consumer_writes:?}, provider {provider_writes:?}"
         );
@@ -670,6 +715,8 @@ async fn main() {
             "readySeconds": ready.as_secs_f64(),
             "caughtUpSeconds": caught_up.as_secs_f64(),
             "caughtUpGoalSeconds": 10.0,
+            "minimalReadBothSidesSeconds": floor.as_secs_f64(),
+            "minimalReadBothSidesPagedSeconds": paged.as_secs_f64(),
             "writes": writes,
             "writesOfTheChange": 4,
             "consumerWrites": consumer_writes,

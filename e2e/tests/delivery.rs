@@ -59,19 +59,35 @@ async fn table(client: &Client, namespace: &str, name: &str) -> (Vec<String>, Ve
 
 /// Waits until w1's record has `state` and `generation`; returns it.
 async fn wait_record(s: &SyncEnv, state: &str, generation: i64) -> Value {
-    let widgets = widgets(&s.consumer, "team-a");
+    wait_record_in(s, "team-a", state, generation, None).await
+}
+
+/// Waits until `w1` in `namespace` carries the record `state` at `generation` — and, with
+/// `size`, the provider's status for that size beside it — and returns the record.
+async fn wait_record_in(
+    s: &SyncEnv,
+    namespace: &str,
+    state: &str,
+    generation: i64,
+    size: Option<i64>,
+) -> Value {
+    let widgets = widgets(&s.consumer, namespace);
+    let status = size
+        .map(|n| format!(" and the status for size {n}"))
+        .unwrap_or_default();
     wait_for(
-        &format!("w1's record {state} at generation {generation}"),
+        &format!("w1's record {state} at generation {generation}{status}"),
         30,
         || async {
             let w = widgets.get("w1").await.map_err(|e| e.to_string())?;
             let record = w.data["status"]["kbindSync"].clone();
-            if record["state"] == state && record["generation"] == generation {
+            let sized = size.is_none_or(|n| w.data["status"]["observedSize"] == n);
+            if record["state"] == state && record["generation"] == generation && sized {
                 Ok(Some(record))
             } else {
                 Err(format!(
-                    "record {record}, generation {:?}",
-                    w.metadata.generation
+                    "status {}, generation {:?}",
+                    w.data["status"], w.metadata.generation
                 ))
             }
         },
@@ -226,25 +242,6 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
     assert!(fixed.get("message").is_none(), "{fixed}");
 }
 
-/// Waits until the consumer's w1 has the provider's status for `size` and the record of
-/// `generation`, in `namespace`.
-async fn wait_status_and_record(s: &SyncEnv, namespace: &str, size: i64, generation: i64) {
-    let widgets = widgets(&s.consumer, namespace);
-    wait_for(
-        &format!("w1's status for size {size} with the record of generation {generation}"),
-        30,
-        || async {
-            let w = widgets.get("w1").await.map_err(|e| e.to_string())?;
-            let status = &w.data["status"];
-            let done = status["observedSize"] == size
-                && status["kbindSync"]["generation"] == generation
-                && status["kbindSync"]["state"] == "Synced";
-            Ok(done.then_some(()))
-        },
-    )
-    .await;
-}
-
 /// kbind's writes of `op` so far, from the syncer's metrics.
 async fn ops(s: &SyncEnv, op: &str) -> f64 {
     let text = s.syncer.metrics().await.unwrap();
@@ -270,7 +267,7 @@ async fn a_provider_that_answers_slowly_still_gets_one_status_write_per_change()
     // status comes 4 s after the spec, in a second write.
     let (records, statuses) = (ops(&s, "record").await, ops(&s, "status_down").await);
     create_widget_and_wait_upstream(&s.consumer, &s.provider, ns, "w1", 1).await;
-    wait_status_and_record(&s, ns, 1, 1).await;
+    wait_record_in(&s, ns, "Synced", 1, Some(1)).await;
     assert_eq!(
         ops(&s, "record").await - records,
         1.0,
@@ -305,7 +302,7 @@ async fn a_provider_that_answers_slowly_still_gets_one_status_write_per_change()
         2,
     )
     .await;
-    wait_status_and_record(&s, ns, 2, 2).await;
+    wait_record_in(&s, ns, "Synced", 2, Some(2)).await;
     // Past any wait after which the record would still be written on its own.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     assert_eq!(ops(&s, "spec_up").await - spec_ups, 1.0);

@@ -462,20 +462,7 @@ async fn pull_policy_none_stamps_a_user_crd_and_unbind_keeps_it() {
         .delete("widgets", &DeleteParams::default())
         .await
         .unwrap();
-    eventually(
-        "the ClusterBinding to go",
-        Duration::from_secs(20),
-        || async {
-            Ok(bindings
-                .get_opt("widgets")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none()
-                .then_some(()))
-        },
-    )
-    .await
-    .unwrap();
+    wait_gone(&bindings, "widgets", "the ClusterBinding to go", 20).await;
     assert!(
         consumer_crd(&s, "widgets.example.org").await.is_some(),
         "a CRD kbind did not create is never deleted"
@@ -862,20 +849,13 @@ async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
         .delete("widgets.example.org", &DeleteParams::default())
         .await
         .unwrap();
-    eventually(
+    wait_gone(
+        &provider_crds,
+        "widgets.example.org",
         "the provider CRD to go",
-        Duration::from_secs(20),
-        || async {
-            Ok(provider_crds
-                .get_opt("widgets.example.org")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none()
-                .then_some(()))
-        },
+        20,
     )
-    .await
-    .unwrap();
+    .await;
     let mut cluster_scoped = exported("widgets", "Widget");
     cluster_scoped.spec.scope = "Cluster".into();
     install_crd(&s.provider, &cluster_scoped).await.unwrap();

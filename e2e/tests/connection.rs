@@ -9,6 +9,7 @@ use kbind_e2e::cluster::{User, ensure_namespace};
 use kbind_e2e::fixtures::*;
 use kbind_e2e::forward::{Forward, port_of};
 use kbind_e2e::kbind::{apiserver_requests, grown, install_crds};
+use kbind_e2e::wait::wait_gone;
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{
     ActiveSchemaSource, Binding, BindingSpec, Connection, ConnectionRef, SchemaSource,
@@ -886,20 +887,7 @@ async fn deleting_a_connection_drains_bindings_then_releases_finalizers_and_keep
         .delete("widgets", &DeleteParams::default())
         .await
         .unwrap();
-    eventually(
-        "the Connection to be gone",
-        Duration::from_secs(20),
-        || async {
-            Ok(connections
-                .get_opt("provider")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none()
-                .then_some(()))
-        },
-    )
-    .await
-    .unwrap();
+    wait_gone(&connections, "provider", "the Connection to be gone", 20).await;
     let secret = secrets.get("p").await.expect("the Secret is never deleted");
     assert!(
         !secret
@@ -1259,20 +1247,13 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
             .await
             .unwrap();
     }
-    eventually(
+    wait_gone(
+        &bindings,
+        "provider",
         "the autoBind ClusterBinding to go",
-        Duration::from_secs(15),
-        || async {
-            Ok(bindings
-                .get_opt("provider")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none()
-                .then_some(()))
-        },
+        15,
     )
-    .await
-    .unwrap();
+    .await;
 
     // Safe by default: a user's ClusterBinding that happens to have the Connection's name is
     // neither taken over by autoBind nor deleted with the Connection.

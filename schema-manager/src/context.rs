@@ -475,13 +475,7 @@ impl BindingCaches {
                 watcher::Config::default(),
                 stop.clone(),
                 |connection: &mut Connection| connection.metadata.managed_fields = None,
-                move |event| {
-                    if let Ok(watcher::Event::Apply(c) | watcher::Event::Delete(c)) = event
-                        && let Some(name) = &c.metadata.name
-                    {
-                        let _ = connection_changed.send(name.clone());
-                    }
-                },
+                announce(connection_changed),
             ),
             connection_changes,
             cluster_bindings: kbind_shared::cache::spawn(
@@ -505,13 +499,7 @@ impl BindingCaches {
                 )),
                 stop.clone(),
                 |crd: &mut CustomResourceDefinition| crd.metadata.managed_fields = None,
-                move |event| {
-                    if let Ok(watcher::Event::Apply(crd) | watcher::Event::Delete(crd)) = event
-                        && let Some(name) = &crd.metadata.name
-                    {
-                        let _ = changed.send(name.clone());
-                    }
-                },
+                announce(changed),
             ),
         }
     }
@@ -532,6 +520,26 @@ impl BindingCaches {
         let _ = self.bindings.wait_until_ready().await;
         let _ = self.managed_crds.wait_until_ready().await;
         let _ = self.connections.wait_until_ready().await;
+    }
+}
+
+/// An observer for a cache of cluster-scoped objects that sends, once the cache holds it, the name
+/// of each object it shows changed — re-lists included ([`kbind_shared::cache::ChangedNames`]):
+/// a Connection or CRD that a watch gap delivers only inside a re-list still wakes its bindings.
+fn announce<K: kube::Resource>(
+    to: tokio::sync::broadcast::Sender<String>,
+) -> impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static {
+    let changes = std::sync::Mutex::new(kbind_shared::cache::ChangedNames::default());
+    move |event| {
+        if let Ok(event) = event {
+            let names = changes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .observe(event);
+            for name in names {
+                let _ = to.send(name);
+            }
+        }
     }
 }
 

@@ -89,6 +89,72 @@ pub fn observe<K>(
     drive(stream, stop, observer);
 }
 
+/// Which cluster-scoped objects a watch shows changed, by name, re-lists included: an `Apply` or
+/// `Delete` names its object at once; a (re-)list names, at its `InitDone` (when the cache holds
+/// it), each object whose resourceVersion differs from the last one seen and each object the list
+/// no longer has. A reaction keyed on changes thus never misses one that a watch gap (an expired
+/// resourceVersion, an API server restart) delivered only inside a re-list.
+#[derive(Debug, Default)]
+pub struct ChangedNames {
+    /// name → resourceVersion, as the cache holds them.
+    seen: std::collections::HashMap<String, String>,
+    /// The (re-)list in progress, until its `InitDone`.
+    listing: Option<std::collections::HashMap<String, String>>,
+}
+
+impl ChangedNames {
+    /// The names `event` shows changed (sorted; empty while a list is in progress).
+    pub fn observe<K: Resource>(&mut self, event: &watcher::Event<K>) -> Vec<String> {
+        let entry = |o: &K| {
+            let meta = o.meta();
+            (
+                meta.name.clone().unwrap_or_default(),
+                meta.resource_version.clone().unwrap_or_default(),
+            )
+        };
+        match event {
+            watcher::Event::Apply(o) => {
+                let (name, version) = entry(o);
+                self.seen.insert(name.clone(), version);
+                vec![name]
+            }
+            watcher::Event::Delete(o) => {
+                let (name, _) = entry(o);
+                self.seen.remove(&name);
+                vec![name]
+            }
+            watcher::Event::Init => {
+                self.listing = Some(Default::default());
+                Vec::new()
+            }
+            watcher::Event::InitApply(o) => {
+                let (name, version) = entry(o);
+                self.listing
+                    .get_or_insert_with(Default::default)
+                    .insert(name, version);
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                let old = std::mem::replace(&mut self.seen, listed);
+                let mut changed: Vec<String> = self
+                    .seen
+                    .iter()
+                    .filter(|(name, version)| old.get(*name) != Some(*version))
+                    .map(|(name, _)| name.clone())
+                    .chain(
+                        old.keys()
+                            .filter(|name| !self.seen.contains_key(*name))
+                            .cloned(),
+                    )
+                    .collect();
+                changed.sort();
+                changed
+            }
+        }
+    }
+}
+
 /// Polls a reflector's `stream` on its own task until `stop`, showing `observer` each item.
 fn drive<K: Send + 'static>(
     stream: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -756,6 +822,53 @@ mod tests {
             map_event(watcher::Event::<i32>::InitDone, double),
             watcher::Event::InitDone
         ));
+    }
+
+    #[test]
+    fn changed_names_include_what_only_a_relist_shows() {
+        use k8s_openapi::api::core::v1::Namespace;
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let object = |name: &str, version: &str| Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        let mut changes = ChangedNames::default();
+        // (event, the names it shows changed)
+        let table: Vec<(watcher::Event<Namespace>, &[&str])> = vec![
+            // The first list: everything it holds is new, named once the cache holds it.
+            (Init, &[]),
+            (InitApply(object("a", "1")), &[]),
+            (InitApply(object("b", "2")), &[]),
+            (InitDone, &["a", "b"]),
+            // Watched changes: at once.
+            (Apply(object("c", "3")), &["c"]),
+            (Apply(object("a", "4")), &["a"]),
+            (Delete(object("b", "2")), &["b"]),
+            // A re-list after a gap: "a" unchanged, "c" deleted and "d" created in the gap, each
+            // named at InitDone.
+            (Init, &[]),
+            (InitApply(object("a", "4")), &[]),
+            (InitApply(object("d", "7")), &[]),
+            (InitDone, &["c", "d"]),
+            // A re-list that finds nothing new names nothing.
+            (Init, &[]),
+            (InitApply(object("a", "4")), &[]),
+            (InitApply(object("d", "7")), &[]),
+            (InitDone, &[]),
+            // A re-list in which "a" changed and "d" went.
+            (Init, &[]),
+            (InitApply(object("a", "9")), &[]),
+            (InitDone, &["a", "d"]),
+            // An object without a resourceVersion still counts by name.
+            (Apply(object("e", "")), &["e"]),
+        ];
+        for (step, (event, want)) in table.into_iter().enumerate() {
+            assert_eq!(changes.observe(&event), want, "step {step}");
+        }
     }
 
     #[test]

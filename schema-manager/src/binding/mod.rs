@@ -88,20 +88,38 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     }
 }
 
-/// The messages of a broadcast, skipping what a slow reader missed (each is a hint to look
-/// again, and the next one covers it).
+/// The messages of a broadcast; `None` where a slow reader missed some (the names are lost, so
+/// the reader looks at everything they could have named).
 fn received<T: Clone + Send + 'static>(
     receiver: tokio::sync::broadcast::Receiver<T>,
-) -> impl futures::Stream<Item = T> {
+) -> impl futures::Stream<Item = Option<T>> {
     futures::stream::unfold(receiver, |mut receiver| async {
-        loop {
-            match receiver.recv().await {
-                Ok(message) => return Some((message, receiver)),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-            }
+        match receiver.recv().await {
+            Ok(message) => Some((Some(message), receiver)),
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some((None, receiver)),
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
         }
     })
+}
+
+/// The bindings in `store` that `keep` selects, or every binding (`name` is `None`: the names
+/// were missed).
+fn selected<B, N>(
+    store: &Store<B>,
+    name: Option<N>,
+    keep: impl Fn(&B, &N) -> bool,
+) -> futures::stream::Iter<std::vec::IntoIter<ObjectRef<B>>>
+where
+    B: BindingObject + kube::Resource<DynamicType = ()>,
+{
+    futures::stream::iter(
+        store
+            .state()
+            .into_iter()
+            .filter(|b| name.as_ref().is_none_or(|n| keep(b, n)))
+            .map(|b| ObjectRef::from_obj(b.as_ref()))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// The bindings in `store` that list the API `name`.
@@ -125,29 +143,25 @@ where
     let controller = Controller::new(api, watcher::Config::default());
     let store = controller.store();
     // BIND-5d live: a change in which instances conflict re-counts the bindings listing the API.
+    let lists = |b: &B, api: &String| b.binding_spec().apis.iter().any(|a| &a.name == api);
     let conflict_store = store.clone();
-    let conflict_triggers = received(ctx.conflict_changes())
-        .flat_map(move |api| futures::stream::iter(listing(&conflict_store, &api)));
+    let conflict_triggers =
+        received(ctx.conflict_changes()).flat_map(move |api| selected(&conflict_store, api, lists));
     // A managed CRD's change, once the schema check's cache of them holds it (the CRD watch
     // below may be seen first: a reconcile it starts can find the cache a moment behind).
     let cached_crd_store = store.clone();
     let cached_crd_triggers = futures::stream::iter(ctx.crd_changes())
         .flat_map(received)
-        .flat_map(move |name| futures::stream::iter(listing(&cached_crd_store, &name)));
+        .flat_map(move |name| selected(&cached_crd_store, name, lists));
     let crd_store = store.clone();
     // BIND triggers: a Connection's change, once the term's Connection cache (which the gate
     // reads) holds it, maps to the bindings that name the Connection.
     let connection_triggers = futures::stream::iter(ctx.connection_changes())
         .flat_map(received)
         .flat_map(move |name| {
-            futures::stream::iter(
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|b| b.binding_spec().connection_ref.name == name)
-                    .map(|b| ObjectRef::from_obj(b.as_ref()))
-                    .collect::<Vec<_>>(),
-            )
+            selected(&store, name, |b: &B, name: &String| {
+                &b.binding_spec().connection_ref.name == name
+            })
         });
 
     controller

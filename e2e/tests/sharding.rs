@@ -578,3 +578,165 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     let synced = metric_sum(&first.metrics().await.unwrap(), "kbind_synced_objects");
     assert_eq!(synced, 0.0, "nothing left synced");
 }
+
+/// The assignment's generation (0: none yet).
+async fn assignment_generation(consumer: &Client) -> u64 {
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
+    maps.get_opt(kbind_shared::shard::ASSIGNMENT_CONFIGMAP)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|m| m.data?.get(kbind_shared::shard::ASSIGNMENT_KEY).cloned())
+        .and_then(|text| kbind_shared::shard::Assignment::decode(&text).ok())
+        .map_or(0, |a| a.generation)
+}
+
+#[tokio::test]
+async fn units_are_placed_by_their_objects_when_namespaces_hash_unevenly() {
+    // One API split into 6 namespace buckets over 3 syncers: 2 units each by count. The objects
+    // are put so that the placement by count alone would leave one syncer with 75 objects and
+    // another with 25; each syncer reports its units' objects on its membership Lease, and the
+    // leader swaps units until the three hold about the same — then nothing moves any more.
+    const BUCKETS: u32 = 6;
+    let mut env = TestEnv::start("sharding_weights", &["consumer", "provider"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    export_kinds(&provider, &["Alpha"]).await;
+    let _manager = start_schema_manager(
+        &mut env,
+        "consumer",
+        "schema-manager",
+        &["--leader-elect=false", "--namespace-buckets=6"],
+    )
+    .await
+    .unwrap();
+    let members: BTreeSet<String> = (0..3).map(|i| format!("syncer-{i}")).collect();
+    let mut syncers = Vec::new();
+    for name in &members {
+        syncers.push(
+            start_syncer(
+                &mut env,
+                "consumer",
+                name,
+                &["--membership-lease-duration=3s"],
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    connect_and_bind_all(&env, &consumer, &["Alpha"]).await;
+
+    // Which units the placement by count pairs up, and objects per bucket that make it uneven:
+    // the first member's two units get 40 and 35, the second's 30 and 20, the third's 15 and 10.
+    let units: BTreeSet<String> = (0..BUCKETS)
+        .map(|k| format!("provider/alphas.example.org#{k}/{BUCKETS}"))
+        .collect();
+    let by_count = kbind_shared::shard::placement(&units, &members);
+    let mut sizes = [40u64, 35, 30, 20, 15, 10].into_iter();
+    let mut objects_of: BTreeMap<String, u64> = BTreeMap::new();
+    for member in &members {
+        for (unit, _) in by_count.iter().filter(|(_, m)| *m == member) {
+            objects_of.insert(unit.clone(), sizes.next().unwrap());
+        }
+    }
+    let weighted_spread = |placement: &BTreeMap<String, String>| {
+        kbind_shared::shard::spread(placement, &members, |u| objects_of[u])
+    };
+    assert!(
+        weighted_spread(&by_count) > 1.25,
+        "the case must be uneven by count alone"
+    );
+    // One namespace per bucket, named so that it hashes there.
+    let mut namespaces = Vec::new();
+    for k in 0..BUCKETS {
+        let name = (0..)
+            .map(|i| format!("team-{i}"))
+            .find(|n| kbind_shared::shard::namespace_bucket(Some(n), BUCKETS) == k)
+            .unwrap();
+        ensure_namespace(&consumer, &name).await.unwrap();
+        let objects: Api<DynamicObject> =
+            Api::namespaced_with(consumer.clone(), &name, &resource("Alpha"));
+        let count = objects_of[&format!("provider/alphas.example.org#{k}/{BUCKETS}")];
+        for i in 0..count {
+            objects
+                .create(
+                    &PostParams::default(),
+                    &object("Alpha", &format!("a-{i}"), i as i64),
+                )
+                .await
+                .unwrap();
+        }
+        namespaces.push(name);
+    }
+    agree(&consumer, &provider, "Alpha", &namespaces).await;
+
+    // Placed by objects: every unit run by one syncer, two each, objects within 1.25×.
+    let balanced = |consumer: Client| {
+        let objects_of = objects_of.clone();
+        let (units, members) = (units.clone(), members.clone());
+        async move {
+            let running = running(&consumer).await;
+            let owners = owners(&running);
+            let placement: BTreeMap<String, String> = owners
+                .iter()
+                .filter(|(_, o)| o.len() == 1)
+                .map(|(u, o)| (u.clone(), o[0].clone()))
+                .collect();
+            let loads: Vec<u64> = members
+                .iter()
+                .map(|m| {
+                    placement
+                        .iter()
+                        .filter(|(_, o)| *o == m)
+                        .map(|(u, _)| objects_of.get(u).copied().unwrap_or_default())
+                        .sum()
+                })
+                .collect();
+            let (max, min) = (
+                loads.iter().max().copied().unwrap_or_default(),
+                loads.iter().min().copied().unwrap_or_default(),
+            );
+            let whole = placement.len() == units.len() && running.len() == members.len();
+            if whole && min > 0 && max as f64 / min as f64 <= 1.25 {
+                Ok(Some(loads))
+            } else {
+                Err(format!("objects per syncer {loads:?}; owners {owners:?}"))
+            }
+        }
+    };
+    let loads = eventually(
+        "objects to spread within 1.25× over the three syncers",
+        Duration::from_secs(90),
+        || balanced(consumer.clone()),
+    )
+    .await
+    .unwrap();
+    println!("objects per syncer: {loads:?} (by count alone it would be 75, 50, 25)");
+
+    // Settled: the weights keep being reported, and nothing moves for them.
+    let generation = assignment_generation(&consumer).await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        assignment_generation(&consumer).await,
+        generation,
+        "the assignment changed while the objects stood still"
+    );
+    balanced(consumer.clone()).await.unwrap();
+    // And the moves lost nothing: a change still syncs, both sides equal.
+    let first: Api<DynamicObject> =
+        Api::namespaced_with(consumer.clone(), &namespaces[0], &resource("Alpha"));
+    first
+        .patch(
+            "a-0",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "value": 1000 } })),
+        )
+        .await
+        .unwrap();
+    agree(&consumer, &provider, "Alpha", &namespaces).await;
+    drop(syncers);
+}

@@ -55,12 +55,17 @@ fn members(leases: &[Lease], now: jiff::Timestamp) -> BTreeMap<String, Member> {
             .get(shard::RUNNING_UNITS_ANNOTATION)
             .map(|a| shard::decode_running(a))
             .unwrap_or_default();
+        let objects = annotations
+            .get(shard::UNIT_OBJECTS_ANNOTATION)
+            .map(|a| shard::decode_objects(a))
+            .unwrap_or_default();
         live.insert(
             member,
             Member {
                 incarnation: number(shard::INCARNATION_ANNOTATION),
                 observed: number(shard::OBSERVED_ASSIGNMENT_ANNOTATION),
                 running,
+                objects,
             },
         );
     }
@@ -141,8 +146,9 @@ pub async fn run(
         _ = caches.ready() => {}
         _ = stop.cancelled() => return,
     }
+    let mut weights = Weights::default();
     loop {
-        if let Err(e) = round(&ctx, &caches, &maps).await {
+        if let Err(e) = round(&ctx, &caches, &maps, &mut weights).await {
             tracing::warn!(error = %e, "assignment round failed");
         }
         tokio::select! {
@@ -248,7 +254,39 @@ impl Caches {
 /// The most namespace buckets one API may be split into.
 pub const MAX_BUCKETS: u32 = 64;
 
-async fn round(ctx: &Context, caches: &Caches, maps: &Api<ConfigMap>) -> Result<(), kube::Error> {
+/// The objects each unit held when its runner last reported them: kept while the unit moves
+/// (nobody runs it, so nobody reports it) and for this leadership term.
+#[derive(Debug, Default)]
+struct Weights(BTreeMap<String, u64>);
+
+impl Weights {
+    /// Takes in what the live members report for `units` and forgets every other unit; returns
+    /// each unit's last known weight (empty: no member reports any).
+    fn update(
+        &mut self,
+        units: &BTreeSet<String>,
+        live: &BTreeMap<String, Member>,
+    ) -> &BTreeMap<String, u64> {
+        self.0.retain(|unit, _| units.contains(unit));
+        if live.values().all(|m| m.objects.is_empty()) {
+            return &self.0;
+        }
+        for unit in units {
+            let key = shard::running_key(unit);
+            if let Some(count) = live.values().filter_map(|m| m.objects.get(&key)).max() {
+                self.0.insert(unit.clone(), *count);
+            }
+        }
+        &self.0
+    }
+}
+
+async fn round(
+    ctx: &Context,
+    caches: &Caches,
+    maps: &Api<ConfigMap>,
+    weights: &mut Weights,
+) -> Result<(), kube::Error> {
     let leases: Vec<Lease> = caches
         .leases
         .state()
@@ -279,7 +317,7 @@ async fn round(ctx: &Context, caches: &Caches, maps: &Api<ConfigMap>) -> Result<
     ctx.metrics
         .assignment_overlaps
         .set(shard::overlaps(&names, &running) as f64);
-    let next = shard::next(&units, &live, &current);
+    let next = shard::next(&units, &live, &current, weights.update(&units, &live));
     if next == current {
         return Ok(());
     }
@@ -375,5 +413,68 @@ mod tests {
             live["c"].running.is_empty() && live["c"].incarnation == 0,
             "an unreadable annotation counts as running nothing"
         );
+    }
+
+    #[test]
+    fn unit_weights_are_remembered_while_a_unit_moves_and_forgotten_when_it_goes() {
+        let (u1, u2) = (
+            "p/a.example.org#0/2".to_owned(),
+            "p/a.example.org#1/2".to_owned(),
+        );
+        let reporting = |counts: &[(&String, u64)]| Member {
+            objects: counts
+                .iter()
+                .map(|(u, c)| (shard::running_key(u), *c))
+                .collect(),
+            ..Member::default()
+        };
+        let units: BTreeSet<String> = [u1.clone(), u2.clone()].into();
+        let mut weights = Weights::default();
+        // Members that report nothing (an earlier version): no weights at all.
+        let silent: BTreeMap<String, Member> = [("a".to_owned(), Member::default())].into();
+        assert!(weights.update(&units, &silent).is_empty());
+        let live: BTreeMap<String, Member> = [
+            ("a".to_owned(), reporting(&[(&u1, 40)])),
+            ("b".to_owned(), reporting(&[(&u2, 7)])),
+        ]
+        .into();
+        assert_eq!(
+            weights.update(&units, &live),
+            &BTreeMap::from([(u1.clone(), 40), (u2.clone(), 7)])
+        );
+        // u1 moves: nobody reports it for a while; its weight stays.
+        let moving: BTreeMap<String, Member> = [("b".to_owned(), reporting(&[(&u2, 9)]))].into();
+        assert_eq!(
+            weights.update(&units, &moving),
+            &BTreeMap::from([(u1.clone(), 40), (u2.clone(), 9)])
+        );
+        // u2 is no longer a unit: forgotten.
+        let only_u1: BTreeSet<String> = [u1.clone()].into();
+        assert_eq!(
+            weights.update(&only_u1, &moving),
+            &BTreeMap::from([(u1.clone(), 40)])
+        );
+    }
+
+    #[test]
+    fn a_members_unit_objects_are_read_from_its_lease() {
+        let now = jiff::Timestamp::from_second(1000).unwrap();
+        let mut reporting = lease("a", 1, r#"["p/x.y"]"#);
+        let counts: BTreeMap<String, u64> = [("p/x.y".to_owned(), 12)].into();
+        reporting.metadata.annotations.as_mut().unwrap().insert(
+            shard::UNIT_OBJECTS_ANNOTATION.to_owned(),
+            shard::encode_objects(&counts),
+        );
+        let mut hostile = lease("b", 1, "[]");
+        hostile.metadata.annotations.as_mut().unwrap().insert(
+            shard::UNIT_OBJECTS_ANNOTATION.to_owned(),
+            "x".repeat(300_000),
+        );
+        let live = members(&[reporting, hostile], now);
+        assert_eq!(
+            live["a"].objects,
+            BTreeMap::from([(shard::running_key("p/x.y"), 12)])
+        );
+        assert!(live["b"].objects.is_empty());
     }
 }

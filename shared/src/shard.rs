@@ -97,6 +97,46 @@ pub fn decode_running(text: &str) -> BTreeSet<String> {
         .map(|u| running_key(u))
         .collect()
 }
+/// Annotation on a syncer's membership Lease: how many objects each unit it runs holds (its
+/// consumer cache's count, refreshed every few seconds), `<running_key>=<count>` joined by `,`.
+/// The leader places units by these weights, so that replicas hold similar numbers of objects,
+/// not only similar numbers of units. At most [`MAX_UNIT_OBJECTS`] entries (the heaviest): with
+/// the running-units annotation that stays well under a Lease's 256 KiB of annotations.
+pub const UNIT_OBJECTS_ANNOTATION: &str = "core.kbind.io/unit-objects";
+/// The most units a unit-objects annotation lists.
+pub const MAX_UNIT_OBJECTS: usize = 4096;
+
+/// The unit-objects annotation for `counts` (unit name → objects); see [`UNIT_OBJECTS_ANNOTATION`].
+pub fn encode_objects(counts: &BTreeMap<String, u64>) -> String {
+    let mut entries: Vec<(u64, String)> = counts
+        .iter()
+        .map(|(unit, count)| (*count, running_key(unit)))
+        .collect();
+    if entries.len() > MAX_UNIT_OBJECTS {
+        entries.sort_by(|a, b| b.cmp(a));
+        entries.truncate(MAX_UNIT_OBJECTS);
+    }
+    entries.sort_by(|a, b| a.1.cmp(&b.1));
+    entries
+        .iter()
+        .map(|(count, key)| format!("{key}={count}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The counts of a unit-objects annotation, by [`running_key`]: at most [`MAX_UNIT_OBJECTS`]
+/// entries; an unreadable entry is left out (a hostile or newer Lease costs nothing).
+pub fn decode_objects(text: &str) -> BTreeMap<String, u64> {
+    text.split(',')
+        .filter_map(|entry| {
+            let (key, count) = entry.split_once('=')?;
+            (key.len() == 8 && key.is_ascii()).then_some(())?;
+            Some((key.to_owned(), count.parse::<u64>().ok()?))
+        })
+        .take(MAX_UNIT_OBJECTS)
+        .collect()
+}
+
 /// Prefix of each syncer's membership Lease name.
 pub const MEMBER_LEASE_PREFIX: &str = "kbind-syncer-";
 
@@ -148,6 +188,8 @@ pub struct Member {
     pub observed: u64,
     /// The [`running_key`]s of [`RUNNING_UNITS_ANNOTATION`].
     pub running: BTreeSet<String>,
+    /// [`UNIT_OBJECTS_ANNOTATION`]: objects per running unit, by [`running_key`].
+    pub objects: BTreeMap<String, u64>,
 }
 
 /// Why an assignment cannot be read.
@@ -378,6 +420,172 @@ pub fn placement(units: &BTreeSet<String>, members: &BTreeSet<String>) -> BTreeM
     out
 }
 
+/// While the current owners' object loads differ by at most this factor (heaviest ÷ lightest),
+/// no unit moves for balance.
+pub const BALANCED_SPREAD: f64 = 1.2;
+/// Nor while they differ by fewer objects than this: a few dozen objects are not worth a move
+/// (each moved unit's worker lists its objects again), and early in a bulk load the counts are
+/// too small to say which way the load will lean.
+pub const MIN_IMBALANCE: u64 = 32;
+/// At most this many swaps per placement (each strictly evens out the two members it touches).
+const MAX_SWAPS: usize = 256;
+
+/// How far apart `placement`'s object loads over `members` are: heaviest ÷ lightest, each plus
+/// one (an empty member does not divide by zero).
+pub fn spread(
+    placement: &BTreeMap<String, String>,
+    members: &BTreeSet<String>,
+    weight: impl Fn(&str) -> u64,
+) -> f64 {
+    let (max, min) = heaviest_lightest(placement, members, &weight);
+    (max as f64 + 1.0) / (min as f64 + 1.0)
+}
+
+/// The heaviest and the lightest member's objects.
+fn heaviest_lightest(
+    placement: &BTreeMap<String, String>,
+    members: &BTreeSet<String>,
+    weight: &impl Fn(&str) -> u64,
+) -> (u64, u64) {
+    let loads = loads_of(placement, members, weight);
+    let max = loads.values().max().copied().unwrap_or_default();
+    let min = loads.values().min().copied().unwrap_or_default();
+    (max, min)
+}
+
+fn loads_of<'a>(
+    placement: &BTreeMap<String, String>,
+    members: &'a BTreeSet<String>,
+    weight: &impl Fn(&str) -> u64,
+) -> BTreeMap<&'a str, u64> {
+    let mut loads: BTreeMap<&str, u64> = members.iter().map(|m| (m.as_str(), 0)).collect();
+    for (unit, member) in placement {
+        if let Some(load) = loads.get_mut(member.as_str()) {
+            *load = load.saturating_add(weight(unit));
+        }
+    }
+    loads
+}
+
+/// Where every unit should run, by count and by weight: [`placement`] (even unit counts), then
+/// swaps of units between the heaviest and the lightest member — counts stay even — while a
+/// swap evens their objects out. `weights` are the objects each unit held when last reported
+/// (a unit without one weighs nothing); with none at all this is exactly [`placement`] (syncers
+/// that report no weights). `kept`: the current owners, when every unit has a live one and the
+/// unit counts are still even; they stay while their object loads are within
+/// [`BALANCED_SPREAD`] or [`MIN_IMBALANCE`] of each other, or no clearly better placement is
+/// found — weights drift all the time, and a unit
+/// moves only for a real imbalance.
+pub fn balanced_placement(
+    units: &BTreeSet<String>,
+    members: &BTreeSet<String>,
+    weights: &BTreeMap<String, u64>,
+    kept: Option<BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
+    let base = placement(units, members);
+    if weights.is_empty() {
+        return base;
+    }
+    let weight = |unit: &str| weights.get(unit).copied().unwrap_or_default();
+    let kept = kept.filter(|k| {
+        k.len() == units.len()
+            && units
+                .iter()
+                .all(|u| k.get(u).is_some_and(|m| members.contains(m)))
+            && counts_even(k, members, units.len())
+    });
+    if let Some(kept) = &kept {
+        let (max, min) = heaviest_lightest(kept, members, &weight);
+        if max - min < MIN_IMBALANCE || spread(kept, members, weight) <= BALANCED_SPREAD {
+            return kept.clone();
+        }
+    }
+    let improved = swapped(base, members, &weight);
+    match kept {
+        // Only a clearly better placement is worth the moves.
+        Some(kept)
+            if spread(&kept, members, weight) <= spread(&improved, members, weight) * 1.1 =>
+        {
+            kept
+        }
+        _ => improved,
+    }
+}
+
+/// Whether every member holds what [`placement`] would give it by count: at most ⌈units ÷
+/// members⌉, and not two fewer than ⌊units ÷ members⌋ (a member that just joined holds none).
+fn counts_even(
+    placement: &BTreeMap<String, String>,
+    members: &BTreeSet<String>,
+    units: usize,
+) -> bool {
+    if members.is_empty() {
+        return false;
+    }
+    let (cap, floor) = (units.div_ceil(members.len()), units / members.len());
+    let mut counts: BTreeMap<&str, usize> = members.iter().map(|m| (m.as_str(), 0)).collect();
+    for member in placement.values() {
+        if let Some(count) = counts.get_mut(member.as_str()) {
+            *count += 1;
+        }
+    }
+    counts.values().all(|c| *c <= cap && *c + 1 >= floor)
+}
+
+/// `placement` with units swapped between its heaviest and lightest member while a swap brings
+/// their loads closer (at most [`MAX_SWAPS`]); deterministic for the same inputs.
+fn swapped(
+    mut placement: BTreeMap<String, String>,
+    members: &BTreeSet<String>,
+    weight: &impl Fn(&str) -> u64,
+) -> BTreeMap<String, String> {
+    for _ in 0..MAX_SWAPS {
+        let loads = loads_of(&placement, members, weight);
+        let heaviest = loads.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)));
+        let lightest = loads.iter().min_by(|a, b| a.1.cmp(b.1).then(a.0.cmp(b.0)));
+        let (Some((heavy, high)), Some((light, low))) = (heaviest, lightest) else {
+            break;
+        };
+        if high <= low {
+            break;
+        }
+        let gap = high - low;
+        let (heavy, light) = (heavy.to_string(), light.to_string());
+        let mut candidates: Vec<(u64, &String)> = placement
+            .iter()
+            .filter(|(_, m)| **m == light)
+            .map(|(u, _)| (weight(u), u))
+            .collect();
+        candidates.sort();
+        // The swap (a from the heaviest, b from the lightest) whose difference is nearest half
+        // the gap; 0 < w(a) − w(b) < gap, so both end nearer each other than before.
+        let mut best: Option<(u64, &String, &String)> = None;
+        for (unit, _) in placement.iter().filter(|(_, m)| **m == heavy) {
+            let wa = weight(unit);
+            let ideal = wa.saturating_sub(gap / 2);
+            let at = candidates.partition_point(|(w, _)| *w < ideal);
+            for (wb, other) in [at.checked_sub(1), Some(at)]
+                .into_iter()
+                .flatten()
+                .filter_map(|i| candidates.get(i))
+            {
+                let Some(delta) = wa.checked_sub(*wb).filter(|d| *d > 0 && *d < gap) else {
+                    continue;
+                };
+                let miss = gap.abs_diff(delta.saturating_mul(2));
+                if best.is_none_or(|(m, _, _)| miss < m) {
+                    best = Some((miss, unit, other));
+                }
+            }
+        }
+        let Some((_, a, b)) = best else { break };
+        let (a, b) = (a.clone(), b.clone());
+        placement.insert(a, light);
+        placement.insert(b, heavy);
+    }
+    placement
+}
+
 /// One assignment round over the live members (current Leases). A unit moves from a live owner
 /// in two steps: it is marked draining (nobody's), and given to its new owner only once the old
 /// owner has applied that assignment generation and no longer runs it — so a unit never has two
@@ -388,10 +596,10 @@ pub fn next(
     units: &BTreeSet<String>,
     live: &BTreeMap<String, Member>,
     current: &Assignment,
+    weights: &BTreeMap<String, u64>,
 ) -> Assignment {
     let generation = current.generation + 1;
     let names: BTreeSet<String> = live.keys().cloned().collect();
-    let placement = placement(units, &names);
     let alive = |owner: &str| {
         live.get(owner).is_some_and(|m| {
             current
@@ -400,6 +608,18 @@ pub fn next(
                 .is_none_or(|i| *i == m.incarnation)
         })
     };
+    // The current owners, if every unit has a live one (nothing draining, nobody dead).
+    let kept: Option<BTreeMap<String, String>> = units
+        .iter()
+        .map(|u| {
+            current
+                .units
+                .get(u)
+                .filter(|owner| alive(owner))
+                .map(|owner| (u.clone(), owner.clone()))
+        })
+        .collect();
+    let placement = balanced_placement(units, &names, weights, kept);
     let running_elsewhere = |key: &str, except: &str| {
         live.iter()
             .any(|(member, m)| member != except && m.running.contains(key))
@@ -528,11 +748,217 @@ mod tests {
         }
     }
 
+    /// 6 APIs × 4 namespace buckets whose buckets hold `per_bucket` objects each (the same
+    /// namespaces in every API: the heavy buckets line up, as in the sharding benchmark).
+    fn bucketed(per_bucket: [u64; 4]) -> (BTreeSet<String>, BTreeMap<String, u64>) {
+        let mut weights = BTreeMap::new();
+        for api in [
+            "alphas", "bravos", "charlies", "deltas", "echos", "foxtrots",
+        ] {
+            for (k, objects) in per_bucket.iter().enumerate() {
+                weights.insert(format!("p/{api}.example.org#{k}/4"), *objects);
+            }
+        }
+        (weights.keys().cloned().collect(), weights)
+    }
+
+    fn counts(placement: &BTreeMap<String, String>) -> Vec<usize> {
+        loads(placement)
+    }
+
+    #[test]
+    fn placement_by_weight_evens_out_objects_and_keeps_unit_counts_even() {
+        let members = set(&["syncer-0", "syncer-1", "syncer-2"]);
+        // (objects per bucket, the spread by weight must be at most)
+        let cases: [([u64; 4], f64); 5] = [
+            ([500, 250, 125, 125], 1.1), // 8 namespaces hashed 4 / 2 / 1 / 1
+            ([375, 375, 125, 125], 1.1),
+            ([1000, 0, 0, 0], 1.1), // 6 heavy units over 3 members: 2 each
+            ([100, 100, 100, 100], 1.0),
+            ([7, 3, 1, 0], 1.25),
+        ];
+        for (per_bucket, most) in cases {
+            let (units, weights) = bucketed(per_bucket);
+            let weight = |u: &str| weights[u];
+            let by_count = placement(&units, &members);
+            let by_weight = balanced_placement(&units, &members, &weights, None);
+            assert_eq!(
+                counts(&by_weight),
+                [8, 8, 8],
+                "{per_bucket:?}: unit counts stay even"
+            );
+            let (before, after) = (
+                spread(&by_count, &members, weight),
+                spread(&by_weight, &members, weight),
+            );
+            assert!(
+                after <= most && after <= before,
+                "{per_bucket:?}: spread {before:.2} by count, {after:.2} by weight"
+            );
+            // Any leader computes the same.
+            assert_eq!(
+                balanced_placement(&units, &members, &weights, None),
+                by_weight
+            );
+        }
+        // Hostile counts (a Lease says anything) neither panic nor unbalance the unit counts.
+        let (units, weights) = bucketed([u64::MAX, u64::MAX / 2 + 1, u64::MAX - 1, 0]);
+        let hostile = balanced_placement(&units, &members, &weights, None);
+        assert_eq!(counts(&hostile), [8, 8, 8]);
+        // The benchmark's case is uneven by count alone: the weights are what evens it out.
+        let (units, weights) = bucketed([500, 250, 125, 125]);
+        let by_count = placement(&units, &members);
+        assert!(spread(&by_count, &members, |u| weights[u]) > 1.25);
+    }
+
+    #[test]
+    fn placement_by_weight_keeps_current_owners_unless_clearly_uneven() {
+        let members = set(&["syncer-0", "syncer-1", "syncer-2"]);
+        let (units, weights) = bucketed([500, 250, 125, 125]);
+        let balanced = balanced_placement(&units, &members, &weights, None);
+        // Weights drift (objects come and go): within the tolerance nothing moves, even where a
+        // fresh placement of the new weights would differ.
+        for drift in [0.9, 0.95, 1.05, 1.1] {
+            let drifted: BTreeMap<String, u64> = weights
+                .iter()
+                .enumerate()
+                .map(|(i, (u, w))| {
+                    let factor = if i % 2 == 0 { drift } else { 1.0 };
+                    (u.clone(), (*w as f64 * factor) as u64)
+                })
+                .collect();
+            assert_eq!(
+                balanced_placement(&units, &members, &drifted, Some(balanced.clone())),
+                balanced,
+                "drift {drift}"
+            );
+        }
+        // Owners placed by count alone are clearly uneven: re-placed by weight.
+        let by_count = placement(&units, &members);
+        assert_eq!(
+            balanced_placement(&units, &members, &weights, Some(by_count.clone())),
+            balanced
+        );
+        // The same unevenness in a handful of objects is not worth a move.
+        let (_, few) = bucketed([4, 2, 1, 1]);
+        assert!(spread(&by_count, &members, |u| few[u]) > BALANCED_SPREAD);
+        assert_eq!(
+            balanced_placement(&units, &members, &few, Some(by_count.clone())),
+            by_count
+        );
+        // No weights reported (syncers of an earlier version): exactly the placement by count.
+        assert_eq!(
+            balanced_placement(&units, &members, &BTreeMap::new(), Some(balanced.clone())),
+            by_count
+        );
+        // Current owners that cannot stay: a member joined (it holds nothing), or one is gone.
+        let four = set(&["syncer-0", "syncer-1", "syncer-2", "syncer-3"]);
+        let joined = balanced_placement(&units, &four, &weights, Some(balanced.clone()));
+        assert_eq!(counts(&joined), [6, 6, 6, 6]);
+        let two = set(&["syncer-0", "syncer-1"]);
+        let left = balanced_placement(&units, &two, &weights, Some(balanced.clone()));
+        assert!(left.values().all(|m| two.contains(m)));
+        assert_eq!(counts(&left), [12, 12]);
+        // A unit without an owner (draining): a fresh placement.
+        let mut draining = balanced.clone();
+        draining.remove(units.first().unwrap());
+        assert_eq!(
+            balanced_placement(&units, &members, &weights, Some(draining)),
+            balanced
+        );
+    }
+
+    #[test]
+    fn an_uneven_assignment_is_evened_out_through_drains() {
+        let (units, weights) = bucketed([500, 250, 125, 125]);
+        let names = set(&["syncer-0", "syncer-1", "syncer-2"]);
+        let by_count = placement(&units, &names);
+        assert!(spread(&by_count, &names, |u| weights[u]) > 1.25);
+        fn owned<'a>(placement: &'a BTreeMap<String, String>, m: &str) -> Vec<&'a str> {
+            placement
+                .iter()
+                .filter(|(_, o)| *o == m)
+                .map(|(u, _)| u.as_str())
+                .collect()
+        }
+        let current = Assignment {
+            format: 1,
+            generation: 4,
+            units: by_count.clone(),
+            members: names.iter().map(|m| (m.clone(), 1)).collect(),
+            draining: BTreeMap::new(),
+        };
+        let live: BTreeMap<String, Member> = names
+            .iter()
+            .map(|m| (m.clone(), member(1, 4, &owned(&by_count, m))))
+            .collect();
+        // Without weights nothing moves; with them, the units to swap are drained first.
+        assert_eq!(next(&units, &live, &current, &BTreeMap::new()), current);
+        let round = next(&units, &live, &current, &weights);
+        assert_eq!(round.generation, 5);
+        assert!(!round.draining.is_empty() && round.draining.len().is_multiple_of(2));
+        assert!(round.draining.keys().all(|u| !round.units.contains_key(u)));
+    }
+
+    #[test]
+    fn unit_objects_fit_a_lease_and_hostile_text_reads_as_nothing() {
+        let units: BTreeMap<String, u64> = (0..5000u64)
+            .map(|i| {
+                (
+                    format!(
+                        "{}/{}{i:05}.example.org#3/4",
+                        "c".repeat(63),
+                        "r".repeat(100)
+                    ),
+                    i,
+                )
+            })
+            .collect();
+        let text = encode_objects(&units);
+        let running = encode_running(&units.keys().cloned().collect());
+        assert!(
+            text.len() + running.len() < 200 * 1024,
+            "both annotations: {} bytes",
+            text.len() + running.len()
+        );
+        let decoded = decode_objects(&text);
+        assert_eq!(decoded.len(), MAX_UNIT_OBJECTS);
+        // The heaviest are the ones listed.
+        assert_eq!(
+            decoded.get(&running_key(units.keys().last().unwrap())),
+            Some(&4999)
+        );
+        assert_eq!(
+            decoded.values().min(),
+            Some(&(5000 - MAX_UNIT_OBJECTS as u64))
+        );
+        let few: BTreeMap<String, u64> =
+            [("p/a.b".to_owned(), 3), ("p/c.d#1/2".to_owned(), 0)].into();
+        assert_eq!(
+            decode_objects(&encode_objects(&few)),
+            few.iter().map(|(u, c)| (running_key(u), *c)).collect()
+        );
+        for hostile in [
+            "",
+            "garbage",
+            "abcdefgh=-1",
+            "abc=4",
+            "abcdefgh=99999999999999999999999",
+            "abcdéfg=1",
+            ",,,=,=",
+        ] {
+            assert!(decode_objects(hostile).is_empty(), "{hostile:?}");
+        }
+        let flood = "abcdefgh=1,".repeat(100_000);
+        assert!(decode_objects(&flood).len() <= MAX_UNIT_OBJECTS);
+    }
+
     fn member(incarnation: u64, observed: u64, running: &[&str]) -> Member {
         Member {
             incarnation,
             observed,
             running: running.iter().map(|u| running_key(u)).collect(),
+            objects: BTreeMap::new(),
         }
     }
 
@@ -576,7 +1002,7 @@ mod tests {
             .collect();
         let (kept, left_out) = fit(&ordinary, &members);
         assert_eq!((kept.len(), left_out), (5000, 0));
-        let assignment = next(&kept, &live, &Assignment::default());
+        let assignment = next(&kept, &live, &Assignment::default(), &BTreeMap::new());
         assert_eq!(assignment.units.len(), 5000);
         let text = assignment.encode();
         assert!(text.len() <= MAX_ASSIGNMENT_BYTES, "{} bytes", text.len());
@@ -585,7 +1011,7 @@ mod tests {
         // ConfigMap never exceeds the limit — not even if every unit were draining.
         let (kept, left_out) = fit(&units, &members);
         assert!(left_out > 0 && kept.len() + left_out == 5000);
-        let assignment = next(&kept, &live, &Assignment::default());
+        let assignment = next(&kept, &live, &Assignment::default(), &BTreeMap::new());
         assert!(assignment.encode().len() <= MAX_ASSIGNMENT_BYTES);
         let draining = Assignment {
             format: ASSIGNMENT_FORMAT,
@@ -636,17 +1062,23 @@ mod tests {
             .into()
         };
         // Round 1: taken from the old owner (draining since generation 8), given to nobody.
-        let round1 = next(&units, &live(7, &[u.as_str()]), &current);
+        let round1 = next(&units, &live(7, &[u.as_str()]), &current, &BTreeMap::new());
         assert_eq!(round1.generation, 8);
         assert!(!round1.units.contains_key(&u));
         assert_eq!(round1.draining[&u].since, 8);
         // The old owner has not applied generation 8 yet (even if it does not run the unit: it may
         // be about to start it from generation 7): still nobody's, and nothing changes.
-        assert_eq!(next(&units, &live(7, &[]), &round1), round1);
+        assert_eq!(
+            next(&units, &live(7, &[]), &round1, &BTreeMap::new()),
+            round1
+        );
         // Applied, but still running: nobody's.
-        assert_eq!(next(&units, &live(8, &[u.as_str()]), &round1), round1);
+        assert_eq!(
+            next(&units, &live(8, &[u.as_str()]), &round1, &BTreeMap::new()),
+            round1
+        );
         // Applied and stopped: now the new owner's, with its incarnation.
-        let round2 = next(&units, &live(8, &[]), &round1);
+        let round2 = next(&units, &live(8, &[]), &round1, &BTreeMap::new());
         assert_eq!(round2.units.get(&u), Some(&desired));
         assert_eq!(round2.members.get(&desired), Some(&1));
         assert!(round2.draining.is_empty());
@@ -668,7 +1100,7 @@ mod tests {
             draining: BTreeMap::new(),
         };
         let live: BTreeMap<String, Member> = [("alive".to_owned(), member(5, 0, &[]))].into();
-        let next = next(&set(&[u.as_str()]), &live, &current);
+        let next = next(&set(&[u.as_str()]), &live, &current, &BTreeMap::new());
         assert_eq!(next.units.get(&u).map(String::as_str), Some("alive"));
         assert_eq!(next.members.get("alive"), Some(&5));
     }
@@ -688,7 +1120,7 @@ mod tests {
         };
         let live: BTreeMap<String, Member> = [("a".to_owned(), member(2, 3, &[]))].into();
         assert!(current.units_of("a", 2).is_empty());
-        let next = next(&units, &live, &current);
+        let next = next(&units, &live, &current, &BTreeMap::new());
         assert_eq!(next.units_of("a", 2), units);
     }
 

@@ -3,7 +3,7 @@
 //! and the fence: a replica that has not renewed in time writes nothing.
 
 use kbind_shared::sync::Locked;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
@@ -29,6 +29,8 @@ pub struct Membership {
     renewed_at_ms: AtomicI64,
     /// Units running now and the assignment generation they conform to.
     running: Mutex<(BTreeSet<String>, u64)>,
+    /// Objects per unit, as the workers last counted them (reported for running units only).
+    objects: Mutex<BTreeMap<String, u64>>,
     changed: Notify,
     /// Changes when this replica (re)joins: at start, and after a lapse.
     incarnation: AtomicU64,
@@ -51,6 +53,7 @@ impl Membership {
             duration,
             renewed_at_ms: AtomicI64::new(i64::MIN / 2),
             running: Mutex::default(),
+            objects: Mutex::default(),
             changed: Notify::new(),
             incarnation: AtomicU64::new(now_ms().unsigned_abs()),
             lapsed: AtomicBool::new(false),
@@ -133,6 +136,20 @@ impl Membership {
         }
     }
 
+    /// Records how many objects each of `counts`' units holds, for the next renewal to report
+    /// (the leader places units by them; a count alone never renews early).
+    pub fn set_objects(&self, counts: impl IntoIterator<Item = (String, u64)>) {
+        self.objects.locked().extend(counts);
+    }
+
+    /// Forgets the counts of `units` (their worker stopped).
+    pub fn forget_objects<'a>(&self, units: impl IntoIterator<Item = &'a String>) {
+        let mut objects = self.objects.locked();
+        for unit in units {
+            objects.remove(unit);
+        }
+    }
+
     async fn renew(&self) -> Result<(), kube::Error> {
         let ever_renewed = self.renewed_at_ms.load(Ordering::SeqCst) > i64::MIN / 4;
         if ever_renewed && !self.within_fence() && !self.is_lapsed() {
@@ -156,6 +173,13 @@ impl Membership {
         } else {
             running
         };
+        let objects: BTreeMap<String, u64> = {
+            let counts = self.objects.locked();
+            running
+                .iter()
+                .filter_map(|u| counts.get(u).map(|c| (u.clone(), *c)))
+                .collect()
+        };
         let lease = json!({
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -166,6 +190,7 @@ impl Membership {
                     shard::RUNNING_UNITS_ANNOTATION: shard::encode_running(&running.iter().cloned().collect()),
                     shard::INCARNATION_ANNOTATION: self.incarnation().to_string(),
                     shard::OBSERVED_ASSIGNMENT_ANNOTATION: observed.to_string(),
+                    shard::UNIT_OBJECTS_ANNOTATION: shard::encode_objects(&objects),
                 },
             },
             "spec": {

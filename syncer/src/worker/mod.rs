@@ -333,6 +333,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     // A binding change (which may bind or unbind the API for any object) and the periodic
     // backstop resync look at every object, and sync the ones with work to do. (A burst of
     // binding events is one look.)
+    let consumer_objects_for_count = consumer_objects.clone();
     let (scanner, scanned) = (worker.clone(), consumer_objects.clone());
     let scan_resource = resource.clone();
     let rescans = futures::stream::select(ctx.binding_changes(), resync_ticks(ctx.resync_interval))
@@ -374,13 +375,27 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    // The backlog gauges, refreshed every second (the oldest entry ages between events).
+    // The backlog gauges, refreshed every second (the oldest entry ages between events); and
+    // every few seconds, once the consumer cache has listed, the objects per unit for the
+    // membership Lease (the leader places units by them).
+    let counted_objects = consumer_objects_for_count;
     let backlog = async {
         let worker = &worker_for_stop;
         let labels = [worker.spec.connection.as_str(), worker.spec.api.as_str()];
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut ticks: u64 = 0;
         loop {
             tick.tick().await;
+            if ticks.is_multiple_of(OBJECT_COUNT_TICKS) && worker.listed.locked().consumer {
+                let objects = counted_objects.state();
+                ctx.membership
+                    .set_objects(worker.spec.buckets.objects_per_unit(
+                        &worker.spec.connection,
+                        &worker.spec.api,
+                        objects.iter().map(|o| o.metadata.namespace.as_deref()),
+                    ));
+            }
+            ticks += 1;
             let (waiting, oldest, record_wait) = {
                 let mut pending = worker.pending.locked();
                 let now = std::time::Instant::now();
@@ -409,6 +424,12 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     }
     feeder.abort();
     consumer_feeder.abort();
+    let units = worker_for_stop.spec.buckets.objects_per_unit(
+        &worker_for_stop.spec.connection,
+        &api,
+        std::iter::empty(),
+    );
+    ctx.membership.forget_objects(units.keys());
     for gauge in [
         &ctx.metrics.synced_objects,
         &ctx.metrics.conflicts,
@@ -425,6 +446,9 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
             gauge.remove_label_values(&[worker_for_stop.spec.connection.as_str(), api.as_str()]);
     }
 }
+
+/// Objects per unit are counted every this many backlog ticks (seconds).
+const OBJECT_COUNT_TICKS: u64 = 5;
 
 /// One tick per `period`, the first after one period: the backstop resync of every object.
 fn resync_ticks(period: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {

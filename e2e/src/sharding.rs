@@ -127,3 +127,37 @@ pub async fn connect_and_bind_all(
         .unwrap();
     apis
 }
+
+/// The assignment's generation (0: none yet).
+pub async fn assignment_generation(consumer: &Client) -> u64 {
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
+    maps.get_opt(kbind_shared::shard::ASSIGNMENT_CONFIGMAP)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|m| m.data?.get(kbind_shared::shard::ASSIGNMENT_KEY).cloned())
+        .and_then(|text| kbind_shared::shard::Assignment::decode(&text).ok())
+        .map_or(0, |a| a.generation)
+}
+
+/// Waits until the assignment's generation has not changed for `quiet` (the leader has
+/// finished moving units, by count and by objects); returns how long that took.
+pub async fn assignment_quiet(
+    consumer: &Client,
+    quiet: std::time::Duration,
+) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    let (mut generation, mut since) = (
+        assignment_generation(consumer).await,
+        std::time::Instant::now(),
+    );
+    while since.elapsed() < quiet && started.elapsed() < std::time::Duration::from_secs(300) {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let now = assignment_generation(consumer).await;
+        if now != generation {
+            (generation, since) = (now, std::time::Instant::now());
+        }
+    }
+    since.duration_since(started)
+}

@@ -13,7 +13,9 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
 use kbind_e2e::kbind::metric_sum;
-use kbind_e2e::sharding::{connect_and_bind_all, export_kinds, object, owners, resource, running};
+use kbind_e2e::sharding::{
+    assignment_generation, connect_and_bind_all, export_kinds, object, owners, resource, running,
+};
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::ClusterBinding;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -577,19 +579,6 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     }
     let synced = metric_sum(&first.metrics().await.unwrap(), "kbind_synced_objects");
     assert_eq!(synced, 0.0, "nothing left synced");
-}
-
-/// The assignment's generation (0: none yet).
-async fn assignment_generation(consumer: &Client) -> u64 {
-    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
-    maps.get_opt(kbind_shared::shard::ASSIGNMENT_CONFIGMAP)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|m| m.data?.get(kbind_shared::shard::ASSIGNMENT_KEY).cloned())
-        .and_then(|text| kbind_shared::shard::Assignment::decode(&text).ok())
-        .map_or(0, |a| a.generation)
 }
 
 #[tokio::test]

@@ -25,6 +25,21 @@ use serde_json::json;
 const KINDS: [&str; 6] = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot"];
 const LEASE: Duration = Duration::from_secs(3);
 
+/// Syncers with these identities on the consumer, their membership Lease 3 s; by identity.
+async fn start_syncers<'a>(
+    env: &mut TestEnv,
+    names: impl IntoIterator<Item = &'a String>,
+) -> BTreeMap<String, Program> {
+    let mut syncers = BTreeMap::new();
+    for name in names {
+        let syncer = start_syncer(env, "consumer", name, &["--membership-lease-duration=3s"])
+            .await
+            .unwrap();
+        syncers.insert(name.clone(), syncer);
+    }
+    syncers
+}
+
 /// Samples the membership Leases every 100 ms, from `start` until `assert_no_overlap`, for the
 /// most live owners any unit had.
 struct OverlapSampler {
@@ -83,20 +98,10 @@ async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
     )
     .await
     .unwrap();
-    let mut syncers = BTreeMap::new();
-    for name in ["syncer-a", "syncer-b", "syncer-c"] {
-        syncers.insert(
-            name,
-            start_syncer(
-                &mut env,
-                "consumer",
-                name,
-                &["--membership-lease-duration=3s"],
-            )
-            .await
-            .unwrap(),
-        );
-    }
+    let names: Vec<String> = ["syncer-a", "syncer-b", "syncer-c"]
+        .map(String::from)
+        .into();
+    let syncers = start_syncers(&mut env, &names).await;
     let apis = connect_and_bind_all(&env, &consumer, &KINDS).await;
     ensure_namespace(&consumer, "team-a").await.unwrap();
 
@@ -604,19 +609,7 @@ async fn units_are_placed_by_their_objects_when_namespaces_hash_unevenly() {
     .await
     .unwrap();
     let members: BTreeSet<String> = (0..3).map(|i| format!("syncer-{i}")).collect();
-    let mut syncers = Vec::new();
-    for name in &members {
-        syncers.push(
-            start_syncer(
-                &mut env,
-                "consumer",
-                name,
-                &["--membership-lease-duration=3s"],
-            )
-            .await
-            .unwrap(),
-        );
-    }
+    let syncers = start_syncers(&mut env, &members).await;
     connect_and_bind_all(&env, &consumer, &["Alpha"]).await;
 
     // Which units the placement by count pairs up, and objects per bucket that make it uneven:

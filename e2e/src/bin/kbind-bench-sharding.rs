@@ -81,6 +81,23 @@ async fn settled(consumer: &Client, units: &BTreeSet<String>, members: usize) ->
     started.elapsed()
 }
 
+/// Waits until the replicas together report `total` objects synced; each one's count.
+async fn all_synced(replicas: &[Program], total: usize, what: &str) -> Vec<f64> {
+    eventually(what, Duration::from_secs(300), || async {
+        let mut counts = Vec::new();
+        for replica in replicas {
+            counts.push(metric_sum(
+                &replica.metrics().await?,
+                "kbind_synced_objects",
+            ));
+        }
+        let sum: f64 = counts.iter().sum();
+        Ok((sum as usize == total).then_some(counts))
+    })
+    .await
+    .unwrap()
+}
+
 fn write_delta(before: &[BTreeMap<String, u64>; 2], after: &[BTreeMap<String, u64>; 2]) -> String {
     let lines: Vec<String> = ["consumer", "provider"]
         .iter()
@@ -189,41 +206,13 @@ async fn main() {
             );
         }
         settled(&consumer, &units, n).await;
-        let counts = eventually("every object synced", Duration::from_secs(300), || async {
-            let mut counts = Vec::new();
-            for replica in &replicas {
-                counts.push(metric_sum(
-                    &replica.metrics().await?,
-                    "kbind_synced_objects",
-                ));
-            }
-            let sum: f64 = counts.iter().sum();
-            Ok((sum as usize == total).then_some(counts))
-        })
-        .await
-        .unwrap();
+        all_synced(&replicas, total, "every object synced").await;
         let took = started.elapsed();
         // The leader may still move units for their objects (the syncers report them every few
         // seconds): what is measured is where the placement settles.
         let balanced_in = assignment_quiet(&consumer, Duration::from_secs(12)).await;
         settled(&consumer, &units, n).await;
-        let counts = eventually(
-            "every object synced after the moves",
-            Duration::from_secs(300),
-            || async {
-                let mut counts = Vec::new();
-                for replica in &replicas {
-                    counts.push(metric_sum(
-                        &replica.metrics().await?,
-                        "kbind_synced_objects",
-                    ));
-                }
-                let sum: f64 = counts.iter().sum();
-                Ok((sum as usize == total).then_some(counts))
-            },
-        )
-        .await
-        .unwrap();
+        let counts = all_synced(&replicas, total, "every object synced after the moves").await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let per_replica = running(&consumer).await;
         let unit_counts: Vec<usize> = per_replica.values().map(BTreeSet::len).collect();

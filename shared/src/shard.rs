@@ -474,8 +474,7 @@ fn loads_of<'a>(
 /// that report no weights). `kept`: the current owners, when every unit has a live one and the
 /// unit counts are still even; they stay while their object loads are within
 /// [`BALANCED_SPREAD`] or [`MIN_IMBALANCE`] of each other, or no clearly better placement is
-/// found — weights drift all the time, and a unit
-/// moves only for a real imbalance.
+/// found — weights drift all the time, and a unit moves only for a real imbalance.
 pub fn balanced_placement(
     units: &BTreeSet<String>,
     members: &BTreeSet<String>,

@@ -14,7 +14,8 @@ use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
 use kbind_e2e::kbind::metric_sum;
 use kbind_e2e::sharding::{
-    assignment_generation, connect_and_bind_all, export_kinds, object, owners, resource, running,
+    assignment_generation, assignment_quiet, connect_and_bind_all, export_kinds, object, owners,
+    resource, running,
 };
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::ClusterBinding;
@@ -589,8 +590,8 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
 #[tokio::test]
 async fn units_are_placed_by_their_objects_when_namespaces_hash_unevenly() {
     // One API split into 6 namespace buckets over 3 syncers: 2 units each by count. The objects
-    // are put so that the placement by count alone would leave one syncer with 75 objects and
-    // another with 25; each syncer reports its units' objects on its membership Lease, and the
+    // are put so that the placement by count alone would leave one syncer with 300 objects and
+    // another with 100; each syncer reports its units' objects on its membership Lease, and the
     // leader swaps units until the three hold about the same — then nothing moves any more.
     const BUCKETS: u32 = 6;
     let mut env = TestEnv::start("sharding_weights", &["consumer", "provider"])
@@ -613,12 +614,14 @@ async fn units_are_placed_by_their_objects_when_namespaces_hash_unevenly() {
     connect_and_bind_all(&env, &consumer, &["Alpha"]).await;
 
     // Which units the placement by count pairs up, and objects per bucket that make it uneven:
-    // the first member's two units get 40 and 35, the second's 30 and 20, the third's 15 and 10.
+    // the first member's two units get 160 and 140, the second's 120 and 80, the third's 60 and
+    // 40 — enough objects that an imbalance the leader lets stand (under 32 objects, see
+    // `shard::MIN_IMBALANCE`) is within the 1.25× this test asks for.
     let units: BTreeSet<String> = (0..BUCKETS)
         .map(|k| format!("provider/alphas.example.org#{k}/{BUCKETS}"))
         .collect();
     let by_count = kbind_shared::shard::placement(&units, &members);
-    let mut sizes = [40u64, 35, 30, 20, 15, 10].into_iter();
+    let mut sizes = [160u64, 140, 120, 80, 60, 40].into_iter();
     let mut objects_of: BTreeMap<String, u64> = BTreeMap::new();
     for member in &members {
         for (unit, _) in by_count.iter().filter(|(_, m)| *m == member) {
@@ -697,9 +700,13 @@ async fn units_are_placed_by_their_objects_when_namespaces_hash_unevenly() {
     )
     .await
     .unwrap();
-    println!("objects per syncer: {loads:?} (by count alone it would be 75, 50, 25)");
+    println!("objects per syncer: {loads:?} (by count alone it would be 300, 200, 100)");
 
-    // Settled: the weights keep being reported, and nothing moves for them.
+    // Settled: once the leader has finished its swaps (it aims for 1.2×, so it may still move
+    // from a placement within this test's 1.25×), the placement stays within 1.25× and nothing
+    // moves any more, though the weights keep being reported.
+    assignment_quiet(&consumer, Duration::from_secs(10)).await;
+    balanced(consumer.clone()).await.unwrap();
     let generation = assignment_generation(&consumer).await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert_eq!(

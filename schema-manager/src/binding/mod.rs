@@ -108,31 +108,21 @@ fn selected<B, N>(
     store: &Store<B>,
     name: Option<N>,
     keep: impl Fn(&B, &N) -> bool,
-) -> futures::stream::Iter<std::vec::IntoIter<ObjectRef<B>>>
-where
-    B: BindingObject + kube::Resource<DynamicType = ()>,
-{
-    futures::stream::iter(
-        store
-            .state()
-            .into_iter()
-            .filter(|b| name.as_ref().is_none_or(|n| keep(b, n)))
-            .map(|b| ObjectRef::from_obj(b.as_ref()))
-            .collect::<Vec<_>>(),
-    )
-}
-
-/// The bindings in `store` that list the API `name`.
-fn listing<B>(store: &Store<B>, name: &str) -> Vec<ObjectRef<B>>
+) -> Vec<ObjectRef<B>>
 where
     B: BindingObject + kube::Resource<DynamicType = ()>,
 {
     store
         .state()
         .into_iter()
-        .filter(|b| b.binding_spec().apis.iter().any(|a| a.name == name))
+        .filter(|b| name.as_ref().is_none_or(|n| keep(b, n)))
         .map(|b| ObjectRef::from_obj(b.as_ref()))
         .collect()
+}
+
+/// Whether `binding` lists the API `name`.
+fn lists<B: BindingObject>(binding: &B, name: &String) -> bool {
+    binding.binding_spec().apis.iter().any(|a| &a.name == name)
 }
 
 async fn controller<B>(ctx: Arc<Context>, api: Api<B>, stop: CancellationToken)
@@ -143,25 +133,24 @@ where
     let controller = Controller::new(api, watcher::Config::default());
     let store = controller.store();
     // BIND-5d live: a change in which instances conflict re-counts the bindings listing the API.
-    let lists = |b: &B, api: &String| b.binding_spec().apis.iter().any(|a| &a.name == api);
     let conflict_store = store.clone();
-    let conflict_triggers =
-        received(ctx.conflict_changes()).flat_map(move |api| selected(&conflict_store, api, lists));
+    let conflict_triggers = received(ctx.conflict_changes())
+        .flat_map(move |api| futures::stream::iter(selected(&conflict_store, api, lists)));
     // A managed CRD's change, once the schema check's cache of them holds it (the CRD watch
     // below may be seen first: a reconcile it starts can find the cache a moment behind).
     let cached_crd_store = store.clone();
     let cached_crd_triggers = futures::stream::iter(ctx.crd_changes())
         .flat_map(received)
-        .flat_map(move |name| selected(&cached_crd_store, name, lists));
+        .flat_map(move |name| futures::stream::iter(selected(&cached_crd_store, name, lists)));
     let crd_store = store.clone();
     // BIND triggers: a Connection's change, once the term's Connection cache (which the gate
     // reads) holds it, maps to the bindings that name the Connection.
     let connection_triggers = futures::stream::iter(ctx.connection_changes())
         .flat_map(received)
         .flat_map(move |name| {
-            selected(&store, name, |b: &B, name: &String| {
+            futures::stream::iter(selected(&store, name, |b: &B, name: &String| {
                 &b.binding_spec().connection_ref.name == name
-            })
+            }))
         });
 
     controller
@@ -171,7 +160,7 @@ where
         .watches(
             Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(ctx.client.clone()),
             watcher::Config::default(),
-            move |crd| listing(&crd_store, &crd.name_any()),
+            move |crd| selected(&crd_store, Some(crd.name_any()), lists),
         )
         .reconcile_on(conflict_triggers)
         .reconcile_on(cached_crd_triggers)

@@ -135,6 +135,13 @@ pub async fn release_api<B: Scoped>(
     let Some(crd) = crds.get_opt(&held.api).await.map_err(Error::Consumer)? else {
         return Ok(Left::Nothing);
     };
+    // A binding lets go only of what it could have bound: instances of a CRD that serves its
+    // Connection. A refused entry (another Connection serves the CRD, or it is not kbind's) holds
+    // nothing — releasing it would strip the serving Connection's finalizers and, when both
+    // Connections reach one provider, delete that Connection's copies.
+    if !releasable(&crd, &held.connection, B::NAMESPACED) {
+        return Ok(Left::Nothing);
+    }
     let Some(resource) = instance_resource(&crd) else {
         return Ok(Left::Nothing);
     };
@@ -206,6 +213,17 @@ pub async fn release_api<B: Scoped>(
         (Mode::Unbind, _) => last.delete_crd_if_ours().await?,
     }
     Ok(Left::Nothing)
+}
+
+/// Whether a binding of `connection` (namespaced or not) may let go of instances of `crd`: only
+/// when the CRD serves that Connection (its `core.kbind.io/connection` marker), and a namespaced
+/// Binding never of a cluster-scoped API, which it cannot have bound.
+pub fn releasable(crd: &CustomResourceDefinition, connection: &str, namespaced: bool) -> bool {
+    let serves = crd
+        .annotations()
+        .get(keys::CONNECTION_ANNOTATION)
+        .is_some_and(|c| c == connection);
+    serves && !(namespaced && crd.spec.scope == "Cluster")
 }
 
 /// Where an API's instances stay covered after `leaving` goes: by a remaining ClusterBinding
@@ -426,6 +444,52 @@ mod tests {
 
     fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
         BindingSpec::new(connection, apis)
+    }
+
+    #[test]
+    fn only_a_crd_serving_the_bindings_connection_is_released() {
+        // (case, connection marker, scope, namespaced binding, releasable)
+        let cases = [
+            (
+                "serves this Connection",
+                Some("p"),
+                "Namespaced",
+                false,
+                true,
+            ),
+            (
+                "serves this Connection, Binding",
+                Some("p"),
+                "Namespaced",
+                true,
+                true,
+            ),
+            (
+                "serves another Connection",
+                Some("q"),
+                "Namespaced",
+                false,
+                false,
+            ),
+            ("not kbind's", None, "Namespaced", false, false),
+            (
+                "cluster-scoped, ClusterBinding",
+                Some("p"),
+                "Cluster",
+                false,
+                true,
+            ),
+            ("cluster-scoped, Binding", Some("p"), "Cluster", true, false),
+        ];
+        for (case, marker, scope, namespaced, want) in cases {
+            let mut crd = CustomResourceDefinition::default();
+            crd.spec.scope = scope.into();
+            if let Some(m) = marker {
+                crd.metadata.annotations =
+                    Some([(keys::CONNECTION_ANNOTATION.to_owned(), m.to_owned())].into());
+            }
+            assert_eq!(releasable(&crd, "p", namespaced), want, "{case}");
+        }
     }
 
     #[test]

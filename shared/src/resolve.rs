@@ -4,7 +4,9 @@
 
 use kube::ResourceExt;
 
-use crate::api::{Binding, BindingSpec, BindingStatus, ClusterBinding, ConflictPolicy};
+use crate::api::{
+    Binding, BindingSpec, BindingStatus, ClusterBinding, ConflictPolicy, ConnectionAccess,
+};
 use crate::conditions::{self, types};
 
 /// What both binding kinds offer to resolution and reconciliation.
@@ -161,6 +163,23 @@ fn resolve_among<'a>(
     first(local)
 }
 
+/// What the serving Connection's owner allows `resolution` (its `spec.access`; `None` while the
+/// Connection is not known): a Binding in a namespace the Connection does not serve is not bound,
+/// whatever its status says — anyone allowed to write `bindings/status` could forge that — and a
+/// Binding's `Adopt` holds only where the Connection lets Bindings adopt.
+pub fn within_access(mut resolution: Resolution, access: Option<&ConnectionAccess>) -> Resolution {
+    let Some(access) = access else {
+        resolution.ready = false;
+        return resolution;
+    };
+    if let Some(namespace) = &resolution.namespace {
+        resolution.ready &= access.allows_bindings_in(namespace);
+    }
+    resolution.conflict_policy =
+        access.conflict_policy(resolution.namespace.is_some(), resolution.conflict_policy);
+    resolution
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,5 +310,107 @@ mod tests {
         let served = resolve_served_by("p", W, Some("team-a"), &none, &bs).unwrap();
         assert_eq!((served.name.as_str(), served.is_bound()), ("z-local", true));
         assert!(resolve_served_by("r", W, Some("team-a"), &cbs, &bs).is_none());
+    }
+
+    #[test]
+    fn the_connections_access_rules_bound_what_a_binding_may_do() {
+        // #32.6, #32.7: (case, binding's namespace, status says bound, asked policy, access,
+        // bound, policy)
+        let open = ConnectionAccess::default();
+        let only_a = ConnectionAccess {
+            binding_namespaces: Some(vec!["team-a".into()]),
+            ..Default::default()
+        };
+        let adopting = ConnectionAccess {
+            bindings_may_adopt: true,
+            ..Default::default()
+        };
+        let (fail, adopt) = (ConflictPolicy::Fail, ConflictPolicy::Adopt);
+        let cases = [
+            (
+                "ClusterBinding, open",
+                None,
+                true,
+                adopt,
+                Some(&open),
+                true,
+                adopt,
+            ),
+            (
+                "Binding, open",
+                Some("team-a"),
+                true,
+                fail,
+                Some(&open),
+                true,
+                fail,
+            ),
+            (
+                "forged status, namespace not served",
+                Some("team-b"),
+                true,
+                fail,
+                Some(&only_a),
+                false,
+                fail,
+            ),
+            (
+                "served namespace",
+                Some("team-a"),
+                true,
+                fail,
+                Some(&only_a),
+                true,
+                fail,
+            ),
+            (
+                "not bound stays so",
+                Some("team-a"),
+                false,
+                fail,
+                Some(&open),
+                false,
+                fail,
+            ),
+            (
+                "Binding's Adopt, not allowed",
+                Some("team-a"),
+                true,
+                adopt,
+                Some(&open),
+                true,
+                fail,
+            ),
+            (
+                "Binding's Adopt, allowed",
+                Some("team-a"),
+                true,
+                adopt,
+                Some(&adopting),
+                true,
+                adopt,
+            ),
+            (
+                "ClusterBinding's Adopt, restricted",
+                None,
+                true,
+                adopt,
+                Some(&only_a),
+                true,
+                adopt,
+            ),
+            ("Connection unknown", None, true, fail, None, false, fail),
+        ];
+        for (case, namespace, ready, asked, access, bound, policy) in cases {
+            let r = Resolution {
+                namespace: namespace.map(str::to_owned),
+                name: "b".into(),
+                ready,
+                connection: "p".into(),
+                conflict_policy: asked,
+            };
+            let r = within_access(r, access);
+            assert_eq!((r.is_bound(), r.conflict_policy), (bound, policy), "{case}");
+        }
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kbind_shared::api::{Binding, BindingSpec, BindingStatus, ClusterBinding};
+use kbind_shared::api::{Binding, BindingSpec, BindingStatus, ClusterBinding, Connection};
 use kbind_shared::metrics::Metrics;
 use kbind_shared::resolve::BindingObject;
 use kbind_shared::resolve::{self, Resolution};
@@ -36,6 +36,7 @@ pub struct Context {
     pub provider_secrets: kbind_shared::credential::SecretPolicy,
     cluster_bindings: Store<ClusterBinding>,
     bindings: Store<Binding>,
+    connections: Store<Connection>,
     binding_changes: broadcast::Sender<()>,
     /// One provider client per Connection and credential digest, shared by its workers (one
     /// connection pool and TLS setup per provider, not per API).
@@ -57,8 +58,13 @@ impl Context {
         let cluster_bindings =
             changes_cache::<ClusterBinding>(Api::all(client.clone()), binding_changes.clone());
         let bindings = changes_cache::<Binding>(Api::all(client.clone()), binding_changes.clone());
+        // A Connection's access rules decide what its bindings may do, so its changes are binding
+        // changes too.
+        let connections =
+            changes_cache::<Connection>(Api::all(client.clone()), binding_changes.clone());
         let _ = cluster_bindings.wait_until_ready().await;
         let _ = bindings.wait_until_ready().await;
+        let _ = connections.wait_until_ready().await;
         Self {
             client,
             metrics,
@@ -69,6 +75,7 @@ impl Context {
             provider_secrets,
             cluster_bindings,
             bindings,
+            connections,
             binding_changes,
             provider_clients: Default::default(),
         }
@@ -117,7 +124,8 @@ impl Context {
     }
 
     /// RES over the caches: the binding of `connection` (the one serving `api` here) covering an
-    /// instance of `api` in `namespace`.
+    /// instance of `api` in `namespace`, within what the Connection's access rules allow (checked
+    /// here, not trusted to the binding's status).
     pub fn resolve(
         &self,
         connection: &str,
@@ -126,13 +134,28 @@ impl Context {
     ) -> Option<Resolution> {
         let cluster_bindings = self.cluster_bindings.state();
         let bindings = self.bindings.state();
-        resolve::resolve_served_by(
+        let found = resolve::resolve_served_by(
             connection,
             api,
             namespace,
             cluster_bindings.iter().map(|b| b.as_ref()),
             bindings.iter().map(|b| b.as_ref()),
-        )
+        )?;
+        let serving = self.connection(connection);
+        Some(resolve::within_access(
+            found,
+            serving.as_ref().map(|c| &c.spec.access),
+        ))
+    }
+
+    /// The Connection `name`, from the cache.
+    pub fn connection(&self, name: &str) -> Option<Arc<Connection>> {
+        self.connections.get(&ObjectRef::new(name))
+    }
+
+    /// Every Connection's cache (watched once per replica).
+    pub fn connections(&self) -> &Store<Connection> {
+        &self.connections
     }
 
     /// A binding by namespace (`None` for a ClusterBinding) and name, from the caches.

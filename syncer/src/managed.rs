@@ -40,8 +40,8 @@ struct Key {
     local_uid: String,
     /// The digest of the verified provider credential.
     credentials: String,
-    /// Whether the Connection lets Secrets go to the provider (related workers).
-    secrets_to_provider: bool,
+    /// The Connection's access rules (related workers).
+    access: kbind_shared::api::ConnectionAccess,
 }
 
 /// A worker to run.
@@ -97,15 +97,8 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             move || changes.notify_one()
         },
     );
-    let connections: Store<Connection> = kbind_shared::cache::spawn(
-        Api::all(ctx.client.clone()),
-        watcher::Config::default(),
-        stop.clone(),
-        {
-            let changes = changes.clone();
-            move || changes.notify_one()
-        },
-    );
+    // The Connections' cache is the context's (their changes arrive as binding changes below).
+    let connections: Store<Connection> = ctx.connections().clone();
     let assignment: Store<ConfigMap> = kbind_shared::cache::spawn(
         Api::namespaced(ctx.client.clone(), &ctx.membership.namespace),
         watcher::Config::default()
@@ -117,7 +110,6 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         },
     );
     let _ = crds.wait_until_ready().await;
-    let _ = connections.wait_until_ready().await;
     let _ = assignment.wait_until_ready().await;
     let credentials = SecretCredentials::new(
         ctx.client.clone(),
@@ -363,7 +355,7 @@ fn desired_related(
         {
             continue;
         }
-        let secrets_to_provider = connection.spec.access.secrets_to_provider;
+        let access = connection.spec.access.clone();
         let ProviderCredential {
             kubeconfig,
             digest: credentials,
@@ -377,7 +369,7 @@ fn desired_related(
             connection: connection_name.clone(),
             local_uid: local_uid.clone(),
             credentials,
-            secrets_to_provider,
+            access: access.clone(),
         };
         let spec = related::RelatedSpec {
             namespace: namespace.clone(),
@@ -388,7 +380,7 @@ fn desired_related(
             local_uid,
             kubeconfig,
             digest: key.credentials.clone(),
-            secrets_to_provider,
+            access,
         };
         wanted.insert(unit.to_string(), (key, Work::Related(spec)));
     }
@@ -440,7 +432,7 @@ fn desired_workers(
             connection: connection_name.clone(),
             local_uid: local_uid.clone(),
             credentials,
-            secrets_to_provider: false,
+            access: Default::default(),
         };
         let spec =
             WorkerSpec {

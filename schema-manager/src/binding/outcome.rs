@@ -596,6 +596,7 @@ mod tests {
                         binding_namespaces: namespaces
                             .map(|n| n.iter().map(|s| (*s).to_owned()).collect()),
                         secrets_to_provider: false,
+                        bindings_may_adopt: false,
                     },
                     ..ConnectionSpec::for_secret("kbind", "p")
                 },

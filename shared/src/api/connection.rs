@@ -7,6 +7,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::binding::ConflictPolicy;
 use super::schema;
 use crate::keys;
 
@@ -92,6 +93,12 @@ pub struct ConnectionAccess {
     /// unless its owner allows it.
     #[serde(default)]
     pub secrets_to_provider: bool,
+    /// Whether namespaced Bindings may use `conflictPolicy: Adopt` through this Connection, taking
+    /// over provider objects kbind did not create (and later deleting them with this Connection's
+    /// credential). Default false: a Binding's `Adopt` acts as `Fail` and such an object is
+    /// reported as a conflict. ClusterBindings, made by cluster administrators, may always adopt.
+    #[serde(default)]
+    pub bindings_may_adopt: bool,
 }
 
 impl ConnectionAccess {
@@ -104,6 +111,15 @@ impl ConnectionAccess {
         self.binding_namespaces
             .as_ref()
             .is_none_or(|allowed| allowed.iter().any(|n| n == namespace))
+    }
+
+    /// The conflict policy a binding that asks for `asked` gets: a namespaced Binding adopts only
+    /// where the Connection's owner allows it (`bindingsMayAdopt`), else it fails (a conflict).
+    pub fn conflict_policy(&self, namespaced: bool, asked: ConflictPolicy) -> ConflictPolicy {
+        match asked {
+            ConflictPolicy::Adopt if namespaced && !self.bindings_may_adopt => ConflictPolicy::Fail,
+            asked => asked,
+        }
     }
 }
 

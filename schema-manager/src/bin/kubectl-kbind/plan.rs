@@ -661,7 +661,11 @@ async fn plan_api(
             copy,
             scope.consumer_cluster,
             &uid,
-            binding.spec.conflict_policy,
+            // What the syncer will do: a Binding adopts only where the Connection allows it.
+            state
+                .spec
+                .access
+                .conflict_policy(binding.namespace.is_some(), binding.spec.conflict_policy),
         ) {
             Fate::Conflict(reason) => {
                 plan.conflict_count += 1;

@@ -57,8 +57,9 @@ pub struct RelatedSpec {
     pub generation: i64,
     /// The Connection.
     pub connection: String,
-    /// Whether the Connection lets Secrets be copied to the provider (`spec.access`).
-    pub secrets_to_provider: bool,
+    /// The Connection's access rules (`spec.access`): whether Secrets may go to the provider, and
+    /// whether a Binding may adopt.
+    pub access: kbind_shared::api::ConnectionAccess,
     /// The consumer's pinned identity.
     pub local_uid: String,
     /// Provider credentials.
@@ -217,8 +218,9 @@ impl Worker {
         // Nothing copied, nothing deleted.
         if let Err(message) = plan::check_access(
             &entries,
-            self.spec.secrets_to_provider,
+            self.spec.access.secrets_to_provider,
             &self.spec.connection,
+            self.spec.namespace.is_none(),
         ) {
             self.report(
                 &binding,
@@ -292,14 +294,22 @@ impl Worker {
                 .map(|items| items.iter().collect())
                 .unwrap_or_default()
         });
+        // Nothing is read from or written to a protected namespace, on either side.
+        let fence = plan::Fence::new(
+            &self.ctx.membership.namespace,
+            &self.ctx.provider_secrets.namespaces,
+        );
+        let (wanted, fenced) = fence.split(wanted);
         let marker = Marker {
             binding_uid: &self.spec.uid,
             local_uid: &self.spec.local_uid,
         };
         let mut outcome = Outcome::default();
+        // A Binding adopts only where the Connection's owner allows it.
+        let policy =
+            (self.spec.access).conflict_policy(self.spec.namespace.is_some(), spec.conflict_policy);
         for (key, want) in &wanted {
-            self.copy(key, want, &marker, spec.conflict_policy, &mut outcome)
-                .await;
+            self.copy(key, want, &marker, policy, &mut outcome).await;
         }
         // GC per entry: our copies that no entry wants any more.
         for ((kind, side, role), watched) in &self.watched {
@@ -314,7 +324,8 @@ impl Worker {
         self.sweep_unused_kinds(&entries, &mut outcome).await;
 
         let conflicts = outcome.conflicts.len();
-        let desired = summary::condition(&outcome, plan::unmatched_note(&entries, &wanted));
+        let note = plan::unmatched_note(&entries, &wanted) + &plan::fenced_note(&fenced);
+        let desired = summary::condition(&outcome, note);
         self.announce_new_conflicts(&binding, &outcome.conflicts)
             .await;
         let wait = if outcome.errors.is_empty() && conflicts == 0 {

@@ -136,6 +136,8 @@ pub struct Entry {
     pub direction: RelatedDirection,
     selector: Selector,
     names: BTreeSet<String>,
+    /// Whether it selects by names or by at least one label requirement (not "everything").
+    narrowed: bool,
 }
 
 impl Entry {
@@ -180,8 +182,18 @@ impl Entry {
                 check_label_value(value).map_err(invalid)?;
             }
         }
+        let narrowed = !names.is_empty()
+            || label_selector
+                .match_labels
+                .as_ref()
+                .is_some_and(|m| !m.is_empty())
+            || label_selector
+                .match_expressions
+                .as_ref()
+                .is_some_and(|e| !e.is_empty());
         let selector = Selector::try_from(label_selector).map_err(|e| invalid(e.to_string()))?;
         Ok(Self {
+            narrowed,
             id: entry_id(entry),
             kind: entry.resource,
             direction: entry.direction,
@@ -200,30 +212,93 @@ impl Entry {
 pub const NOT_ALLOWED: &str = "NotAllowed";
 
 /// Safe by default: an entry copying Secrets to the provider (`FromConsumer`) needs the
-/// Connection's `spec.access.secretsToProvider`.
+/// Connection's `spec.access.secretsToProvider`, and in a ClusterBinding (`cluster_wide`) a
+/// selector — names or labels — so that no Secret of the cluster leaves unless chosen on purpose.
 pub fn check_access(
     entries: &[Entry],
     secrets_to_provider: bool,
     connection: &str,
+    cluster_wide: bool,
 ) -> Result<(), String> {
-    if secrets_to_provider {
-        return Ok(());
+    let named = |pick: &dyn Fn(&Entry) -> bool| -> Vec<String> {
+        entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| {
+                e.kind == RelatedResourceKind::Secrets
+                    && e.direction == RelatedDirection::FromConsumer
+                    && pick(e)
+            })
+            .map(|(i, _)| format!("relatedResources[{i}]"))
+            .collect()
+    };
+    let outgoing = named(&|_| true);
+    if !secrets_to_provider && !outgoing.is_empty() {
+        return Err(format!(
+            "{} would copy Secrets to the provider, which Connection {connection} does not allow (spec.access.secretsToProvider); nothing was copied",
+            outgoing.join(", ")
+        ));
     }
-    let refused: Vec<String> = entries
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| {
-            e.kind == RelatedResourceKind::Secrets && e.direction == RelatedDirection::FromConsumer
-        })
-        .map(|(i, _)| format!("relatedResources[{i}]"))
-        .collect();
+    let unselected = named(&|e| cluster_wide && !e.narrowed);
+    if !unselected.is_empty() {
+        return Err(format!(
+            "{} would copy every Secret of the cluster to the provider; in a ClusterBinding, Secrets going to the provider must be selected by names or labels (spec.relatedResources[].selector); nothing was copied",
+            unselected.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Namespaces no related copy is ever read from or written to, on either side: `kube-*`, kbind's
+/// own namespace and the provider-Secret namespaces (where Connections' kubeconfigs live). A
+/// provider cannot plant objects there, and no Secret there leaves the consumer.
+#[derive(Debug, Clone, Default)]
+pub struct Fence {
+    protected: BTreeSet<String>,
+}
+
+impl Fence {
+    /// The fence for kbind's namespace `own` and the provider-Secret namespaces.
+    pub fn new<'a>(
+        own: &str,
+        provider_secret_namespaces: impl IntoIterator<Item = &'a String>,
+    ) -> Self {
+        let mut protected: BTreeSet<String> =
+            provider_secret_namespaces.into_iter().cloned().collect();
+        protected.insert(own.to_owned());
+        Self { protected }
+    }
+
+    /// Whether `namespace` is protected.
+    pub fn protects(&self, namespace: &str) -> bool {
+        namespace.starts_with("kube-") || self.protected.contains(namespace)
+    }
+
+    /// Splits `wanted` into the copies that may be made and those the fence refuses (copies keep
+    /// their source's namespace, so one check covers the source and the target).
+    pub fn split(
+        &self,
+        wanted: BTreeMap<TargetKey, Wanted>,
+    ) -> (BTreeMap<TargetKey, Wanted>, Vec<TargetKey>) {
+        let (refused, kept): (BTreeMap<TargetKey, Wanted>, BTreeMap<TargetKey, Wanted>) = wanted
+            .into_iter()
+            .partition(|(k, _)| self.protects(&k.namespace));
+        (kept, refused.into_keys().collect())
+    }
+}
+
+/// `"; 2 objects in protected namespaces were not copied: …"` (at most three named), else empty.
+pub fn fenced_note(refused: &[TargetKey]) -> String {
     if refused.is_empty() {
-        return Ok(());
+        return String::new();
     }
-    Err(format!(
-        "{} would copy Secrets to the provider, which Connection {connection} does not allow (spec.access.secretsToProvider); nothing was copied",
-        refused.join(", ")
-    ))
+    let named: Vec<String> = refused.iter().take(3).map(ToString::to_string).collect();
+    let more = if refused.len() > 3 { ", …" } else { "" };
+    format!(
+        "; {} object(s) in protected namespaces (kube-*, kbind's own and the provider-Secret namespaces) were not copied: {}{more}",
+        refused.len(),
+        named.join(", ")
+    )
 }
 
 /// A short, stable id of an entry's content (kind, direction, selector).
@@ -778,16 +853,118 @@ mod tests {
             entry(SECRETS, RelatedDirection::FromProvider),
             entry(CONFIGMAPS, RelatedDirection::FromConsumer),
         ]);
-        assert!(check_access(&entries, false, "p").is_ok());
+        assert!(check_access(&entries, false, "p", true).is_ok());
         let entries = parse(&[
             entry(CONFIGMAPS, RelatedDirection::FromConsumer),
             entry(SECRETS, RelatedDirection::FromConsumer),
         ]);
         assert_eq!(
-            check_access(&entries, false, "p").unwrap_err(),
+            check_access(&entries, false, "p", false).unwrap_err(),
             "relatedResources[1] would copy Secrets to the provider, which Connection p does not allow (spec.access.secretsToProvider); nothing was copied"
         );
-        assert!(check_access(&entries, true, "p").is_ok());
+        assert!(check_access(&entries, true, "p", false).is_ok());
+    }
+
+    #[test]
+    fn a_cluster_binding_sends_secrets_only_when_it_selects_them() {
+        // #32.5: (case, selector, cluster-wide, allowed)
+        let by_label = RelatedSelector {
+            label_selector: Some(LabelSelector {
+                match_labels: Some([("app".to_owned(), "db".to_owned())].into()),
+                ..Default::default()
+            }),
+            names: vec![],
+        };
+        let by_name = RelatedSelector {
+            label_selector: None,
+            names: vec!["db".into()],
+        };
+        let everything = RelatedSelector {
+            label_selector: Some(LabelSelector::default()),
+            names: vec![],
+        };
+        let cases = [
+            ("no selector, ClusterBinding", None, true, false),
+            (
+                "empty label selector, ClusterBinding",
+                Some(everything.clone()),
+                true,
+                false,
+            ),
+            ("labels, ClusterBinding", Some(by_label), true, true),
+            ("names, ClusterBinding", Some(by_name), true, true),
+            ("no selector, Binding (its namespace)", None, false, true),
+            (
+                "empty label selector, Binding",
+                Some(everything),
+                false,
+                true,
+            ),
+        ];
+        for (case, selector, cluster_wide, allowed) in cases {
+            let entries = parse(&[RelatedResource {
+                group: String::new(),
+                resource: SECRETS,
+                direction: RelatedDirection::FromConsumer,
+                selector,
+            }]);
+            let result = check_access(&entries, true, "p", cluster_wide);
+            assert_eq!(result.is_ok(), allowed, "{case}: {result:?}");
+        }
+        // ConfigMaps and Secrets from the provider need no selector.
+        let entries = parse(&[
+            RelatedResource {
+                group: String::new(),
+                resource: CONFIGMAPS,
+                direction: RelatedDirection::FromConsumer,
+                selector: None,
+            },
+            RelatedResource {
+                group: String::new(),
+                resource: SECRETS,
+                direction: RelatedDirection::FromProvider,
+                selector: None,
+            },
+        ]);
+        assert!(check_access(&entries, true, "p", true).is_ok());
+    }
+
+    #[test]
+    fn protected_namespaces_are_never_sources_or_targets() {
+        // #32.4, #32.5
+        let fence = Fence::new("kbind-system", &["secrets".to_owned()]);
+        let key = |side, namespace: &str| TargetKey {
+            kind: KindKey(SECRETS),
+            side,
+            namespace: namespace.into(),
+            name: "x".into(),
+        };
+        let want = Wanted {
+            entries: ["e1".to_owned()].into(),
+            payload: Map::new(),
+        };
+        let wanted: BTreeMap<TargetKey, Wanted> = [
+            key(Side::Consumer, "team-a"),
+            key(Side::Consumer, "kube-system"),
+            key(Side::Consumer, "kbind-system"),
+            key(Side::Provider, "secrets"),
+            key(Side::Provider, "kube-public"),
+            key(Side::Provider, "kubernetes-dashboard"),
+        ]
+        .into_iter()
+        .map(|k| (k, want.clone()))
+        .collect();
+        let (kept, refused) = fence.split(wanted);
+        let kept: Vec<&str> = kept.keys().map(|k| k.namespace.as_str()).collect();
+        assert_eq!(kept, ["team-a", "kubernetes-dashboard"]);
+        assert_eq!(refused.len(), 4);
+        let note = fenced_note(&refused);
+        assert!(
+            note.starts_with("; 4 object(s) in protected namespaces"),
+            "{note}"
+        );
+        assert!(note.ends_with(", …"), "{note}");
+        assert_eq!(fenced_note(&[]), "");
     }
 
     #[test]

@@ -1,0 +1,390 @@
+//! Other people are adversaries (issue #32): a namespace user on the consumer and a provider admin
+//! each try, from outside, to make kbind act beyond their scope — on two real clusters with kbind's
+//! programs as real processes — and each test shows the safe outcome.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::{wait_for, wait_gone};
+use kbind_shared::api::{Binding, ClusterBinding, ClusterBindingSpec};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+/// Name → UID of the Widgets in `namespace`.
+async fn widget_uids(client: &Client, namespace: &str) -> BTreeMap<String, String> {
+    widgets(client, namespace)
+        .list(&ListParams::default())
+        .await
+        .expect("Widgets are listed")
+        .items
+        .iter()
+        .map(|w| (w.name_any(), w.uid().unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test]
+async fn deleting_a_refused_binding_touches_nothing_another_connection_serves() {
+    // #32.3: a second Connection reaching the same provider lists an API the first serves: its
+    // ClusterBinding is refused (SchemaConflict). Deleting it must finish at once and leave the
+    // served objects' finalizers and provider copies exactly as they were.
+    let s = SyncEnv::start("tenants_refused_release", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    for i in 0..5 {
+        consumer_widgets
+            .create(&PostParams::default(), &widget(&format!("w{i}"), i))
+            .await
+            .unwrap();
+    }
+    wait_for("5 provider copies", 60, || async {
+        Ok((widget_uids(&s.provider, "team-a").await.len() == 5).then_some(()))
+    })
+    .await;
+
+    connect_to(
+        &s.consumer,
+        "second",
+        &s.env.cluster("provider").admin_kubeconfig(),
+    )
+    .await;
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    cluster_bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "second-widgets",
+                ClusterBindingSpec::from(binding_spec("second", &["widgets.example.org"])),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_binding_condition(
+        &cluster_bindings,
+        "second-widgets",
+        "Ready",
+        "False",
+        Some("SchemaConflict"),
+    )
+    .await
+    .unwrap();
+    let copies = widget_uids(&s.provider, "team-a").await;
+
+    cluster_bindings
+        .delete("second-widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(
+        &cluster_bindings,
+        "second-widgets",
+        "the refused ClusterBinding to go",
+        30,
+    )
+    .await;
+    // Long enough for a release loop to have deleted and re-created copies several times.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        widget_uids(&s.provider, "team-a").await,
+        copies,
+        "the provider copies were deleted or re-created"
+    );
+    for w in consumer_widgets
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        assert!(
+            w.finalizers().iter().any(|f| f == "core.kbind.io/syncer"),
+            "{} lost its syncer finalizer",
+            w.name_any()
+        );
+    }
+    // The serving binding still syncs.
+    resize_and_wait_upstream(&consumer_widgets, &widgets(&s.provider, "team-a"), "w1", 42).await;
+}
+
+/// A Binding `widgets` in `namespace` for the Widgets of Connection `provider`.
+fn team_binding(namespace: &str, policy: &str) -> Binding {
+    let mut spec = binding_spec("provider", &["widgets.example.org"]);
+    spec.conflict_policy = serde_json::from_value(json!(policy)).unwrap();
+    let mut b = Binding::new("widgets", spec);
+    b.metadata.namespace = Some(namespace.into());
+    b
+}
+
+#[tokio::test]
+async fn a_forged_binding_status_syncs_nothing_the_connection_forbids() {
+    // #32.7: the Connection serves Bindings in team-a only. team-b's Binding is refused; someone
+    // who can write bindings/status forges it to "bound" while the schema manager is stopped (so
+    // nothing corrects it). The syncer checks the Connection's rules itself: team-b's Widget gets
+    // no finalizer and no provider copy, while team-a's syncs.
+    let mut s = SyncEnv::start("tenants_forged_status", &[0, 1], None).await;
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    patch_connection(
+        &s.consumer,
+        "provider",
+        json!({ "access": { "bindingNamespaces": ["team-a"] } }),
+    )
+    .await;
+    for namespace in ["team-a", "team-b"] {
+        ensure_namespace(&s.consumer, namespace).await.unwrap();
+        Api::<Binding>::namespaced(s.consumer.clone(), namespace)
+            .create(&PostParams::default(), &team_binding(namespace, "Fail"))
+            .await
+            .unwrap();
+    }
+    let in_a: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-a");
+    let in_b: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-b");
+    wait_binding_condition(&in_a, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    wait_binding_condition(&in_b, "widgets", "Ready", "False", Some("NotAllowed"))
+        .await
+        .unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w0", 1).await;
+
+    s.env.process(s.manager.index).signal("STOP").unwrap();
+    let forged = json!({ "status": {
+        "apis": [{ "name": "widgets.example.org", "connection": "provider", "bound": true,
+                   "reason": "AsExpected" }],
+        "conditions": [{ "type": "Ready", "status": "True", "reason": "AsExpected", "message": "",
+                         "lastTransitionTime": "2026-01-01T00:00:00Z" }],
+    } });
+    in_b.patch_status("widgets", &PatchParams::default(), &Patch::Merge(&forged))
+        .await
+        .unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
+    widgets(&s.consumer, "team-b")
+        .create(&PostParams::default(), &widget("forged", 1))
+        .await
+        .unwrap();
+    // team-a's next Widget reached the provider after the forgery; give team-b's as long again.
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w2", 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let b = in_b.get("widgets").await.unwrap();
+    assert!(
+        b.status.unwrap().apis.iter().any(|a| a.bound),
+        "the forged status must still be in place for this test to mean anything"
+    );
+    assert!(
+        widgets(&s.provider, "team-b")
+            .get_opt("forged")
+            .await
+            .unwrap()
+            .is_none(),
+        "a Widget of a namespace the Connection does not serve reached the provider"
+    );
+    let w = widgets(&s.consumer, "team-b").get("forged").await.unwrap();
+    assert!(w.finalizers().is_empty(), "{:?}", w.finalizers());
+    s.env.process(s.manager.index).signal("CONT").unwrap();
+}
+
+#[tokio::test]
+async fn a_bindings_adopt_takes_over_nothing_unless_the_connection_allows_it() {
+    // #32.6: a namespace user's Binding asks for Adopt; an unmarked provider object of the same
+    // name is a conflict, never overwritten, until the Connection's owner sets bindingsMayAdopt.
+    let s = SyncEnv::start("tenants_adopt", &[0, 1], None).await;
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    for client in [&s.consumer, &s.provider] {
+        ensure_namespace(client, "team-a").await.unwrap();
+    }
+    let provider_widgets = widgets(&s.provider, "team-a");
+    provider_widgets
+        .create(&PostParams::default(), &widget("theirs", 99))
+        .await
+        .unwrap();
+    let in_a: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-a");
+    in_a.create(&PostParams::default(), &team_binding("team-a", "Adopt"))
+        .await
+        .unwrap();
+    wait_binding_condition(&in_a, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    consumer_widgets
+        .create(&PostParams::default(), &widget("theirs", 1))
+        .await
+        .unwrap();
+    wait_conflict(&consumer_widgets, "theirs", Some("ForeignObjectExists")).await;
+    // A Widget of its own still syncs.
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "own", 1).await;
+    let foreign = provider_widgets.get("theirs").await.unwrap();
+    assert_eq!(foreign.data["spec"]["size"], 99, "overwritten");
+    assert!(
+        !foreign
+            .annotations()
+            .contains_key("core.kbind.io/consumer-object-uid"),
+        "marked as kbind's"
+    );
+
+    // The owner allows adoption: now it is taken over.
+    patch_connection(
+        &s.consumer,
+        "provider",
+        json!({ "access": { "bindingsMayAdopt": true } }),
+    )
+    .await;
+    wait_for("the foreign Widget adopted", 30, || async {
+        let w = provider_widgets
+            .get("theirs")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((w.data["spec"]["size"] == 1).then_some(()))
+    })
+    .await;
+    wait_conflict(&consumer_widgets, "theirs", None).await;
+}
+
+/// The message of a binding's RelatedResourcesSynced condition.
+fn related_message(b: ClusterBinding) -> String {
+    let conditions = b.status.unwrap_or_default().conditions;
+    kbind_shared::conditions::find(&conditions, "RelatedResourcesSynced")
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
+}
+
+/// `Secret <namespace>/<name>` of every Secret on `client` that kbind copied there.
+async fn copied_secrets(client: &Client) -> Vec<String> {
+    Api::<Secret>::all(client.clone())
+        .list(&ListParams::default().labels("core.kbind.io/managed=true"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()))
+        .collect()
+}
+
+#[tokio::test]
+async fn related_copies_never_leave_or_enter_protected_namespaces() {
+    // #32.4 and #32.5, with the Connection allowing Secrets out:
+    // - a ClusterBinding entry that would send every Secret of the cluster is refused outright;
+    // - one that selects by label still never reads kube-* or kbind's namespaces (the provider
+    //   kubeconfig Secrets live there);
+    // - a provider publishing ConfigMaps into kube-system and kbind's namespaces plants nothing.
+    let s = SyncEnv::start("tenants_related_fence", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    patch_connection(
+        &s.consumer,
+        "provider",
+        json!({ "access": { "secretsToProvider": true } }),
+    )
+    .await;
+    let protected = ["kube-system", KBIND_NAMESPACE, SECRET_NAMESPACE];
+    for client in [&s.consumer, &s.provider] {
+        for namespace in protected.iter().chain(&["team-a"]) {
+            ensure_namespace(client, namespace).await.unwrap();
+        }
+    }
+    let shared = |namespace: &str, name: &str| {
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(name.into());
+        secret.metadata.namespace = Some(namespace.into());
+        secret.metadata.labels = Some([("share".to_owned(), "yes".to_owned())].into());
+        secret.string_data = Some([("value".to_owned(), "s3cret".to_owned())].into());
+        secret
+    };
+    for namespace in protected.iter().chain(&["team-a"]) {
+        Api::<Secret>::namespaced(s.consumer.clone(), namespace)
+            .create(&PostParams::default(), &shared(namespace, "shared"))
+            .await
+            .unwrap();
+    }
+    let planted = |namespace: &str| {
+        let mut map = ConfigMap::default();
+        map.metadata.name = Some("planted".into());
+        map.metadata.namespace = Some(namespace.into());
+        map.metadata.labels = Some([("plant".to_owned(), "yes".to_owned())].into());
+        map.data = Some([("value".to_owned(), "provider's".to_owned())].into());
+        map
+    };
+    for namespace in protected.iter().chain(&["team-a"]) {
+        Api::<ConfigMap>::namespaced(s.provider.clone(), namespace)
+            .create(&PostParams::default(), &planted(namespace))
+            .await
+            .unwrap();
+    }
+
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    let set_entries = |entries: serde_json::Value| {
+        let cluster_bindings = cluster_bindings.clone();
+        async move {
+            cluster_bindings
+                .patch(
+                    "widgets",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({ "spec": { "relatedResources": entries } })),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    set_entries(json!([{ "resource": "secrets", "direction": "FromConsumer" }])).await;
+    let b = wait_binding_condition(
+        &cluster_bindings,
+        "widgets",
+        "RelatedResourcesSynced",
+        "False",
+        Some("NotAllowed"),
+    )
+    .await
+    .unwrap();
+    let message = related_message(b);
+    assert!(
+        message.contains("must be selected by names or labels"),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(copied_secrets(&s.provider).await, Vec::<String>::new());
+
+    set_entries(json!([
+        { "resource": "secrets", "direction": "FromConsumer",
+          "selector": { "labelSelector": { "matchLabels": { "share": "yes" } } } },
+        { "resource": "configmaps", "direction": "FromProvider",
+          "selector": { "labelSelector": { "matchLabels": { "plant": "yes" } } } },
+    ]))
+    .await;
+    wait_for("team-a's Secret and ConfigMap copied", 30, || async {
+        let secret = Api::<Secret>::namespaced(s.provider.clone(), "team-a")
+            .get_opt("shared")
+            .await
+            .map_err(|e| e.to_string())?;
+        let map = Api::<ConfigMap>::namespaced(s.consumer.clone(), "team-a")
+            .get_opt("planted")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((secret.is_some() && map.is_some()).then_some(()))
+    })
+    .await;
+    let b = wait_binding_condition(
+        &cluster_bindings,
+        "widgets",
+        "RelatedResourcesSynced",
+        "True",
+        None,
+    )
+    .await
+    .unwrap();
+    let message = related_message(b);
+    assert!(message.contains("protected namespaces"), "{message}");
+    assert_eq!(copied_secrets(&s.provider).await, ["team-a/shared"]);
+    for namespace in protected {
+        assert!(
+            Api::<ConfigMap>::namespaced(s.consumer.clone(), namespace)
+                .get_opt("planted")
+                .await
+                .unwrap()
+                .is_none(),
+            "the provider planted a ConfigMap in {namespace}"
+        );
+    }
+}

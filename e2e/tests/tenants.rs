@@ -388,3 +388,94 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
         );
     }
 }
+
+/// The units of the work assignment the schema manager wrote.
+async fn assigned_units(consumer: &Client) -> Vec<String> {
+    let map = Api::<ConfigMap>::namespaced(consumer.clone(), KBIND_NAMESPACE)
+        .get_opt(kbind_shared::shard::ASSIGNMENT_CONFIGMAP)
+        .await
+        .unwrap();
+    let text = map
+        .and_then(|m| m.data?.get(kbind_shared::shard::ASSIGNMENT_KEY).cloned())
+        .unwrap_or_default();
+    kbind_shared::shard::Assignment::decode(&text)
+        .map(|a| a.units.into_keys().collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_flood_of_bindings_from_one_namespace_is_capped_reported_and_stops_nobody() {
+    // #32.1: a namespace user creates 24 Bindings with related resources and long names; the
+    // schema manager serves 3 per namespace here. The first 3 by name get work units, the rest say
+    // why on their binding and in kbind_assignment_unassigned_units, and another team's objects
+    // keep syncing.
+    let s = SyncEnv::start_full(
+        "tenants_flood",
+        &[0, 1, 2],
+        None,
+        &[],
+        &["--max-related-bindings-per-namespace=3"],
+    )
+    .await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "flood").await.unwrap();
+    let flood: Api<Binding> = Api::namespaced(s.consumer.clone(), "flood");
+    let name = |i: usize| format!("{}-{i:02}", "f".repeat(200));
+    for i in 0..24 {
+        let mut b = team_binding("flood", "Fail");
+        b.metadata.name = Some(name(i));
+        b.spec.related_resources = serde_json::from_value(json!([
+            { "resource": "configmaps", "direction": "FromConsumer", "selector": { "names": ["x"] } }
+        ]))
+        .unwrap();
+        flood.create(&PostParams::default(), &b).await.unwrap();
+    }
+    for i in 3..24 {
+        let b = wait_binding_condition(
+            &flood,
+            &name(i),
+            "RelatedResourcesSynced",
+            "False",
+            Some("TooManyBindings"),
+        )
+        .await
+        .unwrap();
+        let status = b.status.unwrap_or_default();
+        let message = &kbind_shared::conditions::find(&status.conditions, "RelatedResourcesSynced")
+            .unwrap()
+            .message;
+        assert!(
+            message.contains("namespace flood has more Bindings"),
+            "{message}"
+        );
+    }
+    wait_for(
+        "3 related units of namespace flood assigned",
+        30,
+        || async {
+            let units = assigned_units(&s.consumer).await;
+            let related: Vec<&String> = units
+                .iter()
+                .filter(|u| u.contains("/binding:flood/"))
+                .collect();
+            Ok(
+                (related.len() == 3 && units.iter().any(|u| u == "provider/widgets.example.org"))
+                    .then_some(()),
+            )
+        },
+    )
+    .await;
+    for i in 0..3 {
+        // Served: the syncer reports on them (their selector matches nothing yet).
+        wait_binding_condition(&flood, &name(i), "RelatedResourcesSynced", "True", None)
+            .await
+            .unwrap();
+    }
+    let metrics = s.manager.metrics().await.unwrap();
+    assert_eq!(
+        metric_sum(&metrics, "kbind_assignment_unassigned_units", &[]),
+        21.0
+    );
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w0", 1).await;
+}

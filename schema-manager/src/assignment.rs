@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::cache;
 use kbind_shared::keys;
-use kbind_shared::shard::{self, Assignment, Member, Unit};
+use kbind_shared::shard::{self, Assignment, Member};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -176,25 +176,20 @@ impl Caches {
         let _ = self.assignment.wait_until_ready().await;
     }
 
-    /// Every unit of work: each managed API (split into its namespace buckets) and the related
-    /// resources of each binding that lists some — only of Connections that exist and are Ready
-    /// (a binding naming anything else adds nothing to the assignment).
-    fn units(&self, default_buckets: u32) -> BTreeSet<String> {
+    /// Every unit of work in priority order — each managed API (split into its namespace
+    /// buckets), then the related resources of each binding that lists some and is admitted
+    /// ([`shard::related_admission`]) — only of Connections that exist and are Ready (a binding
+    /// naming anything else adds nothing to the assignment); and how many bindings' related
+    /// resources were not admitted.
+    fn units(&self, settings: &crate::context::Settings) -> (Vec<String>, usize) {
         let ready: BTreeSet<String> = self
             .connections
             .state()
             .iter()
-            .filter(|c| {
-                c.status.as_ref().is_some_and(|s| {
-                    kbind_shared::conditions::is_true(
-                        &s.conditions,
-                        kbind_shared::conditions::types::READY,
-                    )
-                })
-            })
+            .filter(|c| ready(c))
             .map(|c| c.name_any())
             .collect();
-        let mut units = BTreeSet::new();
+        let mut apis = BTreeSet::new();
         for crd in self.crds.state() {
             if crd.metadata.deletion_timestamp.is_some() {
                 continue;
@@ -211,44 +206,74 @@ impl Caches {
                 .get(BUCKETS_ANNOTATION)
                 .and_then(|b| b.parse::<u32>().ok())
                 .filter(|b| (1..=MAX_BUCKETS).contains(b))
-                .unwrap_or(default_buckets);
-            units.extend(
+                .unwrap_or(settings.namespace_buckets);
+            apis.extend(
                 shard::api_units(connection, &crd.name_any(), buckets)
                     .iter()
                     .map(ToString::to_string),
             );
         }
-        let related = |meta: &kube::api::ObjectMeta, spec: &kbind_shared::api::BindingSpec| {
-            meta.deletion_timestamp.is_none()
-                && !spec.related_resources.is_empty()
-                && ready.contains(&spec.connection_ref.name)
+        let connection = |name: &str| {
+            self.connections
+                .get(&kube::runtime::reflector::ObjectRef::new(name))
         };
-        for binding in self.bindings.cluster_bindings.state() {
-            if related(&binding.metadata, &binding.spec) {
-                units.insert(
-                    Unit::Related {
-                        connection: binding.spec.connection_ref.name.clone(),
-                        namespace: None,
-                        name: binding.name_any(),
-                    }
-                    .to_string(),
-                );
-            }
-        }
-        for binding in self.bindings.bindings.state() {
-            if related(&binding.metadata, &binding.spec) {
-                units.insert(
-                    Unit::Related {
-                        connection: binding.spec.connection_ref.name.clone(),
-                        namespace: binding.namespace(),
-                        name: binding.name_any(),
-                    }
-                    .to_string(),
-                );
-            }
-        }
-        units
+        let cluster_bindings = self.bindings.cluster_bindings.state();
+        let bindings = self.bindings.bindings.state();
+        let candidates: Vec<shard::RelatedBinding> = cluster_bindings
+            .iter()
+            .map(|b| (&b.metadata, &b.spec.binding))
+            .chain(bindings.iter().map(|b| (&b.metadata, &b.spec)))
+            .filter_map(|(meta, spec)| {
+                related_binding(meta, spec, connection(&spec.connection_ref.name).as_deref())
+            })
+            .collect();
+        let admitted = shard::related_admission(
+            &candidates,
+            settings.related_resources,
+            settings.max_related_bindings_per_namespace,
+        );
+        let refused = admitted.iter().filter(|r| r.is_err()).count();
+        let mut related: Vec<String> = admitted
+            .into_iter()
+            .filter_map(Result::ok)
+            .map(|u| u.to_string())
+            .collect();
+        related.sort();
+        (apis.into_iter().chain(related).collect(), refused)
     }
+}
+
+/// Whether a Connection is Ready.
+fn ready(connection: &Connection) -> bool {
+    connection.status.as_ref().is_some_and(|s| {
+        kbind_shared::conditions::is_true(&s.conditions, kbind_shared::conditions::types::READY)
+    })
+}
+
+/// A binding (`meta`, `spec`) as the related-resources admission weighs it, with `connection`
+/// the Connection it names (`None`: not found); `None` when it has no related resources or is
+/// being deleted.
+pub fn related_binding(
+    meta: &kube::api::ObjectMeta,
+    spec: &kbind_shared::api::BindingSpec,
+    connection: Option<&Connection>,
+) -> Option<shard::RelatedBinding> {
+    if meta.deletion_timestamp.is_some() || spec.related_resources.is_empty() {
+        return None;
+    }
+    let namespace = meta.namespace.clone();
+    let allowed = connection.is_some_and(|c| {
+        ready(c)
+            && namespace
+                .as_deref()
+                .is_none_or(|ns| c.spec.access.allows_bindings_in(ns))
+    });
+    Some(shard::RelatedBinding {
+        namespace,
+        name: meta.name.clone().unwrap_or_default(),
+        connection: spec.connection_ref.name.clone(),
+        allowed,
+    })
 }
 
 /// The most namespace buckets one API may be split into.
@@ -299,8 +324,11 @@ async fn round(
         .map(|(m, s)| (m.clone(), s.running.clone()))
         .collect();
     let names: BTreeSet<String> = live.keys().cloned().collect();
-    let (units, left_out) = shard::fit(&caches.units(ctx.settings.namespace_buckets), &names);
-    ctx.metrics.assignment_unassigned_units.set(left_out as f64);
+    let (candidates, refused) = caches.units(&ctx.settings);
+    let (units, left_out) = shard::fit(&candidates, &names);
+    ctx.metrics
+        .assignment_unassigned_units
+        .set((left_out + refused) as f64);
     if left_out > 0 {
         tracing::debug!(
             left_out,

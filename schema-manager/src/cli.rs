@@ -54,4 +54,19 @@ pub struct Args {
     /// reported on the APIs it describes instead of being read
     #[arg(long, env = "KBIND_OPENAPI_DOCUMENT_LIMIT", default_value = "10Mi", value_parser = parse_bytes)]
     pub openapi_document_limit: u64,
+
+    /// Serve bindings' `relatedResources` (the chart sets it from `relatedResources.enabled`);
+    /// off, no related work is assigned and such bindings say so
+    #[arg(long, env = "KBIND_RELATED_RESOURCES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub related_resources: bool,
+
+    /// The most Bindings of one namespace whose related resources are served (the first by
+    /// name); the rest say so on their RelatedResourcesSynced condition. ClusterBindings are not
+    /// counted
+    #[arg(
+        long,
+        env = "KBIND_MAX_RELATED_BINDINGS_PER_NAMESPACE",
+        default_value_t = 16
+    )]
+    pub max_related_bindings_per_namespace: u32,
 }

@@ -36,6 +36,11 @@ pub struct Settings {
     pub openapi_document_limit: u64,
     /// How long an export must be missing before autoBind drops it.
     pub autobind_grace_period: Duration,
+    /// Whether bindings' related resources are served (`--related-resources`).
+    pub related_resources: bool,
+    /// The most Bindings of one namespace whose related resources are served
+    /// (`--max-related-bindings-per-namespace`).
+    pub max_related_bindings_per_namespace: u32,
 }
 
 /// How long an instance metadata cache lives without being read.

@@ -52,6 +52,8 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
             provider_secrets: args.common.provider_secrets(),
             openapi_document_limit: args.openapi_document_limit,
             autobind_grace_period: args.autobind_grace_period,
+            related_resources: args.related_resources,
+            max_related_bindings_per_namespace: args.max_related_bindings_per_namespace,
         },
         args.common.namespace(),
     ));

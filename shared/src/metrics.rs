@@ -39,7 +39,8 @@ pub struct Metrics {
     pub reconcile_errors_total: IntCounterVec,
     /// `kbind_assignment_overlaps`: units more than one live syncer reports running (must be 0)
     pub assignment_overlaps: Gauge,
-    /// `kbind_assignment_unassigned_units`: work units left out because the assignment is full
+    /// `kbind_assignment_unassigned_units`: work units left out because the assignment is full,
+    /// and bindings' related resources not admitted (off, or past a namespace's cap)
     pub assignment_unassigned_units: Gauge,
     /// `kbind_sync_lag_seconds{connection,api,op}`: from the watch event that showed a change to
     /// the write that delivered it (spec up: consumer change → provider copy written; status
@@ -129,7 +130,7 @@ impl Metrics {
             .expect("unique metric");
         let assignment_unassigned_units = Gauge::new(
             "kbind_assignment_unassigned_units",
-            "Work units left unassigned because the assignment ConfigMap is full",
+            "Work units left unassigned: the assignment ConfigMap is full, or a binding's related resources are not admitted (related resources off, or past --max-related-bindings-per-namespace)",
         )
         .expect("valid metric");
         registry

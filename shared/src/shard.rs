@@ -31,7 +31,13 @@ pub const MAX_ASSIGNMENT_BYTES: usize = 900 * 1024;
 /// left out. A flood of units (say, Bindings a namespace user creates) then leaves some
 /// unassigned and reported, instead of an assignment the API server refuses, which would freeze
 /// every unit.
-pub fn fit(units: &BTreeSet<String>, members: &BTreeSet<String>) -> (BTreeSet<String>, usize) {
+///
+/// `units` come in priority order: API units first, then related units (see [`related_admission`]),
+/// so related work a namespace user can add never pushes an API out.
+pub fn fit<'a>(
+    units: impl IntoIterator<Item = &'a String>,
+    members: &BTreeSet<String>,
+) -> (BTreeSet<String>, usize) {
     let longest = members.iter().map(String::len).max().unwrap_or(64);
     let mut budget = MAX_ASSIGNMENT_BYTES.saturating_sub(256 + members.len() * (longest + 32));
     let mut kept = BTreeSet::new();
@@ -48,6 +54,100 @@ pub fn fit(units: &BTreeSet<String>, members: &BTreeSet<String>) -> (BTreeSet<St
         }
     }
     (kept, left_out)
+}
+
+/// A binding with related resources, as the assignment weighs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelatedBinding {
+    /// The Binding's namespace; `None` for a ClusterBinding.
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+    /// The Connection it names.
+    pub connection: String,
+    /// Whether that Connection exists, is Ready and serves Bindings in this namespace.
+    pub allowed: bool,
+}
+
+/// Why a binding's related resources get no work unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotServed {
+    /// Related resources are off in this installation (`--related-resources=false`).
+    Disabled,
+    /// Its Connection is not Ready or does not serve Bindings in its namespace.
+    NotAllowed,
+    /// Its namespace already has `cap` Bindings with related resources served (by name).
+    NamespaceFull {
+        /// `--max-related-bindings-per-namespace`.
+        cap: u32,
+    },
+}
+
+impl NotServed {
+    /// A CamelCase reason for the binding's `RelatedResourcesSynced` condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NotServed::Disabled => "RelatedResourcesDisabled",
+            NotServed::NotAllowed => "NotAllowed",
+            NotServed::NamespaceFull { .. } => "TooManyBindings",
+        }
+    }
+
+    /// What a person reads.
+    pub fn message(&self, namespace: Option<&str>) -> String {
+        match self {
+            NotServed::Disabled => "related resources are not enabled in this installation (chart value relatedResources.enabled, flag --related-resources); nothing is copied".to_owned(),
+            NotServed::NotAllowed => "its Connection is not Ready or does not serve Bindings in this namespace; nothing is copied".to_owned(),
+            NotServed::NamespaceFull { cap } => format!(
+                "namespace {} has more Bindings with related resources than kbind serves there: the first {cap} by name (--max-related-bindings-per-namespace); nothing of this one is copied",
+                namespace.unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// #32.1: which bindings' related resources become work units, one result per binding (in the
+/// given order). Nothing when related resources are off; only bindings their Connection allows;
+/// and at most `per_namespace` Bindings per namespace, the first by name — so one namespace user's
+/// flood of Bindings adds a bounded amount of work. ClusterBindings (made by administrators) are
+/// not capped.
+pub fn related_admission(
+    bindings: &[RelatedBinding],
+    enabled: bool,
+    per_namespace: u32,
+) -> Vec<Result<Unit, NotServed>> {
+    let mut order: Vec<usize> = (0..bindings.len()).collect();
+    order.sort_by(|a, b| {
+        let (a, b) = (&bindings[*a], &bindings[*b]);
+        (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name))
+    });
+    let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut out: Vec<Option<Result<Unit, NotServed>>> = vec![None; bindings.len()];
+    for i in order {
+        let b = &bindings[i];
+        let result = if !enabled {
+            Err(NotServed::Disabled)
+        } else if !b.allowed {
+            Err(NotServed::NotAllowed)
+        } else {
+            let full = b.namespace.as_deref().is_some_and(|ns| {
+                let n = seen.entry(ns).or_default();
+                *n = n.saturating_add(1);
+                *n > per_namespace
+            });
+            if full {
+                Err(NotServed::NamespaceFull { cap: per_namespace })
+            } else {
+                Ok(Unit::Related {
+                    connection: b.connection.clone(),
+                    namespace: b.namespace.clone(),
+                    name: b.name.clone(),
+                })
+            }
+        };
+        out[i] = Some(result);
+    }
+    out.into_iter().flatten().collect()
 }
 
 /// A unit's short key: 6 bytes of its SHA-256, base64url (8 characters). What the leader compares
@@ -959,6 +1059,93 @@ mod tests {
             running: running.iter().map(|u| running_key(u)).collect(),
             objects: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn a_flood_of_related_units_never_pushes_an_api_out() {
+        // #32.1: 3,000 Bindings with the longest names in one namespace, 20 APIs of a Connection
+        // whose name sorts after them: every API unit is placed, the flood is capped.
+        let long = "b".repeat(253);
+        let flood: Vec<RelatedBinding> = (0..3000)
+            .map(|i| RelatedBinding {
+                namespace: Some("flood".into()),
+                name: format!("{}{i:04}", &long[..249]),
+                connection: "a".into(),
+                allowed: true,
+            })
+            .collect();
+        let admitted = related_admission(&flood, true, 16);
+        let served: Vec<&Unit> = admitted.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(served.len(), 16);
+        assert!(
+            admitted
+                .iter()
+                .skip(16)
+                .all(|r| r == &Err(NotServed::NamespaceFull { cap: 16 }))
+        );
+        let apis: Vec<String> = (0..20)
+            .map(|i| format!("zz-later/widgets{i:02}.example.org"))
+            .collect();
+        let members: BTreeSet<String> = ["syncer-0".to_owned()].into();
+        // Even uncapped, API units go first: the flood fills what is left.
+        let uncapped: Vec<String> = related_admission(&flood, true, u32::MAX)
+            .into_iter()
+            .filter_map(Result::ok)
+            .map(|u| u.to_string())
+            .collect();
+        let (kept, left_out) = fit(apis.iter().chain(&uncapped), &members);
+        assert!(apis.iter().all(|a| kept.contains(a)));
+        assert!(
+            left_out > 0,
+            "the flood was meant to overflow the assignment"
+        );
+    }
+
+    #[test]
+    fn related_admission_table() {
+        let b = |ns: Option<&str>, name: &str, allowed: bool| RelatedBinding {
+            namespace: ns.map(str::to_owned),
+            name: name.into(),
+            connection: "p".into(),
+            allowed,
+        };
+        let bindings = [
+            b(Some("t"), "c", true),
+            b(Some("t"), "a", true),
+            b(Some("t"), "b", false),
+            b(Some("u"), "z", true),
+            b(None, "cluster-1", true),
+            b(None, "cluster-2", true),
+            b(None, "cluster-3", true),
+        ];
+        let got: Vec<Result<String, NotServed>> = related_admission(&bindings, true, 1)
+            .into_iter()
+            .map(|r| r.map(|u| u.to_string()))
+            .collect();
+        let full = NotServed::NamespaceFull { cap: 1 };
+        assert_eq!(
+            got,
+            vec![
+                Err(full),
+                Ok("p/binding:t/a".into()),
+                Err(NotServed::NotAllowed),
+                Ok("p/binding:u/z".into()),
+                Ok("p/clusterbinding:cluster-1".into()),
+                Ok("p/clusterbinding:cluster-2".into()),
+                Ok("p/clusterbinding:cluster-3".into()),
+            ]
+        );
+        assert!(
+            related_admission(&bindings, false, 16)
+                .iter()
+                .all(|r| r == &Err(NotServed::Disabled))
+        );
+        let message = NotServed::NamespaceFull { cap: 1 }.message(Some("t"));
+        assert!(
+            message.contains("namespace t has more Bindings"),
+            "{message}"
+        );
+        assert!(message.contains("the first 1 by name"), "{message}");
     }
 
     #[test]

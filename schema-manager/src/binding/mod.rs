@@ -314,8 +314,10 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
             outcome::access_denied(c, binding.namespace().as_deref()).or(pending)
         }
     };
+    // Related resources that get no work unit say why (a namespace's flood of Bindings is capped).
+    let related = related_not_served(binding.as_ref(), connection.as_ref(), ctx).await;
     let mut states = Vec::new();
-    let (desired, bound) = match (gate, connection) {
+    let (mut desired, bound) = match (gate, connection) {
         (None, Some(connection)) => {
             let provider = ctx
                 .providers
@@ -357,9 +359,59 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
             (vec![gate], bound)
         }
     };
+    desired.extend(related);
     let entries = outcome::entries(&connection_name, &states, &going);
     write_status(binding.as_ref(), ctx, desired, bound, Some(entries)).await?;
     Ok(requeue)
+}
+
+/// `RelatedResourcesSynced=False` when the binding's related resources get no work unit because
+/// they are off here or its namespace has more such Bindings than are served — the same decision
+/// the assignment makes ([`kbind_shared::shard::related_admission`]). A binding its Connection
+/// does not serve says so in `Ready` already.
+async fn related_not_served<B: Scoped>(
+    binding: &B,
+    connection: Option<&Connection>,
+    ctx: &Context,
+) -> Option<conditions::Desired<'static>> {
+    use kbind_shared::shard::{NotServed, related_admission};
+    let me =
+        crate::assignment::related_binding(binding.meta(), binding.binding_spec(), connection)?;
+    let mut candidates = Vec::new();
+    if let Some(namespace) = &me.namespace
+        && let Ok((_, bindings)) = ctx.all_bindings().await
+    {
+        for other in bindings.iter().filter(|b| {
+            b.metadata.namespace.as_ref() == Some(namespace)
+                && b.metadata.name != binding.meta().name
+        }) {
+            let named = ctx
+                .cached_connection(&other.spec.connection_ref.name)
+                .flatten();
+            candidates.extend(crate::assignment::related_binding(
+                &other.metadata,
+                &other.spec,
+                named.as_deref(),
+            ));
+        }
+    }
+    candidates.push(me);
+    let settings = &ctx.settings;
+    let mine = related_admission(
+        &candidates,
+        settings.related_resources,
+        settings.max_related_bindings_per_namespace,
+    )
+    .pop()?;
+    match mine {
+        Ok(_) | Err(NotServed::NotAllowed) => None,
+        Err(why) => Some(conditions::Desired::new(
+            types::RELATED_RESOURCES_SYNCED,
+            false,
+            why.reason(),
+            why.message(binding.meta().namespace.as_deref()),
+        )),
+    }
 }
 
 /// Runs the release and move steps; returns those not finished yet. Listing the other bindings

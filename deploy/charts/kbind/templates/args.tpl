@@ -6,6 +6,8 @@
 - --heartbeat-lease-duration={{ .Values.schemaManager.heartbeatLeaseDuration }}
 - --autobind-grace-period={{ .Values.schemaManager.autobindGracePeriod }}
 - --namespace-buckets={{ .Values.schemaManager.namespaceBuckets }}
+- --related-resources={{ .Values.relatedResources.enabled }}
+- --max-related-bindings-per-namespace={{ .Values.relatedResources.maxBindingsPerNamespace }}
 {{ include "kbind.provider-secret-namespaces" . }}
 {{- end -}}
 

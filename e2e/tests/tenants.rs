@@ -479,3 +479,95 @@ async fn a_flood_of_bindings_from_one_namespace_is_capped_reported_and_stops_nob
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w0", 1).await;
 }
+
+/// `kbind_sync_operations_total` of the syncer's consumer status writes (status, or the record).
+async fn status_writes(syncer: &Program) -> f64 {
+    let metrics = syncer.metrics().await.unwrap();
+    ["status_down", "record"]
+        .iter()
+        .map(|op| {
+            metric_sum(
+                &metrics,
+                "kbind_sync_operations_total",
+                &[("op", op), ("result", "ok")],
+            )
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_provider_flooding_statuses_is_paced_and_bounded() {
+    // #32.2: for 4 s the provider rewrites one copy's status with 1 MiB every 100 ms and another's
+    // with 16 KiB every 100 ms. The 1 MiB status never reaches the consumer (a Warning Event says
+    // why); the 16 KiB one is copied at most once a second and its last state arrives; a third
+    // object keeps syncing meanwhile.
+    let s = SyncEnv::start("tenants_status_flood", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    for client in [&s.consumer, &s.provider] {
+        ensure_namespace(client, "team-a").await.unwrap();
+    }
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    for name in ["big", "chatty", "calm"] {
+        create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", name, 1).await;
+        wait_status_down(&consumer_widgets, name, 1).await;
+    }
+    let before = status_writes(&s.syncer).await;
+    let started = std::time::Instant::now();
+    let flood = {
+        let provider_widgets = provider_widgets.clone();
+        tokio::spawn(async move {
+            for i in 0..40 {
+                let big = json!({ "status": { "phase": "Ready", "observedSize": 1, "round": i,
+                                              "blob": "x".repeat(1024 * 1024) } });
+                let chatty = json!({ "status": { "phase": "Ready", "observedSize": 1, "round": i,
+                                                 "blob": "y".repeat(16 * 1024) } });
+                for (name, status) in [("big", big), ("chatty", chatty)] {
+                    provider_widgets
+                        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                        .await
+                        .unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    // Meanwhile another object syncs both ways.
+    resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "calm", 2).await;
+    wait_status_down(&consumer_widgets, "calm", 2).await;
+    flood.await.unwrap();
+    wait_for("chatty's last status on the consumer", 30, || async {
+        let w = consumer_widgets
+            .get("chatty")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((w.data["status"]["round"] == 39).then_some(()))
+    })
+    .await;
+    let writes = status_writes(&s.syncer).await - before;
+    // chatty at most once a second, the first at once; calm's status and record (3 at most).
+    let seconds = started.elapsed().as_secs_f64().ceil();
+    assert!(
+        writes <= seconds + 1.0 + 3.0,
+        "{writes} consumer status writes in {seconds} s for 40 status changes of one object"
+    );
+    let big = consumer_widgets.get("big").await.unwrap();
+    assert!(
+        big.data["status"].get("blob").is_none(),
+        "the 1 MiB status was copied"
+    );
+    assert_eq!(
+        big.data["status"]["observedSize"], 1,
+        "the last good status is kept"
+    );
+    wait_for("a StatusTooLarge Warning on big", 30, || async {
+        let warnings = warning_events(&s.consumer, Some("team-a"), "big").await;
+        Ok(warnings
+            .iter()
+            .any(|w| w.starts_with("StatusTooLarge") && w.contains("--max-status-bytes"))
+            .then_some(()))
+    })
+    .await;
+}

@@ -308,6 +308,9 @@ pub struct ProviderCopy {
     pub spec: Option<Json>,
     /// Its status, for status down.
     pub status: Option<Json>,
+    /// The size of a status larger than the syncer copies down (`--max-status-bytes`): then
+    /// [`Self::status`] is `None`, and the cache never holds the oversized text.
+    pub oversized_status: Option<usize>,
     /// When kbind last wrote it (the time of [`crate::delivery::applied_at`]).
     pub applied_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
@@ -408,8 +411,21 @@ impl ProviderCopy {
             namespace: metadata.namespace.map(String::into_boxed_str),
             spec,
             status,
+            oversized_status: None,
             applied_at,
         }
+    }
+
+    /// The same facts with a status of more than `max_bytes` (its compact JSON) dropped and its
+    /// size kept instead: what a provider can make the syncer hold is bounded per object.
+    pub fn bounded(mut self, max_bytes: usize) -> Self {
+        if let Some(status) = &self.status
+            && status.as_str().len() > max_bytes
+        {
+            self.oversized_status = Some(status.as_str().len());
+            self.status = None;
+        }
+        self
     }
 
     /// OWN-1 (`ownership::classify`): whose it is, for the consumer object `object_uid` of this
@@ -653,6 +669,7 @@ mod tests {
                     &json!({ "size": 3, "nested": { "a": "x", "b": [1, 2] } })
                 )),
                 status: Some(Json::new(&json!({ "phase": "Ready" }))),
+                oversized_status: None,
                 // kbind's own entry's time, not kubectl's.
                 applied_at: serde_json::from_value(json!("2026-12-01T00:00:02Z")).unwrap(),
             }
@@ -685,6 +702,25 @@ mod tests {
             ("w1", Some("team-a"))
         );
         assert_eq!((key.extra.resource_version, key.extra.uid), (None, None));
+    }
+
+    #[test]
+    fn an_oversized_provider_status_is_not_held_only_its_size() {
+        // #32.2: `{"phase":"Ready"}` is 17 bytes.
+        let copy = || ProviderCopy::of(serde_json::from_value(instance()).unwrap(), "c");
+        let kept = copy().bounded(17);
+        assert_eq!((kept.status.is_some(), kept.oversized_status), (true, None));
+        let dropped = copy().bounded(16);
+        assert_eq!((dropped.status, dropped.oversized_status), (None, Some(17)));
+        // Everything else is the same.
+        assert_eq!(
+            ProviderCopy {
+                status: copy().status,
+                oversized_status: None,
+                ..dropped
+            },
+            copy()
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use kbind_shared::cli::{CommonArgs, parse_duration};
+use kbind_shared::cli::{CommonArgs, parse_bytes, parse_duration};
 
 /// kbind's syncer.
 #[derive(Parser, Debug)]
@@ -23,4 +23,14 @@ pub struct Args {
     /// Concurrent object syncs per replica
     #[arg(long, env = "KBIND_WORKERS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub workers: u16,
+
+    /// The largest provider status copied to a consumer object (bytes; Ki, Mi suffixes): a larger
+    /// one is not copied (nor held in memory), and the object says why in a Warning Event
+    #[arg(long, env = "KBIND_MAX_STATUS_BYTES", default_value = "256Ki", value_parser = parse_bytes)]
+    pub max_status_bytes: u64,
+
+    /// The least time between two status writes to one consumer object: a provider that changes
+    /// a status faster is copied at this pace, its latest status always last (at most 60s)
+    #[arg(long, env = "KBIND_STATUS_MIN_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub status_min_interval: Duration,
 }

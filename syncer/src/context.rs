@@ -18,6 +18,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::membership::Membership;
 
+/// Bounds on what a provider can make this replica write to the consumer (#32.2).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The largest provider status copied down, in bytes (`--max-status-bytes`).
+    pub max_status_bytes: usize,
+    /// The least time between two status writes to one object (`--status-min-interval`).
+    pub status_min_interval: Duration,
+}
+
 /// Shared by the workers of this replica.
 pub struct Context {
     /// The consumer cluster.
@@ -34,6 +43,8 @@ pub struct Context {
     pub membership: Arc<Membership>,
     /// Where provider kubeconfig Secrets may live (`--provider-secret-namespaces`).
     pub provider_secrets: kbind_shared::credential::SecretPolicy,
+    /// What a provider can make it write.
+    pub limits: Limits,
     cluster_bindings: Store<ClusterBinding>,
     bindings: Store<Binding>,
     connections: Store<Connection>,
@@ -53,6 +64,7 @@ impl Context {
         workers: u16,
         membership: Arc<Membership>,
         provider_secrets: kbind_shared::credential::SecretPolicy,
+        limits: Limits,
     ) -> Self {
         let (binding_changes, _) = broadcast::channel(64);
         let cluster_bindings =
@@ -73,6 +85,7 @@ impl Context {
             workers,
             membership,
             provider_secrets,
+            limits,
             cluster_bindings,
             bindings,
             connections,

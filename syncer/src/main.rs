@@ -70,6 +70,12 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
         args.workers,
         membership.clone(),
         args.common.provider_secrets(),
+        context::Limits {
+            max_status_bytes: usize::try_from(args.max_status_bytes).unwrap_or(usize::MAX),
+            status_min_interval: args
+                .status_min_interval
+                .min(std::time::Duration::from_secs(60)),
+        },
     );
     let ctx = tokio::select! {
         ctx = start => Arc::new(ctx),

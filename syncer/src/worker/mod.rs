@@ -93,6 +93,8 @@ struct Worker {
     recorder: Recorder,
     known_namespaces: Mutex<HashSet<String>>,
     warned_no_status: Mutex<bool>,
+    /// Objects whose provider status is too large to copy, warned about once each.
+    oversized: Mutex<HashSet<pending::Key>>,
     states: Mutex<states::States>,
     in_flight: std::sync::atomic::AtomicI64,
     /// Set when the worker stops: no new sync starts.
@@ -158,10 +160,13 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     // object the consumer has (nothing else is ever synced, so nothing else may wait).
     let consumer_writer = reflector::store::Writer::<Instance>::new(resource.clone());
     let consumer_objects = consumer_writer.as_reader();
-    let pending = Arc::new(Mutex::new(pending::Pending::default()));
+    let pending = Arc::new(Mutex::new(pending::Pending::new(
+        ctx.limits.status_min_interval,
+    )));
     let (seen_consumer, seen_pending) = (consumer_objects.clone(), pending.clone());
     let seen_resource = resource.clone();
     let local_uid = spec.local_uid.clone();
+    let max_status_bytes = ctx.limits.max_status_bytes;
     // A change is recorded as waiting before the cache shows it, so that a sync that sees it in
     // the cache also finds when it was first seen.
     let provider_events = reflector::reflector(
@@ -183,7 +188,9 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
                 }
             })
             .map_ok(move |event| {
-                kbind_shared::cache::map_event(event, |o| ProviderCopy::of(o, &local_uid))
+                kbind_shared::cache::map_event(event, |o| {
+                    ProviderCopy::of(o, &local_uid).bounded(max_status_bytes)
+                })
             }),
     )
     .default_backoff();
@@ -196,6 +203,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         provider_objects: provider_objects.clone(),
         known_namespaces: Mutex::default(),
         warned_no_status: Mutex::new(false),
+        oversized: Mutex::default(),
         states: Mutex::default(),
         in_flight: Default::default(),
         stopping: Default::default(),
@@ -715,6 +723,27 @@ impl Worker {
             object.metadata.resource_version.as_deref(),
             written.metadata.resource_version.as_deref(),
         );
+    }
+
+    /// Whether the provider's status of `object` is too large to copy (`Some(size)`): a Warning
+    /// Event the first time, and counted; nothing once it fits again.
+    async fn note_oversized(&self, object: &Instance, size: Option<usize>) {
+        let key = pending_key(object);
+        let Some(size) = size else {
+            self.oversized.locked().remove(&key);
+            return;
+        };
+        if !self.oversized.locked().insert(key) {
+            return;
+        }
+        self.count("status_down", "too_large");
+        let limit = self.ctx.limits.max_status_bytes;
+        self.warn(
+            object,
+            "StatusTooLarge",
+            format!("the provider's status is {size} bytes, more than the {limit} kbind copies (--max-status-bytes); the status here is left as it was"),
+        )
+        .await;
     }
 
     /// The provider namespace went away: create it again before the next write there.

@@ -55,6 +55,10 @@ pub struct Pending {
     applied: HashMap<Key, Applied>,
     /// How long the provider has recently taken to answer a spec with a status change.
     delay: StatusDelay,
+    /// When each object's status was last written, while that is less than `status_interval`
+    /// ago: a provider cannot make kbind write one object's status faster than that (#32.2).
+    status_written: HashMap<Key, Instant>,
+    status_interval: Duration,
 }
 
 /// A spec write whose status change has not been seen yet.
@@ -67,6 +71,30 @@ struct Applied {
 }
 
 impl Pending {
+    /// A backlog whose objects' statuses are written at most once per `status_interval`.
+    pub fn new(status_interval: Duration) -> Self {
+        Self {
+            status_interval,
+            ..Self::default()
+        }
+    }
+
+    /// How much longer a status write to `key` must wait at `now`; `None` when it may go.
+    pub fn status_write_wait(&self, key: &Key, now: Instant) -> Option<Duration> {
+        let last = self.status_written.get(key)?;
+        let left = self
+            .status_interval
+            .saturating_sub(now.saturating_duration_since(*last));
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// The status of `key` was written at `now`.
+    pub fn status_written(&mut self, key: Key, now: Instant) {
+        if !self.status_interval.is_zero() {
+            self.status_written.insert(key, now);
+        }
+    }
+
     /// A watch showed a consumer change of `key` at `now`; `deleting`: it is being deleted.
     pub fn consumer_changed(&mut self, key: Key, now: Instant, deleting: bool) {
         if deleting {
@@ -173,6 +201,9 @@ impl Pending {
     pub fn compact(&mut self, now: Instant) {
         self.applied
             .retain(|_, a| now.saturating_duration_since(a.at) < status_delay::REMEMBERED);
+        let interval = self.status_interval;
+        self.status_written
+            .retain(|_, at| now.saturating_duration_since(*at) < interval);
         fn shrink<V>(map: &mut HashMap<Key, V>) {
             if map.capacity() > 4 * map.len().max(16) {
                 map.shrink_to_fit();
@@ -181,6 +212,7 @@ impl Pending {
         shrink(&mut self.waiting);
         shrink(&mut self.deleting);
         shrink(&mut self.applied);
+        shrink(&mut self.status_written);
     }
 }
 
@@ -327,6 +359,34 @@ mod tests {
         let full = p.waiting.capacity();
         p.compact(t0);
         assert_eq!(p.waiting.capacity(), full);
+    }
+
+    #[test]
+    fn status_writes_to_one_object_are_paced_and_forgotten_once_the_interval_passed() {
+        // #32.2
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut p = Pending::new(Duration::from_secs(1));
+        assert_eq!(p.status_write_wait(&key("a"), t0), None);
+        p.status_written(key("a"), t0);
+        assert_eq!(
+            p.status_write_wait(&key("a"), ms(300)),
+            Some(Duration::from_millis(700))
+        );
+        assert_eq!(p.status_write_wait(&key("b"), ms(300)), None, "per object");
+        assert_eq!(p.status_write_wait(&key("a"), ms(1000)), None);
+        p.compact(ms(999));
+        assert_eq!(p.status_written.len(), 1);
+        p.compact(ms(1000));
+        assert!(
+            p.status_written.is_empty(),
+            "nothing kept past the interval"
+        );
+        // A zero interval keeps nothing at all.
+        let mut unpaced = Pending::new(Duration::ZERO);
+        unpaced.status_written(key("a"), t0);
+        assert_eq!(unpaced.status_write_wait(&key("a"), t0), None);
+        assert!(unpaced.status_written.is_empty());
     }
 
     #[test]

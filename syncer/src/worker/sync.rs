@@ -77,9 +77,8 @@ pub(super) async fn sync(
         }
     };
 
-    let mut provider_status = provider_copy
-        .as_ref()
-        .and_then(|c| c.status.as_ref().map(Json::value));
+    let mut provider_status = provider_side_status(provider_copy.as_deref(), &object);
+    let mut oversized = provider_copy.as_ref().and_then(|c| c.oversized_status);
     // When kbind last wrote the copy's spec (the delivery record's time).
     let mut delivered_at = provider_copy.as_ref().and_then(|c| c.applied_at());
     if let Some(how) = spec_up {
@@ -117,7 +116,19 @@ pub(super) async fn sync(
             Ok(applied) => {
                 worker.count("spec_up", "ok");
                 worker.lag("spec_up", seen.first());
-                provider_status = applied.data.get("status").cloned();
+                match bounded(
+                    applied.data.get("status"),
+                    worker.ctx.limits.max_status_bytes,
+                ) {
+                    Ok(status) => {
+                        provider_status = status;
+                        oversized = None;
+                    }
+                    Err(size) => {
+                        provider_status = object.status.as_ref().map(Json::value);
+                        oversized = Some(size);
+                    }
+                }
                 delivered_at = delivery::applied_at(&applied.metadata);
                 worker.pending.locked().spec_applied(
                     super::pending_key(object.as_ref()),
@@ -141,6 +152,8 @@ pub(super) async fn sync(
         }
     }
 
+    worker.note_oversized(&object, oversized).await;
+
     // SYNC-9: status down, only when it differs — with kbind's delivery record, which says the
     // current generation reached the provider.
     let current = object.status.as_ref().map(Json::value);
@@ -150,6 +163,13 @@ pub(super) async fn sync(
     {
         let key = super::pending_key(object.as_ref());
         let now = std::time::Instant::now();
+        // A provider rewriting a status faster than --status-min-interval is copied at that pace;
+        // the next sync copies whatever is latest then.
+        let paced = worker.pending.locked().status_write_wait(&key, now);
+        if let Some(wait) = paced {
+            worker.pending.locked().give_back(key, seen);
+            return Ok(Action::requeue(wait));
+        }
         if !delivery::differs_beyond_record(current, Some(&status)) {
             let wait = worker.pending.locked().record_wait_left(&key, now);
             if let Some(wait) = wait {
@@ -222,6 +242,34 @@ fn desired_status(
     }
 }
 
+/// The provider's status as a sync copies it down: the copy's — or, when the provider's is larger
+/// than `--max-status-bytes` (the cache then holds only its size), what the consumer object holds
+/// already: an oversized status is never copied, and nothing of the last good one is lost.
+fn provider_side_status(
+    copy: Option<&ProviderCopy>,
+    object: &Instance,
+) -> Option<serde_json::Value> {
+    let copy = copy?;
+    if copy.oversized_status.is_some() {
+        return object.status.as_ref().map(Json::value);
+    }
+    copy.status.as_ref().map(Json::value)
+}
+
+/// `status` if its compact JSON is at most `max_bytes`, else its size.
+fn bounded(
+    status: Option<&serde_json::Value>,
+    max_bytes: usize,
+) -> Result<Option<serde_json::Value>, usize> {
+    let Some(status) = status else {
+        return Ok(None);
+    };
+    match serde_json::to_vec(status).map(|v| v.len()) {
+        Ok(size) if size > max_bytes => Err(size),
+        _ => Ok(Some(status.clone())),
+    }
+}
+
 /// Whether a sync of `object` (with `copy` the provider copy the cache holds) would write
 /// nothing: the same facts, [`decide`] and status the sync itself uses.
 pub(super) fn at_rest(worker: &Worker, object: &Instance, copy: Option<&ProviderCopy>) -> Rest {
@@ -229,7 +277,7 @@ pub(super) fn at_rest(worker: &Worker, object: &Instance, copy: Option<&Provider
         let desired = desired_status(
             &worker.spec,
             object,
-            copy.and_then(|c| c.status.as_ref().map(Json::value)),
+            provider_side_status(copy, object),
             copy.and_then(ProviderCopy::applied_at),
         );
         let current = object.status.as_ref().map(Json::value);
@@ -270,6 +318,10 @@ async fn status_down(
         Ok(written) => {
             worker.count(op, "ok");
             worker.wrote(object, &written);
+            worker
+                .pending
+                .locked()
+                .status_written(super::pending_key(object), std::time::Instant::now());
             Ok(())
         }
         Err(e) => {
@@ -412,5 +464,16 @@ async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
             worker.mark(object, None);
             Ok(Action::await_change())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_status_over_the_limit_is_refused_by_its_size() {
+        let status = serde_json::json!({ "phase": "Ready" }); // 17 bytes
+        assert_eq!(super::bounded(Some(&status), 17), Ok(Some(status.clone())));
+        assert_eq!(super::bounded(Some(&status), 16), Err(17));
+        assert_eq!(super::bounded(None, 0), Ok(None));
     }
 }

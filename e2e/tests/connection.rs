@@ -674,7 +674,7 @@ async fn exported_names(consumer: &Client, want: impl Fn(&[String]) -> bool) -> 
 
 #[tokio::test]
 async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_otherwise() {
-    // DISC-2, DISC-3, DISC-4, API-C6 activeSchemaSource
+    // DISC-2, DISC-3, DISC-4, API-C6 activeSchemaSource; Auto resolves once (#32.8)
     let s = setup("conn_auto_source", &[]).await;
     install_crd(&s.provider, &crd("gadgets", "example.org", "Gadget", &[]))
         .await
@@ -722,27 +722,33 @@ async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_other
     )
     .await
     .unwrap();
+    // Auto resolved once (#32.8): it keeps reading OpenAPI, which now shows the new API too; the
+    // CRD source sees it as well.
     let api: Api<Connection> = Api::all(s.consumer.clone());
-    eventually("Auto to switch to CRD", Duration::from_secs(15), || async {
-        let status = api
-            .get("auto")
-            .await
-            .map_err(|e| e.to_string())?
-            .status
-            .unwrap_or_default();
-        let names: Vec<String> = status
-            .exported_apis
-            .iter()
-            .map(|a| a.name.clone())
-            .collect();
-        Ok(
-            (status.active_schema_source == Some(ActiveSchemaSource::Crd)
-                && names == ["widgets.example.org"])
-            .then_some(()),
+    for (name, source) in [
+        ("auto", ActiveSchemaSource::OpenApi),
+        ("crd-only", ActiveSchemaSource::Crd),
+    ] {
+        eventually(
+            &format!("{name} to show widgets through {source:?}"),
+            Duration::from_secs(15),
+            || async {
+                let status = api
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status
+                    .unwrap_or_default();
+                let shows = status
+                    .exported_apis
+                    .iter()
+                    .any(|a| a.name == "widgets.example.org");
+                Ok((status.active_schema_source == Some(source) && shows).then_some(()))
+            },
         )
-    })
-    .await
-    .unwrap();
+        .await
+        .unwrap();
+    }
 }
 
 #[tokio::test]

@@ -6,10 +6,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::{wait_for, wait_gone};
-use kbind_shared::api::{Binding, ClusterBinding, ClusterBindingSpec};
+use kbind_shared::api::{
+    ActiveSchemaSource, Binding, ClusterBinding, ClusterBindingSpec, Connection, SchemaSource,
+};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -568,6 +571,97 @@ async fn a_provider_flooding_statuses_is_paced_and_bounded() {
             .iter()
             .any(|w| w.starts_with("StatusTooLarge") && w.contains("--max-status-bytes"))
             .then_some(()))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_export_label_blip_under_auto_never_widens_the_exports() {
+    // #32.8: a Connection with the default source (Auto) and autoBind resolves to CRDs, which the
+    // provider exports; the provider also serves an API it never exported (gadgets). The export
+    // label disappears for a few seconds: the exports are empty meanwhile — never every API the
+    // provider's OpenAPI shows — and no CRD is installed for gadgets.
+    let s = SyncEnv::start_full(
+        "tenants_auto_blip",
+        &[0],
+        None,
+        &[],
+        &["--discovery-interval=1s"],
+    )
+    .await;
+    install_crd(&s.provider, &crd("gadgets", "example.org", "Gadget", &[]))
+        .await
+        .unwrap();
+    let mut auto = connection("auto", "provider-kubeconfig", SchemaSource::Auto);
+    auto.spec.auto_bind = true;
+    create_connection(&s.consumer, &auto).await.unwrap();
+    let status = wait_condition(&s.consumer, "auto", "Ready", "True", None)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default();
+    assert_eq!(status.active_schema_source, Some(ActiveSchemaSource::Crd));
+    let crds: Api<CustomResourceDefinition> = Api::all(s.consumer.clone());
+    wait_for("widgets installed by autoBind", 30, || async {
+        crds.get_opt("widgets.example.org")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+
+    let provider_crds: Api<CustomResourceDefinition> = Api::all(s.provider.clone());
+    let label = |value: serde_json::Value| json!({ "metadata": { "labels": { "core.kbind.io/exported": value } } });
+    provider_crds
+        .patch(
+            "widgets.example.org",
+            &PatchParams::default(),
+            &Patch::Merge(&label(serde_json::Value::Null)),
+        )
+        .await
+        .unwrap();
+    let connections: Api<Connection> = Api::all(s.consumer.clone());
+    let mut saw_empty = false;
+    for _ in 0..20 {
+        let status = connections
+            .get("auto")
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        let names: Vec<&str> = status
+            .exported_apis
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect();
+        assert!(!names.contains(&"gadgets.example.org"), "{names:?}");
+        assert_eq!(status.active_schema_source, Some(ActiveSchemaSource::Crd));
+        saw_empty |= names.is_empty();
+        assert!(
+            crds.get_opt("gadgets.example.org").await.unwrap().is_none(),
+            "an API the provider never exported was installed"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        saw_empty,
+        "the blip was never discovered: the test proves nothing"
+    );
+    provider_crds
+        .patch(
+            "widgets.example.org",
+            &PatchParams::default(),
+            &Patch::Merge(&label(json!("true"))),
+        )
+        .await
+        .unwrap();
+    wait_for("widgets exported again", 30, || async {
+        let status = connections
+            .get("auto")
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        Ok((status.exported_apis.len() == 1).then_some(()))
     })
     .await;
 }

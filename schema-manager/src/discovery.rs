@@ -102,12 +102,35 @@ async fn discover_openapi_candidates(
     Ok(exports)
 }
 
-/// DISC-2/3/4: the exported APIs under the Connection's schema source.
+/// The source a discovery under `source` reads, given the one a previous discovery of the same
+/// Connection recorded (`status.activeSchemaSource`). `Auto` resolves once (LIM-2 fixed): the
+/// first discovery picks CRDs when the provider exports any, else OpenAPI, and from then on the
+/// recorded choice stands — an empty answer (an export label removed for a moment) is just that,
+/// never a fall-through that widens the exports. `None`: `Auto` not resolved yet.
+pub fn resolved_source(
+    source: SchemaSource,
+    recorded: Option<ActiveSchemaSource>,
+) -> Option<ActiveSchemaSource> {
+    match source {
+        SchemaSource::Crd => Some(ActiveSchemaSource::Crd),
+        SchemaSource::OpenApi => Some(ActiveSchemaSource::OpenApi),
+        SchemaSource::Auto => recorded,
+    }
+}
+
+/// DISC-2/3/4: the exported APIs under the Connection's schema source; `recorded` is the source
+/// its status records from an earlier discovery ([`resolved_source`]).
 pub async fn discover(
     provider: &Provider,
     documents: &Documents,
     source: SchemaSource,
+    recorded: Option<ActiveSchemaSource>,
 ) -> Result<Exports, ProviderError> {
+    let source = match resolved_source(source, recorded) {
+        Some(ActiveSchemaSource::Crd) => SchemaSource::Crd,
+        Some(ActiveSchemaSource::OpenApi) => SchemaSource::OpenApi,
+        None => SchemaSource::Auto,
+    };
     match source {
         SchemaSource::Crd => Ok(Exports {
             source: ActiveSchemaSource::Crd,
@@ -224,6 +247,27 @@ mod tests {
             (exports[1].group.as_str(), exports[1].resource.as_str()),
             ("example.org", "widgets")
         );
+    }
+
+    #[test]
+    fn auto_resolves_once_and_keeps_its_choice() {
+        // #32.8: (source, recorded) → what is read
+        use ActiveSchemaSource::{Crd, OpenApi};
+        let cases = [
+            (SchemaSource::Auto, None, None),
+            (SchemaSource::Auto, Some(Crd), Some(Crd)),
+            (SchemaSource::Auto, Some(OpenApi), Some(OpenApi)),
+            (SchemaSource::Crd, Some(OpenApi), Some(Crd)),
+            (SchemaSource::OpenApi, Some(Crd), Some(OpenApi)),
+            (SchemaSource::Crd, None, Some(Crd)),
+        ];
+        for (source, recorded, want) in cases {
+            assert_eq!(
+                resolved_source(source, recorded),
+                want,
+                "{source:?} {recorded:?}"
+            );
+        }
     }
 
     #[test]

@@ -324,16 +324,25 @@ async fn connect(
     }
 
     // CONN-7: discovery.
-    let exports =
-        match discovery::discover(&provider, &ctx.documents, connection.spec.schema.source).await {
-            Ok(exports) => exports,
-            Err(ProviderError::Forbidden(message)) => {
-                return Ok((Outcome::DiscoveryForbidden(message), None));
-            }
-            Err(ProviderError::Failed(message)) => {
-                return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
-            }
-        };
+    let exports = match discovery::discover(
+        &provider,
+        &ctx.documents,
+        connection.spec.schema.source,
+        connection
+            .status
+            .as_ref()
+            .and_then(|s| s.active_schema_source),
+    )
+    .await
+    {
+        Ok(exports) => exports,
+        Err(ProviderError::Forbidden(message)) => {
+            return Ok((Outcome::DiscoveryForbidden(message), None));
+        }
+        Err(ProviderError::Failed(message)) => {
+            return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
+        }
+    };
     status.active_schema_source = Some(exports.source);
     status.exported_apis = exports.apis;
 

@@ -278,6 +278,7 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
         &provider.provider,
         &documents,
         connection.spec.schema.source,
+        status.active_schema_source,
     )
     .await
     {

@@ -450,8 +450,18 @@ pub async fn gather(
                         provider.identity, pinned
                     ));
                 } else {
-                    match discovery::discover(&provider.provider, &documents, spec.schema.source)
-                        .await
+                    // The source the Connection's status records (Auto resolves once).
+                    let recorded = existing
+                        .as_ref()
+                        .and_then(|c| c.status.as_ref())
+                        .and_then(|s| s.active_schema_source);
+                    match discovery::discover(
+                        &provider.provider,
+                        &documents,
+                        spec.schema.source,
+                        recorded,
+                    )
+                    .await
                     {
                         Ok(exports) => {
                             plan.exported_apis =

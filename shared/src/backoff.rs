@@ -50,6 +50,15 @@ impl Retries {
         }
     }
 
+    /// Whether a failure of `key` with `message` would be news: no streak, or a streak whose last
+    /// message differs (for a Warning Event once per refusal, not per retry).
+    pub fn is_new(&self, key: &str, message: &str) -> bool {
+        self.streaks
+            .locked()
+            .get(key)
+            .is_none_or(|(_, last)| last != message)
+    }
+
     /// `key` succeeded (or is gone): its streak ends.
     pub fn succeeded(&self, key: &str) {
         self.streaks.locked().remove(key);
@@ -81,6 +90,18 @@ pub fn delay(base: Duration, cap: Duration, attempt: u32, seed: u64) -> Duration
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_is_news_until_the_same_message_was_recorded() {
+        let r = Retries::new(Duration::from_secs(1), Duration::from_secs(300));
+        assert!(r.is_new("a", "denied"));
+        r.failed("a", "denied");
+        assert!(!r.is_new("a", "denied"));
+        assert!(r.is_new("a", "denied otherwise"));
+        assert!(r.is_new("b", "denied"));
+        r.succeeded("a");
+        assert!(r.is_new("a", "denied"));
+    }
 
     #[test]
     fn delays_double_up_to_the_cap_with_bounded_jitter() {

@@ -352,51 +352,51 @@ async fn record_refusal(
     status_down(worker, object, status, "record").await
 }
 
-/// SYNC-10: Forbidden gets a Warning Event and a 30 s retry; anything else is an error.
+/// SYNC-10: a Forbidden or rejected write is recorded on the object, gets a Warning Event once
+/// per refusal (not per retry), and is retried with the same exponential backoff as any error
+/// (`error_policy`); anything else is an error.
 async fn forbidden_or(
     worker: &Worker,
     object: &Instance,
     operation: &str,
     error: kube::Error,
 ) -> Result<Action, Error> {
-    match error {
-        kube::Error::Api(s) if s.is_forbidden() => {
-            worker.count("spec_up", "forbidden");
-            record_refusal(worker, object, delivery::FORBIDDEN, &s.message).await?;
-            worker
-                .warn(
-                    object,
-                    "Forbidden",
-                    format!(
-                        "cannot {operation}: {}",
-                        kbind_shared::redact::remote(&s.message)
-                    ),
-                )
-                .await;
-            Ok(Action::requeue(Duration::from_secs(30)))
-        }
-        kube::Error::Api(s) if s.is_invalid() => {
-            // The provider's admission said no: tell the user why, retry with backoff; other
-            // objects are unaffected.
-            worker.count("spec_up", "rejected");
-            record_refusal(worker, object, delivery::REJECTED, &s.message).await?;
-            worker
-                .warn(
-                    object,
-                    "ProviderRejected",
-                    format!(
-                        "the provider rejected the object: {}",
-                        kbind_shared::redact::remote(&s.message)
-                    ),
-                )
-                .await;
-            Ok(Action::requeue(Duration::from_secs(30)))
-        }
-        e => {
-            worker.count("spec_up", super::result_label(&e));
-            Err(Error::Provider(e))
-        }
+    let refusal = match &error {
+        kube::Error::Api(s) if s.is_forbidden() => Some((
+            "forbidden",
+            delivery::FORBIDDEN,
+            "Forbidden",
+            format!("cannot {operation}"),
+        )),
+        // The provider's admission said no: tell the user why; other objects are unaffected.
+        kube::Error::Api(s) if s.is_invalid() => Some((
+            "rejected",
+            delivery::REJECTED,
+            "ProviderRejected",
+            "the provider rejected the object".to_owned(),
+        )),
+        _ => None,
+    };
+    let (kube::Error::Api(s), Some((result, state, reason, what))) = (&error, refusal) else {
+        worker.count("spec_up", super::result_label(&error));
+        return Err(Error::Provider(error));
+    };
+    worker.count("spec_up", result);
+    record_refusal(worker, object, state, &s.message).await?;
+    let news = worker.retries.is_new(
+        &super::object_key(object),
+        &Error::Provider(error_copy(s)).to_string(),
+    );
+    if news {
+        let message = format!("{what}: {}", kbind_shared::redact::remote(&s.message));
+        worker.warn(object, reason, message).await;
     }
+    Err(Error::Provider(error))
+}
+
+/// The same API error again (a `kube::Error` is not `Clone`).
+fn error_copy(status: &kube::core::Status) -> kube::Error {
+    kube::Error::Api(Box::new(status.clone()))
 }
 
 /// IDEL-1 … IDEL-3.

@@ -593,9 +593,10 @@ fn related_resources_rbac_is_off_by_default_and_follows_its_namespaces() {
         rules("kbind-schema-manager-related"),
         serde_json::json!([{ "apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["list", "delete"] }])
     );
+    // Secrets and ConfigMaps only: no consumer namespace is ever created for a copy (#32.10).
     assert_eq!(
-        rules("kbind-syncer-related")[0]["verbs"],
-        serde_json::json!(["get", "list", "watch", "create", "patch", "delete"])
+        rules("kbind-syncer-related"),
+        serde_json::json!([{ "apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] }])
     );
     let scoped = related(&render(&[
         "--set",

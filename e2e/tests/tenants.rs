@@ -665,3 +665,63 @@ async fn an_export_label_blip_under_auto_never_widens_the_exports() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn under_pull_policy_all_one_export_that_cannot_be_installed_stops_nothing_else() {
+    // #32.10: the provider exports gadgets and widgets; the consumer already has a gadgets CRD of
+    // its own, which kbind never changes. Under pullPolicy All widgets is installed anyway, the
+    // Connection stays Ready, and SchemaInSync names gadgets.
+    let s = SyncEnv::start_full(
+        "tenants_pull_all",
+        &[0],
+        None,
+        &[],
+        &["--discovery-interval=1s"],
+    )
+    .await;
+    let exported = [("core.kbind.io/exported", "true")];
+    install_crd(
+        &s.provider,
+        &crd("gadgets", "example.org", "Gadget", &exported),
+    )
+    .await
+    .unwrap();
+    install_crd(&s.consumer, &crd("gadgets", "example.org", "Gadget", &[]))
+        .await
+        .unwrap();
+    let mut all = connection("provider", "provider-kubeconfig", SchemaSource::Crd);
+    all.spec.schema.pull_policy = kbind_shared::api::PullPolicy::All;
+    create_connection(&s.consumer, &all).await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(s.consumer.clone());
+    wait_for("widgets installed under pullPolicy All", 30, || async {
+        crds.get_opt("widgets.example.org")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let connection = wait_condition(
+        &s.consumer,
+        "provider",
+        "SchemaInSync",
+        "False",
+        Some("InstallFailed"),
+    )
+    .await
+    .unwrap();
+    let conditions = connection.status.unwrap_or_default().conditions;
+    let ready = kbind_shared::conditions::find(&conditions, "Ready").unwrap();
+    assert_eq!(ready.status, "True", "{}", ready.message);
+    let schema = kbind_shared::conditions::find(&conditions, "SchemaInSync").unwrap();
+    assert!(
+        schema.message.contains("gadgets.example.org"),
+        "{}",
+        schema.message
+    );
+    let gadgets = crds.get("gadgets.example.org").await.unwrap();
+    assert!(
+        !gadgets
+            .annotations()
+            .contains_key("core.kbind.io/connection"),
+        "the consumer's own CRD was taken over"
+    );
+}

@@ -207,10 +207,11 @@ async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Err
         connection.meta().generation,
         &Time(jiff::Timestamp::now()),
     );
-    if matches!(outcome, Outcome::Ready { .. }) {
-        let schema = schema_in_sync(ctx, &connection.name_any())
+    if let Outcome::Ready { not_installed, .. } = &outcome {
+        let from_bindings = schema_in_sync(ctx, &connection.name_any())
             .await
             .map_err(Error::Consumer)?;
+        let schema = outcome::not_installed_condition(not_installed).unwrap_or(from_bindings);
         conditions::set(
             &mut status.conditions,
             schema,
@@ -346,12 +347,14 @@ async fn connect(
     status.active_schema_source = Some(exports.source);
     status.exported_apis = exports.apis;
 
-    // CONN-8: pullPolicy All installs every export now (create, and update unless Once).
-    if connection.spec.schema.pull_policy == kbind_shared::api::PullPolicy::All
-        && let Err(message) = install_all(ctx, &provider, connection, status).await
+    // CONN-8: pullPolicy All installs every export now (create, and update unless Once); an
+    // export that cannot be installed is named in SchemaInSync, the others and the Connection go on.
+    let not_installed = if connection.spec.schema.pull_policy == kbind_shared::api::PullPolicy::All
     {
-        return Ok((Outcome::DiscoveryFailed(message.clone()), Some(message)));
-    }
+        install_all(ctx, &provider, connection, status).await
+    } else {
+        Vec::new()
+    };
 
     // CONN-9: autoBind (and removal of the owned ClusterBinding when it is turned off, LIM-12),
     // with a wall-clock grace for missing exports.
@@ -416,6 +419,7 @@ async fn connect(
         Outcome::Ready {
             server,
             exported: status.exported_apis.len(),
+            not_installed,
         },
         None,
     ))

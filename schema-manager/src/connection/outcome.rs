@@ -30,7 +30,36 @@ pub enum Outcome {
         server: String,
         /// How many APIs it exports.
         exported: usize,
+        /// Under pullPolicy All, each export whose schema could not be installed, and why: said
+        /// in `SchemaInSync`, never un-Readying the Connection (one bad export does not stop the
+        /// others).
+        not_installed: Vec<String>,
     },
+}
+
+/// Reason (SchemaInSync) when pullPolicy All could not install some exports.
+pub const INSTALL_FAILED: &str = "InstallFailed";
+
+/// `SchemaInSync=False/InstallFailed` naming the first exports pullPolicy All could not install
+/// (at most three, then how many more); `None` when every one was installed.
+pub fn not_installed_condition(problems: &[String]) -> Option<Desired<'static>> {
+    let (first, rest) = (problems.iter().take(3), problems.len().saturating_sub(3));
+    let mut message = first.cloned().collect::<Vec<_>>().join("; ");
+    if problems.is_empty() {
+        return None;
+    }
+    if rest > 0 {
+        message.push_str(&format!("; and {rest} more"));
+    }
+    Some(Desired::new(
+        types::SCHEMA_IN_SYNC,
+        false,
+        INSTALL_FAILED,
+        format!(
+            "pullPolicy All could not install {} of the exported APIs: {message}",
+            problems.len()
+        ),
+    ))
 }
 
 /// The conditions `outcome` implies, in setting order. Conditions of steps the reconcile did not
@@ -85,7 +114,9 @@ pub fn desired(outcome: &Outcome) -> Vec<Desired<'static>> {
             connected,
             d(types::READY, false, reasons::PENDING, m),
         ],
-        Outcome::Ready { server, exported } => vec![
+        Outcome::Ready {
+            server, exported, ..
+        } => vec![
             secret_ok,
             connected,
             d(types::PERMISSION_DENIED, false, reasons::AS_EXPECTED, ""),
@@ -175,6 +206,7 @@ mod tests {
             &Outcome::Ready {
                 server: "s".into(),
                 exported: 1,
+                not_installed: vec![],
             },
             Some(1),
             &now(),
@@ -242,6 +274,7 @@ mod tests {
             &Outcome::Ready {
                 server: "https://p".into(),
                 exported: 2,
+                not_installed: vec![],
             },
             Some(2),
             &now(),
@@ -257,6 +290,7 @@ mod tests {
         let outcome = Outcome::Ready {
             server: "s".into(),
             exported: 1,
+            not_installed: vec![],
         };
         assert!(apply(&mut conds, &outcome, Some(1), &now()));
         let before = conds.clone();
@@ -278,5 +312,34 @@ mod tests {
         assert!(is_healthy(
             conditions::find(&conds, "PermissionDenied").unwrap()
         ));
+    }
+
+    #[test]
+    fn exports_pull_policy_all_could_not_install_are_named_without_un_readying() {
+        // #32.10
+        assert!(not_installed_condition(&[]).is_none());
+        let problems: Vec<String> = (0..5).map(|i| format!("api{i}: why")).collect();
+        let d = not_installed_condition(&problems).unwrap();
+        assert_eq!((d.type_, d.reason), (types::SCHEMA_IN_SYNC, INSTALL_FAILED));
+        assert!(
+            d.message.contains("could not install 5 of"),
+            "{}",
+            d.message
+        );
+        assert!(d.message.contains("api2: why; and 2 more"), "{}", d.message);
+        assert!(!d.message.contains("api3"), "{}", d.message);
+        // Ready stays True.
+        let mut conds = Vec::new();
+        apply(
+            &mut conds,
+            &Outcome::Ready {
+                server: "s".into(),
+                exported: 5,
+                not_installed: problems,
+            },
+            Some(1),
+            &now(),
+        );
+        assert_eq!(state(&conds, "Ready").0, "True");
     }
 }

@@ -12,17 +12,17 @@ use crate::context::Context;
 use crate::providers::Provider;
 
 /// CONN-8: installs the schema of every exported API. A problem with one API does not stop the
-/// others; the first is reported.
+/// others; each is returned (`<api>: <why>`).
 pub(super) async fn install_all(
     ctx: &Context,
     provider: &Provider,
     connection: &Connection,
     status: &ConnectionStatus,
-) -> Result<(), String> {
+) -> Vec<String> {
     let consumer = &ctx.client;
     let name = connection.name_any();
     let update = connection.spec.schema.update_policy != kbind_shared::api::UpdatePolicy::Once;
-    let mut first_problem = None;
+    let mut problems = Vec::new();
     for export in &status.exported_apis {
         let desired = crate::schema::desired_for(
             provider,
@@ -55,13 +55,14 @@ pub(super) async fn install_all(
             Err(e) => Err(e.message().to_owned()),
         };
         if let Err(message) = result {
-            first_problem.get_or_insert(format!(
-                "installing the schema of {}: {message}",
-                export.name
+            problems.push(format!(
+                "{}: {}",
+                export.name,
+                kbind_shared::conditions::bounded(&message, 300)
             ));
         }
     }
-    first_problem.map_or(Ok(()), Err)
+    problems
 }
 
 /// The CRDs kbind kept for this Connection after their automatic binding went away (metadata

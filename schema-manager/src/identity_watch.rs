@@ -241,7 +241,7 @@ async fn run(
                 tracing::info!(%connection, "watching the provider's identity is not allowed; it is read at each check instead");
                 return;
             }
-            tracing::debug!(%connection, error = %error, "the provider identity watch broke; opening it again");
+            tracing::debug!(%connection, error = %kbind_shared::redact::remote(&error.to_string()), "the provider identity watch broke; opening it again");
             let wait = backoff(failures);
             failures = failures.saturating_add(1);
             tokio::select! {

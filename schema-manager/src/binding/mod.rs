@@ -232,9 +232,9 @@ fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) ->
         e => {
             let retry = ctx.retries.failed(&binding.describe(), &e.to_string());
             if retry.log {
-                tracing::warn!(binding = %binding.describe(), error = %e, kind = e.metric_label(), retry_in = ?retry.after, "binding reconcile failed");
+                tracing::warn!(binding = %binding.describe(), error = %kbind_shared::redact::remote(&e.to_string()), kind = e.metric_label(), retry_in = ?retry.after, "binding reconcile failed");
             } else {
-                tracing::debug!(binding = %binding.describe(), error = %e, retry_in = ?retry.after, "binding reconcile failed again");
+                tracing::debug!(binding = %binding.describe(), error = %kbind_shared::redact::remote(&e.to_string()), retry_in = ?retry.after, "binding reconcile failed again");
             }
             Action::requeue(retry.after)
         }

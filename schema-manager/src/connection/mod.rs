@@ -129,9 +129,9 @@ fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -
             let key = format!("Connection {}", connection.name_any());
             let retry = state.ctx.retries.failed(&key, &e.to_string());
             if retry.log {
-                tracing::warn!(connection = %connection.name_any(), error = %e, kind = e.metric_label(), retry_in = ?retry.after, "Connection reconcile failed");
+                tracing::warn!(connection = %connection.name_any(), error = %kbind_shared::redact::remote(&e.to_string()), kind = e.metric_label(), retry_in = ?retry.after, "Connection reconcile failed");
             } else {
-                tracing::debug!(connection = %connection.name_any(), error = %e, retry_in = ?retry.after, "Connection reconcile failed again");
+                tracing::debug!(connection = %connection.name_any(), error = %kbind_shared::redact::remote(&e.to_string()), retry_in = ?retry.after, "Connection reconcile failed again");
             }
             Action::requeue(retry.after)
         }
@@ -409,7 +409,7 @@ async fn connect(
     )
     .await
     {
-        tracing::info!(connection = %name, error = %e, "heartbeat not renewed");
+        tracing::info!(connection = %name, error = %kbind_shared::redact::remote(&e.to_string()), "heartbeat not renewed");
     } else {
         ctx.metrics.heartbeat_renewed(&name);
     }

@@ -353,7 +353,7 @@ impl Worker {
     fn failed(&self, outcome: &mut Outcome, what: String, error: &kube::Error) {
         let forbidden = matches!(error, kube::Error::Api(s) if s.is_forbidden());
         let message = format!("{what}: {}", describe_error(error));
-        tracing::warn!(binding = %describe(&self.spec), error = %message, "related resources");
+        tracing::warn!(binding = %describe(&self.spec), error = %kbind_shared::redact::remote(&message), "related resources");
         outcome.errors.push((forbidden, message));
     }
 

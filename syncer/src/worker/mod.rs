@@ -515,9 +515,9 @@ fn error_policy(object: Arc<Instance>, error: &Error, worker: Arc<Worker>) -> Ac
     let key = object_key(object.as_ref());
     let retry = worker.retries.failed(&key, &error.to_string());
     if retry.log {
-        tracing::warn!(api = %worker.spec.api, object = %key, error = %error, kind = error.metric_label(), retry_in = ?retry.after, "sync failed");
+        tracing::warn!(api = %worker.spec.api, object = %key, error = %kbind_shared::redact::remote(&error.to_string()), kind = error.metric_label(), retry_in = ?retry.after, "sync failed");
     } else {
-        tracing::debug!(api = %worker.spec.api, object = %key, error = %error, retry_in = ?retry.after, "sync failed again");
+        tracing::debug!(api = %worker.spec.api, object = %key, error = %kbind_shared::redact::remote(&error.to_string()), retry_in = ?retry.after, "sync failed again");
     }
     Action::requeue(retry.after)
 }

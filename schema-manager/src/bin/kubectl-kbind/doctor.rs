@@ -205,14 +205,24 @@ pub fn missing_rbac(connection: &str, user: &str, checks: &[Check]) -> Option<St
             "subjects": [subject],
         }));
     }
+    // The user name is the provider's word: in a YAML comment it must stay one line, or it could
+    // smuggle documents into what the operator applies (#32.10).
     let mut text = format!(
-        "# What Connection {connection}'s provider credential ({user}) is missing; apply on the provider.\n"
+        "# What Connection {}'s provider credential ({}) is missing; apply on the provider.\n",
+        comment_safe(connection),
+        comment_safe(user)
     );
     for document in documents {
         text.push_str("---\n");
         text.push_str(&serde_yaml::to_string(&document).unwrap_or_default());
     }
     Some(text)
+}
+
+/// `text` as one line of a YAML comment: control characters and the Unicode line and paragraph
+/// separators (line breaks to YAML 1.1) become spaces, at most 300 characters.
+fn comment_safe(text: &str) -> String {
+    view::line(text, 300).replace(['\u{2028}', '\u{2029}'], " ")
 }
 
 /// The doctor's findings.
@@ -595,6 +605,23 @@ mod tests {
             documents[1]["subjects"],
             json!([{ "kind": "ServiceAccount", "name": "kbind", "namespace": "team" }])
         );
+        // A provider-supplied user name cannot add documents or lines to what is applied.
+        for evil in [
+            "mallory\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding",
+            "mallory\u{2028}kind: ClusterRoleBinding\u{2029}x",
+            "mallory\r\n# \u{85}kind: Secret",
+        ] {
+            let text = missing_rbac("c", evil, &checks).unwrap();
+            let header = text.lines().next().unwrap();
+            assert!(header.starts_with("# What Connection c's"), "{text}");
+            assert!(text.lines().nth(1) == Some("---"), "{text}");
+            let documents: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+                .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+                .filter(|d| !d.is_null())
+                .collect();
+            assert_eq!(documents.len(), 4, "{text}");
+            assert_eq!(documents[1]["subjects"][0]["name"], evil);
+        }
         let user = missing_rbac("c", "alice", &checks).unwrap();
         assert!(
             user.contains("kind: User") && user.contains("name: alice"),

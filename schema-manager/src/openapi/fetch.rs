@@ -9,7 +9,7 @@ use kbind_shared::api::{ApiScope, ExportedApi};
 use kbind_shared::sync::Locked;
 use serde_json::Value;
 
-use super::{DiscoveredVersion, synthesize};
+use super::{DiscoveredVersion, synthesize_within};
 use crate::providers::{Provider, ProviderError};
 
 /// OAPI-3: groups that are Kubernetes' own and never exported through OpenAPI discovery.
@@ -164,6 +164,7 @@ pub async fn synthesize_from_provider(
         .await
         .map_err(|e| e.into_provider_error("reading the provider's /openapi/v3"))?;
     let mut out = Synthesized::default();
+    let budget = Arc::new(super::Budget::new(super::MAX_DISCOVERY_NODES));
     for group in groups
         .groups
         .iter()
@@ -236,8 +237,31 @@ pub async fn synthesize_from_provider(
                 why,
             )
         };
-        for (resource, versions) in &by_resource {
-            match synthesize(&group.name, resource, preferred.as_deref(), versions) {
+        // Synthesis is CPU work bounded by the discovery's node budget: it runs on a blocking
+        // thread, never on the async threads that renew the leader's Lease (#32.9).
+        let (group_name, work, shared) = (group.name.clone(), by_resource.clone(), budget.clone());
+        let results = tokio::task::spawn_blocking(move || {
+            work.iter()
+                .map(|(resource, versions)| {
+                    let synthesized = synthesize_within(
+                        &group_name,
+                        resource,
+                        preferred.as_deref(),
+                        versions,
+                        &shared,
+                    );
+                    (resource.clone(), synthesized)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| ProviderError::Failed(format!("synthesizing group {}: {e}", group.name)))?;
+        for (resource, synthesized) in results {
+            let resource = &resource;
+            let Some(versions) = by_resource.get(resource) else {
+                continue;
+            };
+            match synthesized {
                 Ok(Some(crd)) => out.crds.push(crd),
                 Ok(None) => {}
                 Err(why) => out.failed.push(failed(

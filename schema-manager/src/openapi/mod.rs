@@ -104,6 +104,34 @@ const PLAIN_KEYS: &[&str] = &[
 /// schema that expands exponentially (components referencing the next one twice), and kbind
 /// stops rather than build it.
 pub const MAX_SCHEMA_NODES: usize = 100_000;
+/// The most schema nodes one discovery may build over all the APIs it synthesizes: many
+/// resources each just under [`MAX_SCHEMA_NODES`] would otherwise multiply the work (#32.9).
+pub const MAX_DISCOVERY_NODES: usize = 2_000_000;
+
+/// The schema nodes one discovery may still build, shared by every synthesis it runs.
+#[derive(Debug)]
+pub struct Budget(std::sync::atomic::AtomicUsize);
+
+impl Budget {
+    /// A budget of `nodes`.
+    pub fn new(nodes: usize) -> Self {
+        Self(std::sync::atomic::AtomicUsize::new(nodes))
+    }
+
+    /// Nodes left.
+    pub fn left(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn spend(&self, nodes: usize) {
+        let _ = self.0.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |left| Some(left.saturating_sub(nodes)),
+        );
+    }
+}
+
 /// The longest `$ref` chain (a reference to a reference to …) kbind follows.
 pub const MAX_REF_CHAIN: usize = 64;
 /// How deep a synthesized schema may nest; deeper parts accept anything.
@@ -411,17 +439,42 @@ pub fn find_schema<'d>(
 /// OAPI-4, improved: the structural top-level schema for a component schema, or why it cannot be
 /// synthesized within [`MAX_SCHEMA_NODES`] and [`MAX_REF_CHAIN`].
 pub fn top_level_schema(document: &Value, schema: &Value) -> Result<Value, String> {
+    top_level_schema_within(document, schema, &Budget::new(MAX_SCHEMA_NODES))
+}
+
+/// [`top_level_schema`], spending its nodes from a discovery's `budget` (what is left of it
+/// bounds this schema too).
+pub fn top_level_schema_within(
+    document: &Value,
+    schema: &Value,
+    budget: &Budget,
+) -> Result<Value, String> {
+    let allowed = MAX_SCHEMA_NODES.min(budget.left());
+    let discovery_spent = || {
+        format!(
+            "the provider's OpenAPI documents expand to more than {MAX_DISCOVERY_NODES} schema nodes in one discovery"
+        )
+    };
+    if allowed == 0 {
+        return Err(discovery_spent());
+    }
     let empty = Map::new();
     let components = document["components"]["schemas"]
         .as_object()
         .unwrap_or(&empty);
     let resolver = Resolver {
         components,
-        budget: std::cell::Cell::new(MAX_SCHEMA_NODES),
+        budget: std::cell::Cell::new(allowed),
         exceeded: std::cell::RefCell::new(None),
     };
     let mut top = resolver.structural(schema, &mut Vec::new(), 0);
+    let used = allowed - resolver.budget.get();
+    budget.spend(used);
     if let Some(why) = resolver.exceeded.into_inner() {
+        // Out of the discovery's nodes rather than this schema's own.
+        if used == allowed && allowed < MAX_SCHEMA_NODES {
+            return Err(discovery_spent());
+        }
         return Err(why);
     }
     if let Value::Object(object) = &mut top {
@@ -457,12 +510,24 @@ pub fn synthesize(
     preferred: Option<&str>,
     versions: &[DiscoveredVersion],
 ) -> Result<Option<CustomResourceDefinition>, String> {
+    let budget = Budget::new(MAX_DISCOVERY_NODES);
+    synthesize_within(group, resource, preferred, versions, &budget)
+}
+
+/// [`synthesize`] within a discovery's node `budget`.
+pub fn synthesize_within(
+    group: &str,
+    resource: &str,
+    preferred: Option<&str>,
+    versions: &[DiscoveredVersion],
+    budget: &Budget,
+) -> Result<Option<CustomResourceDefinition>, String> {
     let mut with_schema: Vec<(&DiscoveredVersion, Value)> = Vec::new();
     for v in versions {
         let Some(schema) = find_schema(&v.document, group, &v.version, &v.kind) else {
             continue;
         };
-        let schema = top_level_schema(&v.document, schema)
+        let schema = top_level_schema_within(&v.document, schema, budget)
             .map_err(|why| format!("version {}: {why}", v.version))?;
         // Defensive: a schema the API server would reject is never offered.
         if is_structural(&schema) {
@@ -804,6 +869,42 @@ mod tests {
         assert!(err.contains("more than 100000 nodes"), "{err}");
         // Bounded work: the budget, not the document, decides how long this takes.
         assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    }
+
+    #[test]
+    fn one_discovery_spends_a_bounded_number_of_nodes_over_all_its_apis() {
+        // #32.9: a component of 15 levels, each referencing the next twice (~2^16 = 65,536 nodes,
+        // under the per-schema bound), used by 60 resources: ~3.9 million nodes without a
+        // discovery budget. The budget stops the discovery at MAX_DISCOVERY_NODES.
+        let mut components = Map::new();
+        for i in 0..15 {
+            let next = json!({ "$ref": format!("#/components/schemas/c{}", i + 1) });
+            components.insert(
+                format!("c{i}"),
+                json!({ "type": "object", "properties": { "a": next.clone(), "b": next } }),
+            );
+        }
+        components.insert("c15".into(), json!({ "type": "string" }));
+        let document = hostile(components, "c0");
+        let schema = find_schema(&document, "example.org", "v1", "Widget")
+            .unwrap()
+            .clone();
+        let budget = Budget::new(MAX_DISCOVERY_NODES);
+        let (mut built, mut refused) = (0, 0);
+        for _ in 0..60 {
+            match top_level_schema_within(&document, &schema, &budget) {
+                Ok(_) => built += 1,
+                Err(why) => {
+                    assert!(why.contains("in one discovery"), "{why}");
+                    refused += 1;
+                }
+            }
+        }
+        assert!(built >= 20 && built < 40, "{built} built");
+        assert_eq!(built + refused, 60);
+        assert_eq!(budget.left(), 0);
+        // Alone, one such schema is fine.
+        assert!(top_level_schema(&document, &schema).is_ok());
     }
 
     #[test]

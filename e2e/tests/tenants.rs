@@ -725,3 +725,74 @@ async fn under_pull_policy_all_one_export_that_cannot_be_installed_stops_nothing
         "the consumer's own CRD was taken over"
     );
 }
+
+#[tokio::test]
+async fn a_provider_publishing_many_related_objects_gets_a_bounded_number_copied() {
+    // #32.2: the syncer copies at most 3 objects per entry here; the provider publishes 6
+    // matching ConfigMaps. The first 3 (by name) are copied, the binding names what was left out,
+    // and nothing more arrives.
+    let mut s = SyncEnv::start("tenants_related_limits", &[0, 1, 2], None).await;
+    s.restart_syncer("syncer-limited", &["--related-copies-per-entry=3"])
+        .await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    for client in [&s.consumer, &s.provider] {
+        ensure_namespace(client, "team-a").await.unwrap();
+    }
+    for i in 0..6 {
+        let mut map = ConfigMap::default();
+        map.metadata.name = Some(format!("published-{i}"));
+        map.metadata.labels = Some([("pub".to_owned(), "yes".to_owned())].into());
+        map.data = Some([("value".to_owned(), format!("{i}"))].into());
+        Api::<ConfigMap>::namespaced(s.provider.clone(), "team-a")
+            .create(&PostParams::default(), &map)
+            .await
+            .unwrap();
+    }
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    cluster_bindings
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "relatedResources": [
+                { "resource": "configmaps", "direction": "FromProvider",
+                  "selector": { "labelSelector": { "matchLabels": { "pub": "yes" } } } }
+            ] } })),
+        )
+        .await
+        .unwrap();
+    let copies = || async {
+        let mut names: Vec<String> = Api::<ConfigMap>::namespaced(s.consumer.clone(), "team-a")
+            .list(&ListParams::default().labels("core.kbind.io/managed=true"))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        names.sort();
+        names
+    };
+    wait_for("3 copies", 60, || async {
+        Ok((copies().await.len() == 3).then_some(()))
+    })
+    .await;
+    let b = wait_binding_condition(
+        &cluster_bindings,
+        "widgets",
+        "RelatedResourcesSynced",
+        "False",
+        Some("TooManyObjects"),
+    )
+    .await
+    .unwrap();
+    let message = related_message(b);
+    assert!(
+        message.contains("3 object(s) over an entry's limits (3 copies"),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        copies().await,
+        ["published-0", "published-1", "published-2"]
+    );
+}

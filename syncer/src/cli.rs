@@ -33,4 +33,13 @@ pub struct Args {
     /// a status faster is copied at this pace, its latest status always last (at most 60s)
     #[arg(long, env = "KBIND_STATUS_MIN_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub status_min_interval: Duration,
+
+    /// The most objects one `relatedResources` entry copies; the rest are named on the binding
+    #[arg(long, env = "KBIND_RELATED_COPIES_PER_ENTRY", default_value_t = 500)]
+    pub related_copies_per_entry: usize,
+
+    /// The most payload bytes one `relatedResources` entry copies, all its copies together
+    /// (Ki, Mi suffixes)
+    #[arg(long, env = "KBIND_RELATED_BYTES_PER_ENTRY", default_value = "16Mi", value_parser = parse_bytes)]
+    pub related_bytes_per_entry: u64,
 }

@@ -25,6 +25,8 @@ pub struct Limits {
     pub max_status_bytes: usize,
     /// The least time between two status writes to one object (`--status-min-interval`).
     pub status_min_interval: Duration,
+    /// What one related-resources entry copies at most.
+    pub related: crate::related::plan::CopyLimits,
 }
 
 /// Shared by the workers of this replica.

@@ -75,6 +75,11 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
             status_min_interval: args
                 .status_min_interval
                 .min(std::time::Duration::from_secs(60)),
+            related: related::plan::CopyLimits {
+                copies_per_entry: args.related_copies_per_entry,
+                bytes_per_entry: usize::try_from(args.related_bytes_per_entry)
+                    .unwrap_or(usize::MAX),
+            },
         },
     );
     let ctx = tokio::select! {

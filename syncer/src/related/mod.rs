@@ -294,12 +294,17 @@ impl Worker {
                 .map(|items| items.iter().collect())
                 .unwrap_or_default()
         });
+        // An entry that selects something says so even when the limits below leave it out.
+        let unmatched = plan::unmatched_note(&entries, &wanted);
         // Nothing is read from or written to a protected namespace, on either side.
         let fence = plan::Fence::new(
             &self.ctx.membership.namespace,
             &self.ctx.provider_secrets.namespaces,
         );
         let (wanted, fenced) = fence.split(wanted);
+        // Each entry copies a bounded number of objects and bytes.
+        let limits = self.ctx.limits.related;
+        let (wanted, over) = limits.split(wanted);
         let marker = Marker {
             binding_uid: &self.spec.uid,
             local_uid: &self.spec.local_uid,
@@ -324,8 +329,13 @@ impl Worker {
         self.sweep_unused_kinds(&entries, &mut outcome).await;
 
         let conflicts = outcome.conflicts.len();
-        let note = plan::unmatched_note(&entries, &wanted) + &plan::fenced_note(&fenced);
-        let desired = summary::condition(&outcome, note);
+        let note = unmatched + &plan::fenced_note(&fenced) + &limits.note(&over);
+        let mut desired = summary::condition(&outcome, note);
+        // Objects the binding selects that the limits left out: not in sync, and it says so.
+        if !over.is_empty() && desired.status == kbind_shared::conditions::Status::True {
+            desired.status = kbind_shared::conditions::Status::False;
+            desired.reason = plan::TOO_MANY_OBJECTS;
+        }
         self.announce_new_conflicts(&binding, &outcome.conflicts)
             .await;
         let wait = if outcome.errors.is_empty() && conflicts == 0 {

@@ -287,18 +287,93 @@ impl Fence {
     }
 }
 
-/// `"; 2 objects in protected namespaces were not copied: …"` (at most three named), else empty.
+/// `"; 2 object(s) in protected namespaces … were not copied: …"` (at most three named), else
+/// empty.
 pub fn fenced_note(refused: &[TargetKey]) -> String {
+    left_out_note(
+        refused,
+        "in protected namespaces (kube-*, kbind's own and the provider-Secret namespaces)",
+    )
+}
+
+/// `"; <n> object(s) <why> were not copied: <up to three>"`, else empty.
+pub fn left_out_note(refused: &[TargetKey], why: &str) -> String {
     if refused.is_empty() {
         return String::new();
     }
     let named: Vec<String> = refused.iter().take(3).map(ToString::to_string).collect();
     let more = if refused.len() > 3 { ", …" } else { "" };
     format!(
-        "; {} object(s) in protected namespaces (kube-*, kbind's own and the provider-Secret namespaces) were not copied: {}{more}",
+        "; {} object(s) {why} were not copied: {}{more}",
         refused.len(),
         named.join(", ")
     )
+}
+
+/// Reason (`RelatedResourcesSynced=False`) when an entry selects more than its limits copy.
+pub const TOO_MANY_OBJECTS: &str = "TooManyObjects";
+
+/// Bounds on what one `relatedResources` entry copies (#32.2): a provider (or a namespace) with
+/// thousands of matching objects, or huge ones, cannot make kbind write without bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyLimits {
+    /// Copies per entry.
+    pub copies_per_entry: usize,
+    /// Payload bytes (compact JSON) per entry, all its copies together.
+    pub bytes_per_entry: usize,
+}
+
+impl Default for CopyLimits {
+    fn default() -> Self {
+        Self {
+            copies_per_entry: 500,
+            bytes_per_entry: 16 << 20,
+        }
+    }
+}
+
+impl CopyLimits {
+    /// The note naming what the limits left out.
+    pub fn note(&self, refused: &[TargetKey]) -> String {
+        left_out_note(
+            refused,
+            &format!(
+                "over an entry's limits ({} copies, {} MiB)",
+                self.copies_per_entry,
+                self.bytes_per_entry >> 20
+            ),
+        )
+    }
+
+    /// Splits `wanted` into the copies within every entry's limits and those over them, in
+    /// target order (stable: the same objects stay in from pass to pass). A copy counts against
+    /// each entry that selects it.
+    pub fn split(
+        &self,
+        wanted: BTreeMap<TargetKey, Wanted>,
+    ) -> (BTreeMap<TargetKey, Wanted>, Vec<TargetKey>) {
+        let mut used: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        let mut kept = BTreeMap::new();
+        let mut refused = Vec::new();
+        for (key, want) in wanted {
+            let size = serde_json::to_vec(&want.payload).map_or(usize::MAX, |v| v.len());
+            let fits = want.entries.iter().all(|e| {
+                let (copies, bytes) = used.get(e).copied().unwrap_or_default();
+                copies < self.copies_per_entry && bytes.saturating_add(size) <= self.bytes_per_entry
+            });
+            if !fits {
+                refused.push(key);
+                continue;
+            }
+            for e in &want.entries {
+                let entry = used.entry(e.clone()).or_default();
+                entry.0 += 1;
+                entry.1 = entry.1.saturating_add(size);
+            }
+            kept.insert(key, want);
+        }
+        (kept, refused)
+    }
 }
 
 /// A short, stable id of an entry's content (kind, direction, selector).
@@ -927,6 +1002,54 @@ mod tests {
             },
         ]);
         assert!(check_access(&entries, true, "p", true).is_ok());
+    }
+
+    #[test]
+    fn each_entry_copies_a_bounded_number_of_objects_and_bytes() {
+        // #32.2
+        let key = |name: &str| TargetKey {
+            kind: KindKey(SECRETS),
+            side: Side::Consumer,
+            namespace: "team-a".into(),
+            name: name.into(),
+        };
+        let want = |entries: &[&str], bytes: usize| Wanted {
+            entries: entries.iter().map(|e| (*e).to_owned()).collect(),
+            payload: [("data".to_owned(), json!({ "v": "x".repeat(bytes) }))]
+                .into_iter()
+                .collect(),
+        };
+        let limits = CopyLimits {
+            copies_per_entry: 3,
+            bytes_per_entry: 1000,
+        };
+        // Five copies of entry e1: the first three (in target order) fit.
+        let wanted: BTreeMap<TargetKey, Wanted> = (0..5)
+            .map(|i| (key(&format!("s{i}")), want(&["e1"], 10)))
+            .collect();
+        let (kept, refused) = limits.split(wanted);
+        assert_eq!(kept.len(), 3);
+        let names: Vec<&str> = refused.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["s3", "s4"]);
+        // Bytes: 600 + 600 exceeds 1000; a copy of another entry still fits; a copy selected by
+        // both entries counts against both.
+        let wanted: BTreeMap<TargetKey, Wanted> = [
+            (key("a"), want(&["e1"], 600)),
+            (key("b"), want(&["e1"], 600)),
+            (key("c"), want(&["e2"], 600)),
+            (key("d"), want(&["e2", "e3"], 300)),
+        ]
+        .into_iter()
+        .collect();
+        let (kept, refused) = limits.split(wanted);
+        let kept: Vec<&str> = kept.keys().map(|k| k.name.as_str()).collect();
+        assert_eq!(kept, ["a", "c", "d"]);
+        assert_eq!(refused.len(), 1);
+        assert!(
+            limits
+                .note(&refused)
+                .contains("over an entry's limits (3 copies, 0 MiB)")
+        );
     }
 
     #[test]

@@ -247,6 +247,18 @@ async fn a_bindings_adopt_takes_over_nothing_unless_the_connection_allows_it() {
     wait_conflict(&consumer_widgets, "theirs", None).await;
 }
 
+/// Sets the `relatedResources` of the ClusterBinding `widgets`.
+async fn set_related(consumer: &Client, entries: serde_json::Value) {
+    Api::<ClusterBinding>::all(consumer.clone())
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "relatedResources": entries } })),
+        )
+        .await
+        .unwrap();
+}
+
 /// The message of a binding's RelatedResourcesSynced condition.
 fn related_message(b: ClusterBinding) -> String {
     let conditions = b.status.unwrap_or_default().conditions;
@@ -318,19 +330,7 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
     }
 
     let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    let set_entries = |entries: serde_json::Value| {
-        let cluster_bindings = cluster_bindings.clone();
-        async move {
-            cluster_bindings
-                .patch(
-                    "widgets",
-                    &PatchParams::default(),
-                    &Patch::Merge(&json!({ "spec": { "relatedResources": entries } })),
-                )
-                .await
-                .unwrap();
-        }
-    };
+    let set_entries = |entries| set_related(&s.consumer, entries);
     set_entries(json!([{ "resource": "secrets", "direction": "FromConsumer" }])).await;
     let b = wait_binding_condition(
         &cluster_bindings,
@@ -749,17 +749,12 @@ async fn a_provider_publishing_many_related_objects_gets_a_bounded_number_copied
             .unwrap();
     }
     let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    cluster_bindings
-        .patch(
-            "widgets",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "relatedResources": [
-                { "resource": "configmaps", "direction": "FromProvider",
-                  "selector": { "labelSelector": { "matchLabels": { "pub": "yes" } } } }
-            ] } })),
-        )
-        .await
-        .unwrap();
+    set_related(
+        &s.consumer,
+        json!([{ "resource": "configmaps", "direction": "FromProvider",
+                 "selector": { "labelSelector": { "matchLabels": { "pub": "yes" } } } }]),
+    )
+    .await;
     let copies = || async {
         let mut names: Vec<String> = Api::<ConfigMap>::namespaced(s.consumer.clone(), "team-a")
             .list(&ListParams::default().labels("core.kbind.io/managed=true"))

@@ -29,6 +29,18 @@ pub struct Limits {
     pub related: crate::related::plan::CopyLimits,
 }
 
+/// How this replica works, from its flags.
+pub struct Settings {
+    /// Backstop resync per object.
+    pub resync_interval: Duration,
+    /// Concurrent object syncs per worker.
+    pub workers: u16,
+    /// Where provider kubeconfig Secrets may live (`--provider-secret-namespaces`).
+    pub provider_secrets: kbind_shared::credential::SecretPolicy,
+    /// What a provider can make it write.
+    pub limits: Limits,
+}
+
 /// Shared by the workers of this replica.
 pub struct Context {
     /// The consumer cluster.
@@ -62,11 +74,13 @@ impl Context {
         client: Client,
         metrics: Metrics,
         reporter: Reporter,
-        resync_interval: Duration,
-        workers: u16,
         membership: Arc<Membership>,
-        provider_secrets: kbind_shared::credential::SecretPolicy,
-        limits: Limits,
+        Settings {
+            resync_interval,
+            workers,
+            provider_secrets,
+            limits,
+        }: Settings,
     ) -> Self {
         let (binding_changes, _) = broadcast::channel(64);
         let cluster_bindings =

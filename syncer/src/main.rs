@@ -66,19 +66,21 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
         client,
         metrics,
         reporter,
-        args.resync_interval,
-        args.workers,
         membership.clone(),
-        args.common.provider_secrets(),
-        context::Limits {
-            max_status_bytes: usize::try_from(args.max_status_bytes).unwrap_or(usize::MAX),
-            status_min_interval: args
-                .status_min_interval
-                .min(std::time::Duration::from_secs(60)),
-            related: related::plan::CopyLimits {
-                copies_per_entry: args.related_copies_per_entry,
-                bytes_per_entry: usize::try_from(args.related_bytes_per_entry)
-                    .unwrap_or(usize::MAX),
+        context::Settings {
+            resync_interval: args.resync_interval,
+            workers: args.workers,
+            provider_secrets: args.common.provider_secrets(),
+            limits: context::Limits {
+                max_status_bytes: usize::try_from(args.max_status_bytes).unwrap_or(usize::MAX),
+                status_min_interval: args
+                    .status_min_interval
+                    .min(std::time::Duration::from_secs(60)),
+                related: related::plan::CopyLimits {
+                    copies_per_entry: args.related_copies_per_entry,
+                    bytes_per_entry: usize::try_from(args.related_bytes_per_entry)
+                        .unwrap_or(usize::MAX),
+                },
             },
         },
     );

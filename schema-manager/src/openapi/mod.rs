@@ -900,7 +900,7 @@ mod tests {
                 }
             }
         }
-        assert!(built >= 20 && built < 40, "{built} built");
+        assert!((20..40).contains(&built), "{built} built");
         assert_eq!(built + refused, 60);
         assert_eq!(budget.left(), 0);
         // Alone, one such schema is fine.

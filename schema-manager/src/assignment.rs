@@ -186,7 +186,7 @@ impl Caches {
             .connections
             .state()
             .iter()
-            .filter(|c| ready(c))
+            .filter(|c| shard::connection_ready(c))
             .map(|c| c.name_any())
             .collect();
         let mut apis = BTreeSet::new();
@@ -224,7 +224,11 @@ impl Caches {
             .map(|b| (&b.metadata, &b.spec.binding))
             .chain(bindings.iter().map(|b| (&b.metadata, &b.spec)))
             .filter_map(|(meta, spec)| {
-                related_binding(meta, spec, connection(&spec.connection_ref.name).as_deref())
+                shard::RelatedBinding::of(
+                    meta,
+                    spec,
+                    connection(&spec.connection_ref.name).as_deref(),
+                )
             })
             .collect();
         let admitted = shard::related_admission(
@@ -241,39 +245,6 @@ impl Caches {
         related.sort();
         (apis.into_iter().chain(related).collect(), refused)
     }
-}
-
-/// Whether a Connection is Ready.
-fn ready(connection: &Connection) -> bool {
-    connection.status.as_ref().is_some_and(|s| {
-        kbind_shared::conditions::is_true(&s.conditions, kbind_shared::conditions::types::READY)
-    })
-}
-
-/// A binding (`meta`, `spec`) as the related-resources admission weighs it, with `connection`
-/// the Connection it names (`None`: not found); `None` when it has no related resources or is
-/// being deleted.
-pub fn related_binding(
-    meta: &kube::api::ObjectMeta,
-    spec: &kbind_shared::api::BindingSpec,
-    connection: Option<&Connection>,
-) -> Option<shard::RelatedBinding> {
-    if meta.deletion_timestamp.is_some() || spec.related_resources.is_empty() {
-        return None;
-    }
-    let namespace = meta.namespace.clone();
-    let allowed = connection.is_some_and(|c| {
-        ready(c)
-            && namespace
-                .as_deref()
-                .is_none_or(|ns| c.spec.access.allows_bindings_in(ns))
-    });
-    Some(shard::RelatedBinding {
-        namespace,
-        name: meta.name.clone().unwrap_or_default(),
-        connection: spec.connection_ref.name.clone(),
-        allowed,
-    })
 }
 
 /// The most namespace buckets one API may be split into.

@@ -69,6 +69,41 @@ pub struct RelatedBinding {
     pub allowed: bool,
 }
 
+impl RelatedBinding {
+    /// A binding (`meta`, `spec`) as the admission weighs it, with `connection` the Connection it
+    /// names (`None`: not found); `None` when it has no related resources or is being deleted.
+    pub fn of(
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        spec: &crate::api::BindingSpec,
+        connection: Option<&crate::api::Connection>,
+    ) -> Option<Self> {
+        if meta.deletion_timestamp.is_some() || spec.related_resources.is_empty() {
+            return None;
+        }
+        let namespace = meta.namespace.clone();
+        let allowed = connection.is_some_and(|c| {
+            connection_ready(c)
+                && namespace
+                    .as_deref()
+                    .is_none_or(|ns| c.spec.access.allows_bindings_in(ns))
+        });
+        Some(Self {
+            namespace,
+            name: meta.name.clone().unwrap_or_default(),
+            connection: spec.connection_ref.name.clone(),
+            allowed,
+        })
+    }
+}
+
+/// Whether a Connection is Ready (only Ready Connections' work is assigned).
+pub fn connection_ready(connection: &crate::api::Connection) -> bool {
+    connection
+        .status
+        .as_ref()
+        .is_some_and(|s| crate::conditions::is_true(&s.conditions, crate::conditions::types::READY))
+}
+
 /// Why a binding's related resources get no work unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotServed {
@@ -1099,6 +1134,53 @@ mod tests {
             left_out > 0,
             "the flood was meant to overflow the assignment"
         );
+    }
+
+    #[test]
+    fn a_binding_counts_for_related_admission_only_with_entries_and_an_allowing_ready_connection() {
+        use crate::api::{BindingSpec, Connection, ConnectionSpec};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+        fn allowed(meta: &ObjectMeta, spec: &BindingSpec, c: Option<&Connection>) -> Option<bool> {
+            RelatedBinding::of(meta, spec, c).map(|r| r.allowed)
+        }
+        let mut spec = BindingSpec::new("p", &["widgets.example.org"]);
+        let in_t = ObjectMeta {
+            name: Some("b".into()),
+            namespace: Some("t".into()),
+            ..Default::default()
+        };
+        let cluster_wide = ObjectMeta {
+            name: Some("b".into()),
+            ..Default::default()
+        };
+        let mut connection = Connection::new("p", ConnectionSpec::for_secret("kbind", "p"));
+        // No entries: nothing to admit.
+        assert_eq!(RelatedBinding::of(&in_t, &spec, Some(&connection)), None);
+        spec.related_resources = serde_json::from_value(serde_json::json!([
+            { "resource": "configmaps", "direction": "FromProvider" }
+        ]))
+        .unwrap();
+        // Not Ready, or not found: counted, not allowed.
+        assert_eq!(allowed(&in_t, &spec, Some(&connection)), Some(false));
+        assert_eq!(allowed(&in_t, &spec, None), Some(false));
+        let mut status = crate::api::ConnectionStatus::default();
+        crate::conditions::set(
+            &mut status.conditions,
+            crate::conditions::Desired::new(
+                crate::conditions::types::READY,
+                true,
+                "AsExpected",
+                "",
+            ),
+            None,
+            &Time(jiff::Timestamp::UNIX_EPOCH),
+        );
+        connection.status = Some(status);
+        assert_eq!(allowed(&in_t, &spec, Some(&connection)), Some(true));
+        connection.spec.access.binding_namespaces = Some(vec!["u".into()]);
+        assert_eq!(allowed(&in_t, &spec, Some(&connection)), Some(false));
+        // ClusterBindings may always use it.
+        assert_eq!(allowed(&cluster_wide, &spec, Some(&connection)), Some(true));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use kbind_shared::api::{Binding, BindingSpec, BindingStatus, ClusterBinding, Con
 use kbind_shared::metrics::Metrics;
 use kbind_shared::resolve::BindingObject;
 use kbind_shared::resolve::{self, Resolution};
+use kbind_shared::sync::Locked;
 use kube::Resource;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -62,6 +63,7 @@ pub struct Context {
     cluster_bindings: Store<ClusterBinding>,
     bindings: Store<Binding>,
     connections: Store<Connection>,
+    connection_changes: Arc<tokio::sync::Notify>,
     binding_changes: broadcast::Sender<()>,
     /// One provider client per Connection and credential digest, shared by its workers (one
     /// connection pool and TLS setup per provider, not per API).
@@ -86,10 +88,27 @@ impl Context {
         let cluster_bindings =
             changes_cache::<ClusterBinding>(Api::all(client.clone()), binding_changes.clone());
         let bindings = changes_cache::<Binding>(Api::all(client.clone()), binding_changes.clone());
-        // A Connection's access rules decide what its bindings may do, so its changes are binding
-        // changes too.
-        let connections =
-            changes_cache::<Connection>(Api::all(client.clone()), binding_changes.clone());
+        // A Connection's access rules decide what its bindings may do: a change of them is a
+        // binding change too (every worker rescans its objects); any other Connection change only
+        // wakes whoever waits on `connection_changes` (which workers should run).
+        let connection_changes = Arc::new(tokio::sync::Notify::new());
+        let connections = {
+            let (changes, woken) = (binding_changes.clone(), connection_changes.clone());
+            let access = std::sync::Mutex::new(std::collections::HashMap::new());
+            kbind_shared::cache::spawn_modified(
+                Api::<Connection>::all(client.clone()),
+                watcher::Config::default(),
+                CancellationToken::new(),
+                |_| {},
+                move |event| {
+                    let Ok(event) = event else { return };
+                    woken.notify_one();
+                    if access_changed(&mut access.locked(), event) {
+                        let _ = changes.send(());
+                    }
+                },
+            )
+        };
         let _ = cluster_bindings.wait_until_ready().await;
         let _ = bindings.wait_until_ready().await;
         let _ = connections.wait_until_ready().await;
@@ -105,6 +124,7 @@ impl Context {
             cluster_bindings,
             bindings,
             connections,
+            connection_changes,
             binding_changes,
             provider_clients: Default::default(),
         }
@@ -187,6 +207,11 @@ impl Context {
         &self.connections
     }
 
+    /// Notified on every Connection change (readiness, credentials, access, …).
+    pub fn connection_changes(&self) -> Arc<tokio::sync::Notify> {
+        self.connection_changes.clone()
+    }
+
     /// A binding by namespace (`None` for a ClusterBinding) and name, from the caches.
     pub fn binding(&self, namespace: Option<&str>, name: &str) -> Option<AnyBinding> {
         match namespace {
@@ -211,6 +236,24 @@ impl Context {
                 Err(broadcast::error::RecvError::Closed) => None,
             }
         })
+    }
+}
+
+/// Whether `event` changes the access rules `known` remembers per Connection (and remembers the
+/// new ones): a re-list, a Connection gone, or its `spec.access` edited.
+fn access_changed(
+    known: &mut std::collections::HashMap<String, kbind_shared::api::ConnectionAccess>,
+    event: &watcher::Event<Connection>,
+) -> bool {
+    use kube::ResourceExt;
+    match event {
+        watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
+            let access = c.spec.access.clone();
+            known.insert(c.name_any(), access.clone()) != Some(access)
+        }
+        watcher::Event::Delete(c) => known.remove(&c.name_any()).is_some(),
+        watcher::Event::Init => false,
+        watcher::Event::InitDone => true,
     }
 }
 
@@ -283,5 +326,46 @@ impl AnyBinding {
             AnyBinding::Cluster(_) => "ClusterBinding",
             AnyBinding::Namespaced(_) => "Binding",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kbind_shared::api::ConnectionSpec;
+
+    #[test]
+    fn only_an_access_change_is_a_binding_change() {
+        let connection = |allowed: Option<&str>| {
+            let mut c = Connection::new("p", ConnectionSpec::for_secret("kbind", "p"));
+            c.spec.access.binding_namespaces = allowed.map(|ns| vec![ns.to_owned()]);
+            c
+        };
+        let mut known = std::collections::HashMap::new();
+        assert!(access_changed(
+            &mut known,
+            &watcher::Event::Apply(connection(None))
+        ));
+        // A status change (readiness, exports, heartbeat…) leaves the access as it was.
+        let mut ready = connection(None);
+        ready.status = Some(Default::default());
+        assert!(!access_changed(&mut known, &watcher::Event::Apply(ready)));
+        assert!(access_changed(
+            &mut known,
+            &watcher::Event::Apply(connection(Some("a")))
+        ));
+        assert!(!access_changed(
+            &mut known,
+            &watcher::Event::InitApply(connection(Some("a")))
+        ));
+        assert!(access_changed(&mut known, &watcher::Event::InitDone));
+        assert!(access_changed(
+            &mut known,
+            &watcher::Event::Delete(connection(Some("a")))
+        ));
+        assert!(!access_changed(
+            &mut known,
+            &watcher::Event::Delete(connection(Some("a")))
+        ));
     }
 }

@@ -119,6 +119,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     );
     let binding_changes = ctx.binding_changes();
     let mut binding_changes = std::pin::pin!(binding_changes);
+    let connection_changes = ctx.connection_changes();
 
     let mut running: HashMap<String, Running> = HashMap::new();
     let mut restarts = Restarts::default();
@@ -204,6 +205,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(RECHECK) => {}
             _ = changes.notified() => {}
+            _ = connection_changes.notified() => {}
             _ = futures::StreamExt::next(&mut binding_changes) => {}
         }
     }

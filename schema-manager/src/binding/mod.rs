@@ -374,9 +374,8 @@ async fn related_not_served<B: Scoped>(
     connection: Option<&Connection>,
     ctx: &Context,
 ) -> Option<conditions::Desired<'static>> {
-    use kbind_shared::shard::{NotServed, related_admission};
-    let me =
-        crate::assignment::related_binding(binding.meta(), binding.binding_spec(), connection)?;
+    use kbind_shared::shard::{NotServed, RelatedBinding, related_admission};
+    let me = RelatedBinding::of(binding.meta(), binding.binding_spec(), connection)?;
     let mut candidates = Vec::new();
     if let Some(namespace) = &me.namespace
         && let Ok((_, bindings)) = ctx.all_bindings().await
@@ -388,7 +387,7 @@ async fn related_not_served<B: Scoped>(
             let named = ctx
                 .cached_connection(&other.spec.connection_ref.name)
                 .flatten();
-            candidates.extend(crate::assignment::related_binding(
+            candidates.extend(RelatedBinding::of(
                 &other.metadata,
                 &other.spec,
                 named.as_deref(),

@@ -259,12 +259,24 @@ async fn set_related(consumer: &Client, entries: serde_json::Value) {
         .unwrap();
 }
 
-/// The message of a binding's RelatedResourcesSynced condition.
-fn related_message(b: ClusterBinding) -> String {
+/// Waits until the ClusterBinding `widgets` has `RelatedResourcesSynced` with `status` (and
+/// `reason`), and checks that its message contains `text`.
+async fn related_condition_says(consumer: &Client, status: &str, reason: Option<&str>, text: &str) {
+    let cluster_bindings: Api<ClusterBinding> = Api::all(consumer.clone());
+    let b = wait_binding_condition(
+        &cluster_bindings,
+        "widgets",
+        "RelatedResourcesSynced",
+        status,
+        reason,
+    )
+    .await
+    .unwrap();
     let conditions = b.status.unwrap_or_default().conditions;
-    kbind_shared::conditions::find(&conditions, "RelatedResourcesSynced")
+    let message = kbind_shared::conditions::find(&conditions, "RelatedResourcesSynced")
         .map(|c| c.message.clone())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    assert!(message.contains(text), "{message}");
 }
 
 /// `Secret <namespace>/<name>` of every Secret on `client` that kbind copied there.
@@ -329,23 +341,15 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
             .unwrap();
     }
 
-    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
     let set_entries = |entries| set_related(&s.consumer, entries);
     set_entries(json!([{ "resource": "secrets", "direction": "FromConsumer" }])).await;
-    let b = wait_binding_condition(
-        &cluster_bindings,
-        "widgets",
-        "RelatedResourcesSynced",
+    related_condition_says(
+        &s.consumer,
         "False",
         Some("NotAllowed"),
+        "must be selected by names or labels",
     )
-    .await
-    .unwrap();
-    let message = related_message(b);
-    assert!(
-        message.contains("must be selected by names or labels"),
-        "{message}"
-    );
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(copied_secrets(&s.provider).await, Vec::<String>::new());
 
@@ -368,17 +372,7 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
         Ok((secret.is_some() && map.is_some()).then_some(()))
     })
     .await;
-    let b = wait_binding_condition(
-        &cluster_bindings,
-        "widgets",
-        "RelatedResourcesSynced",
-        "True",
-        None,
-    )
-    .await
-    .unwrap();
-    let message = related_message(b);
-    assert!(message.contains("protected namespaces"), "{message}");
+    related_condition_says(&s.consumer, "True", None, "protected namespaces").await;
     assert_eq!(copied_secrets(&s.provider).await, ["team-a/shared"]);
     for namespace in protected {
         assert!(
@@ -748,7 +742,6 @@ async fn a_provider_publishing_many_related_objects_gets_a_bounded_number_copied
             .await
             .unwrap();
     }
-    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
     set_related(
         &s.consumer,
         json!([{ "resource": "configmaps", "direction": "FromProvider",
@@ -771,20 +764,13 @@ async fn a_provider_publishing_many_related_objects_gets_a_bounded_number_copied
         Ok((copies().await.len() == 3).then_some(()))
     })
     .await;
-    let b = wait_binding_condition(
-        &cluster_bindings,
-        "widgets",
-        "RelatedResourcesSynced",
+    related_condition_says(
+        &s.consumer,
         "False",
         Some("TooManyObjects"),
+        "3 object(s) over an entry's limits (3 copies",
     )
-    .await
-    .unwrap();
-    let message = related_message(b);
-    assert!(
-        message.contains("3 object(s) over an entry's limits (3 copies"),
-        "{message}"
-    );
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         copies().await,

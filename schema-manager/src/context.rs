@@ -50,6 +50,18 @@ pub const IMPACT_TTL: Duration = Duration::from_secs(60);
 /// The most objects one such count reads (then it says "at least").
 pub const IMPACT_MAX_OBJECTS: u64 = 100_000;
 
+/// The result of the local structural check of existing objects against a held schema (what
+/// [`Context::affected_objects`] counts and a binding's `SchemaInSync` message reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Affected {
+    /// Objects the new schema would reject.
+    pub invalid: u64,
+    /// Objects checked.
+    pub checked: u64,
+    /// Whether every object was checked (false: the count stopped at a bound).
+    pub complete: bool,
+}
+
 /// One API's instance metadata cache.
 pub struct MetadataCache {
     store: Store<PartialObjectMeta<DynamicObject>>,
@@ -141,9 +153,7 @@ pub struct Context {
     instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
     conflict_changes: tokio::sync::broadcast::Sender<String>,
     binding_caches: std::sync::RwLock<Option<BindingCaches>>,
-    impacts: std::sync::Mutex<
-        std::collections::HashMap<String, (std::time::Instant, crate::binding::Affected)>,
-    >,
+    impacts: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Affected)>>,
 }
 
 impl Context {
@@ -282,7 +292,7 @@ impl Context {
         &self,
         desired: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
         hash: &str,
-    ) -> Option<crate::binding::Affected> {
+    ) -> Option<Affected> {
         use kube::ResourceExt;
         let key = format!("{}/{hash}", desired.name_any());
         let now = std::time::Instant::now();
@@ -300,7 +310,7 @@ impl Context {
             .and_then(|s| s.open_api_v3_schema.as_ref())
             .and_then(|s| serde_json::to_value(s).ok())?;
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
-        let mut affected = crate::binding::Affected {
+        let mut affected = Affected {
             complete: true,
             ..Default::default()
         };

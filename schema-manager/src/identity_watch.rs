@@ -21,6 +21,15 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
+/// Cancels its token when dropped: a watch that ends with the last owner of its handle.
+pub(crate) struct StopOnDrop(pub(crate) CancellationToken);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
 /// How long one watch session lasts before it is replaced by a fresh one (shorter than the
 /// watch request's own timeout, so the watch is never resumed from a `resourceVersion`).
 pub const SESSION: Duration = Duration::from_secs(280);
@@ -132,7 +141,7 @@ pub fn backoff(failures: u32) -> Duration {
 pub struct IdentityWatch {
     fold: Arc<Mutex<Fold>>,
     source: Source,
-    _stop: Arc<crate::providers::StopOnDrop>,
+    _stop: Arc<StopOnDrop>,
 }
 
 impl std::fmt::Debug for IdentityWatch {
@@ -169,7 +178,7 @@ impl IdentityWatch {
         Self {
             fold,
             source,
-            _stop: Arc::new(crate::providers::StopOnDrop(stop)),
+            _stop: Arc::new(StopOnDrop(stop)),
         }
     }
 

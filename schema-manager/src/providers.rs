@@ -75,16 +75,7 @@ pub struct ProviderSchemas {
     derived: Arc<Mutex<HashMap<String, (String, Derived)>>>,
     exports: Arc<Mutex<Discovered>>,
     /// Stops the watch when the last clone of this provider is gone.
-    _watch: Option<Arc<StopOnDrop>>,
-}
-
-/// Cancels its token when dropped: a watch that ends with the last owner of its handle.
-pub(crate) struct StopOnDrop(pub(crate) CancellationToken);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
+    _watch: Option<Arc<crate::identity_watch::StopOnDrop>>,
 }
 
 impl ProviderSchemas {
@@ -114,7 +105,7 @@ impl ProviderSchemas {
     ) -> Self {
         Self {
             versions: Some(versions),
-            _watch: Some(Arc::new(StopOnDrop(stop))),
+            _watch: Some(Arc::new(crate::identity_watch::StopOnDrop(stop))),
             ..Default::default()
         }
     }

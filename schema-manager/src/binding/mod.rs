@@ -9,8 +9,6 @@ pub mod outcome;
 pub mod release;
 mod status;
 
-pub use outcome::Affected;
-
 use std::sync::Arc;
 use std::time::Duration;
 

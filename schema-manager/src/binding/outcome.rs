@@ -5,6 +5,7 @@ use kbind_shared::api::{ApiStatus, BoundApi};
 use kbind_shared::conditions::{Desired, Status, reasons, types};
 
 use super::ledger::{Going, Left};
+use crate::context::Affected;
 
 /// Reason for an API listed in a namespaced Binding that is cluster-scoped (BIND-14, PGAP-6).
 pub const CLUSTER_SCOPED_API: &str = "ClusterScopedAPI";
@@ -28,17 +29,6 @@ pub struct Held {
     pub more: usize,
     /// Existing consumer objects the new schema would make invalid, if they could be counted.
     pub affected: Option<Affected>,
-}
-
-/// The result of the local structural check of existing objects against a held schema.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Affected {
-    /// Objects the new schema would reject.
-    pub invalid: u64,
-    /// Objects checked.
-    pub checked: u64,
-    /// Whether every object was checked (false: the count stopped at a bound).
-    pub complete: bool,
 }
 
 impl Held {

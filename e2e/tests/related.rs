@@ -197,9 +197,10 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
         .unwrap();
 
     let entries = json!([
-        { "resource": "secrets", "direction": "FromProvider",
+        { "resource": "secrets", "direction": "FromProvider", "namespaces": ["team-a"],
           "selector": { "labelSelector": { "matchLabels": { "app": "db" } } } },
-        { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["extra"] } },
+        { "resource": "secrets", "direction": "FromProvider", "namespaces": ["team-a"],
+          "selector": { "names": ["extra"] } },
         { "resource": "configmaps", "direction": "FromConsumer",
           "selector": { "names": ["app-settings"] } },
         { "resource": "secrets", "direction": "FromConsumer",
@@ -545,7 +546,8 @@ async fn a_foreign_target_is_a_conflict_under_fail_and_adopt_takes_over_only_pro
     set_cluster_binding(
         &consumer,
         json!({ "relatedResources": [
-            { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["taken"] } }
+            { "resource": "secrets", "direction": "FromProvider", "namespaces": ["team-a"],
+              "selector": { "names": ["taken"] } }
         ] }),
     )
     .await;
@@ -606,7 +608,8 @@ async fn a_foreign_target_is_a_conflict_under_fail_and_adopt_takes_over_only_pro
     set_cluster_binding(
         &consumer,
         json!({ "conflictPolicy": "Adopt", "relatedResources": [
-            { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["taken"] } },
+            { "resource": "secrets", "direction": "FromProvider", "namespaces": ["team-a"],
+              "selector": { "names": ["taken"] } },
             { "resource": "secrets", "direction": "FromConsumer", "selector": { "names": ["outbound"] } },
         ] }),
     )
@@ -691,7 +694,8 @@ async fn adopt_never_overwrites_or_deletes_a_consumer_config_map_kbind_did_not_c
     set_cluster_binding(
         &consumer,
         json!({ "conflictPolicy": "Adopt", "relatedResources": [
-            { "resource": "configmaps", "direction": "FromProvider", "selector": { "names": ["coredns"] } },
+            { "resource": "configmaps", "direction": "FromProvider", "namespaces": ["infra"],
+              "selector": { "names": ["coredns"] } },
         ] }),
     )
     .await;

@@ -297,7 +297,9 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
     // - a ClusterBinding entry that would send every Secret of the cluster is refused outright;
     // - one that selects by label still never reads kube-* or kbind's namespaces (the provider
     //   kubeconfig Secrets live there);
-    // - a provider publishing ConfigMaps into kube-system and kbind's namespaces plants nothing.
+    // - a provider publishing ConfigMaps into kube-system and kbind's namespaces plants nothing;
+    // - nor into a namespace where the ClusterBinding has no objects and that no entry lists
+    //   (team-b, until a Widget is created there), while a listed one (team-c) receives them.
     let s = SyncEnv::start("tenants_related_fence", &[0, 1, 2], None).await;
     wait_cluster_binding_ready(&s.consumer, "widgets").await;
     patch_connection(
@@ -307,11 +309,17 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
     )
     .await;
     let protected = ["kube-system", KBIND_NAMESPACE, SECRET_NAMESPACE];
+    let open = ["team-a", "team-b", "team-c"];
     for client in [&s.consumer, &s.provider] {
-        for namespace in protected.iter().chain(&["team-a"]) {
+        for namespace in protected.iter().chain(&open) {
             ensure_namespace(client, namespace).await.unwrap();
         }
     }
+    // The binding's objects are in team-a only.
+    widgets(&s.consumer, "team-a")
+        .create(&PostParams::default(), &widget("here", 1))
+        .await
+        .unwrap();
     let shared = |namespace: &str, name: &str| {
         let mut secret = Secret::default();
         secret.metadata.name = Some(name.into());
@@ -334,7 +342,7 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
         map.data = Some([("value".to_owned(), "provider's".to_owned())].into());
         map
     };
-    for namespace in protected.iter().chain(&["team-a"]) {
+    for namespace in protected.iter().chain(&open) {
         Api::<ConfigMap>::namespaced(s.provider.clone(), namespace)
             .create(&PostParams::default(), &planted(namespace))
             .await
@@ -358,6 +366,8 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
           "selector": { "labelSelector": { "matchLabels": { "share": "yes" } } } },
         { "resource": "configmaps", "direction": "FromProvider",
           "selector": { "labelSelector": { "matchLabels": { "plant": "yes" } } } },
+        { "resource": "configmaps", "direction": "FromProvider", "namespaces": ["team-c"],
+          "selector": { "names": ["planted"] } },
     ]))
     .await;
     wait_for("team-a's Secret and ConfigMap copied", 30, || async {
@@ -373,7 +383,38 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
     })
     .await;
     related_condition_says(&s.consumer, "True", None, "protected namespaces").await;
+    related_condition_says(
+        &s.consumer,
+        "True",
+        None,
+        "hold none of the binding's objects and that no entry lists",
+    )
+    .await;
     assert_eq!(copied_secrets(&s.provider).await, ["team-a/shared"]);
+    let planted_in = |namespace: &'static str| {
+        let consumer = s.consumer.clone();
+        async move {
+            Api::<ConfigMap>::namespaced(consumer, namespace)
+                .get_opt("planted")
+                .await
+                .map(|m| m.is_some())
+                .map_err(|e| e.to_string())
+        }
+    };
+    assert!(planted_in("team-c").await.unwrap(), "the listed namespace");
+    assert!(
+        !planted_in("team-b").await.unwrap(),
+        "the provider chose a namespace where the binding has no objects"
+    );
+    // The binding's objects arrive in team-b: the provider's ConfigMap follows.
+    widgets(&s.consumer, "team-b")
+        .create(&PostParams::default(), &widget("there", 1))
+        .await
+        .unwrap();
+    wait_for("team-b's ConfigMap copied once a Widget is there", 30, || async {
+        Ok(planted_in("team-b").await?.then_some(()))
+    })
+    .await;
     for namespace in protected {
         assert!(
             Api::<ConfigMap>::namespaced(s.consumer.clone(), namespace)

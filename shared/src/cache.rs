@@ -67,6 +67,42 @@ where
     reader
 }
 
+/// Caches only the names and namespaces of `resource`'s objects (a metadata watch; every other
+/// field is dropped before the cache holds it, so an object costs its two strings) until `stop`:
+/// what a "which namespaces hold objects" question needs. `observer` sees every event once the
+/// cache holds it.
+pub fn spawn_names(
+    client: kube::Client,
+    resource: &ApiResource,
+    stop: CancellationToken,
+    observer: impl Fn(
+        Result<
+            &watcher::Event<kube::core::PartialObjectMeta<kube::api::DynamicObject>>,
+            &watcher::Error,
+        >,
+    ) + Send
+    + 'static,
+) -> Store<kube::core::PartialObjectMeta<kube::api::DynamicObject>> {
+    let api =
+        Api::<kube::core::PartialObjectMeta<kube::api::DynamicObject>>::all_with(client, resource);
+    let writer = reflector::store::Writer::new(resource.clone());
+    let reader = writer.as_reader();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).modify(|o| {
+            let meta = std::mem::take(&mut o.metadata);
+            o.metadata = ObjectMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                ..ObjectMeta::default()
+            };
+        }),
+    )
+    .default_backoff();
+    drive(stream, stop, observer);
+    reader
+}
+
 /// Feeds `writer` from a watch of `api` until `stop`; `observer` sees every event and every watch
 /// error (the watch retries with backoff after an error).
 pub fn observe<K>(

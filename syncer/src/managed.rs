@@ -42,6 +42,9 @@ struct Key {
     credentials: String,
     /// The Connection's access rules (related workers).
     access: kbind_shared::api::ConnectionAccess,
+    /// The bound APIs whose objects say where a ClusterBinding's provider copies may land
+    /// (related workers).
+    bound_apis: Vec<String>,
 }
 
 /// A worker to run.
@@ -143,7 +146,13 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         }
         let (mine, generation) = my_units(&ctx, &assignment);
         let mut wanted = desired_workers(&crds, &connections, &credentials, &mine);
-        wanted.extend(desired_related(&ctx, &connections, &credentials, &mine));
+        wanted.extend(desired_related(
+            &ctx,
+            &crds,
+            &connections,
+            &credentials,
+            &mine,
+        ));
         credentials.retain(connections.state().iter().map(|c| c.as_ref()));
         // A Connection no wanted worker uses any more (deleted, not Ready, assigned elsewhere)
         // keeps no provider client here; a worker started later builds one again.
@@ -322,6 +331,7 @@ fn verified_credential(
 /// lists related resources and whose Connection is engaged.
 fn desired_related(
     ctx: &Context,
+    crds: &Store<CustomResourceDefinition>,
     connections: &Store<Connection>,
     credentials: &SecretCredentials,
     mine: &BTreeSet<Unit>,
@@ -364,7 +374,19 @@ fn desired_related(
         } = credential;
         let uid = binding.meta().uid.clone().unwrap_or_default();
         let generation = binding.meta().generation.unwrap_or_default();
+        let bound_apis = if namespace.is_none()
+            && binding
+                .spec()
+                .related_resources
+                .iter()
+                .any(|e| e.direction == kbind_shared::api::RelatedDirection::FromProvider)
+        {
+            bound_resources(crds, binding.status(), connection_name)
+        } else {
+            Vec::new()
+        };
         let key = Key {
+            bound_apis: bound_apis.iter().map(|(name, _)| name.clone()).collect(),
             units: [unit.to_string()].into(),
             uid: uid.clone(),
             generation,
@@ -383,10 +405,36 @@ fn desired_related(
             kubeconfig,
             digest: key.credentials.clone(),
             access,
+            bound_apis,
         };
         wanted.insert(unit.to_string(), (key, Work::Related(spec)));
     }
     wanted
+}
+
+/// The APIs a binding has bound through `connection` whose consumer CRDs are managed for that
+/// Connection, with their instance resources, by name.
+fn bound_resources(
+    crds: &Store<CustomResourceDefinition>,
+    status: Option<&kbind_shared::api::BindingStatus>,
+    connection: &str,
+) -> Vec<(String, kube::api::ApiResource)> {
+    let Some(status) = status else {
+        return Vec::new();
+    };
+    let mut bound: Vec<(String, kube::api::ApiResource)> = status
+        .apis
+        .iter()
+        .filter(|a| a.bound && a.connection == connection)
+        .filter_map(|a| {
+            let crd = crds.get(&reflector::ObjectRef::new(&a.name))?;
+            (crd.annotations().get(keys::CONNECTION_ANNOTATION)? == connection).then_some(())?;
+            Some((a.name.clone(), kbind_shared::dynamic::instance_resource(&crd)?))
+        })
+        .collect();
+    bound.sort_by(|a, b| a.0.cmp(&b.0));
+    bound.dedup_by(|a, b| a.0 == b.0);
+    bound
 }
 
 /// SCTL-2 … SCTL-5: the API workers that should run (for the assigned units only), keyed by CRD
@@ -435,6 +483,7 @@ fn desired_workers(
             local_uid: local_uid.clone(),
             credentials,
             access: Default::default(),
+            bound_apis: Vec::new(),
         };
         let spec =
             WorkerSpec {

@@ -164,6 +164,13 @@ pub struct RelatedResource {
     /// Which objects to copy. Label selector and names must both match when both are given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<RelatedSelector>,
+    /// ClusterBinding only: copy only objects in these namespaces. A `FromProvider` entry of a
+    /// ClusterBinding writes into a consumer namespace only when it is listed here or holds at
+    /// least one object of the binding's bound APIs (the provider does not choose where its
+    /// objects land). Ignored in a Binding, whose scope is its own namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::object_name_set)]
+    pub namespaces: Vec<String>,
 }
 
 /// A kind of related object.

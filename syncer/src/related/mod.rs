@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::{AnyBinding, Context};
 use plan::{Entry, Item, KindKey, Marker, Side, TargetKey};
 use summary::Outcome;
-use watch::{Role, Watched, item, resource, source_filter};
+use watch::{Role, Watched, item, occupancy, resource, source_filter};
 
 /// The backstop when nothing happens.
 const RESYNC: Duration = Duration::from_secs(30);
@@ -66,6 +66,9 @@ pub struct RelatedSpec {
     pub kubeconfig: InlineKubeconfig,
     /// Their digest (workers of one Connection with the same digest share one provider client).
     pub digest: String,
+    /// A ClusterBinding with `FromProvider` entries: its bound APIs (name, consumer resource),
+    /// whose objects' namespaces are where the provider's copies may land. Empty otherwise.
+    pub bound_apis: Vec<(String, kube::api::ApiResource)>,
 }
 
 struct Worker {
@@ -73,6 +76,8 @@ struct Worker {
     spec: RelatedSpec,
     provider: Client,
     watched: HashMap<(KindKey, Side, Role), Watched>,
+    /// Where the bound APIs' objects are (a ClusterBinding with `FromProvider` entries only).
+    occupancy: Vec<watch::Occupancy>,
     recorder: Recorder,
     known_namespaces: Mutex<HashSet<(Side, String)>>,
     conflicts: Mutex<BTreeSet<TargetKey>>,
@@ -126,7 +131,21 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
             );
         }
     }
+    let occupancy = spec
+        .bound_apis
+        .iter()
+        .map(|(api, resource)| {
+            occupancy(
+                ctx.client.clone(),
+                api.clone(),
+                resource,
+                worker_stop.clone(),
+                changes.clone(),
+            )
+        })
+        .collect();
     let worker = Worker {
+        occupancy,
         recorder: Recorder::new(ctx.client.clone(), ctx.reporter.clone()),
         ctx: ctx.clone(),
         spec,
@@ -194,7 +213,7 @@ impl Worker {
             .related_resources
             .iter()
             .enumerate()
-            .map(|(i, e)| Entry::parse(i, e))
+            .map(|(i, e)| Entry::parse(i, e, self.spec.namespace.is_none()))
             .collect();
         let entries = match entries {
             Ok(entries) => entries,
@@ -266,6 +285,36 @@ impl Worker {
             .await;
             return RETRY;
         }
+        // The same for the caches of where the bound objects are: a partial view could refuse
+        // (and then remove) good copies.
+        for occupancy in &self.occupancy {
+            let (listed, error) = {
+                let health = occupancy.health.locked();
+                (health.listed, health.error.clone())
+            };
+            if listed {
+                continue;
+            }
+            let Some(error) = error else {
+                return Duration::from_secs(1);
+            };
+            let message = format!(
+                "the consumer credentials cannot list and watch {} in all namespaces (needed to know where the provider's objects may land): {error}",
+                occupancy.api
+            );
+            self.report(
+                &binding,
+                Desired::new(
+                    types::RELATED_RESOURCES_SYNCED,
+                    false,
+                    reasons::ERROR,
+                    message,
+                ),
+                0,
+            )
+            .await;
+            return RETRY;
+        }
 
         let sources: HashMap<(KindKey, Side), Vec<Item>> = self
             .watched
@@ -280,7 +329,11 @@ impl Worker {
                         entries.iter().any(|e| {
                             e.kind == kind.0
                                 && plan::sides(e.direction).0 == *side
-                                && e.selects(o.labels(), &o.name_any())
+                                && e.selects(
+                                    o.labels(),
+                                    o.namespace().as_deref().unwrap_or_default(),
+                                    &o.name_any(),
+                                )
                         })
                     })
                     .map(|o| item(o))
@@ -302,6 +355,19 @@ impl Worker {
             &self.ctx.provider_secrets.namespaces,
         );
         let (wanted, fenced) = fence.split(wanted);
+        // A ClusterBinding's provider objects land only where the binding has bound objects or
+        // where its entry lists the namespace: the provider does not choose.
+        let (wanted, homeless) = if self.spec.namespace.is_none() {
+            let occupied: BTreeSet<String> = self
+                .occupancy
+                .iter()
+                .flat_map(|o| o.store.state())
+                .filter_map(|o| o.metadata.namespace.clone())
+                .collect();
+            plan::landing(&entries, wanted, &occupied)
+        } else {
+            (wanted, Vec::new())
+        };
         // Each entry copies a bounded number of objects and bytes.
         let limits = self.ctx.limits.related;
         let (wanted, over) = limits.split(wanted);
@@ -329,7 +395,10 @@ impl Worker {
         self.sweep_unused_kinds(&entries, &mut outcome).await;
 
         let conflicts = outcome.conflicts.len();
-        let note = unmatched + &plan::fenced_note(&fenced) + &limits.note(&over);
+        let note = unmatched
+            + &plan::fenced_note(&fenced)
+            + &plan::homeless_note(&homeless)
+            + &limits.note(&over);
         let mut desired = summary::condition(&outcome, note);
         // Objects the binding selects that the limits left out: not in sync, and it says so.
         if !over.is_empty() && desired.status == kbind_shared::conditions::Status::True {

@@ -136,13 +136,17 @@ pub struct Entry {
     pub direction: RelatedDirection,
     selector: Selector,
     names: BTreeSet<String>,
+    /// The namespaces it is limited to (a ClusterBinding's `namespaces`; empty: all).
+    namespaces: BTreeSet<String>,
     /// Whether it selects by names or by at least one label requirement (not "everything").
     narrowed: bool,
 }
 
 impl Entry {
-    /// Checks an entry; an invalid label selector is an error naming the entry.
-    pub fn parse(index: usize, entry: &RelatedResource) -> Result<Self, String> {
+    /// Checks an entry; an invalid label selector is an error naming the entry. `cluster_wide`:
+    /// the entry is a ClusterBinding's, whose `namespaces` apply (a Binding's scope is its own
+    /// namespace).
+    pub fn parse(index: usize, entry: &RelatedResource, cluster_wide: bool) -> Result<Self, String> {
         let RelatedSelector {
             label_selector,
             names,
@@ -199,12 +203,25 @@ impl Entry {
             direction: entry.direction,
             selector,
             names: names.into_iter().collect(),
+            namespaces: if cluster_wide {
+                entry.namespaces.iter().cloned().collect()
+            } else {
+                BTreeSet::new()
+            },
         })
     }
 
-    /// REL-3: the label selector (everything when omitted) and, when names are given, the name.
-    pub fn selects(&self, labels: &BTreeMap<String, String>, name: &str) -> bool {
-        self.selector.matches(labels) && (self.names.is_empty() || self.names.contains(name))
+    /// REL-3: the label selector (everything when omitted), when names are given the name, and
+    /// when namespaces are given the namespace.
+    pub fn selects(&self, labels: &BTreeMap<String, String>, namespace: &str, name: &str) -> bool {
+        self.selector.matches(labels)
+            && (self.names.is_empty() || self.names.contains(name))
+            && (self.namespaces.is_empty() || self.namespaces.contains(namespace))
+    }
+
+    /// Whether the entry names its namespaces itself (then the provider's copies may land there).
+    pub fn lists_namespaces(&self) -> bool {
+        !self.namespaces.is_empty()
     }
 }
 
@@ -287,12 +304,44 @@ impl Fence {
     }
 }
 
+/// Where the provider's objects may land on the consumer for a ClusterBinding: a copy made by a
+/// `FromProvider` entry goes only into a namespace that one of its entries lists, or that holds at
+/// least one object of the binding's bound APIs (`occupied`). A Binding's copies stay in its own
+/// namespace and need no such check. Returns the copies that may be made and those refused.
+pub fn landing(
+    entries: &[Entry],
+    wanted: BTreeMap<TargetKey, Wanted>,
+    occupied: &BTreeSet<String>,
+) -> (BTreeMap<TargetKey, Wanted>, Vec<TargetKey>) {
+    let listing: BTreeSet<&str> = entries
+        .iter()
+        .filter(|e| e.lists_namespaces())
+        .map(|e| e.id.as_str())
+        .collect();
+    let (kept, refused): (BTreeMap<TargetKey, Wanted>, BTreeMap<TargetKey, Wanted>) =
+        wanted.into_iter().partition(|(key, want)| {
+            key.side != Side::Consumer
+                || occupied.contains(&key.namespace)
+                || want.entries.iter().any(|id| listing.contains(id.as_str()))
+        });
+    (kept, refused.into_keys().collect())
+}
+
 /// `"; 2 object(s) in protected namespaces … were not copied: …"` (at most three named), else
 /// empty.
 pub fn fenced_note(refused: &[TargetKey]) -> String {
     left_out_note(
         refused,
         "in protected namespaces (kube-*, kbind's own and the provider-Secret namespaces)",
+    )
+}
+
+/// `"; 2 object(s) in namespaces … were not copied: …"` for the provider objects [`landing`]
+/// refused, else empty.
+pub fn homeless_note(refused: &[TargetKey]) -> String {
+    left_out_note(
+        refused,
+        "in namespaces that hold none of the binding's objects and that no entry lists (spec.relatedResources[].namespaces)",
     )
 }
 
@@ -378,12 +427,16 @@ impl CopyLimits {
 
 /// A short, stable id of an entry's content (kind, direction, selector).
 pub fn entry_id(entry: &RelatedResource) -> String {
-    let text = json!({
+    let mut text = json!({
         "resource": entry.resource,
         "direction": entry.direction,
         "selector": entry.selector,
-    })
-    .to_string();
+    });
+    // Listed namespaces change the id; entries without them keep the ids they always had.
+    if !entry.namespaces.is_empty() {
+        text["namespaces"] = json!(entry.namespaces);
+    }
+    let text = text.to_string();
     let digest = Sha256::digest(text.as_bytes());
     digest[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -463,7 +516,9 @@ pub fn wanted<'s>(
     for entry in entries {
         let (from, to) = sides(entry.direction);
         for source in sources(entry.kind, from) {
-            if source.copied_by().is_some() || !entry.selects(&source.labels, &source.name) {
+            if source.copied_by().is_some()
+                || !entry.selects(&source.labels, &source.namespace, &source.name)
+            {
                 continue;
             }
             let key = TargetKey {
@@ -668,6 +723,7 @@ mod tests {
         names: &[&str],
     ) -> RelatedResource {
         RelatedResource {
+            namespaces: Vec::new(),
             group: String::new(),
             resource: kind,
             direction,
@@ -714,7 +770,7 @@ mod tests {
         entries
             .iter()
             .enumerate()
-            .map(|(i, e)| Entry::parse(i, e).unwrap())
+            .map(|(i, e)| Entry::parse(i, e, true).unwrap())
             .collect()
     }
 
@@ -744,6 +800,7 @@ mod tests {
     #[test]
     fn an_empty_selector_selects_everything_in_scope_but_never_kbinds_own_copies() {
         let entries = parse(&[RelatedResource {
+            namespaces: Vec::new(),
             group: String::new(),
             resource: SECRETS,
             direction: RelatedDirection::FromConsumer,
@@ -919,6 +976,7 @@ mod tests {
     #[test]
     fn secrets_go_to_the_provider_only_when_the_connection_allows_it() {
         let entry = |kind, direction| RelatedResource {
+            namespaces: Vec::new(),
             group: String::new(),
             resource: kind,
             direction,
@@ -978,6 +1036,7 @@ mod tests {
         ];
         for (case, selector, cluster_wide, allowed) in cases {
             let entries = parse(&[RelatedResource {
+                namespaces: Vec::new(),
                 group: String::new(),
                 resource: SECRETS,
                 direction: RelatedDirection::FromConsumer,
@@ -989,12 +1048,14 @@ mod tests {
         // ConfigMaps and Secrets from the provider need no selector.
         let entries = parse(&[
             RelatedResource {
+                namespaces: Vec::new(),
                 group: String::new(),
                 resource: CONFIGMAPS,
                 direction: RelatedDirection::FromConsumer,
                 selector: None,
             },
             RelatedResource {
+                namespaces: Vec::new(),
                 group: String::new(),
                 resource: SECRETS,
                 direction: RelatedDirection::FromProvider,
@@ -1091,6 +1152,77 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_bindings_provider_objects_land_only_where_it_has_objects_or_lists_namespaces() {
+        // #32.4: the provider does not choose where its objects land.
+        let mut open = entry(CONFIGMAPS, RelatedDirection::FromProvider, &[], &[]);
+        let mut listed = entry(SECRETS, RelatedDirection::FromProvider, &[], &[]);
+        listed.namespaces = vec!["team-b".into()];
+        let outgoing = entry(CONFIGMAPS, RelatedDirection::FromConsumer, &[], &[]);
+        let entries = parse(&[open.clone(), listed.clone(), outgoing]);
+        let provider = [
+            item("team-a", "cm", &[], "1"),
+            item("team-b", "cm", &[], "1"),
+            item("team-c", "cm", &[], "1"),
+        ];
+        let consumer = [item("team-z", "local", &[], "1")];
+        let copies = wanted(&entries, |_, side| match side {
+            Side::Provider => provider.iter().collect(),
+            Side::Consumer => consumer.iter().collect(),
+        });
+        let occupied: BTreeSet<String> = ["team-a".to_owned()].into();
+        let (kept, refused) = landing(&entries, copies, &occupied);
+        let kept: Vec<String> = kept.keys().map(ToString::to_string).collect();
+        let refused: Vec<String> = refused.iter().map(ToString::to_string).collect();
+        // The ConfigMaps entry lands in team-a only (the binding's objects are there); the
+        // Secrets entry lists team-b and reads nothing else; what goes to the provider is not
+        // this rule's business.
+        assert_eq!(
+            kept,
+            [
+                TargetKey {
+                    kind: KindKey(CONFIGMAPS),
+                    side: Side::Consumer,
+                    namespace: "team-a".into(),
+                    name: "cm".into()
+                }
+                .to_string(),
+                TargetKey {
+                    kind: KindKey(CONFIGMAPS),
+                    side: Side::Provider,
+                    namespace: "team-z".into(),
+                    name: "local".into()
+                }
+                .to_string(),
+                TargetKey {
+                    kind: KindKey(SECRETS),
+                    side: Side::Consumer,
+                    namespace: "team-b".into(),
+                    name: "cm".into()
+                }
+                .to_string(),
+            ]
+        );
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert!(refused.iter().all(|r| r.contains("team-b") || r.contains("team-c")));
+        assert!(homeless_note(&[]).is_empty());
+        // Nothing occupied, nothing listed: nothing lands.
+        let entries = parse(&[open.clone()]);
+        let copies = wanted(&entries, |_, _| provider.iter().collect());
+        let (kept, refused) = landing(&entries, copies, &BTreeSet::new());
+        assert!(kept.is_empty());
+        assert_eq!(refused.len(), 3);
+        // In a Binding the namespaces are ignored (its scope is its own namespace).
+        open.namespaces = vec!["elsewhere".into()];
+        let in_binding = Entry::parse(0, &open, false).unwrap();
+        assert!(in_binding.selects(&BTreeMap::new(), "team-a", "cm"));
+        let in_cluster_binding = Entry::parse(0, &open, true).unwrap();
+        assert!(!in_cluster_binding.selects(&BTreeMap::new(), "team-a", "cm"));
+        assert!(in_cluster_binding.selects(&BTreeMap::new(), "elsewhere", "cm"));
+        // Listing namespaces changes an entry's id; an entry without them keeps its old id.
+        assert_ne!(entry_id(&listed), entry_id(&entry(SECRETS, RelatedDirection::FromProvider, &[], &[])));
+    }
+
+    #[test]
     fn adopted_objects_are_never_garbage() {
         let want = Wanted {
             entries: ["e1".to_owned()].into(),
@@ -1115,6 +1247,7 @@ mod tests {
     #[test]
     fn invalid_selectors_are_refused_with_the_entry_named() {
         let bad = |requirement: LabelSelectorRequirement| RelatedResource {
+            namespaces: Vec::new(),
             group: String::new(),
             resource: SECRETS,
             direction: RelatedDirection::FromProvider,
@@ -1140,6 +1273,7 @@ mod tests {
                     operator: operator.into(),
                     values,
                 }),
+                true,
             )
             .unwrap_err();
             assert!(
@@ -1154,7 +1288,8 @@ mod tests {
                     key: "example.org/tier".into(),
                     operator: "NotIn".into(),
                     values: Some(vec!["db".into()]),
-                })
+                }),
+                true,
             )
             .is_ok()
         );

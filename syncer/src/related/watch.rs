@@ -121,6 +121,54 @@ pub(super) fn watch(
     Watched { store, health }
 }
 
+/// Which consumer namespaces hold objects of one bound API (names only; see
+/// `kbind_shared::cache::spawn_names`).
+pub(super) struct Occupancy {
+    pub(super) api: String,
+    pub(super) store: Store<kube::core::PartialObjectMeta<DynamicObject>>,
+    pub(super) health: Arc<Mutex<Health>>,
+}
+
+/// Watches where `resource`'s objects are. `changes` is told when the cache has listed and when an
+/// object appears in a namespace not seen before (a namespace emptied is noticed at the next pass:
+/// removing a copy is never urgent, creating one where it may not go must not happen).
+pub(super) fn occupancy(
+    client: Client,
+    api: String,
+    resource: &ApiResource,
+    stop: CancellationToken,
+    changes: Arc<Notify>,
+) -> Occupancy {
+    let health = Arc::new(Mutex::new(Health::default()));
+    let seen = Mutex::new(std::collections::HashSet::<String>::new());
+    let store = kbind_shared::cache::spawn_names(client, resource, stop, {
+        let health = health.clone();
+        move |event| match event {
+            Ok(watcher::Event::InitDone) => {
+                let mut health = health.locked();
+                health.listed = true;
+                health.error = None;
+                health.forbidden = false;
+                changes.notify_one();
+            }
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                let namespace = o.namespace().unwrap_or_default();
+                if seen.locked().insert(namespace) && health.locked().listed {
+                    changes.notify_one();
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let mut health = health.locked();
+                health.forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.is_forbidden());
+                health.error = Some(e.to_string());
+                changes.notify_one();
+            }
+        }
+    });
+    Occupancy { api, store, health }
+}
+
 pub(super) fn item(object: &DynamicObject) -> Item {
     Item {
         namespace: object.namespace().unwrap_or_default(),

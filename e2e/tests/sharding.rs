@@ -379,7 +379,8 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
             "all",
             &PatchParams::default(),
             &Patch::Merge(&json!({ "spec": { "relatedResources": [
-                { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["published"] } }
+                { "resource": "secrets", "direction": "FromProvider", "namespaces": ["shared"],
+                  "selector": { "names": ["published"] } }
             ] } })),
         )
         .await

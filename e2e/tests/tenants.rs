@@ -785,7 +785,7 @@ async fn a_provider_publishing_many_related_objects_gets_a_bounded_number_copied
     }
     set_related(
         &s.consumer,
-        json!([{ "resource": "configmaps", "direction": "FromProvider",
+        json!([{ "resource": "configmaps", "direction": "FromProvider", "namespaces": ["team-a"],
                  "selector": { "labelSelector": { "matchLabels": { "pub": "yes" } } } }]),
     )
     .await;

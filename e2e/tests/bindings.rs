@@ -10,7 +10,7 @@ use kbind_e2e::kbind::{apiserver_requests, grown, install_crds};
 use kbind_e2e::wait::wait_gone;
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{
-    Binding, ClusterBinding, ClusterBindingSpec, PullPolicy, SchemaSource, UpdatePolicy,
+    Binding, ClusterBinding, ClusterBindingSpec, Connection, PullPolicy, SchemaSource, UpdatePolicy,
 };
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -560,6 +560,15 @@ async fn deleting_a_binding_removes_only_the_copies_no_remaining_binding_covers(
     drop(s.env);
 }
 
+/// `crd` with the export mark, which the OpenAPI source needs too (#32.8).
+fn marked(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    crd.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("core.kbind.io/exported".into(), "true".into());
+    crd
+}
+
 fn gizmo_crd(extra: Option<(&str, serde_json::Value)>) -> CustomResourceDefinition {
     let mut spec_properties = json!({
         "size": { "type": "integer", "minimum": 1 },
@@ -589,7 +598,9 @@ fn gizmo_crd(extra: Option<(&str, serde_json::Value)>) -> CustomResourceDefiniti
 async fn openapi_synthesized_crd_enforces_the_provider_schema_and_follows_changes() {
     // §9.2, §10 OAPI with LIM-5/LIM-6/PGAP-13 improved
     let s = setup("bind_openapi", true).await;
-    install_crd(&s.provider, &gizmo_crd(None)).await.unwrap();
+    install_crd(&s.provider, &marked(gizmo_crd(None)))
+        .await
+        .unwrap();
     let mut c = connection("provider", "p", SchemaSource::OpenApi);
     c.spec.schema.pull_policy = PullPolicy::Bound;
     create_connection(&s.consumer, &c).await.unwrap();
@@ -664,10 +675,10 @@ async fn openapi_synthesized_crd_enforces_the_provider_schema_and_follows_change
     // LIM-6: with Bound + Always, a provider schema change reaches the installed CRD.
     install_crd(
         &s.provider,
-        &gizmo_crd(Some((
+        &marked(gizmo_crd(Some((
             "color",
             json!({ "type": "string", "enum": ["red"] }),
-        ))),
+        )))),
     )
     .await
     .unwrap();
@@ -718,8 +729,24 @@ async fn pull_policy_all_installs_every_export_without_a_binding() {
         );
     }
 
-    // The OpenAPI source installs its synthesized CRDs eagerly too.
-    install_crd(&s.provider, &gizmo_crd(None)).await.unwrap();
+    // The OpenAPI source installs its synthesized CRDs eagerly too. It exports only marked APIs
+    // (#32.8), which the CRD source would then pull as well: that Connection goes first (its
+    // CRDs stay).
+    let connections: Api<Connection> = Api::all(s.consumer.clone());
+    connections
+        .delete("provider", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(
+        &connections,
+        "provider",
+        "the CRD-source Connection to go",
+        30,
+    )
+    .await;
+    install_crd(&s.provider, &marked(gizmo_crd(None)))
+        .await
+        .unwrap();
     let mut openapi = connection("openapi", "p", SchemaSource::OpenApi);
     openapi.spec.schema.pull_policy = PullPolicy::All;
     // Once: it must not take over the CRDs the first Connection installed (SCH-6).
@@ -782,8 +809,10 @@ async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
     // §9.3 row OpenAPI/None, with LIM-8 improved: an existing CRD is stamped like the CRD source
     // (once the user opted in with core.kbind.io/adopt).
     let s = setup("bind_openapi_none", false).await;
-    install_crd(&s.provider, &gizmo_crd(None)).await.unwrap();
-    install_crd(&s.provider, &crd("widgets", "example.org", "Widget", &[]))
+    install_crd(&s.provider, &marked(gizmo_crd(None)))
+        .await
+        .unwrap();
+    install_crd(&s.provider, &exported("widgets", "Widget"))
         .await
         .unwrap();
     let mut c = connection("provider", "p", SchemaSource::OpenApi);

@@ -411,9 +411,11 @@ async fn related_copies_never_leave_or_enter_protected_namespaces() {
         .create(&PostParams::default(), &widget("there", 1))
         .await
         .unwrap();
-    wait_for("team-b's ConfigMap copied once a Widget is there", 30, || async {
-        Ok(planted_in("team-b").await?.then_some(()))
-    })
+    wait_for(
+        "team-b's ConfigMap copied once a Widget is there",
+        30,
+        || async { Ok(planted_in("team-b").await?.then_some(())) },
+    )
     .await;
     for namespace in protected {
         assert!(

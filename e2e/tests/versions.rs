@@ -15,19 +15,16 @@ use kube::{Api, Client};
 use serde_json::json;
 
 /// A Gizmo CRD on the provider serving v1beta1 (`spec.size` a string), v1 (storage) and v2 (the
-/// same schema as v1, deprecated), conversion None; labelled exported or not.
-fn gizmo_versions(exported: bool) -> CustomResourceDefinition {
+/// same schema as v1, deprecated), conversion None; labelled exported (every schema source reads
+/// the mark, #32.8).
+fn gizmo_versions() -> CustomResourceDefinition {
     let schema = |size: &str| {
         json!({ "openAPIV3Schema": { "type": "object", "properties": {
             "spec": { "type": "object", "properties": { "size": { "type": size } } },
             "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
         }}})
     };
-    let labels = if exported {
-        json!({ "core.kbind.io/exported": "true" })
-    } else {
-        json!({})
-    };
+    let labels = json!({ "core.kbind.io/exported": "true" });
     serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": { "name": "gizmos.example.org", "labels": labels },
@@ -66,9 +63,7 @@ async fn setup(test: &str, source: SchemaSource) -> Setup {
     let consumer = env.cluster("consumer").admin_client().await.unwrap();
     let provider = env.cluster("provider").admin_client().await.unwrap();
     kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
-    install_crd(&provider, &gizmo_versions(source == SchemaSource::Crd))
-        .await
-        .unwrap();
+    install_crd(&provider, &gizmo_versions()).await.unwrap();
     start_schema_manager(
         &mut env,
         "consumer",

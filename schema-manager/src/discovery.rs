@@ -2,6 +2,8 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::{ActiveSchemaSource, ApiScope, ExportedApi, SchemaSource};
+use std::collections::BTreeSet;
+
 use kbind_shared::keys;
 use kube::Api;
 use kube::api::ListParams;
@@ -79,13 +81,87 @@ async fn list_exported_crds(provider: &Provider) -> Result<Vec<ExportedApi>, Pro
     Ok(apis)
 }
 
-/// DISC-4: every non-built-in API for which a CRD can be synthesized from the provider's OpenAPI
-/// documents, with its versions highest first.
+/// What the provider marked exported, for the OpenAPI source (#32.8; the reference exported every
+/// non-built-in API its OpenAPI showed): a CRD labelled `core.kbind.io/exported=true` exports its
+/// API, an APIService so labelled (an aggregated API) exports the resources of its group version.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// `<plural>.<group>` of the labelled CRDs.
+    pub crds: BTreeSet<String>,
+    /// `<group>/<version>` of the labelled APIServices.
+    pub group_versions: BTreeSet<String>,
+}
+
+impl Marks {
+    /// Whether `resource` of `group`, as served in `group_version`, is marked exported.
+    pub fn exports(&self, group: &str, resource: &str, group_version: &str) -> bool {
+        self.crds.contains(&format!("{resource}.{group}"))
+            || self.group_versions.contains(group_version)
+    }
+}
+
+/// The APIServices a provider labelled exported, as `<group>/<version>`. A credential that may not
+/// list APIServices sees none (aggregated APIs then cannot be exported; labelled CRDs still are).
+async fn marked_api_services(provider: &Provider) -> Result<BTreeSet<String>, ProviderError> {
+    let resource = kube::api::ApiResource {
+        group: "apiregistration.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "apiregistration.k8s.io/v1".into(),
+        kind: "APIService".into(),
+        plural: "apiservices".into(),
+    };
+    let services: Api<kube::core::PartialObjectMeta<kube::api::DynamicObject>> =
+        Api::all_with(provider.client.clone(), &resource);
+    let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
+    match services
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+    {
+        // An APIService is named `<version>.<group>`.
+        Ok(list) => Ok(list
+            .items
+            .iter()
+            .filter_map(|s| {
+                let name = s.metadata.name.as_deref()?;
+                let (version, group) = name.split_once('.')?;
+                Some(format!("{group}/{version}"))
+            })
+            .collect()),
+        Err(kube::Error::Api(status)) if status.is_forbidden() => {
+            tracing::debug!(
+                "the provider credential may not list APIServices; only labelled CRDs are exported"
+            );
+            Ok(BTreeSet::new())
+        }
+        Err(e) => Err(ProviderError::from_kube(
+            "listing the provider's APIServices",
+            e,
+        )),
+    }
+}
+
+/// DISC-4, marked (#32.8): every API the provider marked exported ([`Marks`]) for which a CRD can
+/// be synthesized from its OpenAPI documents, with its versions highest first. Unmarked APIs are
+/// neither read nor synthesized.
 async fn discover_openapi_candidates(
     provider: &Provider,
     documents: &Documents,
 ) -> Result<Vec<ExportedApi>, ProviderError> {
-    let synthesized = synthesize_from_provider(provider, documents, None).await?;
+    let marks = Marks {
+        crds: list_exported_crds(provider)
+            .await?
+            .into_iter()
+            .map(|a| a.name)
+            .collect(),
+        group_versions: marked_api_services(provider).await?,
+    };
+    if marks == Marks::default() {
+        return Ok(Vec::new());
+    }
+    let synthesized = synthesize_from_provider(provider, documents, |group, resource, gv| {
+        marks.exports(group, resource, gv)
+    })
+    .await?;
     let mut exports: Vec<ExportedApi> = synthesized
         .crds
         .iter()
@@ -161,6 +237,41 @@ pub async fn discover(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_openapi_source_exports_only_what_the_provider_marked() {
+        // #32.8: a labelled CRD exports its API in every version; a labelled APIService exports
+        // the resources of its group version only; nothing else is exported.
+        let marks = Marks {
+            crds: ["widgets.example.org".to_owned()].into(),
+            group_versions: ["metrics.example.com/v1beta1".to_owned()].into(),
+        };
+        for (group, resource, group_version, exported) in [
+            ("example.org", "widgets", "example.org/v1", true),
+            ("example.org", "widgets", "example.org/v2", true),
+            ("example.org", "gadgets", "example.org/v1", false),
+            ("other.org", "widgets", "other.org/v1", false),
+            (
+                "metrics.example.com",
+                "pods",
+                "metrics.example.com/v1beta1",
+                true,
+            ),
+            (
+                "metrics.example.com",
+                "pods",
+                "metrics.example.com/v1",
+                false,
+            ),
+        ] {
+            assert_eq!(
+                marks.exports(group, resource, group_version),
+                exported,
+                "{resource}.{group} in {group_version}"
+            );
+        }
+        assert!(!Marks::default().exports("example.org", "widgets", "example.org/v1"));
+    }
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
         CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
         CustomResourceDefinitionVersion,

@@ -202,8 +202,10 @@ pub async fn desired_for(
     export: &kbind_shared::api::ExportedApi,
 ) -> Result<(CustomResourceDefinition, Vec<OmittedVersion>), ProviderError> {
     if source == Some(kbind_shared::api::ActiveSchemaSource::OpenApi) {
-        let synthesized =
-            synthesize_from_provider(provider, documents, Some(&export.group)).await?;
+        let synthesized = synthesize_from_provider(provider, documents, |group, resource, _| {
+            group == export.group && resource == export.resource
+        })
+        .await?;
         if let Some((_, why)) = synthesized
             .failed
             .iter()

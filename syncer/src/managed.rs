@@ -429,7 +429,10 @@ fn bound_resources(
         .filter_map(|a| {
             let crd = crds.get(&reflector::ObjectRef::new(&a.name))?;
             (crd.annotations().get(keys::CONNECTION_ANNOTATION)? == connection).then_some(())?;
-            Some((a.name.clone(), kbind_shared::dynamic::instance_resource(&crd)?))
+            Some((
+                a.name.clone(),
+                kbind_shared::dynamic::instance_resource(&crd)?,
+            ))
         })
         .collect();
     bound.sort_by(|a, b| a.0.cmp(&b.0));

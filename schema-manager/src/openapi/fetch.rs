@@ -146,13 +146,15 @@ pub struct Synthesized {
     pub failed: Vec<(ExportedApi, String)>,
 }
 
-/// Synthesizes the CRDs of the provider's non-built-in groups (all of them, or only `only_group`).
-/// Group versions whose discovery cannot be read are skipped (OAPI-1, OAPI-3); a document that is
-/// too large, or a schema that expands beyond kbind's bounds, fails its APIs with the reason.
+/// Synthesizes the CRDs of the provider's non-built-in APIs that `wanted(group, resource,
+/// group_version)` accepts (the resources the provider marked exported, or the one API being
+/// installed): nothing else is read or synthesized. Group versions whose discovery cannot be read
+/// are skipped (OAPI-1, OAPI-3); a document that is too large, or a schema that expands beyond
+/// kbind's bounds, fails its APIs with the reason.
 pub async fn synthesize_from_provider(
     provider: &Provider,
     documents: &Documents,
-    only_group: Option<&str>,
+    wanted: impl Fn(&str, &str, &str) -> bool,
 ) -> Result<Synthesized, ProviderError> {
     let server = provider.kubeconfig.server();
     let provider = &provider.client;
@@ -165,11 +167,7 @@ pub async fn synthesize_from_provider(
         .map_err(|e| e.into_provider_error("reading the provider's /openapi/v3"))?;
     let mut out = Synthesized::default();
     let budget = Arc::new(super::Budget::new(super::MAX_DISCOVERY_NODES));
-    for group in groups
-        .groups
-        .iter()
-        .filter(|g| !is_builtin_group(&g.name) && only_group.is_none_or(|o| o == g.name))
-    {
+    for group in groups.groups.iter().filter(|g| !is_builtin_group(&g.name)) {
         let preferred = group.preferred_version.as_ref().map(|v| v.version.clone());
         let mut by_resource: BTreeMap<String, Vec<DiscoveredVersion>> = BTreeMap::new();
         let mut unreadable: BTreeMap<String, (bool, String)> = BTreeMap::new();
@@ -180,7 +178,14 @@ pub async fn synthesize_from_provider(
             else {
                 continue;
             };
-            let top_level = || resources.resources.iter().filter(|r| !r.name.contains('/'));
+            let top_level = || {
+                resources.resources.iter().filter(|r| {
+                    !r.name.contains('/') && wanted(&group.name, &r.name, &version.group_version)
+                })
+            };
+            if top_level().next().is_none() {
+                continue;
+            }
             let Some(path) =
                 index["paths"][format!("apis/{}", version.group_version)]["serverRelativeURL"]
                     .as_str()

@@ -146,7 +146,11 @@ impl Entry {
     /// Checks an entry; an invalid label selector is an error naming the entry. `cluster_wide`:
     /// the entry is a ClusterBinding's, whose `namespaces` apply (a Binding's scope is its own
     /// namespace).
-    pub fn parse(index: usize, entry: &RelatedResource, cluster_wide: bool) -> Result<Self, String> {
+    pub fn parse(
+        index: usize,
+        entry: &RelatedResource,
+        cluster_wide: bool,
+    ) -> Result<Self, String> {
         let RelatedSelector {
             label_selector,
             names,
@@ -1203,7 +1207,11 @@ mod tests {
             ]
         );
         assert_eq!(refused.len(), 2, "{refused:?}");
-        assert!(refused.iter().all(|r| r.contains("team-b") || r.contains("team-c")));
+        assert!(
+            refused
+                .iter()
+                .all(|r| r.contains("team-b") || r.contains("team-c"))
+        );
         assert!(homeless_note(&[]).is_empty());
         // Nothing occupied, nothing listed: nothing lands.
         let entries = parse(&[open.clone()]);
@@ -1219,7 +1227,10 @@ mod tests {
         assert!(!in_cluster_binding.selects(&BTreeMap::new(), "team-a", "cm"));
         assert!(in_cluster_binding.selects(&BTreeMap::new(), "elsewhere", "cm"));
         // Listing namespaces changes an entry's id; an entry without them keeps its old id.
-        assert_ne!(entry_id(&listed), entry_id(&entry(SECRETS, RelatedDirection::FromProvider, &[], &[])));
+        assert_ne!(
+            entry_id(&listed),
+            entry_id(&entry(SECRETS, RelatedDirection::FromProvider, &[], &[]))
+        );
     }
 
     #[test]

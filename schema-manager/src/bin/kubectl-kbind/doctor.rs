@@ -91,18 +91,23 @@ pub fn needs(
             &["get", "create", "update", "patch"],
         ),
     ];
-    let crds = source != SchemaSource::OpenApi;
     let openapi = source == SchemaSource::OpenApi || active == Some(ActiveSchemaSource::OpenApi);
-    if crds {
-        out.push(need(
-            "discover exported APIs and pull their CRDs",
-            "apiextensions.k8s.io",
-            "customresourcedefinitions",
-            None,
-            &["get", "list", "watch"],
-        ));
-    }
+    // Every source reads the export marks on CRDs (the OpenAPI source exports only marked APIs).
+    out.push(need(
+        "discover exported APIs and pull their CRDs",
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        None,
+        &["get", "list", "watch"],
+    ));
     if openapi {
+        out.push(need(
+            "find the aggregated APIs marked exported",
+            "apiregistration.k8s.io",
+            "apiservices",
+            None,
+            &["list"],
+        ));
         for path in ["/openapi/v3", "/openapi/v3/*"] {
             out.push(Need {
                 why: "read the provider's OpenAPI documents".into(),
@@ -493,6 +498,7 @@ mod tests {
             "coordination.k8s.io/leases Some(\"kbind\") get,create,update,patch",
         ];
         let crd = "apiextensions.k8s.io/customresourcedefinitions None get,list,watch";
+        let apiservices = "apiregistration.k8s.io/apiservices None list";
         let rw = "get,list,watch,create,update,patch,delete";
         for (source, active, exports, related, extra) in [
             (
@@ -514,7 +520,12 @@ mod tests {
                 None,
                 vec![],
                 vec![],
-                vec!["/openapi/v3 get".to_owned(), "/openapi/v3/* get".to_owned()],
+                vec![
+                    crd.to_owned(),
+                    apiservices.to_owned(),
+                    "/openapi/v3 get".to_owned(),
+                    "/openapi/v3/* get".to_owned(),
+                ],
             ),
             (
                 SchemaSource::Auto,
@@ -527,6 +538,7 @@ mod tests {
                 ],
                 vec![
                     crd.to_owned(),
+                    apiservices.to_owned(),
                     "/openapi/v3 get".to_owned(),
                     "/openapi/v3/* get".to_owned(),
                     format!("/configmaps None {rw}"),

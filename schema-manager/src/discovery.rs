@@ -5,10 +5,8 @@ use kbind_shared::api::{ActiveSchemaSource, ApiScope, ExportedApi, SchemaSource}
 use std::collections::BTreeSet;
 
 use kbind_shared::keys;
-use kube::Api;
-use kube::api::ListParams;
 
-use crate::openapi::fetch::{Documents, synthesize_from_provider};
+use crate::openapi::fetch::{Documents, FetchError, list_bounded, synthesize_from_provider};
 use crate::providers::{Provider, ProviderError};
 
 /// What discovery found.
@@ -68,16 +66,17 @@ async fn list_exported_crds(provider: &Provider) -> Result<Vec<ExportedApi>, Pro
     if let Some(apis) = provider.schemas.exports() {
         return Ok(apis);
     }
-    let crds: Api<CustomResourceDefinition> = Api::all(provider.client.clone());
     let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
-    let list = crds
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(|e| {
-            ProviderError::from_kube("listing the provider's CustomResourceDefinitions", e)
-        })?;
-    let apis = exports_from_crds(&list.items);
-    provider.schemas.remember_exports(&list.items, &apis);
+    // Paged and bounded in bytes: a provider's answer is hostile until read (#32.9).
+    let crds: Vec<CustomResourceDefinition> = list_bounded(
+        &provider.client,
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        &selector,
+    )
+    .await
+    .map_err(|e| e.into_provider_error("listing the provider's CustomResourceDefinitions"))?;
+    let apis = exports_from_crds(&crds);
+    provider.schemas.remember_exports(&crds, &apis);
     Ok(apis)
 }
 
@@ -103,23 +102,16 @@ impl Marks {
 /// The APIServices a provider labelled exported, as `<group>/<version>`. A credential that may not
 /// list APIServices sees none (aggregated APIs then cannot be exported; labelled CRDs still are).
 async fn marked_api_services(provider: &Provider) -> Result<BTreeSet<String>, ProviderError> {
-    let resource = kube::api::ApiResource {
-        group: "apiregistration.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "apiregistration.k8s.io/v1".into(),
-        kind: "APIService".into(),
-        plural: "apiservices".into(),
-    };
-    let services: Api<kube::core::PartialObjectMeta<kube::api::DynamicObject>> =
-        Api::all_with(provider.client.clone(), &resource);
     let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
-    match services
-        .list_metadata(&ListParams::default().labels(&selector))
-        .await
+    match list_bounded::<kube::api::DynamicObject>(
+        &provider.client,
+        "/apis/apiregistration.k8s.io/v1/apiservices",
+        &selector,
+    )
+    .await
     {
         // An APIService is named `<version>.<group>`.
-        Ok(list) => Ok(list
-            .items
+        Ok(items) => Ok(items
             .iter()
             .filter_map(|s| {
                 let name = s.metadata.name.as_deref()?;
@@ -127,16 +119,13 @@ async fn marked_api_services(provider: &Provider) -> Result<BTreeSet<String>, Pr
                 Some(format!("{group}/{version}"))
             })
             .collect()),
-        Err(kube::Error::Api(status)) if status.is_forbidden() => {
+        Err(FetchError::Request(kube::Error::Api(status))) if status.is_forbidden() => {
             tracing::debug!(
                 "the provider credential may not list APIServices; only labelled CRDs are exported"
             );
             Ok(BTreeSet::new())
         }
-        Err(e) => Err(ProviderError::from_kube(
-            "listing the provider's APIServices",
-            e,
-        )),
+        Err(e) => Err(e.into_provider_error("listing the provider's APIServices")),
     }
 }
 

@@ -4,7 +4,8 @@
 //! (QRK-24); shortNames and categories come from discovery (PGAP-13); and the result is always a
 //! structural schema the API server accepts.
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceConversion, CustomResourceDefinition, CustomResourceDefinitionNames,
@@ -137,6 +138,22 @@ pub const MAX_REF_CHAIN: usize = 64;
 /// How deep a synthesized schema may nest; deeper parts accept anything.
 const MAX_DEPTH: usize = 64;
 
+/// One schema node while it is reshaped: keys and values borrowed from the document where they
+/// are (a `$ref` chain flattened without copying its subtrees), owned where `allOf` merged them.
+type Node<'a> = BTreeMap<Cow<'a, str>, Cow<'a, Value>>;
+
+fn get<'n>(node: &'n Node<'_>, key: &str) -> Option<&'n Value> {
+    node.get(key).map(|v| &**v)
+}
+
+/// A component expanded once, kept for its next use: its structural form, how many nodes it cost
+/// and how deep it reaches below where it starts.
+struct Expanded {
+    schema: Value,
+    nodes: usize,
+    height: usize,
+}
+
 /// Resolves `$ref`s and reshapes one OpenAPI schema node into a structural CRD schema node,
 /// within [`MAX_SCHEMA_NODES`] and [`MAX_REF_CHAIN`].
 struct Resolver<'a> {
@@ -145,10 +162,17 @@ struct Resolver<'a> {
     budget: std::cell::Cell<usize>,
     /// Why the schema could not be synthesized within bounds.
     exceeded: std::cell::RefCell<Option<String>>,
+    /// Components expanded without meeting a cycle or the depth bound: their form does not
+    /// depend on where they are referenced, so each is expanded once (#32.9).
+    memo: std::cell::RefCell<HashMap<String, std::rc::Rc<Expanded>>>,
+    /// Cycles and depth cuts met so far (an expansion that met none is context-free).
+    cuts: std::cell::Cell<usize>,
+    /// The deepest depth reached so far.
+    deepest: std::cell::Cell<usize>,
 }
 
-impl Resolver<'_> {
-    fn component<'r>(&self, reference: &'r str) -> Option<(&'r str, &Value)> {
+impl<'a> Resolver<'a> {
+    fn component<'r>(&self, reference: &'r str) -> Option<(&'r str, &'a Value)> {
         let name = reference.strip_prefix("#/components/schemas/")?;
         self.components.get(name).map(|schema| (name, schema))
     }
@@ -157,24 +181,44 @@ impl Resolver<'_> {
         self.exceeded.borrow_mut().get_or_insert(why);
     }
 
+    /// Spends `nodes` of the budget; false (and the reason recorded) when it does not have them.
+    fn spend(&self, nodes: usize) -> bool {
+        match self.budget.get().checked_sub(nodes) {
+            Some(left) => {
+                self.budget.set(left);
+                true
+            }
+            None => {
+                self.budget.set(0);
+                self.exceed(format!(
+                    "the schema expands to more than {MAX_SCHEMA_NODES} nodes"
+                ));
+                false
+            }
+        }
+    }
+
     /// Flattens a chain of `$ref`s into one node (iteratively, at most [`MAX_REF_CHAIN`] long; the
-    /// outer node's keys win). The component names it expands stay on `stack` (the returned
-    /// count) while the caller descends into the node, so that a reference back to any of them
-    /// is recognised as a cycle. `None` means a cycle, a missing component or a chain too long.
-    fn dereference(
-        &self,
-        node: &Value,
-        stack: &mut Vec<String>,
-    ) -> Option<(Map<String, Value>, usize)> {
+    /// outer node's keys win), borrowing every value. The component names it expands stay on
+    /// `stack` (the returned count) while the caller descends into the node, so that a reference
+    /// back to any of them is recognised as a cycle. `None` means a cycle, a missing component or
+    /// a chain too long.
+    fn dereference<'n>(&self, node: &'n Value, stack: &mut Vec<String>) -> Option<(Node<'n>, usize)>
+    where
+        'a: 'n,
+    {
         let Value::Object(object) = node else {
-            return Some((Map::new(), 0));
+            return Some((Node::new(), 0));
         };
-        let mut chain: Vec<&Map<String, Value>> = vec![object];
+        let mut chain: Vec<&'n Map<String, Value>> = vec![object];
         let mut pushed = 0;
         let mut current = object;
         while let Some(reference) = current.get("$ref").and_then(Value::as_str) {
             let found = self.component(reference);
             let cycle = found.is_some_and(|(name, _)| stack.iter().any(|n| n == name));
+            if cycle {
+                self.cuts.set(self.cuts.get() + 1);
+            }
             let too_long = chain.len() > MAX_REF_CHAIN;
             if too_long {
                 self.exceed(format!(
@@ -190,45 +234,91 @@ impl Resolver<'_> {
             chain.push(target);
             current = target;
         }
-        let mut merged = Map::new();
+        let mut merged = Node::new();
         for level in chain.iter().rev() {
             for (key, value) in level.iter() {
                 if key != "$ref" {
-                    merged.insert(key.clone(), value.clone());
+                    merged.insert(Cow::Borrowed(key.as_str()), Cow::Borrowed(value));
                 }
             }
         }
         Some((merged, pushed))
     }
 
-    /// The structural form of `node`. `stack` holds the component names being expanded.
-    fn structural(&self, node: &Value, stack: &mut Vec<String>, depth: usize) -> Value {
-        if depth > MAX_DEPTH || self.exceeded.borrow().is_some() {
-            return open();
-        }
-        match self.budget.get().checked_sub(1) {
-            Some(left) => self.budget.set(left),
-            None => {
-                self.exceed(format!(
-                    "the schema expands to more than {MAX_SCHEMA_NODES} nodes"
-                ));
+    /// The structural form of `node`. `stack` holds the component names being expanded. A node
+    /// that is only a reference to a component expanded before, context-free, reuses that
+    /// expansion (its nodes still count against the budget).
+    fn structural<'n>(&self, node: &'n Value, stack: &mut Vec<String>, depth: usize) -> Value
+    where
+        'a: 'n,
+    {
+        let reference = node
+            .as_object()
+            .filter(|o| o.len() == 1)
+            .and_then(|o| o.get("$ref"))
+            .and_then(Value::as_str)
+            .and_then(|r| self.component(r))
+            .map(|(name, _)| name);
+        let Some(name) = reference.filter(|name| !stack.iter().any(|n| n == name)) else {
+            return self.expand(node, stack, depth);
+        };
+        let known = self.memo.borrow().get(name).cloned();
+        if let Some(known) = known
+            && depth + known.height <= MAX_DEPTH
+        {
+            if !self.spend(known.nodes) || self.exceeded.borrow().is_some() {
                 return open();
             }
+            self.deepest
+                .set(self.deepest.get().max(depth + known.height));
+            return known.schema.clone();
         }
+        let (cuts, budget, deepest) = (self.cuts.get(), self.budget.get(), self.deepest.get());
+        self.deepest.set(depth);
+        let schema = self.expand(node, stack, depth);
+        let reached = self.deepest.get();
+        self.deepest.set(deepest.max(reached));
+        if self.cuts.get() == cuts && self.exceeded.borrow().is_none() {
+            self.memo.borrow_mut().insert(
+                name.to_owned(),
+                std::rc::Rc::new(Expanded {
+                    schema: schema.clone(),
+                    nodes: budget - self.budget.get(),
+                    height: reached - depth,
+                }),
+            );
+        }
+        schema
+    }
+
+    fn expand<'n>(&self, node: &'n Value, stack: &mut Vec<String>, depth: usize) -> Value
+    where
+        'a: 'n,
+    {
+        if depth > MAX_DEPTH {
+            self.cuts.set(self.cuts.get() + 1);
+            return open();
+        }
+        if self.exceeded.borrow().is_some() || !self.spend(1) {
+            return open();
+        }
+        self.deepest.set(self.deepest.get().max(depth));
         let Some((mut object, pushed)) = self.dereference(node, stack) else {
             return open();
         };
         // allOf: merge every branch into this node.
-        if let Some(Value::Array(branches)) = object.remove("allOf") {
+        let all_of = object.remove("allOf");
+        if let Some(Value::Array(branches)) = all_of.as_deref() {
             for branch in branches {
-                if let Value::Object(resolved) = self.structural_branch(&branch, stack, depth) {
+                if let Value::Object(resolved) = self.structural_branch(branch, stack, depth) {
                     merge_into(&mut object, resolved);
                 }
             }
         }
         // anyOf/oneOf: keep a type only when every branch agrees on it; `not` is dropped.
         for key in ["anyOf", "oneOf"] {
-            if let Some(Value::Array(branches)) = object.remove(key) {
+            let branches = object.remove(key);
+            if let Some(Value::Array(branches)) = branches.as_deref() {
                 let types: BTreeSet<String> = branches
                     .iter()
                     .map(|b| {
@@ -240,22 +330,24 @@ impl Resolver<'_> {
                     })
                     .collect();
                 if !object.contains_key("type") {
+                    let set = |object: &mut Node<'n>, key: &'static str, value: Value| {
+                        object.insert(Cow::Borrowed(key), Cow::Owned(value));
+                    };
                     match types
                         .iter()
                         .map(String::as_str)
                         .collect::<Vec<_>>()
                         .as_slice()
                     {
-                        [one] if !one.is_empty() => {
-                            object.insert("type".into(), json!(one));
-                        }
+                        [one] if !one.is_empty() => set(&mut object, "type", json!(one)),
                         ["integer", "string"] => {
-                            object.insert("x-kubernetes-int-or-string".into(), json!(true));
+                            set(&mut object, "x-kubernetes-int-or-string", json!(true))
                         }
-                        _ => {
-                            object
-                                .insert("x-kubernetes-preserve-unknown-fields".into(), json!(true));
-                        }
+                        _ => set(
+                            &mut object,
+                            "x-kubernetes-preserve-unknown-fields",
+                            json!(true),
+                        ),
                     }
                 }
             }
@@ -266,33 +358,40 @@ impl Resolver<'_> {
         result
     }
 
-    fn structural_branch(&self, branch: &Value, stack: &mut Vec<String>, depth: usize) -> Value {
+    fn structural_branch<'n>(
+        &self,
+        branch: &'n Value,
+        stack: &mut Vec<String>,
+        depth: usize,
+    ) -> Value
+    where
+        'a: 'n,
+    {
         self.structural(branch, stack, depth + 1)
     }
 
-    fn finish(&self, object: Map<String, Value>, stack: &mut Vec<String>, depth: usize) -> Value {
+    fn finish(&self, object: Node<'_>, stack: &mut Vec<String>, depth: usize) -> Value {
         let mut out = Map::new();
         for key in PLAIN_KEYS {
-            if let Some(value) = object.get(*key) {
+            if let Some(value) = get(&object, key) {
                 out.insert((*key).to_owned(), value.clone());
             }
         }
-        if let Some(format) = object.get("format").and_then(Value::as_str)
+        if let Some(format) = get(&object, "format").and_then(Value::as_str)
             && FORMATS.contains(&format)
         {
             out.insert("format".into(), json!(format));
         }
-        let mut kind = object
-            .get("type")
+        let mut kind = get(&object, "type")
             .and_then(Value::as_str)
             .map(str::to_owned);
-        if let Some(Value::Object(properties)) = object.get("properties") {
+        if let Some(Value::Object(properties)) = get(&object, "properties") {
             let properties: Map<String, Value> = properties
                 .iter()
                 .map(|(name, schema)| (name.clone(), self.structural(schema, stack, depth + 1)))
                 .collect();
             out.insert("properties".into(), Value::Object(properties));
-            if let Some(Value::Array(required)) = object.get("required") {
+            if let Some(Value::Array(required)) = get(&object, "required") {
                 let present: Vec<Value> = required
                     .iter()
                     .filter(|r| {
@@ -306,7 +405,7 @@ impl Resolver<'_> {
                 }
             }
             kind.get_or_insert_with(|| "object".into());
-        } else if let Some(additional) = object.get("additionalProperties") {
+        } else if let Some(additional) = get(&object, "additionalProperties") {
             match additional {
                 Value::Object(_) => {
                     out.insert(
@@ -321,7 +420,7 @@ impl Resolver<'_> {
             }
             kind.get_or_insert_with(|| "object".into());
         }
-        if let Some(items) = object.get("items") {
+        if let Some(items) = get(&object, "items") {
             let items = match items {
                 Value::Array(tuple) => tuple
                     .first()
@@ -398,18 +497,24 @@ fn matches_type(value: &Value, kind: Option<&str>) -> bool {
     }
 }
 
-fn merge_into(target: &mut Map<String, Value>, source: Map<String, Value>) {
+fn merge_into(target: &mut Node<'_>, source: Map<String, Value>) {
     for (key, value) in source {
-        match (target.get_mut(&key), value) {
-            (Some(Value::Object(existing)), Value::Object(more)) if key == "properties" => {
-                existing.extend(more)
+        match (target.get_mut(key.as_str()), value) {
+            (Some(existing), Value::Object(more))
+                if key == "properties" && existing.is_object() =>
+            {
+                if let Value::Object(existing) = existing.to_mut() {
+                    existing.extend(more);
+                }
             }
-            (Some(Value::Array(existing)), Value::Array(more)) if key == "required" => {
-                existing.extend(more)
+            (Some(existing), Value::Array(more)) if key == "required" && existing.is_array() => {
+                if let Value::Array(existing) = existing.to_mut() {
+                    existing.extend(more);
+                }
             }
             (Some(_), _) => {}
             (None, value) => {
-                target.insert(key, value);
+                target.insert(Cow::Owned(key), Cow::Owned(value));
             }
         }
     }
@@ -466,6 +571,9 @@ pub fn top_level_schema_within(
         components,
         budget: std::cell::Cell::new(allowed),
         exceeded: std::cell::RefCell::new(None),
+        memo: std::cell::RefCell::default(),
+        cuts: std::cell::Cell::new(0),
+        deepest: std::cell::Cell::new(0),
     };
     let mut top = resolver.structural(schema, &mut Vec::new(), 0);
     let used = allowed - resolver.budget.get();
@@ -668,6 +776,76 @@ mod tests {
             .unwrap()
             .clone();
         top_level_schema(&doc, &schema).unwrap()
+    }
+
+    #[test]
+    fn a_component_expanded_once_is_reused_only_where_it_is_the_same() {
+        // #32.9: components are memoized, but never one whose form depends on where it is used
+        // (a cycle cut against the referencing stack, or the depth bound).
+        let a = json!({ "type": "object", "properties": { "b": { "$ref": "#/components/schemas/B" } } });
+        let b = json!({ "type": "object", "properties": { "a": { "$ref": "#/components/schemas/A" } } });
+        let leaf = json!({ "type": "object", "properties": { "n": { "type": "string" } } });
+        let doc = json!({ "components": { "schemas": { "A": a, "B": b, "Leaf": leaf } } });
+        let reference = |name: &str| json!({ "$ref": format!("#/components/schemas/{name}") });
+        let schema = json!({ "type": "object", "properties": {
+            "x": reference("A"), "y": reference("B"), "l1": reference("Leaf"), "l2": reference("Leaf"),
+        } });
+        let t = top_level_schema(&doc, &schema).unwrap();
+        let open = super::open();
+        // B inside A was cut at A; B on its own expands A once more.
+        assert_eq!(
+            t["properties"]["x"]["properties"]["b"]["properties"]["a"],
+            open
+        );
+        assert_eq!(
+            t["properties"]["y"]["properties"]["a"]["properties"]["b"], open,
+            "{t}"
+        );
+        assert_eq!(
+            t["properties"]["y"]["properties"]["a"]["properties"]
+                .as_object()
+                .map(|p| p.len()),
+            Some(1)
+        );
+        assert_eq!(t["properties"]["l1"], t["properties"]["l2"]);
+        assert_eq!(
+            t["properties"]["l1"]["properties"]["n"],
+            json!({ "type": "string" })
+        );
+        // A chain of components nested near the depth bound: the same component referenced
+        // shallow and deep is cut only where it is deep.
+        let mut schemas = Map::new();
+        schemas.insert("D0".into(), json!({ "type": "string" }));
+        for i in 1..=MAX_DEPTH {
+            schemas.insert(
+                format!("D{i}"),
+                json!({ "type": "object", "properties": { "d": reference(&format!("D{}", i - 1)) } }),
+            );
+        }
+        let doc = json!({ "components": { "schemas": schemas } });
+        let schema = json!({ "type": "object", "properties": {
+            // Expanded first (keys are sorted), and memoized: no cut below it.
+            "a_shallow": reference(&format!("D{}", MAX_DEPTH / 2)),
+            // Reaches the same component deeper, where its bottom is past the bound.
+            "b_deep": reference(&format!("D{MAX_DEPTH}")),
+        } });
+        let t = top_level_schema(&doc, &schema).unwrap();
+        let innermost = |mut node: &Value| {
+            let mut levels = 0;
+            while let Some(next) = node["properties"].get("d") {
+                node = next;
+                levels += 1;
+            }
+            (levels, node.clone())
+        };
+        assert_eq!(
+            innermost(&t["properties"]["a_shallow"]),
+            (MAX_DEPTH / 2, json!({ "type": "string" }))
+        );
+        // Depth 1 + 64 `d`s: the string at the bottom is past the bound, an open object.
+        let (levels, last) = innermost(&t["properties"]["b_deep"]);
+        assert_eq!((levels, last), (MAX_DEPTH, open));
+        assert!(is_structural(&t));
     }
 
     #[test]

@@ -170,3 +170,101 @@ async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_l
         process.log_tail(10)
     );
 }
+
+#[tokio::test]
+async fn a_leader_that_loses_its_lease_forgets_its_provider_clients() {
+    // #32.10: a replica that stops leading keeps no provider client (its credential and identity
+    // watch): only the current leader talks to providers.
+    let mut env = TestEnv::start("leader_demoted", &["consumer", "provider"])
+        .await
+        .expect("clusters start");
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    install_crds(&consumer).await.unwrap();
+    let duration = format!(
+        "--leader-election-lease-duration={}s",
+        LEASE_DURATION.as_secs()
+    );
+    let a = start_schema_manager(&mut env, "consumer", "manager-a", &[&duration])
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
+    let holds = |name: &'static str| {
+        let leases = leases.clone();
+        async move {
+            let lease = leases
+                .get_opt("kbind-schema-manager")
+                .await
+                .map_err(|e| e.to_string())?;
+            let holder = lease
+                .and_then(|l| l.spec)
+                .and_then(|s| s.holder_identity)
+                .unwrap_or_default();
+            Ok((holder == name).then_some(()))
+        }
+    };
+    eventually("manager-a to lead", Duration::from_secs(20), || {
+        holds("manager-a")
+    })
+    .await
+    .unwrap();
+    put_kubeconfig(&consumer, "p", &env.cluster("provider").admin_kubeconfig()).await;
+    create_connection(&consumer, &connection("first", "p", SchemaSource::Crd))
+        .await
+        .unwrap();
+    wait_condition(&consumer, "first", "Ready", "True", None)
+        .await
+        .unwrap();
+    let b = start_schema_manager(&mut env, "consumer", "manager-b", &[&duration])
+        .await
+        .unwrap();
+
+    // manager-a freezes past its Lease; manager-b takes over; manager-a wakes up demoted.
+    let process = env.process(a.index);
+    process.signal("STOP").unwrap();
+    eventually("manager-b to take over", LEASE_DURATION * 4, || {
+        holds("manager-b")
+    })
+    .await
+    .unwrap();
+    process.signal("CONT").unwrap();
+    let log_path = process.log().to_path_buf();
+    eventually(
+        "manager-a to step down and forget its provider client",
+        LEASE_DURATION * 3,
+        || async {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            // The log is coloured: drop the escape sequences before reading fields.
+            let plain = |line: &str| {
+                let mut out = String::new();
+                let mut chars = line.chars();
+                while let Some(c) = chars.next() {
+                    if c == '\x1b' {
+                        chars.by_ref().find(|c| *c == 'm');
+                    } else {
+                        out.push(c);
+                    }
+                }
+                out
+            };
+            Ok(log
+                .lines()
+                .map(plain)
+                .any(|l| l.contains("provider clients forgotten") && l.contains("kept=1"))
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.process(a.index).log_tail(30)));
+    assert_eq!(
+        metric(&a.metrics().await.unwrap(), "kbind_leader "),
+        Some(0.0)
+    );
+    // The new leader serves the Connection with a client of its own.
+    wait_condition(&consumer, "first", "Ready", "True", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&b.metrics().await.unwrap(), "kbind_leader "),
+        Some(1.0)
+    );
+}

@@ -60,6 +60,10 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
     let lead = move |stop: tokio_util::sync::CancellationToken| {
         let ctx = ctx.clone();
         async move {
+            // When the term ends — gracefully, or aborted on a lost Lease — this replica forgets
+            // every provider client: a standby holds no provider credential in use and watches
+            // no provider.
+            let _forget = ForgetProviders(ctx.clone());
             // This term's binding caches, listed before any reconcile reads them.
             let changes = Arc::new(tokio::sync::Notify::new());
             let bindings = context::BindingCaches::start(&ctx.client, &stop, {
@@ -96,4 +100,15 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
     readiness.set(false);
     tracing::info!("kbind-schema-manager stopped");
     Ok(())
+}
+
+/// Forgets every provider client when dropped (held by a leadership term's work).
+struct ForgetProviders(Arc<context::Context>);
+
+impl Drop for ForgetProviders {
+    fn drop(&mut self) {
+        let kept = self.0.providers.len();
+        self.0.providers.forget_all();
+        tracing::info!(kept, "leadership term ended; provider clients forgotten");
+    }
 }

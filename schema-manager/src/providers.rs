@@ -383,6 +383,22 @@ impl Providers {
     pub fn forget(&self, connection: &str) {
         self.by_connection.locked().remove(connection);
     }
+
+    /// Forgets every client (their identity watches stop): a replica that stops leading holds no
+    /// provider credential in use, whatever happened to the Connections meanwhile.
+    pub fn forget_all(&self) {
+        self.by_connection.locked().clear();
+    }
+
+    /// How many provider clients are kept.
+    pub fn len(&self) -> usize {
+        self.by_connection.locked().len()
+    }
+
+    /// Whether no provider client is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 #[cfg(test)]

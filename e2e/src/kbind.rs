@@ -76,12 +76,26 @@ pub async fn wait_established(
 
 /// A plain HTTP GET against a kbind endpoint on loopback: returns the status code and body.
 pub async fn http_get(address: &str, path: &str) -> Result<(u16, String), String> {
+    http_get_with(address, path, None).await
+}
+
+/// [`http_get`] with `Authorization: Bearer <token>` when a token is given.
+pub async fn http_get_with(
+    address: &str,
+    path: &str,
+    bearer: Option<&str>,
+) -> Result<(u16, String), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address)
         .await
         .map_err(|e| format!("connect {address}: {e}"))?;
+    let authorization = bearer
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n{authorization}\r\n").as_bytes(),
+        )
         .await
         .map_err(|e| e.to_string())?;
     let mut response = String::new();

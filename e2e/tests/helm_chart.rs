@@ -309,6 +309,8 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
         "relatedResources.enabled=true",
         "--set",
         "relatedResources.namespaces={team-a}",
+        "--set",
+        "metrics.auth.enabled=true",
     ]);
     let mut env = TestEnv::start("helm_rbac", &["consumer", "provider"])
         .await
@@ -354,20 +356,59 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
     // As the chart runs them (its default providerSecretNamespaces: the release namespace).
     let namespace_flag = format!("--namespace={RELEASE_NAMESPACE}");
     let secrets_flag = format!("--provider-secret-namespaces={RELEASE_NAMESPACE}");
-    start_schema_manager_as(
+    let manager_program = start_schema_manager_as(
         &mut env,
         &manager_kubeconfig,
         "schema-manager",
-        &[&namespace_flag, &secrets_flag],
+        &[&namespace_flag, &secrets_flag, "--metrics-auth=true"],
     )
     .unwrap();
-    start_syncer_as(
+    let syncer_program = start_syncer_as(
         &mut env,
         &syncer_kubeconfig,
         "syncer-0",
-        &[&namespace_flag, &secrets_flag],
+        &[&namespace_flag, &secrets_flag, "--metrics-auth=true"],
     )
     .unwrap();
+    // `metrics.auth.enabled`: the chart's RBAC lets both review a scraper's token (#32.10).
+    let consumer_cluster = env.cluster("consumer");
+    let scraper = consumer_cluster
+        .mint_service_account_user("monitoring", "prometheus")
+        .await
+        .unwrap();
+    consumer_cluster
+        .grant(
+            &scraper,
+            "prometheus-metrics",
+            vec![k8s_openapi::api::rbac::v1::PolicyRule {
+                non_resource_urls: Some(vec!["/metrics".into()]),
+                verbs: vec!["get".into()],
+                ..Default::default()
+            }],
+        )
+        .await
+        .unwrap();
+    for program in [&manager_program, &syncer_program] {
+        let scrape = |token: Option<String>| {
+            let address = program.metrics.clone();
+            async move {
+                kbind_e2e::kbind::http_get_with(&address, "/metrics", token.as_deref())
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        eventually(
+            "a granted scrape served",
+            Duration::from_secs(30),
+            || async {
+                let (code, body) = scrape(Some(scraper.token.clone())).await?;
+                Ok((code == 200 && body.contains("kbind_")).then_some(()))
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(scrape(None).await.unwrap().0, 401);
+    }
 
     // The one file, with the provider Secret in the release namespace.
     install_crd(&provider, &widget_crd()).await.unwrap();

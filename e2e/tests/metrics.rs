@@ -208,3 +208,80 @@ async fn failures_are_labelled_conflict_and_transient_and_the_backlog_shows_them
         .unwrap();
     wait_backlog_drained(&s).await;
 }
+
+#[tokio::test]
+async fn with_metrics_auth_only_a_token_allowed_to_get_metrics_is_served() {
+    // #32.10: `--metrics-auth` (chart `metrics.auth.enabled`): the consumer API server reviews the
+    // scrape's bearer token (TokenReview) and its access to the non-resource URL /metrics
+    // (SubjectAccessReview).
+    use k8s_openapi::api::rbac::v1::PolicyRule;
+    use kbind_e2e::kbind::http_get_with;
+    let mut env = kbind_e2e::TestEnv::start("metrics_auth", &["consumer"])
+        .await
+        .unwrap();
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    let manager = start_schema_manager(
+        &mut env,
+        "consumer",
+        "schema-manager",
+        &["--leader-elect=false", "--metrics-auth=true"],
+    )
+    .await
+    .unwrap();
+    let cluster = env.cluster("consumer");
+    let scraper = cluster
+        .mint_service_account_user("monitoring", "prometheus")
+        .await
+        .unwrap();
+    let get = |token: Option<String>| {
+        let address = manager.metrics.clone();
+        async move {
+            http_get_with(&address, "/metrics", token.as_deref())
+                .await
+                .unwrap()
+        }
+    };
+    let (code, body) = get(None).await;
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("a bearer token is required"), "{body}");
+    let (code, body) = get(Some("not-a-token".into())).await;
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = get(Some(scraper.token.clone())).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("system:serviceaccount:monitoring:prometheus may not get /metrics"),
+        "{body}"
+    );
+    assert!(!body.contains("kbind_"), "{body}");
+    cluster
+        .grant(
+            &scraper,
+            "prometheus-metrics",
+            vec![PolicyRule {
+                non_resource_urls: Some(vec!["/metrics".into()]),
+                verbs: vec!["get".into()],
+                ..Default::default()
+            }],
+        )
+        .await
+        .unwrap();
+    // A refusal is remembered for 10 s; then the grant applies.
+    wait_for("the granted scraper to be served", 30, || async {
+        let (code, body) = get(Some(scraper.token.clone())).await;
+        if code == 200 && body.contains("kbind_leader") {
+            Ok(Some(()))
+        } else {
+            Err(format!(
+                "{code}: {}",
+                body.chars().take(300).collect::<String>()
+            ))
+        }
+    })
+    .await;
+    // Probes stay open: the kubelet sends no token.
+    let (code, _) = kbind_e2e::kbind::http_get(&manager.probes, "/readyz")
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+}

@@ -33,6 +33,12 @@ pub struct CommonArgs {
     #[arg(long, env = "KBIND_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:8080", value_parser = parse_bind_address)]
     pub metrics_bind_address: BindAddress,
 
+    /// Serve `/metrics` only to a bearer token the consumer API server authenticates
+    /// (TokenReview) and allows to `get` the non-resource URL `/metrics` (SubjectAccessReview),
+    /// as kube-rbac-proxy does; needs `create` on tokenreviews and subjectaccessreviews
+    #[arg(long, env = "KBIND_METRICS_AUTH", default_value_t = false, action = clap::ArgAction::Set)]
+    pub metrics_auth: bool,
+
     /// Address of `/healthz` and `/readyz`; `0` disables them
     #[arg(long, env = "KBIND_HEALTH_PROBE_BIND_ADDRESS", default_value = "0.0.0.0:8081", value_parser = parse_bind_address)]
     pub health_probe_bind_address: BindAddress,

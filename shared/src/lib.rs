@@ -20,6 +20,7 @@ pub mod identity;
 pub mod keys;
 pub mod kubeconfig;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod ownership;
 pub mod process;
 pub mod redact;

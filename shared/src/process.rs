@@ -58,6 +58,8 @@ pub async fn start(args: &CommonArgs) -> Result<Started, String> {
         args.metrics_bind_address,
         args.health_probe_bind_address,
         metrics.clone(),
+        args.metrics_auth
+            .then(|| Arc::new(crate::metrics_auth::MetricsAuth::new(client.clone()))),
         readiness.clone(),
         shutdown.clone(),
     )
@@ -180,17 +182,19 @@ async fn wait_for_signal() {
 }
 
 /// Binds the metrics and probe endpoints (failing at once if an address is taken) and serves them
-/// until `shutdown`. Returns the bound addresses (metrics, probes), useful with port 0.
+/// until `shutdown`; with `auth`, `/metrics` is served only to the scrapes it allows. Returns the
+/// bound addresses (metrics, probes), useful with port 0.
 pub async fn serve_endpoints(
     metrics_address: BindAddress,
     probe_address: BindAddress,
     metrics: Metrics,
+    auth: Option<Arc<crate::metrics_auth::MetricsAuth>>,
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> Result<(Option<SocketAddr>, Option<SocketAddr>), String> {
     let metrics_router = Router::new()
         .route("/metrics", get(render_metrics))
-        .with_state(metrics);
+        .with_state((metrics, auth));
     let probe_router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
@@ -227,8 +231,22 @@ async fn serve(
     Ok(Some(bound))
 }
 
-async fn render_metrics(State(metrics): State<Metrics>) -> String {
-    metrics.render()
+async fn render_metrics(
+    State((metrics, auth)): State<(Metrics, Option<Arc<crate::metrics_auth::MetricsAuth>>)>,
+    headers: axum::http::HeaderMap,
+) -> (StatusCode, String) {
+    use crate::metrics_auth::Verdict;
+    if let Some(auth) = auth {
+        let header = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        match auth.check(header).await {
+            Verdict::Allowed => {}
+            Verdict::Unauthenticated(why) => return (StatusCode::UNAUTHORIZED, why + "\n"),
+            Verdict::Forbidden(why) => return (StatusCode::FORBIDDEN, why + "\n"),
+        }
+    }
+    (StatusCode::OK, metrics.render())
 }
 
 async fn ready(State(readiness): State<Readiness>) -> (StatusCode, &'static str) {

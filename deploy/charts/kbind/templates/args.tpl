@@ -23,6 +23,7 @@ insecure transport to a provider unless allowed. */}}
 {{- define "kbind.provider-secret-namespaces" -}}
 - --provider-secret-namespaces={{ join "," (default (list .Release.Namespace) .Values.providerSecretNamespaces) }}
 - --allow-insecure-providers={{ .Values.allowInsecureProviders | default false }}
+- --metrics-auth={{ .Values.metrics.auth.enabled | default false }}
 {{- end -}}
 
 {{- define "kbind.schema-manager.affinity" -}}

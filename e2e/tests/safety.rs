@@ -384,6 +384,121 @@ async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_i
 }
 
 #[tokio::test]
+async fn adopting_a_crd_another_connection_serves_drains_that_provider_before_the_new_one_gets_anything()
+ {
+    // #32.10: `core.kbind.io/adopt=<second>` on a CRD that Connection `provider` serves hands it
+    // over the way a connectionRef move does — the first provider's copies are deleted (and
+    // awaited) before any object reaches the second — so no object is ever on both.
+    let s = SyncEnv::start_with("safety_adopt_drains", &[0, 1, 2], None, &["second"]).await;
+    let second = s.env.cluster("second").admin_client().await.unwrap();
+    install_crd(&second, &widget_crd()).await.unwrap();
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    wait_binding_condition(&cluster_bindings, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    for i in 0..10 {
+        widgets(&s.consumer, "team-a")
+            .create(&PostParams::default(), &widget(&format!("w{i}"), i))
+            .await
+            .unwrap();
+    }
+    let names = |client: Client| async move {
+        widgets(&client, "team-a")
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .map(ResourceExt::name_any)
+                    .collect::<std::collections::BTreeSet<_>>()
+            })
+            .map_err(|e| e.to_string())
+    };
+    wait_for("10 copies on the first provider", 30, || async {
+        Ok((names(s.provider.clone()).await?.len() == 10).then_some(()))
+    })
+    .await;
+    connect_to(
+        &s.consumer,
+        "second",
+        &s.env.cluster("second").admin_kubeconfig(),
+    )
+    .await;
+    cluster_bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "second-widgets",
+                ClusterBindingSpec {
+                    binding: binding_spec("second", &["widgets.example.org"]),
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    wait_binding_condition(
+        &cluster_bindings,
+        "second-widgets",
+        "Ready",
+        "False",
+        Some("SchemaConflict"),
+    )
+    .await
+    .unwrap();
+
+    adopt_crd(&s.consumer, "widgets.example.org", "second")
+        .await
+        .unwrap();
+    // Sampled every 100 ms, the second provider first: an object seen there and then still on
+    // the first provider was on both at once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let on_second = names(second.clone()).await.unwrap();
+        let on_first = names(s.provider.clone()).await.unwrap();
+        let both: Vec<&String> = on_second.intersection(&on_first).collect();
+        assert!(both.is_empty(), "on both providers at once: {both:?}");
+        if on_second.len() == 10 && on_first.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not handed over: first {on_first:?}, second {on_second:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let crd = get_crd(&s.consumer, "widgets.example.org").await;
+    assert_eq!(
+        crd.annotations()
+            .get("core.kbind.io/connection")
+            .map(String::as_str),
+        Some("second")
+    );
+    assert!(!crd.annotations().contains_key("core.kbind.io/handover-to"));
+    wait_binding_condition(&cluster_bindings, "second-widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+    // A change now reaches the second provider only.
+    widgets(&s.consumer, "team-a")
+        .patch(
+            "w3",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 33 } })),
+        )
+        .await
+        .unwrap();
+    wait_for("the change on the second provider", 30, || async {
+        let w = widgets(&second, "team-a")
+            .get("w3")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((w.data["spec"]["size"] == 33).then_some(()))
+    })
+    .await;
+    assert!(names(s.provider.clone()).await.unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn a_provider_object_created_just_before_the_first_spec_up_is_a_conflict_never_overwritten() {
     // Guarantee 4: ownership is decided on fresh facts. The syncer is paused while, for each of
     // ten names, a consumer object and a foreign provider object appear; after it resumes, its

@@ -191,7 +191,11 @@ impl Caches {
             .collect();
         let mut apis = BTreeSet::new();
         for crd in self.crds.state() {
-            if crd.metadata.deletion_timestamp.is_some() {
+            // A CRD being handed over to another Connection has no units: its syncers stop, and
+            // the binding taking it over waits for that (`Context::runs_api`).
+            if crd.metadata.deletion_timestamp.is_some()
+                || crd.annotations().contains_key(keys::HANDOVER_ANNOTATION)
+            {
                 continue;
             }
             let Some(connection) = crd
@@ -295,6 +299,7 @@ async fn round(
         .map(|(m, s)| (m.clone(), s.running.clone()))
         .collect();
     let names: BTreeSet<String> = live.keys().cloned().collect();
+    ctx.set_running_units(running.values().flatten().cloned().collect());
     let (candidates, refused) = caches.units(&ctx.settings);
     let (units, left_out) = shard::fit(&candidates, &names);
     ctx.metrics

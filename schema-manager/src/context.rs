@@ -154,6 +154,9 @@ pub struct Context {
     conflict_changes: tokio::sync::broadcast::Sender<String>,
     binding_caches: std::sync::RwLock<Option<BindingCaches>>,
     impacts: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Affected)>>,
+    /// The work units the live syncers report running, as this term's last assignment round saw
+    /// them (`None` before the first round).
+    running_units: std::sync::Mutex<Option<std::collections::BTreeSet<String>>>,
 }
 
 impl Context {
@@ -183,7 +186,42 @@ impl Context {
             impacts: Default::default(),
             conflict_changes: tokio::sync::broadcast::channel(256).0,
             binding_caches: Default::default(),
+            running_units: Default::default(),
         }
+    }
+
+    /// Forgets what the syncers reported (a term ended: the next term's first round tells anew).
+    pub fn forget_running_units(&self) {
+        *self
+            .running_units
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// Records the units the live syncers report running (each assignment round).
+    pub fn set_running_units(&self, units: std::collections::BTreeSet<String>) {
+        *self
+            .running_units
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(units);
+    }
+
+    /// Whether a syncer may still be working on `api` for `connection`: it reports a unit of it
+    /// running, or no assignment round has seen the syncers yet in this term.
+    pub fn runs_api(&self, connection: &str, api: &str) -> bool {
+        let running = self
+            .running_units
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(running) = running.as_ref() else {
+            return true;
+        };
+        running.iter().any(|unit| {
+            matches!(
+                unit.parse::<kbind_shared::shard::Unit>(),
+                Ok(kbind_shared::shard::Unit::Api { connection: c, api: a, .. }) if c == connection && a == api
+            )
+        })
     }
 
     /// Publishes this leadership term's binding caches (listed already).

@@ -109,6 +109,7 @@ impl Drop for ForgetProviders {
     fn drop(&mut self) {
         let kept = self.0.providers.len();
         self.0.providers.forget_all();
+        self.0.forget_running_units();
         tracing::info!(kept, "leadership term ended; provider clients forgotten");
     }
 }

@@ -267,6 +267,13 @@ pub enum Plan {
     Keep,
     /// Not kbind's to change: the message says whose it is and how to opt in.
     Refuse(String),
+    /// Served by Connection `from`, and the user annotated it to be adopted by this Connection:
+    /// `from`'s provider is drained before the CRD is re-marked (a binding of this Connection
+    /// does it; nothing is written here).
+    Handover {
+        /// The Connection that serves the CRD now.
+        from: String,
+    },
     /// Present, ours, with another hash — but the change is breaking and not accepted: the
     /// served schema stays as it is (see [`gate`]).
     Hold {
@@ -360,6 +367,12 @@ pub fn plan(
             "the consumer CRD {name} {owner}, so kbind leaves it alone; to let Connection {connection} take it over, annotate it {}={connection}",
             keys::ADOPT_ANNOTATION
         ));
+    }
+    // Another Connection serves it and the user opted in: its provider is drained first.
+    if let Some(other) = marked_for.filter(|m| *m != connection) {
+        return Plan::Handover {
+            from: other.to_owned(),
+        };
     }
     let hash = desired
         .annotations()
@@ -468,7 +481,7 @@ pub async fn install(
         )
     };
     match plan {
-        Plan::Refuse(_) | Plan::LeaveAbsent => Ok(Installed {
+        Plan::Refuse(_) | Plan::LeaveAbsent | Plan::Handover { .. } => Ok(Installed {
             plan,
             in_sync: false,
             established: false,
@@ -986,7 +999,22 @@ mod tests {
             (Some(&foreign_adopted), &desired, true, true, Plan::Replace),
             (Some(&foreign_adopted), &desired, true, false, Plan::Stamp),
             (Some(&foreign_adopted), &desired, false, true, Plan::Stamp),
-            (Some(&q_adopted), &desired, true, true, Plan::Replace),
+            // Served by q, adopted by p: q's provider is drained first (#32.10), whatever the
+            // policy.
+            (
+                Some(&q_adopted),
+                &desired,
+                true,
+                true,
+                Plan::Handover { from: "q".into() },
+            ),
+            (
+                Some(&q_adopted),
+                &desired,
+                false,
+                false,
+                Plan::Handover { from: "q".into() },
+            ),
             // Bound again after an automatic unbind: the mark is taken off.
             (Some(&unbound_p), &desired, true, true, Plan::Stamp),
             (Some(&unbound_p), &desired, false, true, Plan::Stamp),

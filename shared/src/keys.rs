@@ -60,6 +60,11 @@ pub const CREATED_BY_ANNOTATION: &str = "core.kbind.io/created-by";
 /// serves) to let the named Connection take it over: replace its schema and mark it. Without it
 /// kbind never changes such a CRD.
 pub const ADOPT_ANNOTATION: &str = "core.kbind.io/adopt";
+/// Annotation kbind puts on a consumer CRD that another Connection serves while the Connection it
+/// names (the `core.kbind.io/adopt` one) takes it over: no syncer works on the CRD meanwhile, the
+/// old provider's copies are deleted, and only then is the CRD re-marked (no object ever reaches
+/// two providers). Removed with the re-marking.
+pub const HANDOVER_ANNOTATION: &str = "core.kbind.io/handover-to";
 /// Annotation on a consumer CRD kbind created whose automatic binding went away (autoBind turned
 /// off, an export missing past its grace, the Connection deleted): kbind kept the CRD and its
 /// objects instead of deleting them; the value says why. Removed when the API is bound again.

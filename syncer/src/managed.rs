@@ -454,6 +454,11 @@ fn desired_workers(
         if crd.metadata.deletion_timestamp.is_some() {
             continue;
         }
+        // Being handed over to another Connection: its old provider is drained first, and no
+        // worker may write to either meanwhile.
+        if crd.annotations().contains_key(keys::HANDOVER_ANNOTATION) {
+            continue;
+        }
         let Some(connection_name) = crd.annotations().get(keys::CONNECTION_ANNOTATION).cloned()
         else {
             tracing::warn!(crd = %name, "managed CRD has no {} annotation; not syncing it", keys::CONNECTION_ANNOTATION);

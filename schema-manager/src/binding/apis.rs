@@ -93,6 +93,19 @@ pub(super) async fn api_state<B: Scoped>(
     if let schema::Plan::Refuse(message) = installed.plan {
         return ApiState::SchemaConflict(message);
     }
+    // Adopted from the Connection that serves it: drained from that provider first.
+    if let schema::Plan::Handover { from } = &installed.plan {
+        return match super::release::adopt_from(ctx, api, from, &connection.name_any()).await {
+            Ok(Some(message)) => ApiState::Moving {
+                from: from.clone(),
+                message,
+            },
+            Ok(None) => ApiState::Pending(format!(
+                "taken over from Connection {from}; installing the schema"
+            )),
+            Err(e) => ApiState::Pending(e.to_string()),
+        };
+    }
     if installed.plan == schema::Plan::LeaveAbsent {
         return ApiState::Pending(
             "the consumer CRD is not installed and pullPolicy is None: supply it".into(),

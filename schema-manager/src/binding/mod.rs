@@ -360,7 +360,16 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
     desired.extend(related);
     let entries = outcome::entries(&connection_name, &states, &going);
     write_status(binding.as_ref(), ctx, desired, bound, Some(entries)).await?;
-    Ok(requeue)
+    // An adoption draining the serving Connection is checked again soon (the syncers stopping
+    // and the provider's deletions send this binding no event).
+    let adopting = states
+        .iter()
+        .any(|(_, state)| matches!(state, ApiState::Moving { .. }));
+    Ok(if adopting {
+        Action::requeue(DRAIN_RECHECK)
+    } else {
+        requeue
+    })
 }
 
 /// `RelatedResourcesSynced=False` when the binding's related resources get no work unit because

@@ -96,6 +96,111 @@ pub(super) async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Er
     })
 }
 
+/// Takes over the consumer CRD `api`, which Connection `from` serves, for Connection `to` — the
+/// user annotated it `core.kbind.io/adopt=<to>` — the way a `connectionRef` move does: no object
+/// ever reaches two providers. First the CRD is annotated `core.kbind.io/handover-to`, so that it
+/// has no work units and every syncer stops working on it; once no syncer reports a unit of it,
+/// `from`'s provider copies of every instance are deleted (UID preconditions; orphan-policy
+/// objects are left) and awaited; then the CRD is re-marked for `to`. `Ok(None)`: done;
+/// `Ok(Some(why))`: still under way.
+pub async fn adopt_from(
+    ctx: &Context,
+    api: &str,
+    from: &str,
+    to: &str,
+) -> Result<Option<String>, Error> {
+    let crds: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    let Some(crd) = crds.get_opt(api).await.map_err(Error::Consumer)? else {
+        return Ok(Some(format!("the consumer CRD {api} is gone")));
+    };
+    let patch = |value: serde_json::Value| {
+        let crds = crds.clone();
+        async move {
+            crds.patch(api, &PatchParams::default(), &Patch::Merge(&value))
+                .await
+                .map(drop)
+                .map_err(Error::Consumer)
+        }
+    };
+    if crd
+        .annotations()
+        .get(keys::HANDOVER_ANNOTATION)
+        .map(String::as_str)
+        != Some(to)
+    {
+        patch(json!({ "metadata": {
+            "resourceVersion": crd.resource_version(),
+            "annotations": { keys::HANDOVER_ANNOTATION: to },
+        } }))
+        .await?;
+        return Ok(Some(format!(
+            "stopping Connection {from}'s sync of {api} before Connection {to} takes the CRD over (core.kbind.io/adopt)"
+        )));
+    }
+    if ctx.runs_api(from, api) {
+        return Ok(Some(format!(
+            "waiting for the syncers to stop Connection {from}'s sync of {api}"
+        )));
+    }
+    let holder = holder(ctx, from).await?;
+    let mut waiting = 0;
+    if holder.present {
+        let provider = match &holder.provider {
+            Ok(provider) => provider,
+            Err(message) => {
+                return Ok(Some(format!(
+                    "cannot reach the provider of Connection {from} to drain it: {}",
+                    kbind_shared::conditions::bounded(message, 300)
+                )));
+            }
+        };
+        let Some(resource) = instance_resource(&crd) else {
+            return Ok(Some(format!("the consumer CRD {api} serves no version")));
+        };
+        let objects = match Api::<DynamicObject>::all_with(ctx.client.clone(), &resource)
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(s)) if s.is_not_found() => Vec::new(),
+            Err(e) => return Err(Error::Consumer(e)),
+        };
+        for object in &objects {
+            let synced = object
+                .finalizers()
+                .iter()
+                .any(|f| f == keys::SYNCER_FINALIZER);
+            let orphan = object
+                .annotations()
+                .get(keys::DELETION_POLICY_ANNOTATION)
+                .map(String::as_str)
+                == Some(keys::DELETION_POLICY_ORPHAN);
+            if synced
+                && !orphan
+                && delete_provider_copy(&provider.client, &resource, object, &holder.local_uid)
+                    .await?
+            {
+                waiting += 1;
+            }
+        }
+    }
+    if waiting > 0 {
+        return Ok(Some(format!(
+            "waiting for {waiting} provider object(s) of Connection {from} to be deleted before Connection {to} takes CRD {api} over"
+        )));
+    }
+    patch(json!({ "metadata": {
+        "labels": { keys::MANAGED_LABEL: keys::TRUE },
+        "annotations": {
+            keys::CONNECTION_ANNOTATION: to,
+            keys::HANDOVER_ANNOTATION: null,
+            keys::UNBOUND_ANNOTATION: null,
+        },
+    } }))
+    .await?;
+    Ok(None)
+}
+
 /// Lets go of `held` in `binding`'s scope. On a finished move, a CRD kbind created for the old
 /// Connection is handed to `to` when no other binding holds it there.
 pub async fn release_api<B: Scoped>(

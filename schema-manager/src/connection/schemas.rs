@@ -49,6 +49,13 @@ pub(super) async fn install_all(
                         plan: crate::schema::Plan::Refuse(message),
                         ..
                     }) => Err(message),
+                    // Only a binding drains the serving Connection and takes the CRD over.
+                    Ok(crate::schema::Installed {
+                        plan: crate::schema::Plan::Handover { from },
+                        ..
+                    }) => Err(format!(
+                        "it serves Connection {from} and is annotated to be adopted by this one: bind the API to take it over (Connection {from}'s provider is drained first)"
+                    )),
                     other => other.map(drop),
                 }
             }

@@ -258,6 +258,12 @@ pub fn crd_plan(
                 .to_owned(),
         ),
         schema::Plan::Stamp => (Action::Stamp, String::new()),
+        schema::Plan::Handover { from } => (
+            Action::Stamp,
+            format!(
+                "adopted from Connection {from}: its provider's copies are deleted first, then the CRD is re-marked"
+            ),
+        ),
         schema::Plan::Keep => (Action::Keep, String::new()),
         schema::Plan::Refuse(message) => (Action::Refuse, message),
         schema::Plan::LeaveAbsent => (

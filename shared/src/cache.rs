@@ -103,6 +103,29 @@ pub fn spawn_names(
     reader
 }
 
+/// [`observe`], each object as `modify` leaves it before the cache holds it.
+pub fn observe_modified<K>(
+    writer: reflector::store::Writer<K>,
+    api: Api<K>,
+    config: watcher::Config,
+    stop: CancellationToken,
+    modify: impl FnMut(&mut K) + Send + 'static,
+    observer: impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static,
+) where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let stream =
+        reflector::reflector(writer, watcher(api, config).modify(modify)).default_backoff();
+    drive(stream, stop, observer);
+}
+
 /// Feeds `writer` from a watch of `api` until `stop`; `observer` sees every event and every watch
 /// error (the watch retries with backoff after an error).
 pub fn observe<K>(

@@ -106,6 +106,12 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
     let changes = Arc::new(Notify::new());
     let worker_stop = stop.child_token();
     let mut watched = HashMap::new();
+    // The entries as this worker's watches read them (it is rebuilt when the spec changes).
+    let parsed: Vec<Entry> = entries
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| Entry::parse(i, e, spec.namespace.is_none()).ok())
+        .collect();
     for entry in &entries {
         let (from, to) = plan::sides(entry.direction);
         for (side, role) in [(from, Role::Source), (to, Role::Target)] {
@@ -125,6 +131,27 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
                     spec.namespace.as_deref(),
                     role,
                     source_filter(&entries, entry.resource, from).filter(|_| role == Role::Source),
+                    {
+                        // A source keeps its payload only when an entry reads it; kbind's
+                        // copies always do (they are compared with what is wanted).
+                        let reading: Vec<Entry> = parsed
+                            .iter()
+                            .filter(|e| {
+                                e.kind == entry.resource && plan::sides(e.direction).0 == side
+                            })
+                            .cloned()
+                            .collect();
+                        move |o: &DynamicObject| {
+                            role == Role::Target
+                                || reading.iter().any(|e| {
+                                    e.selects(
+                                        o.labels(),
+                                        o.namespace().as_deref().unwrap_or_default(),
+                                        &o.name_any(),
+                                    )
+                                })
+                        }
+                    },
                     worker_stop.clone(),
                     changes.clone(),
                 ),

@@ -78,12 +78,37 @@ pub(super) fn source_filter(
     common
 }
 
+/// What a cached object keeps: kbind's decisions read the name, namespace, UID, labels and
+/// annotations, and the payload only of sources an entry selects. Everything else —
+/// managedFields above all — and the payload of every object no entry reads is dropped before
+/// the cache holds it, so a broad watch (a ClusterBinding's, every namespace) costs little for
+/// the objects it does not copy.
+pub(super) fn slim(object: &mut DynamicObject, selected: impl Fn(&DynamicObject) -> bool) {
+    let keep = selected(object);
+    let meta = std::mem::take(&mut object.metadata);
+    object.metadata = kube::api::ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        labels: meta.labels,
+        annotations: meta.annotations,
+        deletion_timestamp: meta.deletion_timestamp,
+        ..Default::default()
+    };
+    if !keep {
+        object.data = serde_json::Value::Object(Default::default());
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(super) fn watch(
     client: Client,
     kind: RelatedResourceKind,
     namespace: Option<&str>,
     role: Role,
     source_labels: Option<String>,
+    selected: impl Fn(&DynamicObject) -> bool + Send + 'static,
     stop: CancellationToken,
     changes: Arc<Notify>,
 ) -> Watched {
@@ -99,7 +124,8 @@ pub(super) fn watch(
     let writer = reflector::store::Writer::<DynamicObject>::new(resource);
     let store = writer.as_reader();
     let health = Arc::new(Mutex::new(Health::default()));
-    kbind_shared::cache::observe(writer, api, config, stop, {
+    let modify = move |object: &mut DynamicObject| slim(object, &selected);
+    kbind_shared::cache::observe_modified(writer, api, config, stop, modify, {
         let health = health.clone();
         move |event| {
             let mut health = health.locked();
@@ -180,5 +206,54 @@ pub(super) fn item(object: &DynamicObject) -> Item {
             .iter()
             .filter_map(|f| object.data.get(*f).map(|v| ((*f).to_owned(), v.clone())))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret() -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {
+                "name": "db", "namespace": "team-a", "uid": "u1", "resourceVersion": "7",
+                "labels": { "app": "db" }, "annotations": { "core.kbind.io/related-binding": "b" },
+                "managedFields": [{ "manager": "kubectl", "operation": "Apply", "fieldsV1": { "f:data": { "f:password": {} } } }],
+                "ownerReferences": [{ "apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "o" }],
+            },
+            "data": { "password": "czNjcmV0" },
+            "type": "Opaque",
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn cached_objects_keep_what_decisions_read_and_payloads_only_when_selected() {
+        // #32.2: a broad related watch holds bounded bytes for the objects it does not copy.
+        let mut kept = secret();
+        slim(&mut kept, |_| true);
+        assert_eq!(kept.metadata.managed_fields, None);
+        assert_eq!(kept.metadata.owner_references, None);
+        assert_eq!(kept.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(kept.labels().get("app").map(String::as_str), Some("db"));
+        assert!(
+            kept.annotations()
+                .contains_key("core.kbind.io/related-binding")
+        );
+        assert_eq!(item(&kept).payload["data"]["password"], "czNjcmV0");
+
+        let mut unread = secret();
+        slim(&mut unread, |_| false);
+        assert_eq!(unread.data, serde_json::json!({}));
+        assert_eq!(unread.metadata.name.as_deref(), Some("db"));
+        assert!(item(&unread).payload.is_empty());
+        let size = |o: &DynamicObject| serde_json::to_string(o).unwrap().len();
+        assert!(
+            size(&unread) < size(&secret()) / 2,
+            "{} vs {}",
+            size(&unread),
+            size(&secret())
+        );
     }
 }

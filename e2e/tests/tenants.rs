@@ -454,7 +454,11 @@ async fn a_flood_of_bindings_from_one_namespace_is_capped_reported_and_stops_nob
         &[0, 1, 2],
         None,
         &[],
-        &["--max-related-bindings-per-namespace=3"],
+        // A resync far away: whatever changes below happens through triggers alone.
+        &[
+            "--max-related-bindings-per-namespace=3",
+            "--binding-resync-interval=10m",
+        ],
     )
     .await;
     wait_cluster_binding_ready(&s.consumer, "widgets").await;
@@ -518,6 +522,32 @@ async fn a_flood_of_bindings_from_one_namespace_is_capped_reported_and_stops_nob
     );
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w0", 1).await;
+
+    // A Binding that sorts first arrives: the third served one is pushed out and says so at once
+    // (not at its next resync); when the newcomer goes, it is served again.
+    let mut first = team_binding("flood", "Fail");
+    first.metadata.name = Some("a-first".into());
+    first.spec.related_resources = serde_json::from_value(json!([
+        { "resource": "configmaps", "direction": "FromConsumer", "selector": { "names": ["x"] } }
+    ]))
+    .unwrap();
+    flood.create(&PostParams::default(), &first).await.unwrap();
+    wait_binding_condition(
+        &flood,
+        &name(2),
+        "RelatedResourcesSynced",
+        "False",
+        Some("TooManyBindings"),
+    )
+    .await
+    .unwrap();
+    flood
+        .delete("a-first", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_binding_condition(&flood, &name(2), "RelatedResourcesSynced", "True", None)
+        .await
+        .unwrap();
 }
 
 /// `kbind_sync_operations_total` of the syncer's consumer status writes (status, or the record).

@@ -152,6 +152,11 @@ pub struct Context {
     local_uid: OnceCell<String>,
     instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
     conflict_changes: tokio::sync::broadcast::Sender<String>,
+    /// Namespaces whose set of served related-resources Bindings changed.
+    related_changes: tokio::sync::broadcast::Sender<String>,
+    /// The served related-resources Bindings of each namespace, as the last reconcile there saw
+    /// them.
+    related_served: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
     binding_caches: std::sync::RwLock<Option<BindingCaches>>,
     impacts: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Affected)>>,
     /// The work units the live syncers report running, as this term's last assignment round saw
@@ -185,6 +190,8 @@ impl Context {
             instance_metadata: Default::default(),
             impacts: Default::default(),
             conflict_changes: tokio::sync::broadcast::channel(256).0,
+            related_changes: tokio::sync::broadcast::channel(256).0,
+            related_served: Default::default(),
             binding_caches: Default::default(),
             running_units: Default::default(),
         }
@@ -318,6 +325,33 @@ impl Context {
 
     /// The APIs (`<plural>.<group>`) whose set of conflicting instances just changed, as the
     /// instance metadata caches see it: bindings re-count at once instead of at their next resync.
+    /// Namespaces whose served related-resources Bindings changed: every Binding there is
+    /// evaluated again (one pushed past the per-namespace cap, or let in, says so at once).
+    pub fn related_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.related_changes.subscribe()
+    }
+
+    /// Records which related-resources Bindings of `namespace` are served; when that differs from
+    /// what the last reconcile there saw, the namespace's Bindings are evaluated again.
+    pub fn related_served(&self, namespace: &str, served: Vec<String>) {
+        let changed = {
+            let mut seen = self
+                .related_served
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            seen.insert(namespace.to_owned(), served.clone()) != Some(served)
+        };
+        if changed {
+            let _ = self.related_changes.send(namespace.to_owned());
+        }
+    }
+
+    /// A Binding of `namespace` went away: the others there are evaluated again.
+    pub fn related_left(&self, namespace: &str) {
+        let _ = self.related_changes.send(namespace.to_owned());
+    }
+
+    /// A change in which instances conflict.
     pub fn conflict_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.conflict_changes.subscribe()
     }

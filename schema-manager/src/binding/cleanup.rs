@@ -62,6 +62,10 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
         return Err(Error::Draining(waiting + related));
     }
     let namespace = binding.namespace().unwrap_or_default();
+    // A Binding with related resources leaving may let another of its namespace in.
+    if !namespace.is_empty() && !spec.related_resources.is_empty() {
+        ctx.related_left(&namespace);
+    }
     let _ = ctx
         .metrics
         .binding_ready

@@ -141,6 +141,14 @@ where
         .flat_map(received)
         .flat_map(move |name| futures::stream::iter(selected(&cached_crd_store, name, lists)));
     let crd_store = store.clone();
+    // A namespace whose served related-resources Bindings changed: its Bindings say so at once.
+    let related_store = store.clone();
+    let related_triggers = received(ctx.related_changes()).flat_map(move |namespace| {
+        futures::stream::iter(selected(&related_store, namespace, |b: &B, ns: &String| {
+            b.meta().namespace.as_ref() == Some(ns)
+                && !b.binding_spec().related_resources.is_empty()
+        }))
+    });
     // BIND triggers: a Connection's change, once the term's Connection cache (which the gate
     // reads) holds it, maps to the bindings that name the Connection.
     let connection_triggers = futures::stream::iter(ctx.connection_changes())
@@ -161,6 +169,7 @@ where
             move |crd| selected(&crd_store, Some(crd.name_any()), lists),
         )
         .reconcile_on(conflict_triggers)
+        .reconcile_on(related_triggers)
         .reconcile_on(cached_crd_triggers)
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile::<B>, error_policy::<B>, ctx)
@@ -403,12 +412,24 @@ async fn related_not_served<B: Scoped>(
     }
     candidates.push(me);
     let settings = &ctx.settings;
-    let mine = related_admission(
+    let mut admitted = related_admission(
         &candidates,
         settings.related_resources,
         settings.max_related_bindings_per_namespace,
-    )
-    .pop()?;
+    );
+    // Who is served in this namespace: a change (this Binding let in pushed another out, say)
+    // re-evaluates the others at once, not at their next resync.
+    if let Some(namespace) = &binding.meta().namespace {
+        let mut served: Vec<String> = candidates
+            .iter()
+            .zip(&admitted)
+            .filter(|(_, a)| a.is_ok())
+            .map(|(c, _)| c.name.clone())
+            .collect();
+        served.sort();
+        ctx.related_served(namespace, served);
+    }
+    let mine = admitted.pop()?;
     match mine {
         Ok(_) | Err(NotServed::NotAllowed) => None,
         Err(why) => Some(conditions::Desired::new(

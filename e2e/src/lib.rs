@@ -27,6 +27,7 @@ pub mod process;
 pub mod sharding;
 pub mod tools;
 pub mod wait;
+pub mod webhook;
 
 pub use cluster::{Cluster, User};
 pub use env::TestEnv;

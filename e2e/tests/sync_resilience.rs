@@ -595,3 +595,113 @@ async fn one_mebibyte_objects_sync() {
         Some(blob.len())
     );
 }
+
+#[tokio::test]
+async fn a_webhook_denial_is_rejected_not_forbidden() {
+    // #33.2: a provider's validating webhook answers 403 (its default) in one namespace and 400 in
+    // another. Both are the provider's admission saying no: the delivery record says Rejected with
+    // the webhook's message, a ProviderRejected Warning tells the user, the metric says
+    // `rejected` — never `forbidden` (RBAC) — and other objects keep syncing.
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Namespace;
+    use kbind_e2e::webhook::DenyingWebhook;
+    let s = SyncEnv::start("resilience_webhook", &[0, 1, 2], None).await;
+    ready(&s).await;
+    let mut hooks = Vec::new();
+    for (namespace, code) in [("guarded", 403u16), ("picky", 400)] {
+        let hook = DenyingWebhook::start(code, &format!("{namespace} widgets need approval"))
+            .await
+            .unwrap();
+        ensure_namespace(&s.consumer, namespace).await.unwrap();
+        let mut labelled = Namespace::default();
+        labelled.metadata.name = Some(namespace.into());
+        labelled.metadata.labels = Some([("policy".to_owned(), namespace.to_owned())].into());
+        Api::<Namespace>::all(s.provider.clone())
+            .create(&PostParams::default(), &labelled)
+            .await
+            .unwrap();
+        let configuration: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+            "metadata": { "name": namespace },
+            "webhooks": [{
+                "name": format!("{namespace}.example.org"),
+                "clientConfig": {
+                    "url": hook.url,
+                    "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &hook.ca_pem),
+                },
+                "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["widgets"] }],
+                "namespaceSelector": { "matchLabels": { "policy": namespace } },
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5,
+            }],
+        }))
+        .unwrap();
+        Api::<ValidatingWebhookConfiguration>::all(s.provider.clone())
+            .create(&PostParams::default(), &configuration)
+            .await
+            .unwrap();
+        hooks.push(hook);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    for namespace in ["guarded", "picky", "team-a"] {
+        widgets(&s.consumer, namespace)
+            .create(&PostParams::default(), &widget("w", 5))
+            .await
+            .unwrap();
+    }
+    wait_for("team-a's widget to sync", 30, || async {
+        widgets(&s.provider, "team-a")
+            .get_opt("w")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    for namespace in ["guarded", "picky"] {
+        let record = wait_for("a Rejected delivery record", 30, || async {
+            let w = widgets(&s.consumer, namespace)
+                .get("w")
+                .await
+                .map_err(|e| e.to_string())?;
+            let record = w.data["status"]["kbindSync"].clone();
+            Ok((record["state"] == "Rejected").then_some(record))
+        })
+        .await;
+        let message = record["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("{namespace} widgets need approval"))
+                && message.contains("denied the request"),
+            "{record}"
+        );
+        let warnings = wait_for("a ProviderRejected Warning", 30, || async {
+            let w = warning_events(&s.consumer, Some(namespace), "w").await;
+            Ok(w.iter()
+                .any(|r| r.starts_with("ProviderRejected"))
+                .then_some(w))
+        })
+        .await;
+        assert!(
+            !warnings.iter().any(|w| w.starts_with("Forbidden")),
+            "{warnings:?}"
+        );
+        assert!(
+            widgets(&s.provider, namespace)
+                .get_opt("w")
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    let metrics = s.syncer.metrics().await.unwrap();
+    let count = |result: &str| {
+        metric_sum(
+            &metrics,
+            "kbind_sync_operations_total",
+            &[("op", "spec_up"), ("result", result)],
+        )
+    };
+    assert!(count("rejected") >= 2.0, "{metrics}");
+    assert_eq!(count("forbidden"), 0.0, "{metrics}");
+    drop(hooks);
+}

@@ -15,6 +15,38 @@ pub const SYNCED: &str = "Synced";
 pub const REJECTED: &str = "Rejected";
 /// kbind's credential may not write the provider copy (`message` says what).
 pub const FORBIDDEN: &str = "Forbidden";
+/// Why a provider refused a write, from its API server's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// RBAC: kbind's credential may not make the request.
+    Forbidden,
+    /// Validation or admission (a webhook, a ValidatingAdmissionPolicy, a quota) said no.
+    Rejected,
+}
+
+impl Refusal {
+    /// The delivery record's `state`.
+    pub fn state(self) -> &'static str {
+        match self {
+            Refusal::Forbidden => FORBIDDEN,
+            Refusal::Rejected => REJECTED,
+        }
+    }
+}
+
+/// Tells an API server's refusal apart by what it says, not by its code alone: admission
+/// webhooks answer 403 by default (and 400 or any code they choose), quota and admission
+/// policies answer 403 too, while RBAC's 403 always reads `… is forbidden: User "…" cannot …`
+/// (the authorizer's own wording). `None`: not a refusal (a conflict, an outage, …).
+pub fn refusal(code: u16, message: &str) -> Option<Refusal> {
+    let rbac = message.contains("User \"") && message.contains(" cannot ");
+    match code {
+        403 if rbac && !message.contains("denied the request") => Some(Refusal::Forbidden),
+        400 | 403 | 422 => Some(Refusal::Rejected),
+        _ => None,
+    }
+}
+
 /// The longest `message` kept.
 pub const MAX_MESSAGE: usize = 300;
 
@@ -125,6 +157,77 @@ pub fn differs_beyond_record(a: Option<&Value>, b: Option<&Value>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_told_apart_by_what_the_api_server_says() {
+        // #33.2: real API server answers (kube-apiserver 1.3x wording).
+        let cases = [
+            // RBAC: the authorizer's message.
+            (
+                403,
+                r#"widgets.example.org "w" is forbidden: User "system:serviceaccount:kbind:p" cannot create resource "widgets" in API group "example.org" in the namespace "team-a""#,
+                Some(Refusal::Forbidden),
+            ),
+            (
+                403,
+                r#"widgets.example.org is forbidden: User "alice" cannot list resource "widgets" in API group "example.org" at the cluster scope"#,
+                Some(Refusal::Forbidden),
+            ),
+            // A validating webhook's denial: 403 by default, any code it sets.
+            (
+                403,
+                r#"admission webhook "deny.example.org" denied the request: size must be below 100"#,
+                Some(Refusal::Rejected),
+            ),
+            (
+                400,
+                r#"admission webhook "deny.example.org" denied the request: bad size"#,
+                Some(Refusal::Rejected),
+            ),
+            // A webhook quoting a user and "cannot" is still a webhook.
+            (
+                403,
+                r#"admission webhook "deny.example.org" denied the request: User "bob" cannot own this"#,
+                Some(Refusal::Rejected),
+            ),
+            // ValidatingAdmissionPolicy with reason Forbidden; and its default, Invalid.
+            (
+                403,
+                r#"widgets.example.org "w" is forbidden: ValidatingAdmissionPolicy 'small' with binding 'small' denied request: too big"#,
+                Some(Refusal::Rejected),
+            ),
+            (
+                422,
+                r#"widgets.example.org "w" is invalid: ValidatingAdmissionPolicy 'small' with binding 'small' denied request: too big"#,
+                Some(Refusal::Rejected),
+            ),
+            // Schema validation.
+            (
+                422,
+                r#"Widget.example.org "w" is invalid: spec.size: Invalid value: 50: spec.size in body should be less than or equal to 10"#,
+                Some(Refusal::Rejected),
+            ),
+            // Quota.
+            (
+                403,
+                r#"widgets.example.org "w" is forbidden: exceeded quota: q, requested: count/widgets.example.org=1, used: count/widgets.example.org=1, limited: count/widgets.example.org=1"#,
+                Some(Refusal::Rejected),
+            ),
+            // Not refusals.
+            (409, "Operation cannot be fulfilled", None),
+            (
+                500,
+                r#"Internal error occurred: failed calling webhook "down.example.org""#,
+                None,
+            ),
+            (404, "not found", None),
+        ];
+        for (code, message, want) in cases {
+            assert_eq!(refusal(code, message), want, "{code} {message}");
+        }
+        assert_eq!(Refusal::Forbidden.state(), FORBIDDEN);
+        assert_eq!(Refusal::Rejected.state(), REJECTED);
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 
     #[test]

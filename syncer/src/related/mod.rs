@@ -457,7 +457,7 @@ impl Worker {
     }
 
     fn failed(&self, outcome: &mut Outcome, what: String, error: &kube::Error) {
-        let forbidden = matches!(error, kube::Error::Api(s) if s.is_forbidden());
+        let forbidden = matches!(error, kube::Error::Api(s) if kbind_shared::delivery::refusal(s.code, &s.message) == Some(kbind_shared::delivery::Refusal::Forbidden));
         let message = format!("{what}: {}", describe_error(error));
         tracing::warn!(binding = %describe(&self.spec), error = %kbind_shared::redact::remote(&message), "related resources");
         outcome.errors.push((forbidden, message));

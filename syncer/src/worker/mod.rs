@@ -471,10 +471,13 @@ fn resync_ticks(period: Duration) -> impl futures::Stream<Item = ()> + Send + 's
 /// `transient` (unavailable, overloaded, timed out, unreachable — retrying helps), `error`
 /// (anything else).
 pub fn result_label(error: &kube::Error) -> &'static str {
+    use kbind_shared::delivery::{Refusal, refusal};
     match error {
-        kube::Error::Api(s) if s.is_forbidden() => "forbidden",
+        kube::Error::Api(s) if refusal(s.code, &s.message) == Some(Refusal::Forbidden) => {
+            "forbidden"
+        }
         kube::Error::Api(s) if s.is_conflict() => "conflict",
-        kube::Error::Api(s) if s.is_invalid() || s.code == 400 => "rejected",
+        kube::Error::Api(s) if refusal(s.code, &s.message) == Some(Refusal::Rejected) => "rejected",
         kube::Error::Api(s) if s.code >= 500 || s.code == 429 || s.code == 408 => "transient",
         kube::Error::Api(_) => "error",
         kube::Error::HyperError(_) | kube::Error::Service(_) => "transient",
@@ -829,7 +832,7 @@ mod tests {
         kube::Error::Api(Box::new(kube::core::Status {
             code,
             reason: reason.into(),
-            ..kube::core::Status::failure("no", reason)
+            ..kube::core::Status::failure(reason, reason)
         }))
     }
 
@@ -850,7 +853,20 @@ mod tests {
     #[test]
     fn results_tell_forbidden_rejected_conflict_and_transient_apart() {
         let cases = [
-            (api(403, "Forbidden"), "forbidden"),
+            (
+                api(
+                    403,
+                    r#"widgets.example.org "w" is forbidden: User "kbind" cannot create resource "widgets""#,
+                ),
+                "forbidden",
+            ),
+            (
+                api(
+                    403,
+                    r#"admission webhook "deny.example.org" denied the request: no"#,
+                ),
+                "rejected",
+            ),
             (api(409, "Conflict"), "conflict"),
             (api(422, "Invalid"), "rejected"),
             (api(400, "BadRequest"), "rejected"),

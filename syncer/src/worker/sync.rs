@@ -361,20 +361,25 @@ async fn forbidden_or(
     operation: &str,
     error: kube::Error,
 ) -> Result<Action, Error> {
+    // Told apart by what the provider says: a webhook's 403 is a rejection, not RBAC (#33.2).
     let refusal = match &error {
-        kube::Error::Api(s) if s.is_forbidden() => Some((
-            "forbidden",
-            delivery::FORBIDDEN,
-            "Forbidden",
-            format!("cannot {operation}"),
-        )),
-        // The provider's admission said no: tell the user why; other objects are unaffected.
-        kube::Error::Api(s) if s.is_invalid() => Some((
-            "rejected",
-            delivery::REJECTED,
-            "ProviderRejected",
-            "the provider rejected the object".to_owned(),
-        )),
+        kube::Error::Api(s) => match delivery::refusal(s.code, &s.message) {
+            Some(delivery::Refusal::Forbidden) => Some((
+                "forbidden",
+                delivery::FORBIDDEN,
+                "Forbidden",
+                format!("cannot {operation}"),
+            )),
+            // The provider's validation or admission said no: tell the user why; other objects
+            // are unaffected.
+            Some(delivery::Refusal::Rejected) => Some((
+                "rejected",
+                delivery::REJECTED,
+                "ProviderRejected",
+                "the provider rejected the object".to_owned(),
+            )),
+            None => None,
+        },
         _ => None,
     };
     let (kube::Error::Api(s), Some((result, state, reason, what))) = (&error, refusal) else {

@@ -705,3 +705,63 @@ async fn a_webhook_denial_is_rejected_not_forbidden() {
     assert_eq!(count("forbidden"), 0.0, "{metrics}");
     drop(hooks);
 }
+
+#[tokio::test]
+async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_access_clears_it() {
+    // #33.8: with objects synced, the credential's ClusterRole is deleted. The watches that serve
+    // discovery stay open, but the next heartbeat is denied: within a few discovery intervals the
+    // Connection says PermissionDenied=True naming the verb and resource. Granted again, it clears.
+    let s = SyncEnv::start("resilience_revoked_connection", &[0, 1, 2], None).await;
+    ready(&s).await;
+    let user = granted(s.env.cluster("provider"), "revocable").await;
+    put_secret(
+        &s.consumer,
+        "provider-kubeconfig",
+        "kubeconfig",
+        user.kubeconfig.as_bytes(),
+    )
+    .await
+    .unwrap();
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w", 1).await;
+    wait_condition(&s.consumer, "provider", "PermissionDenied", "False", None)
+        .await
+        .unwrap();
+
+    let roles: Api<ClusterRole> = Api::all(s.provider.clone());
+    roles
+        .delete("revocable", &DeleteParams::default())
+        .await
+        .unwrap();
+    let revoked_at = std::time::Instant::now();
+    let connection = wait_condition(
+        &s.consumer,
+        "provider",
+        "PermissionDenied",
+        "True",
+        Some("Forbidden"),
+    )
+    .await
+    .unwrap();
+    eprintln!("PermissionDenied after {:?}", revoked_at.elapsed());
+    let conditions = connection.status.unwrap_or_default().conditions;
+    let message = &kbind_shared::conditions::find(&conditions, "PermissionDenied")
+        .unwrap()
+        .message;
+    eprintln!("PermissionDenied: {message}");
+    assert!(
+        message.contains("leases") || message.contains("namespaces"),
+        "names the verb and resource: {message}"
+    );
+
+    let mut role = ClusterRole::default();
+    role.metadata.name = Some("revocable".into());
+    role.rules = Some(provider_rules(true));
+    roles.create(&PostParams::default(), &role).await.unwrap();
+    wait_condition(&s.consumer, "provider", "PermissionDenied", "False", None)
+        .await
+        .unwrap();
+    wait_condition(&s.consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+}

@@ -51,7 +51,7 @@ pub async fn renew(
     local_uid: &str,
     duration: Duration,
     acquired_times: &Acquired,
-) -> Result<(), String> {
+) -> Result<(), RenewError> {
     let leases: Api<Lease> = Api::namespaced(provider.clone(), namespace);
     let name = lease_name(connection, local_uid);
     let now = MicroTime(jiff::Timestamp::now());
@@ -61,12 +61,7 @@ pub async fn renew(
         None => leases
             .get_opt(&name)
             .await
-            .map_err(|e| {
-                format!(
-                    "read heartbeat Lease {namespace}/{name}: {}",
-                    kbind_shared::identity::describe_error(&e)
-                )
-            })?
+            .map_err(|e| RenewError::of(format!("read heartbeat Lease {namespace}/{name}"), &e))?
             .and_then(|l| l.spec)
             .and_then(|s| s.acquire_time)
             .unwrap_or_else(|| now.clone()),
@@ -95,7 +90,12 @@ pub async fn renew(
         .await;
     if matches!(&result, Err(kube::Error::Api(s)) if s.is_not_found()) {
         // The namespace is missing: create it once, not on every renewal.
-        ensure_namespace(provider, namespace).await?;
+        ensure_namespace(provider, namespace)
+            .await
+            .map_err(|message| RenewError {
+                message,
+                forbidden: false,
+            })?;
         result = leases
             .patch(&name, &params, &Patch::Apply(&lease_body))
             .await;
@@ -128,11 +128,33 @@ pub async fn renew(
     }
 }
 
-fn renew_error(namespace: &str, name: &str, e: &kube::Error) -> String {
-    format!(
-        "renew heartbeat Lease {namespace}/{name}: {}",
-        kbind_shared::identity::describe_error(e)
-    )
+/// Why a heartbeat was not renewed; `forbidden` when the provider's RBAC said no (the
+/// Connection then reports `PermissionDenied`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewError {
+    /// What failed, and the provider's answer.
+    pub message: String,
+    /// RBAC denied the request.
+    pub forbidden: bool,
+}
+
+impl RenewError {
+    fn of(what: String, e: &kube::Error) -> Self {
+        Self {
+            message: format!("{what}: {}", kbind_shared::identity::describe_error(e)),
+            forbidden: matches!(e, kube::Error::Api(s) if s.is_forbidden()),
+        }
+    }
+}
+
+impl std::fmt::Display for RenewError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+fn renew_error(namespace: &str, name: &str, e: &kube::Error) -> RenewError {
+    RenewError::of(format!("renew heartbeat Lease {namespace}/{name}"), e)
 }
 
 /// Creates the Lease's namespace on the provider unless it exists; Forbidden is tolerated (HB-2),

@@ -119,7 +119,16 @@ fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -
         .inc();
     match error {
         Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
-        Error::Provider(_) => Action::requeue(state.ctx.settings.discovery_interval),
+        // A provider failure (discovery, a denied heartbeat) is retried with exponential backoff,
+        // logged once per message, at most 4 discovery intervals apart (#33.8).
+        Error::Provider(message) => {
+            let key = format!("Connection {}", connection.name_any());
+            let retry = state.ctx.retries.failed(&key, message);
+            if retry.log {
+                tracing::warn!(connection = %connection.name_any(), error = %kbind_shared::redact::remote(message), retry_in = ?retry.after, "provider request failed");
+            }
+            Action::requeue(retry.after.min(4 * state.ctx.settings.discovery_interval))
+        }
         // A status write raced with another: retry at once, without a warning.
         Error::Consumer(kube::Error::Api(s)) if s.is_conflict() => {
             tracing::debug!(connection = %connection.name_any(), "write conflict; retrying");
@@ -396,8 +405,11 @@ async fn connect(
         }
     }
 
-    // CONN-10: heartbeat; failures are only logged (HB-4).
+    // CONN-10: heartbeat. A failure is logged (HB-4); one RBAC denies is reported as
+    // `PermissionDenied` (the watches that serve discovery stay open after a credential's RBAC is
+    // revoked, so this renewal is what notices it) and retried with backoff (#33.8).
     let namespace = heartbeat::lease_namespace(provider.kubeconfig.namespace());
+    let mut denied = None;
     if let Err(e) = heartbeat::renew(
         &provider.client,
         provider.kubeconfig.server(),
@@ -409,7 +421,14 @@ async fn connect(
     )
     .await
     {
-        tracing::info!(connection = %name, error = %kbind_shared::redact::remote(&e.to_string()), "heartbeat not renewed");
+        if e.forbidden {
+            denied = Some(format!(
+                "the provider credential may not get/create/update leases (coordination.k8s.io) in namespace {namespace}: {}",
+                kbind_shared::conditions::bounded(&e.message, 300)
+            ));
+        } else {
+            tracing::info!(connection = %name, error = %kbind_shared::redact::remote(&e.to_string()), "heartbeat not renewed");
+        }
     } else {
         ctx.metrics.heartbeat_renewed(&name);
     }
@@ -420,8 +439,9 @@ async fn connect(
             server,
             exported: status.exported_apis.len(),
             not_installed,
+            denied: denied.clone(),
         },
-        None,
+        denied,
     ))
 }
 

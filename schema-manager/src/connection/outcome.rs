@@ -34,6 +34,9 @@ pub enum Outcome {
         /// in `SchemaInSync`, never un-Readying the Connection (one bad export does not stop the
         /// others).
         not_installed: Vec<String>,
+        /// RBAC denied one of the Connection's own requests (the heartbeat), which does not stop
+        /// the sync: said in `PermissionDenied`, with the verb and resource.
+        denied: Option<String>,
     },
 }
 
@@ -115,11 +118,17 @@ pub fn desired(outcome: &Outcome) -> Vec<Desired<'static>> {
             d(types::READY, false, reasons::PENDING, m),
         ],
         Outcome::Ready {
-            server, exported, ..
+            server,
+            exported,
+            denied,
+            ..
         } => vec![
             secret_ok,
             connected,
-            d(types::PERMISSION_DENIED, false, reasons::AS_EXPECTED, ""),
+            match denied {
+                Some(m) => d(types::PERMISSION_DENIED, true, reasons::FORBIDDEN, m),
+                None => d(types::PERMISSION_DENIED, false, reasons::AS_EXPECTED, ""),
+            },
             d(
                 types::READY,
                 true,
@@ -207,6 +216,7 @@ mod tests {
                 server: "s".into(),
                 exported: 1,
                 not_installed: vec![],
+                denied: None,
             },
             Some(1),
             &now(),
@@ -275,6 +285,7 @@ mod tests {
                 server: "https://p".into(),
                 exported: 2,
                 not_installed: vec![],
+                denied: None,
             },
             Some(2),
             &now(),
@@ -282,6 +293,27 @@ mod tests {
         assert_eq!(state(&conds, "PermissionDenied"), s("False", "AsExpected"));
         assert_eq!(state(&conds, "Ready"), s("True", "AsExpected"));
         assert!(conds.iter().all(|c| c.observed_generation == Some(2)));
+        // #33.8: the heartbeat denied (a revoked credential): PermissionDenied names it, while
+        // what still works keeps working; access regained clears it.
+        let denied = |denied: Option<&str>| Outcome::Ready {
+            server: "https://p".into(),
+            exported: 2,
+            not_installed: vec![],
+            denied: denied.map(str::to_owned),
+        };
+        apply(
+            &mut conds,
+            &denied(Some("may not update leases")),
+            Some(2),
+            &now(),
+        );
+        assert_eq!(state(&conds, "PermissionDenied"), s("True", "Forbidden"));
+        assert!(
+            kbind_shared::conditions::find(&conds, "PermissionDenied")
+                .is_some_and(|c| c.message.contains("may not update leases"))
+        );
+        apply(&mut conds, &denied(None), Some(2), &now());
+        assert_eq!(state(&conds, "PermissionDenied"), s("False", "AsExpected"));
     }
 
     #[test]
@@ -291,6 +323,7 @@ mod tests {
             server: "s".into(),
             exported: 1,
             not_installed: vec![],
+            denied: None,
         };
         assert!(apply(&mut conds, &outcome, Some(1), &now()));
         let before = conds.clone();
@@ -336,6 +369,7 @@ mod tests {
                 server: "s".into(),
                 exported: 5,
                 not_installed: problems,
+                denied: None,
             },
             Some(1),
             &now(),

@@ -275,4 +275,39 @@ async fn compatible_changes_apply_at_once_and_breaking_ones_wait_for_consent() {
             "{name}"
         );
     }
+
+    // 5. Breaking — a field removed that one object holds: that object is not rejected, but its
+    // data would be pruned, and the impact says so (#33.5); w1 and w3 still hold the integer
+    // sizes the type change made invalid.
+    consumer_widgets
+        .patch(
+            "w2",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": "2", "shape": "round", "color": "red" } })),
+        )
+        .await
+        .unwrap();
+    let unshaped = json!({ "type": "object", "required": ["color"], "properties": {
+        "size": { "type": "string" }, "color": { "type": "string" } } });
+    provider_changes_spec(&s.provider, unshaped).await;
+    wait_held(
+        &s.consumer,
+        &[
+            "spec.shape: removed (its data would be pruned)",
+            "would lose pruned data",
+        ],
+    )
+    .await;
+    let bindings_now = bindings.get("widgets").await.unwrap();
+    let message = conditions::find(
+        &bindings_now.status.unwrap_or_default().conditions,
+        "SchemaInSync",
+    )
+    .unwrap()
+    .message
+    .clone();
+    assert!(
+        message.contains("2 of 3 existing objects would be invalid and 1 would lose pruned data"),
+        "{message}"
+    );
 }

@@ -56,6 +56,8 @@ pub const IMPACT_MAX_OBJECTS: u64 = 100_000;
 pub struct Affected {
     /// Objects the new schema would reject.
     pub invalid: u64,
+    /// Objects holding data the new schema would prune (silently lost, not rejected).
+    pub pruned: u64,
     /// Objects checked.
     pub checked: u64,
     /// Whether every object was checked (false: the count stopped at a bound).
@@ -323,8 +325,6 @@ impl Context {
         ))
     }
 
-    /// The APIs (`<plural>.<group>`) whose set of conflicting instances just changed, as the
-    /// instance metadata caches see it: bindings re-count at once instead of at their next resync.
     /// Namespaces whose served related-resources Bindings changed: every Binding there is
     /// evaluated again (one pushed past the per-namespace cap, or let in, says so at once).
     pub fn related_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
@@ -351,7 +351,8 @@ impl Context {
         let _ = self.related_changes.send(namespace.to_owned());
     }
 
-    /// A change in which instances conflict.
+    /// The APIs (`<plural>.<group>`) whose set of conflicting instances just changed, as the
+    /// instance metadata caches see it: bindings re-count at once instead of at their next resync.
     pub fn conflict_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.conflict_changes.subscribe()
     }
@@ -364,9 +365,14 @@ impl Context {
         &self,
         desired: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
         hash: &str,
+        namespace: Option<&str>,
     ) -> Option<Affected> {
         use kube::ResourceExt;
-        let key = format!("{}/{hash}", desired.name_any());
+        let key = format!(
+            "{}/{hash}/{}",
+            desired.name_any(),
+            namespace.unwrap_or_default()
+        );
         let now = std::time::Instant::now();
         {
             let mut impacts = self.impacts.locked();
@@ -381,7 +387,8 @@ impl Context {
             .as_ref()
             .and_then(|s| s.open_api_v3_schema.as_ref())
             .and_then(|s| serde_json::to_value(s).ok())?;
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        // A Binding's count covers its own namespace only.
+        let api = kbind_shared::dynamic::scoped(&self.client, namespace, &resource);
         let mut affected = Affected {
             complete: true,
             ..Default::default()
@@ -400,6 +407,8 @@ impl Context {
                 let value = serde_json::to_value(object).unwrap_or_default();
                 if crate::evolution::invalid_under(&value, &schema) {
                     affected.invalid += 1;
+                } else if crate::evolution::pruned_under(&value, &schema) {
+                    affected.pruned += 1;
                 }
             }
             match page.metadata.continue_ {

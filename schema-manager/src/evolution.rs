@@ -89,6 +89,31 @@ pub fn breaking_changes(
                 "the status subresource is removed".into(),
             );
         }
+        // Added, the main resource stops taking status: what writers send there is dropped.
+        if !had_status && has_status {
+            out.push(
+                &format!("{root}status"),
+                "the status subresource is added (status written with the object is dropped)"
+                    .into(),
+            );
+        }
+        let scale = |v: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionVersion| {
+            v.subresources.as_ref().and_then(|s| s.scale.clone())
+        };
+        match (scale(version), scale(next)) {
+            (Some(_), None) => out.push(
+                &format!("{root}scale"),
+                "the scale subresource is removed".into(),
+            ),
+            (Some(a), Some(b)) if a != b => out.push(
+                &format!("{root}scale"),
+                format!(
+                    "the scale subresource's paths change ({} → {})",
+                    a.spec_replicas_path, b.spec_replicas_path
+                ),
+            ),
+            _ => {}
+        }
     }
     let storage = |spec: &CustomResourceDefinitionSpec| {
         spec.versions
@@ -207,6 +232,38 @@ fn compare(path: &str, old: &Value, new: &Value, depth: usize, out: &mut Out) {
         && !truthy(new, "x-kubernetes-preserve-unknown-fields")
     {
         out.push(&here, "unknown fields are no longer preserved".into());
+    }
+    if truthy(new, "x-kubernetes-embedded-resource") && !truthy(old, "x-kubernetes-embedded-resource")
+    {
+        out.push(
+            &here,
+            "x-kubernetes-embedded-resource added (apiVersion, kind and metadata now required and checked)"
+                .into(),
+        );
+    }
+    // A default fills (or, changed, refills) what is stored when objects are read and written.
+    match (old.get("default"), new.get("default")) {
+        (None, Some(b)) => out.push(&here, format!("default added: {}", short(&text(b), MAX_RULE_CHARS))),
+        (Some(a), None) => out.push(&here, format!("default removed (was {})", short(&text(a), MAX_RULE_CHARS))),
+        (Some(a), Some(b)) if a != b => out.push(
+            &here,
+            format!(
+                "default {} → {}",
+                short(&text(a), MAX_RULE_CHARS),
+                short(&text(b), MAX_RULE_CHARS)
+            ),
+        ),
+        _ => {}
+    }
+    // Composition constrains values in ways no other keyword shows: any change may reject.
+    for key in ["allOf", "anyOf", "oneOf", "not"] {
+        match (old.get(key), new.get(key)) {
+            (None, Some(_)) => out.push(&here, format!("{key} added")),
+            (Some(a), Some(b)) if strip_descriptions(a) != strip_descriptions(b) => {
+                out.push(&here, format!("{key} changed"))
+            }
+            _ => {}
+        }
     }
     if let Some(values) = new.get("enum").and_then(Value::as_array) {
         match old.get("enum").and_then(Value::as_array) {
@@ -343,6 +400,13 @@ fn compare(path: &str, old: &Value, new: &Value, depth: usize, out: &mut Out) {
         (Some(Value::Bool(true)) | Some(Value::Object(_)), Some(Value::Bool(false))) => {
             out.push(&here, "additional properties are no longer allowed".into());
         }
+        // Without it (and without preserved unknown fields) every map key is pruned.
+        (Some(Value::Bool(true)) | Some(Value::Object(_)), None) if !keeps_unknown => {
+            out.push(
+                &here,
+                "additionalProperties removed (every map key would be pruned)".into(),
+            );
+        }
         _ => {}
     }
 }
@@ -414,6 +478,49 @@ fn short(s: &str, max: usize) -> String {
         s.to_owned()
     } else {
         format!("{}…", s.chars().take(max).collect::<String>())
+    }
+}
+
+/// Whether `object` (a whole consumer object) holds data that `schema` would prune: a field no
+/// declared property, `additionalProperties` schema or `x-kubernetes-preserve-unknown-fields`
+/// keeps. The API server drops such data silently (on write, and when it reads stored objects),
+/// so it is lost without any object being rejected (#33.5).
+pub fn pruned_under(object: &Value, schema: &Value) -> bool {
+    let Some(fields) = object.as_object() else {
+        return false;
+    };
+    fields.iter().any(|(name, value)| {
+        !matches!(name.as_str(), "metadata" | "apiVersion" | "kind")
+            && loses(name, value, schema, 0)
+    })
+}
+
+/// Whether the field `name` holding `value`, in an object described by `parent`, loses data.
+fn loses(name: &str, value: &Value, parent: &Value, depth: usize) -> bool {
+    if depth > MAX_DEPTH || truthy(parent, "x-kubernetes-preserve-unknown-fields") {
+        return false;
+    }
+    let declared = parent
+        .get("properties")
+        .and_then(Value::as_object)
+        .and_then(|p| p.get(name));
+    let schema = match (declared, parent.get("additionalProperties")) {
+        (Some(schema), _) => schema,
+        (None, Some(schema @ Value::Object(_))) => schema,
+        (None, Some(Value::Bool(true))) => return false,
+        (None, _) => return true,
+    };
+    match value {
+        Value::Object(fields) => fields
+            .iter()
+            .any(|(n, v)| loses(n, v, schema, depth + 1)),
+        Value::Array(items) => schema.get("items").is_some_and(|item| {
+            items.iter().any(|i| match i {
+                Value::Object(fields) => fields.iter().any(|(n, v)| loses(n, v, item, depth + 1)),
+                _ => false,
+            })
+        }),
+        _ => false,
     }
 }
 
@@ -797,6 +904,117 @@ mod tests {
     }
 
     #[test]
+    fn changes_that_prune_reject_or_refill_data_are_breaking() {
+        // #33.5: each of these was applied under `Always` without consent.
+        let spec = |props: Value| widget(props, json!({}));
+        let map_of = |values: Value| json!({ "labels": { "type": "object", "additionalProperties": values } });
+        let cases: Vec<(&str, Value, Value, Vec<&str>)> = vec![
+            (
+                "additionalProperties removed",
+                spec(map_of(json!({ "type": "string" }))),
+                spec(json!({ "labels": { "type": "object" } })),
+                vec!["spec.labels: additionalProperties removed (every map key would be pruned)"],
+            ),
+            (
+                "additionalProperties true removed",
+                spec(json!({ "labels": { "type": "object", "additionalProperties": true } })),
+                spec(json!({ "labels": { "type": "object" } })),
+                vec!["spec.labels: additionalProperties removed (every map key would be pruned)"],
+            ),
+            (
+                "enum narrowed inside additionalProperties",
+                spec(map_of(json!({ "type": "string", "enum": ["a", "b"] }))),
+                spec(map_of(json!({ "type": "string", "enum": ["a"] }))),
+                vec!["spec.labels{}: enum narrowed: [b] removed"],
+            ),
+            (
+                "required inside an array item",
+                spec(json!({ "ports": { "type": "array", "items": { "type": "object", "properties": { "port": { "type": "integer" } } } } })),
+                spec(json!({ "ports": { "type": "array", "items": { "type": "object", "required": ["port"], "properties": { "port": { "type": "integer" } } } } })),
+                vec!["spec.ports[].port: newly required"],
+            ),
+            (
+                "allOf added",
+                spec(json!({ "size": { "type": "integer" } })),
+                spec(json!({ "size": { "type": "integer", "allOf": [{ "minimum": 1 }] } })),
+                vec!["spec.size: allOf added"],
+            ),
+            (
+                "anyOf changed",
+                spec(json!({ "size": { "type": "integer", "anyOf": [{ "minimum": 1 }] } })),
+                spec(json!({ "size": { "type": "integer", "anyOf": [{ "minimum": 5 }] } })),
+                vec!["spec.size: anyOf changed"],
+            ),
+            (
+                "oneOf and not added",
+                spec(json!({ "size": { "type": "integer" } })),
+                spec(json!({ "size": { "type": "integer", "oneOf": [{ "minimum": 1 }], "not": { "maximum": 0 } } })),
+                vec!["spec.size: not added", "spec.size: oneOf added"],
+            ),
+            (
+                "embedded resource added",
+                spec(json!({ "template": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } })),
+                spec(json!({ "template": { "type": "object", "x-kubernetes-preserve-unknown-fields": true, "x-kubernetes-embedded-resource": true } })),
+                vec!["spec.template: x-kubernetes-embedded-resource added (apiVersion, kind and metadata now required and checked)"],
+            ),
+            (
+                "default added",
+                spec(json!({ "size": { "type": "integer" } })),
+                spec(json!({ "size": { "type": "integer", "default": 3 } })),
+                vec!["spec.size: default added: 3"],
+            ),
+            (
+                "default changed",
+                spec(json!({ "size": { "type": "integer", "default": 3 } })),
+                spec(json!({ "size": { "type": "integer", "default": 4 } })),
+                vec!["spec.size: default 3 → 4"],
+            ),
+            (
+                "default removed",
+                spec(json!({ "size": { "type": "integer", "default": 3 } })),
+                spec(json!({ "size": { "type": "integer" } })),
+                vec!["spec.size: default removed (was 3)"],
+            ),
+            (
+                "composition unchanged but re-described",
+                spec(json!({ "size": { "type": "integer", "allOf": [{ "minimum": 1 }] } })),
+                spec(json!({ "size": { "type": "integer", "allOf": [{ "minimum": 1, "description": "at least one" }] } })),
+                vec![],
+            ),
+        ];
+        for (what, old, new, want) in cases {
+            assert_eq!(changes(old, new), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn objects_whose_data_would_be_pruned_are_found() {
+        let schema = widget(
+            json!({
+                "size": { "type": "integer" },
+                "labels": { "type": "object", "additionalProperties": { "type": "string" } },
+                "ports": { "type": "array", "items": { "type": "object", "properties": { "port": { "type": "integer" } } } },
+                "free": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+            }),
+            json!({}),
+        );
+        let object = |spec: Value| json!({ "apiVersion": "example.org/v1", "kind": "Widget", "metadata": { "name": "w", "labels": { "x": "y" } }, "spec": spec, "status": { "anything": 1 } });
+        for (spec, pruned) in [
+            (json!({ "size": 1 }), false),
+            (json!({ "size": 1, "colour": "red" }), true),
+            (json!({ "labels": { "a": "b", "c": "d" } }), false),
+            (json!({ "ports": [{ "port": 80 }] }), false),
+            (json!({ "ports": [{ "port": 80, "name": "http" }] }), true),
+            (json!({ "free": { "deep": { "er": 1 } } }), false),
+        ] {
+            assert_eq!(pruned_under(&object(spec.clone()), &schema), pruned, "{spec}");
+        }
+        // A map whose additionalProperties went away: every key would be pruned.
+        let closed_map = widget(json!({ "labels": { "type": "object" } }), json!({}));
+        assert!(pruned_under(&object(json!({ "labels": { "a": "b" } })), &closed_map));
+    }
+
+    #[test]
     fn crd_level_changes() {
         let v = |name: &str, served: bool, storage: bool, schema: Value| json!({ "name": name, "served": served, "storage": storage, "schema": { "openAPIV3Schema": schema } });
         let a = widget(json!({ "size": { "type": "integer" } }), json!({}));
@@ -866,6 +1084,29 @@ mod tests {
             breaking_changes(&with_status, &one_version).0[0].to_string(),
             "status: the status subresource is removed"
         );
+        // ... and added (#33.5).
+        assert_eq!(
+            breaking_changes(&one_version, &with_status).0[0].to_string(),
+            "status: the status subresource is added (status written with the object is dropped)"
+        );
+        // The scale subresource removed, or its paths changed.
+        let scaled = |path: &str| {
+            let mut spec = with_status.clone();
+            spec.versions[0].subresources = Some(
+                serde_json::from_value(json!({ "status": {}, "scale": { "specReplicasPath": path, "statusReplicasPath": ".status.replicas" } }))
+                    .unwrap(),
+            );
+            spec
+        };
+        assert_eq!(
+            breaking_changes(&scaled(".spec.replicas"), &with_status).0[0].to_string(),
+            "scale: the scale subresource is removed"
+        );
+        assert_eq!(
+            breaking_changes(&scaled(".spec.replicas"), &scaled(".spec.size")).0[0].to_string(),
+            "scale: the scale subresource's paths change (.spec.replicas → .spec.size)"
+        );
+        assert!(breaking_changes(&scaled(".spec.replicas"), &scaled(".spec.replicas")).0.is_empty());
     }
 
     #[test]

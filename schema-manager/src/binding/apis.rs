@@ -119,7 +119,9 @@ pub(super) async fn api_state<B: Scoped>(
     let conflicts = count_conflicts(ctx, &desired, binding.covered_namespace().as_deref()).await;
     let held = match installed.plan {
         schema::Plan::Hold { changes, more } => Some(Held {
-            affected: ctx.affected_objects(&desired, &hash).await,
+            affected: ctx
+                .affected_objects(&desired, &hash, binding.covered_namespace().as_deref())
+                .await,
             hash: hash.clone(),
             connection: connection.name_any(),
             changes: changes.iter().map(ToString::to_string).collect(),

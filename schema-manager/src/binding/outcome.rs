@@ -45,10 +45,11 @@ impl Held {
         }
         let impact = match self.affected {
             Some(a) => format!(
-                "{}{} of {} existing objects would be invalid (local structural check)",
-                if a.complete { "" } else { "at least " },
+                "{at_least}{} of {} existing objects would be invalid and {at_least}{} would lose pruned data (local structural check)",
                 a.invalid,
-                a.checked
+                a.checked,
+                a.pruned,
+                at_least = if a.complete { "" } else { "at least " },
             ),
             None => "existing objects could not be checked".to_owned(),
         };
@@ -721,6 +722,7 @@ mod tests {
                 more: 7,
                 affected: Some(Affected {
                     invalid: 2,
+                    pruned: 1,
                     checked: 5,
                     complete: true,
                 }),

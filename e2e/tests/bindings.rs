@@ -182,7 +182,7 @@ async fn update_policy_always_follows_provider_schema_changes_and_once_does_not(
             let at = c.message.find("sha256:");
             Ok(
                 (c.reason == "BreakingChange" && c.message.contains("spec.color: newly required"))
-                    .then(|| at.map(|at| c.message[at..at + 23].to_owned()))
+                    .then(|| at.map(|at| c.message[at..at + kbind_shared::keys::SCHEMA_HASH_LEN].to_owned()))
                     .flatten(),
             )
         },
@@ -913,7 +913,7 @@ async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
             "provider",
             &PatchParams::default(),
             &Patch::Merge(&json!({ "spec": { "schema": { "acceptedChanges": [
-                { "api": "widgets.example.org", "schemaHash": &message[at..at + 23] }
+                { "api": "widgets.example.org", "schemaHash": &message[at..at + kbind_shared::keys::SCHEMA_HASH_LEN] }
             ] } } })),
         )
         .await

@@ -86,7 +86,7 @@ async fn wait_held(consumer: &Client, parts: &[&str]) -> String {
         assert!(entry.bound, "a held change does not unbind: {entry:?}");
         assert_eq!(entry.reason, "BreakingChange");
         let at = c.message.find("sha256:").ok_or("no hash in the message")?;
-        Ok(Some(c.message[at..at + 23].to_owned()))
+        Ok(Some(c.message[at..at + kbind_shared::keys::SCHEMA_HASH_LEN].to_owned()))
     })
     .await
 }
@@ -241,6 +241,33 @@ async fn compatible_changes_apply_at_once_and_breaking_ones_wait_for_consent() {
             Ok((consumer_spec_schema(&s.consumer).await == normal(&required)).then_some(()))
         },
     )
+    .await;
+    // Consent expires (#33.6): the first accepted schema is no longer served, so its entry is
+    // pruned (a provider returning to it must ask again); the status says which entry is served
+    // since when.
+    wait_for("the consent no longer served pruned", 20, || async {
+        let connection = Api::<Connection>::all(s.consumer.clone())
+            .get("provider")
+            .await
+            .map_err(|e| e.to_string())?;
+        let accepted: Vec<&str> = connection
+            .spec
+            .schema
+            .accepted_changes
+            .iter()
+            .map(|a| a.schema_hash.as_str())
+            .collect();
+        let applied: Vec<&str> = connection
+            .status
+            .as_ref()
+            .map(|st| st.applied_changes.iter().map(|a| a.schema_hash.as_str()).collect())
+            .unwrap_or_default();
+        if accepted == [held_required.as_str()] && applied == [held_required.as_str()] {
+            Ok(Some(()))
+        } else {
+            Err(format!("accepted {accepted:?}, applied {applied:?}"))
+        }
+    })
     .await;
 
     // 4. Breaking — a type change: held, naming the old and new type.

@@ -7,6 +7,7 @@ pub mod assignment;
 pub mod binding;
 pub mod cli;
 pub mod connection;
+pub mod consent;
 pub mod context;
 pub mod discovery;
 pub mod evolution;

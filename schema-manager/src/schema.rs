@@ -17,13 +17,15 @@ use sha2::{Digest, Sha256};
 use crate::openapi::fetch::{Documents, synthesize_from_provider};
 use crate::providers::{Provider, ProviderError};
 
-/// SCH-3: `sha256:<first 16 hex>` of the desired spec's JSON.
+/// SCH-3, with the full digest: `sha256:<64 hex>` of the desired spec's JSON. The whole SHA-256,
+/// because consent names it: a provider controlling both schemas could collide a shortened one
+/// (#33.6).
 pub fn schema_hash(crd: &CustomResourceDefinition) -> String {
     // The spec was deserialized, so it serializes (string-keyed maps only); a failure would
     // hash to the empty document and read as "changed", never panic.
     let json = serde_json::to_vec(&crd.spec).unwrap_or_default();
     let digest = Sha256::digest(&json);
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
 }
 
@@ -908,7 +910,8 @@ mod tests {
         assert!(crd.annotations()["core.kbind.io/schema-hash"].starts_with("sha256:"));
         assert_eq!(
             crd.annotations()["core.kbind.io/schema-hash"].len(),
-            "sha256:".len() + 16
+            "sha256:".len() + 64,
+            "the full digest (#33.6)"
         );
         assert!(crd.metadata.resource_version.is_none() && crd.metadata.uid.is_none());
     }

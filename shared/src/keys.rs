@@ -24,7 +24,10 @@ pub const RELATED_BINDING_ANNOTATION: &str = "core.kbind.io/related-binding";
 pub const CONFLICT_ANNOTATION: &str = "core.kbind.io/conflict";
 /// KEY-8: annotation set by the user: keep the provider copy on delete or unbind.
 pub const DELETION_POLICY_ANNOTATION: &str = "core.kbind.io/deletion-policy";
-/// KEY-9: annotation on a consumer CRD: `sha256:<16 hex>` of the desired CRD spec.
+/// The length of a schema hash as kbind writes it: `sha256:` and 64 hex digits.
+pub const SCHEMA_HASH_LEN: usize = 71;
+/// KEY-9: annotation on a consumer CRD: `sha256:<64 hex>` of the desired CRD spec (the reference
+/// kept 16).
 pub const SCHEMA_HASH_ANNOTATION: &str = "core.kbind.io/schema-hash";
 /// KEY-10: finalizer on a consumer instance, held until its provider copy is gone.
 pub const SYNCER_FINALIZER: &str = "core.kbind.io/syncer";

@@ -712,11 +712,11 @@ mod tests {
     #[test]
     fn a_held_breaking_change_is_reported_with_its_hash_first_and_stays_bound() {
         let held = |changes: Vec<String>| ApiState::Bound {
-            hash: "sha256:00000000000000aa".into(),
+            hash: "sha256:00000000000000000000000000000000000000000000000000000000000000aa".into(),
             in_sync: false,
             conflicts: Conflicts::default(),
             held: Some(Held {
-                hash: "sha256:00000000000000aa".into(),
+                hash: "sha256:00000000000000000000000000000000000000000000000000000000000000aa".into(),
                 connection: "p".into(),
                 changes,
                 more: 7,
@@ -745,8 +745,8 @@ mod tests {
         let (conds, bound_apis) = evaluate(&states);
         let c = get(&conds, "SchemaInSync");
         assert_eq!((c.status, c.reason), (Status::False, BREAKING_CHANGE));
-        assert!(c.message.starts_with("w.x: the provider's new schema sha256:00000000000000aa is not applied: 2 of 5 existing objects would be invalid"));
-        assert!(c.message.contains("add {api: w.x, schemaHash: sha256:00000000000000aa} to Connection p's spec.schema.acceptedChanges"));
+        assert!(c.message.starts_with("w.x: the provider's new schema sha256:00000000000000000000000000000000000000000000000000000000000000aa is not applied: 2 of 5 existing objects would be invalid"));
+        assert!(c.message.contains("add {api: w.x, schemaHash: sha256:00000000000000000000000000000000000000000000000000000000000000aa} to Connection p's spec.schema.acceptedChanges"));
         assert!(c.message.chars().count() <= kbind_shared::conditions::MAX_MESSAGE + 1);
         assert!(!c.message.contains('\u{1b}'), "control characters removed");
         // Still bound and Ready: the old schema keeps serving.
@@ -757,7 +757,7 @@ mod tests {
         assert!(e.bound);
         assert_eq!(e.reason, BREAKING_CHANGE);
         assert!(
-            e.message.contains("schemaHash: sha256:00000000000000aa"),
+            e.message.contains("schemaHash: sha256:00000000000000000000000000000000000000000000000000000000000000aa"),
             "{}",
             e.message
         );

@@ -59,7 +59,7 @@ fn held_hashes(status: &BindingStatus) -> std::collections::BTreeSet<String> {
         .map(|c| {
             c.message
                 .match_indices("sha256:")
-                .filter_map(|(at, _)| c.message.get(at..at + 23))
+                .filter_map(|(at, _)| c.message.get(at..at + kbind_shared::keys::SCHEMA_HASH_LEN))
                 .map(str::to_owned)
                 .collect()
         })

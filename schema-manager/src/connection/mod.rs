@@ -229,6 +229,8 @@ async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Err
         );
     }
 
+    expire_consent(ctx, &connection, &mut status).await?;
+
     ctx.metrics
         .connection_ready
         .with_label_values(&[&name])
@@ -246,6 +248,66 @@ async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Err
         Some(e) => Err(Error::Provider(e)),
         None => Ok(Action::requeue(ctx.settings.discovery_interval)),
     }
+}
+
+/// #33.6: records which accepted breaking change is served since when, and prunes from the spec
+/// an accepted entry whose schema was served and no longer is ([`crate::consent::review`]). The
+/// spec write is a JSON patch that first tests the list it read, so a user's concurrent edit is
+/// never overwritten (the next reconcile reviews again).
+async fn expire_consent(
+    ctx: &crate::context::Context,
+    connection: &Connection,
+    status: &mut ConnectionStatus,
+) -> Result<(), Error> {
+    let Some(crds) = ctx.managed_crds() else {
+        return Ok(());
+    };
+    let name = connection.name_any();
+    let served: std::collections::BTreeMap<String, String> = crds
+        .state()
+        .iter()
+        .filter(|c| c.annotations().get(keys::CONNECTION_ANNOTATION) == Some(&name))
+        .filter_map(|c| {
+            let hash = c.annotations().get(keys::SCHEMA_HASH_ANNOTATION)?;
+            Some((c.name_any(), hash.clone()))
+        })
+        .collect();
+    let accepted = &connection.spec.schema.accepted_changes;
+    let review = crate::consent::review(
+        accepted,
+        &status.applied_changes,
+        &served,
+        &Time(jiff::Timestamp::now()),
+    );
+    status.applied_changes = review.applied;
+    if review.accepted != *accepted {
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            { "op": "test", "path": "/spec/schema/acceptedChanges", "value": accepted },
+            { "op": "replace", "path": "/spec/schema/acceptedChanges", "value": review.accepted },
+        ]))
+        .map_err(|e| Error::Consumer(kube::Error::SerdeError(e)))?;
+        let pruned: Vec<String> = accepted
+            .iter()
+            .filter(|a| !review.accepted.contains(a))
+            .map(|a| format!("{} {}", a.api, a.schema_hash))
+            .collect();
+        match Api::<Connection>::all(ctx.client.clone())
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::<()>::Json(patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(connection = %name, pruned = ?pruned, "accepted schema changes no longer served were pruned");
+            }
+            // The list changed meanwhile (the test failed): reviewed again next time.
+            Err(kube::Error::Api(s)) if s.code == 422 || s.is_conflict() => {}
+            Err(e) => return Err(Error::Consumer(e)),
+        }
+    }
+    Ok(())
 }
 
 fn conditions_for(status: &mut ConnectionStatus, outcome: &Outcome, connection: &Connection) {

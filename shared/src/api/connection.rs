@@ -186,7 +186,7 @@ pub struct AcceptedChange {
     /// The API, `<plural>.<group>`.
     #[schemars(transform = schema::api_name)]
     pub api: String,
-    /// The schema hash named in the binding's `SchemaInSync` message (`sha256:<16 hex>`).
+    /// The schema hash named in the binding's `SchemaInSync` message (`sha256:<64 hex>`).
     #[schemars(transform = schema::schema_hash)]
     pub schema_hash: String,
 }
@@ -269,10 +269,28 @@ pub struct ConnectionStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = schema::atomic_list)]
     pub missing_exports: Vec<MissingExport>,
+    /// Which `spec.schema.acceptedChanges` entry is served, since when: an entry whose schema was
+    /// served and no longer is (the provider moved on) is pruned from the spec, so that a provider
+    /// returning to an old schema must be accepted again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::atomic_list)]
+    pub applied_changes: Vec<AppliedChange>,
     /// Ready, SecretValid, Connected, PermissionDenied, SchemaInSync.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = schema::list_map_by_type)]
     pub conditions: Vec<Condition>,
+}
+
+/// An accepted breaking change that is served.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedChange {
+    /// `<plural>.<group>`.
+    pub api: String,
+    /// The accepted schema hash the consumer CRD serves.
+    pub schema_hash: String,
+    /// When kbind first saw it served.
+    pub since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }
 
 /// An API autoBind still binds although the provider no longer exports it.

@@ -81,10 +81,16 @@ pub fn api_name(schema: &mut Schema) {
     set(schema, "maxLength", json!(253));
 }
 
-/// A schema hash as kbind writes it: `sha256:` and 16 lowercase hex digits.
+/// A schema hash as kbind writes it: `sha256:` and the 64 lowercase hex digits of the digest. (The
+/// 16-digit form of earlier versions is still accepted, so stored objects stay valid; it matches
+/// no schema kbind serves now, and is pruned once it was applied.)
 pub fn schema_hash(schema: &mut Schema) {
-    set(schema, "pattern", json!("^sha256:[0-9a-f]{16}$"));
-    set(schema, "maxLength", json!(23));
+    set(
+        schema,
+        "pattern",
+        json!("^sha256:([0-9a-f]{16}|[0-9a-f]{64})$"),
+    );
+    set(schema, "maxLength", json!(71));
 }
 
 /// A required, non-empty string.

@@ -172,23 +172,25 @@ async fn update_policy_always_follows_provider_schema_changes_and_once_does_not(
             .unwrap();
     }
     // Required `spec.color` is a breaking change: Always holds it until the hash is accepted.
-    let held = eventually(
-        "the Always binding to hold the breaking change",
-        Duration::from_secs(30),
-        || async {
-            let binding = bindings.get("widgets").await.map_err(|e| e.to_string())?;
-            let conds = binding.status.unwrap_or_default().conditions;
-            let c = kbind_shared::conditions::find(&conds, "SchemaInSync").ok_or("none")?;
-            let at = c.message.find("sha256:");
-            Ok(
-                (c.reason == "BreakingChange" && c.message.contains("spec.color: newly required"))
-                    .then(|| at.map(|at| c.message[at..at + kbind_shared::keys::SCHEMA_HASH_LEN].to_owned()))
-                    .flatten(),
-            )
-        },
-    )
-    .await
-    .unwrap();
+    let held =
+        eventually(
+            "the Always binding to hold the breaking change",
+            Duration::from_secs(30),
+            || async {
+                let binding = bindings.get("widgets").await.map_err(|e| e.to_string())?;
+                let conds = binding.status.unwrap_or_default().conditions;
+                let c = kbind_shared::conditions::find(&conds, "SchemaInSync").ok_or("none")?;
+                let at = c.message.find("sha256:");
+                Ok((c.reason == "BreakingChange"
+                    && c.message.contains("spec.color: newly required"))
+                .then(|| {
+                    at.map(|at| c.message[at..at + kbind_shared::keys::SCHEMA_HASH_LEN].to_owned())
+                })
+                .flatten())
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(
         hash(&consumer_crd(&s, "widgets.example.org").await.unwrap()),
         hash(&widgets_before),

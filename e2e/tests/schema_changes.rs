@@ -86,7 +86,9 @@ async fn wait_held(consumer: &Client, parts: &[&str]) -> String {
         assert!(entry.bound, "a held change does not unbind: {entry:?}");
         assert_eq!(entry.reason, "BreakingChange");
         let at = c.message.find("sha256:").ok_or("no hash in the message")?;
-        Ok(Some(c.message[at..at + kbind_shared::keys::SCHEMA_HASH_LEN].to_owned()))
+        Ok(Some(
+            c.message[at..at + kbind_shared::keys::SCHEMA_HASH_LEN].to_owned(),
+        ))
     })
     .await
 }
@@ -260,7 +262,12 @@ async fn compatible_changes_apply_at_once_and_breaking_ones_wait_for_consent() {
         let applied: Vec<&str> = connection
             .status
             .as_ref()
-            .map(|st| st.applied_changes.iter().map(|a| a.schema_hash.as_str()).collect())
+            .map(|st| {
+                st.applied_changes
+                    .iter()
+                    .map(|a| a.schema_hash.as_str())
+                    .collect()
+            })
             .unwrap_or_default();
         if accepted == [held_required.as_str()] && applied == [held_required.as_str()] {
             Ok(Some(()))

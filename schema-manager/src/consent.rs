@@ -136,7 +136,10 @@ mod tests {
         assert_eq!(unrelated.accepted.len(), 1);
         // A recorded entry whose CRD is not there at the moment stays, with its record.
         let absent = review(&list, &applied.applied, &BTreeMap::new(), &at(12));
-        assert_eq!((absent.accepted, absent.applied), (list.clone(), applied.applied.clone()));
+        assert_eq!(
+            (absent.accepted, absent.applied),
+            (list.clone(), applied.applied.clone())
+        );
         // A legacy 16-digit entry never matches a served full digest: kept until it was
         // served, which it never is — the user's to remove (kbind does not guess).
         let legacy = review(

@@ -233,7 +233,8 @@ fn compare(path: &str, old: &Value, new: &Value, depth: usize, out: &mut Out) {
     {
         out.push(&here, "unknown fields are no longer preserved".into());
     }
-    if truthy(new, "x-kubernetes-embedded-resource") && !truthy(old, "x-kubernetes-embedded-resource")
+    if truthy(new, "x-kubernetes-embedded-resource")
+        && !truthy(old, "x-kubernetes-embedded-resource")
     {
         out.push(
             &here,
@@ -243,8 +244,14 @@ fn compare(path: &str, old: &Value, new: &Value, depth: usize, out: &mut Out) {
     }
     // A default fills (or, changed, refills) what is stored when objects are read and written.
     match (old.get("default"), new.get("default")) {
-        (None, Some(b)) => out.push(&here, format!("default added: {}", short(&text(b), MAX_RULE_CHARS))),
-        (Some(a), None) => out.push(&here, format!("default removed (was {})", short(&text(a), MAX_RULE_CHARS))),
+        (None, Some(b)) => out.push(
+            &here,
+            format!("default added: {}", short(&text(b), MAX_RULE_CHARS)),
+        ),
+        (Some(a), None) => out.push(
+            &here,
+            format!("default removed (was {})", short(&text(a), MAX_RULE_CHARS)),
+        ),
         (Some(a), Some(b)) if a != b => out.push(
             &here,
             format!(
@@ -511,9 +518,7 @@ fn loses(name: &str, value: &Value, parent: &Value, depth: usize) -> bool {
         (None, _) => return true,
     };
     match value {
-        Value::Object(fields) => fields
-            .iter()
-            .any(|(n, v)| loses(n, v, schema, depth + 1)),
+        Value::Object(fields) => fields.iter().any(|(n, v)| loses(n, v, schema, depth + 1)),
         Value::Array(items) => schema.get("items").is_some_and(|item| {
             items.iter().any(|i| match i {
                 Value::Object(fields) => fields.iter().any(|(n, v)| loses(n, v, item, depth + 1)),
@@ -929,8 +934,12 @@ mod tests {
             ),
             (
                 "required inside an array item",
-                spec(json!({ "ports": { "type": "array", "items": { "type": "object", "properties": { "port": { "type": "integer" } } } } })),
-                spec(json!({ "ports": { "type": "array", "items": { "type": "object", "required": ["port"], "properties": { "port": { "type": "integer" } } } } })),
+                spec(
+                    json!({ "ports": { "type": "array", "items": { "type": "object", "properties": { "port": { "type": "integer" } } } } }),
+                ),
+                spec(
+                    json!({ "ports": { "type": "array", "items": { "type": "object", "required": ["port"], "properties": { "port": { "type": "integer" } } } } }),
+                ),
                 vec!["spec.ports[].port: newly required"],
             ),
             (
@@ -948,14 +957,22 @@ mod tests {
             (
                 "oneOf and not added",
                 spec(json!({ "size": { "type": "integer" } })),
-                spec(json!({ "size": { "type": "integer", "oneOf": [{ "minimum": 1 }], "not": { "maximum": 0 } } })),
+                spec(
+                    json!({ "size": { "type": "integer", "oneOf": [{ "minimum": 1 }], "not": { "maximum": 0 } } }),
+                ),
                 vec!["spec.size: not added", "spec.size: oneOf added"],
             ),
             (
                 "embedded resource added",
-                spec(json!({ "template": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } })),
-                spec(json!({ "template": { "type": "object", "x-kubernetes-preserve-unknown-fields": true, "x-kubernetes-embedded-resource": true } })),
-                vec!["spec.template: x-kubernetes-embedded-resource added (apiVersion, kind and metadata now required and checked)"],
+                spec(
+                    json!({ "template": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } }),
+                ),
+                spec(
+                    json!({ "template": { "type": "object", "x-kubernetes-preserve-unknown-fields": true, "x-kubernetes-embedded-resource": true } }),
+                ),
+                vec![
+                    "spec.template: x-kubernetes-embedded-resource added (apiVersion, kind and metadata now required and checked)",
+                ],
             ),
             (
                 "default added",
@@ -978,7 +995,9 @@ mod tests {
             (
                 "composition unchanged but re-described",
                 spec(json!({ "size": { "type": "integer", "allOf": [{ "minimum": 1 }] } })),
-                spec(json!({ "size": { "type": "integer", "allOf": [{ "minimum": 1, "description": "at least one" }] } })),
+                spec(
+                    json!({ "size": { "type": "integer", "allOf": [{ "minimum": 1, "description": "at least one" }] } }),
+                ),
                 vec![],
             ),
         ];
@@ -1007,11 +1026,18 @@ mod tests {
             (json!({ "ports": [{ "port": 80, "name": "http" }] }), true),
             (json!({ "free": { "deep": { "er": 1 } } }), false),
         ] {
-            assert_eq!(pruned_under(&object(spec.clone()), &schema), pruned, "{spec}");
+            assert_eq!(
+                pruned_under(&object(spec.clone()), &schema),
+                pruned,
+                "{spec}"
+            );
         }
         // A map whose additionalProperties went away: every key would be pruned.
         let closed_map = widget(json!({ "labels": { "type": "object" } }), json!({}));
-        assert!(pruned_under(&object(json!({ "labels": { "a": "b" } })), &closed_map));
+        assert!(pruned_under(
+            &object(json!({ "labels": { "a": "b" } })),
+            &closed_map
+        ));
     }
 
     #[test]
@@ -1106,7 +1132,11 @@ mod tests {
             breaking_changes(&scaled(".spec.replicas"), &scaled(".spec.size")).0[0].to_string(),
             "scale: the scale subresource's paths change (.spec.replicas → .spec.size)"
         );
-        assert!(breaking_changes(&scaled(".spec.replicas"), &scaled(".spec.replicas")).0.is_empty());
+        assert!(
+            breaking_changes(&scaled(".spec.replicas"), &scaled(".spec.replicas"))
+                .0
+                .is_empty()
+        );
     }
 
     #[test]

@@ -716,7 +716,8 @@ mod tests {
             in_sync: false,
             conflicts: Conflicts::default(),
             held: Some(Held {
-                hash: "sha256:00000000000000000000000000000000000000000000000000000000000000aa".into(),
+                hash: "sha256:00000000000000000000000000000000000000000000000000000000000000aa"
+                    .into(),
                 connection: "p".into(),
                 changes,
                 more: 7,

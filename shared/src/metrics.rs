@@ -6,10 +6,56 @@ use prometheus::{
     TextEncoder,
 };
 
+/// One registered metric family, as its collector describes itself to the registry: what
+/// `/metrics` can serve (a family with no series yet is left out of a scrape, not of this).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Family {
+    /// The series name (a histogram's `_bucket`, `_sum` and `_count` derive from it).
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// The HELP text.
+    pub help: String,
+    /// The label names every series of it carries.
+    pub labels: Vec<String>,
+}
+
+/// Registers collectors and keeps their descriptions.
+struct Registrar {
+    registry: Registry,
+    families: std::cell::RefCell<Vec<Family>>,
+}
+
+impl Registrar {
+    #[allow(
+        clippy::expect_used,
+        reason = "static definitions, unique by construction; every process builds them at start and the unit tests render them"
+    )]
+    fn add<C: prometheus::core::Collector + Clone + 'static>(
+        &self,
+        collector: C,
+        kind: &'static str,
+    ) -> C {
+        for desc in collector.desc() {
+            self.families.borrow_mut().push(Family {
+                name: desc.fq_name.clone(),
+                kind,
+                help: desc.help.clone(),
+                labels: desc.variable_labels.clone(),
+            });
+        }
+        self.registry
+            .register(Box::new(collector.clone()))
+            .expect("unique metric");
+        collector
+    }
+}
+
 /// Every metric either program exports. Families a program never touches stay empty.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
+    families: std::sync::Arc<Vec<Family>>,
     /// `kbind_connection_ready{connection}`
     pub connection_ready: GaugeVec,
     /// `kbind_connection_exported_apis{connection}`
@@ -74,25 +120,26 @@ impl Metrics {
         reason = "static definitions, valid and unique by construction; every process builds them at start and the unit tests render them"
     )]
     pub fn new() -> Self {
-        let registry = Registry::new();
-        fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-            let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
-            g
+        let registry = Registrar {
+            registry: Registry::new(),
+            families: Default::default(),
+        };
+        fn gauge_vec(registry: &Registrar, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+            registry.add(
+                GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+                "gauge",
+            )
         }
         fn counter_vec(
-            registry: &Registry,
+            registry: &Registrar,
             name: &str,
             help: &str,
             labels: &[&str],
         ) -> IntCounterVec {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
+            registry.add(
+                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+                "counter",
+            )
         }
         let sync_latency_seconds = HistogramVec::new(
             HistogramOpts::new(
@@ -103,9 +150,7 @@ impl Metrics {
             &["op"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(sync_latency_seconds.clone()))
-            .expect("unique metric");
+        let sync_latency_seconds = registry.add(sync_latency_seconds, "histogram");
         let sync_lag_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "kbind_sync_lag_seconds",
@@ -117,33 +162,25 @@ impl Metrics {
             &["connection", "api", "op"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(sync_lag_seconds.clone()))
-            .expect("unique metric");
+        let sync_lag_seconds = registry.add(sync_lag_seconds, "histogram");
         let assignment_overlaps = Gauge::new(
             "kbind_assignment_overlaps",
             "Work units more than one live syncer reports running; must stay 0",
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(assignment_overlaps.clone()))
-            .expect("unique metric");
+        let assignment_overlaps = registry.add(assignment_overlaps, "gauge");
         let assignment_unassigned_units = Gauge::new(
             "kbind_assignment_unassigned_units",
             "Work units left unassigned: the assignment ConfigMap is full, or a binding's related resources are not admitted (related resources off, or past --max-related-bindings-per-namespace)",
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(assignment_unassigned_units.clone()))
-            .expect("unique metric");
+        let assignment_unassigned_units = registry.add(assignment_unassigned_units, "gauge");
         let leader = Gauge::new(
             "kbind_leader",
             "1 while this schema manager holds the leader Lease",
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(leader.clone()))
-            .expect("unique metric");
+        let leader = registry.add(leader, "gauge");
 
         Self {
             connection_ready: gauge_vec(
@@ -186,7 +223,7 @@ impl Metrics {
             work_queue_depth: gauge_vec(
                 &registry,
                 "kbind_work_queue_depth",
-                "Objects waiting to be synced",
+                "Object syncs in progress right now",
                 &["api"],
             ),
             reconcile_errors_total: counter_vec(
@@ -242,7 +279,8 @@ impl Metrics {
             leader,
             assignment_overlaps,
             assignment_unassigned_units,
-            registry,
+            families: std::sync::Arc::new(registry.families.into_inner()),
+            registry: registry.registry,
         }
     }
 
@@ -279,6 +317,12 @@ impl Metrics {
         self.binding_ready.reset();
     }
 
+    /// Every registered family (name, type, HELP, labels), as the collectors describe
+    /// themselves to the registry.
+    pub fn families(&self) -> &[Family] {
+        &self.families
+    }
+
     /// The registry in Prometheus text format.
     pub fn render(&self) -> String {
         if let Ok(heartbeats) = self.heartbeats.lock() {
@@ -300,6 +344,145 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn repository_file(path: &str) -> String {
+        std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    }
+
+    /// `text` without its parenthesised parts.
+    fn outside_parentheses(text: &str) -> String {
+        let mut depth = 0usize;
+        text.chars()
+            .filter(|c| {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth = depth.saturating_sub(1),
+                    _ => return depth == 0,
+                }
+                false
+            })
+            .collect()
+    }
+
+    fn backticked(text: &str) -> Vec<String> {
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The README's Metrics table: series → (type, labels).
+    fn documented() -> BTreeMap<String, (String, BTreeSet<String>)> {
+        let readme = repository_file("README.md");
+        let start = readme.find("\n## Metrics").unwrap();
+        let section = &readme[start..];
+        let section = &section[..section.find("\n### ").unwrap()];
+        let mut out = BTreeMap::new();
+        for row in section.lines().filter(|l| l.starts_with("| `kbind_")) {
+            // `| series | type | labels | program | what it answers |`
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let kind = cells[2].split_whitespace().next().unwrap().to_owned();
+            let labels: BTreeSet<String> = backticked(&outside_parentheses(cells[3]))
+                .into_iter()
+                .collect();
+            for name in backticked(cells[1]) {
+                out.insert(name, (kind.clone(), labels.clone()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_readme_documents_exactly_what_the_registry_serves() {
+        // #33.9: names, types and labels come from the registry, not from prose.
+        let metrics = Metrics::new();
+        let served: BTreeMap<String, (String, BTreeSet<String>)> = metrics
+            .families()
+            .iter()
+            .map(|f| {
+                (
+                    f.name.clone(),
+                    (f.kind.to_owned(), f.labels.iter().cloned().collect()),
+                )
+            })
+            .collect();
+        assert_eq!(documented(), served);
+        assert!(metrics.families().iter().all(|f| !f.help.is_empty()));
+    }
+
+    #[test]
+    fn the_dashboard_reads_only_registered_series_by_labels_they_carry() {
+        // #33.9: every series a panel reads is registered, and every label it filters on is one
+        // the series carries (a filter on a label a series lacks would silently match nothing).
+        let metrics = Metrics::new();
+        let families: BTreeMap<&str, &Family> = metrics
+            .families()
+            .iter()
+            .map(|f| (f.name.as_str(), f))
+            .collect();
+        let dashboard: serde_json::Value = serde_json::from_str(&repository_file(
+            "deploy/charts/kbind/dashboards/kbind.json",
+        ))
+        .unwrap();
+        let mut read = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            let title = panel["title"].as_str().unwrap_or_default();
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().unwrap();
+                let mut rest = expr;
+                while let Some(at) = rest.find("kbind_") {
+                    let tail = &rest[at..];
+                    let end = tail
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .unwrap_or(tail.len());
+                    let series = &tail[..end];
+                    let base = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|suffix| {
+                            series
+                                .strip_suffix(suffix)
+                                .filter(|b| families.get(b).is_some_and(|f| f.kind == "histogram"))
+                        })
+                        .unwrap_or(series);
+                    let family = families
+                        .get(base)
+                        .unwrap_or_else(|| panic!("{series} (in {expr}) is not registered"));
+                    read += 1;
+                    // The Connection picker filters what can be filtered; a per-API series
+                    // without the label says so in its panel's title instead of pretending.
+                    if family.labels.iter().any(|l| l == "connection") {
+                        assert!(
+                            tail[end..].starts_with("{connection=~\"$connection\"")
+                                || tail[end..].contains(",connection=~\"$connection\""),
+                            "{expr} reads {series} without the Connection filter"
+                        );
+                    } else if family.labels.iter().any(|l| l == "api") {
+                        assert!(
+                            title.contains("(all Connections)"),
+                            "panel {title:?} reads {series}, which has no connection label, without saying it covers all Connections"
+                        );
+                    }
+                    let after = &tail[end..];
+                    if let Some(matchers) = after.strip_prefix('{') {
+                        let matchers = &matchers[..matchers.find('}').unwrap()];
+                        for matcher in matchers.split(',').filter(|m| !m.trim().is_empty()) {
+                            let label = matcher.split(['=', '!']).next().unwrap().trim();
+                            assert!(
+                                family.labels.iter().any(|l| l == label)
+                                    || (label == "le" && family.kind == "histogram"),
+                                "{expr} filters {series} on {label}, which it does not carry ({:?})",
+                                family.labels
+                            );
+                        }
+                    }
+                    rest = &tail[end..];
+                }
+            }
+        }
+        assert!(read > 10, "the dashboard reads {read} series");
+    }
 
     #[test]
     fn every_interface_metric_is_exported() {

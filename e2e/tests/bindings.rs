@@ -966,6 +966,7 @@ async fn update_policy_once_over_an_unmarked_crd_is_reported_until_adopted_then_
         .unwrap(),
     ]);
     install_crd(&s.consumer, &users).await.unwrap();
+    let before = consumer_crd(&s, "widgets.example.org").await.unwrap();
     let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
     refused_until_adopted(&s, &bindings, "widgets", "widgets.example.org").await;
     let stamped = consumer_crd(&s, "widgets.example.org").await.unwrap();
@@ -976,12 +977,10 @@ async fn update_policy_once_over_an_unmarked_crd_is_reported_until_adopted_then_
             .map(String::as_str),
         Some("provider")
     );
-    assert!(
-        stamped.spec.versions[0]
-            .additional_printer_columns
-            .is_some(),
-        "Once keeps the user's schema"
-    );
+    // The whole spec — schema, versions, printer columns — is the user's, unchanged; and the
+    // provider's own columns (kbind's delivery columns among them) never arrived.
+    assert_eq!(stamped.spec, before.spec, "Once keeps the user's schema");
+    assert_eq!(stamped.metadata.generation, before.metadata.generation);
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
 }

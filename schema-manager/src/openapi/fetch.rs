@@ -125,14 +125,6 @@ where
     )))
 }
 
-/// [`get_json`] for tests of hostile paths.
-#[cfg(test)]
-pub async fn get_json_for_tests(client: &kube::Client, path: &str) -> Result<Value, String> {
-    get_json::<Value>(client, path, 1024)
-        .await
-        .map_err(|e| format!("{e:?}"))
-}
-
 /// Why a document could not be read.
 #[derive(Debug)]
 pub enum FetchError {
@@ -573,6 +565,24 @@ mod tests {
             "{error:?}"
         );
         assert_eq!(pages.load(std::sync::atomic::Ordering::Relaxed), LIST_PAGES);
+    }
+
+    #[tokio::test]
+    async fn a_server_relative_url_with_spaces_is_an_error_not_a_panic() {
+        // A provider's index names the URL: one it cannot have meant is refused before any
+        // request (a server that answers everything sees none), while a proper one is read.
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = asked.clone();
+        let client = answering(move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (200, b"{}".to_vec())
+        });
+        let hostile = get_json::<Value>(&client, "/openapi/v3/apis/a b/v1?hash=x y", 1024).await;
+        assert!(hostile.is_err());
+        assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 0);
+        let proper = get_json::<Value>(&client, "/openapi/v3/apis/a/v1?hash=xy", 1024).await;
+        assert_eq!(proper.unwrap(), serde_json::json!({}));
+        assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[test]

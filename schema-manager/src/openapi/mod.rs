@@ -1006,14 +1006,6 @@ mod tests {
         assert_eq!(stored, ["v7"]);
     }
 
-    #[tokio::test]
-    async fn a_server_relative_url_with_spaces_is_an_error_not_a_panic() {
-        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
-        let client = kube::Client::try_from(config).unwrap();
-        let result = fetch::get_json_for_tests(&client, "/openapi/v3/apis/a b/v1?hash=x y").await;
-        assert!(result.is_err());
-    }
-
     /// A document whose Widget spec is `{ "$ref": first }` over `components`.
     fn hostile(components: Map<String, Value>, first: &str) -> Value {
         let mut doc = widget_document(json!({ "$ref": format!("#/components/schemas/{first}") }));

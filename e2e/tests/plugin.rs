@@ -479,3 +479,115 @@ async fn doctor_finds_what_the_credential_lacks_and_its_rbac_fixes_it() {
         "{absent}"
     );
 }
+
+#[tokio::test]
+async fn one_doctor_run_on_a_credential_with_nothing_prints_exactly_what_it_needs() {
+    // #33.7: the provider credential has no RBAC at all and nothing is pinned yet. One run of
+    // the doctor prints everything needed — identity included, the bound API taken from the
+    // binding (discovery is forbidden too). That snippet without the Widgets rule leaves the
+    // object unsynced; the whole snippet makes the Connection Ready and the object sync.
+    let mut env = kbind_e2e::TestEnv::start("plugin-doctor-nothing", &["consumer", "provider"])
+        .await
+        .unwrap();
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    start_schema_manager(
+        &mut env,
+        "consumer",
+        "schema-manager",
+        &["--leader-elect=false"],
+    )
+    .await
+    .unwrap();
+    start_syncer(&mut env, "consumer", "syncer-0", &[])
+        .await
+        .unwrap();
+    let nobody = env.cluster("provider").mint_user("nobody").await.unwrap();
+    put_kubeconfig(&consumer, "p", &nobody.kubeconfig).await;
+    create_connection(
+        &consumer,
+        &connection("provider", "p", kbind_shared::api::SchemaSource::Crd),
+    )
+    .await
+    .unwrap();
+    Api::<kbind_shared::api::ClusterBinding>::all(consumer.clone())
+        .create(
+            &PostParams::default(),
+            &kbind_shared::api::ClusterBinding::new(
+                "widgets",
+                kbind_shared::api::ClusterBindingSpec {
+                    binding: binding_spec("provider", &[API]),
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let kubeconfig = env.cluster("consumer").admin_kubeconfig_path();
+    let run = plugin(&kubeconfig, &["doctor", "provider", "-o", "json"]).await;
+    assert_eq!(run.code, 1, "{run}");
+    let report = run.json();
+    let rbac = report["missingRbac"]
+        .as_str()
+        .expect("RBAC to apply")
+        .to_owned();
+    for part in [
+        "namespaces",
+        "leases",
+        "customresourcedefinitions",
+        "widgets",
+    ] {
+        assert!(rbac.contains(part), "the snippet grants {part}: {rbac}");
+    }
+    assert!(
+        !rbac.contains("secrets") && !rbac.contains("configmaps"),
+        "{rbac}"
+    );
+
+    // A rule fewer: the Widgets rule left out. The Connection comes up, the object does not sync.
+    let mut documents = yaml_documents(&rbac).unwrap();
+    for document in &mut documents {
+        if let Some(rules) = document.get_mut("rules").and_then(Value::as_array_mut) {
+            rules.retain(|r| r["resources"] != json!(["widgets"]));
+        }
+    }
+    let fewer: String = documents
+        .iter()
+        .map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap()))
+        .collect();
+    apply_manifest(&provider, &fewer).await.unwrap();
+    wait_condition(&consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    ensure_namespace(&consumer, "team-a").await.unwrap();
+    widgets(&consumer, "team-a")
+        .create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        widgets(&provider, "team-a")
+            .get_opt("w")
+            .await
+            .unwrap()
+            .is_none(),
+        "synced without the Widgets rule"
+    );
+
+    // The whole snippet: the object syncs, and the doctor is satisfied.
+    apply_manifest(&provider, &rbac).await.unwrap();
+    wait_for(
+        "the object to sync with exactly the printed rules",
+        60,
+        || async {
+            widgets(&provider, "team-a")
+                .get_opt("w")
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    let fixed = plugin(&kubeconfig, &["doctor", "provider"]).await;
+    assert_eq!(fixed.code, 0, "{fixed}");
+}

@@ -10,10 +10,8 @@ use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use kbind_schema_manager::connection::heartbeat;
-use kbind_schema_manager::discovery;
-use kbind_schema_manager::openapi::fetch::Documents;
 use kbind_shared::api::{
-    ActiveSchemaSource, Binding, BindingSpec, ClusterBinding, Connection, ExportedApi,
+    ActiveSchemaSource, Binding, BindingSpec, ClusterBinding, Connection, RelatedDirection,
     RelatedResourceKind, SchemaSource,
 };
 use kbind_shared::kubeconfig::Transport;
@@ -57,22 +55,43 @@ fn need(why: &str, group: &str, resource: &str, namespace: Option<&str>, verbs: 
     }
 }
 
-/// Everything kbind does on a provider for a Connection: read its identity, discover its exports
-/// (CRDs, or OpenAPI documents), keep the heartbeat Lease in `lease_namespace`, create namespaces
-/// for the objects it copies, write every exported API, and copy related Secrets/ConfigMaps the
-/// Connection's bindings name.
+/// One related-resources entry's use of the provider: the kind, which way, and where (`None`:
+/// every namespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelatedUse {
+    pub kind: RelatedResourceKind,
+    pub direction: RelatedDirection,
+    pub namespace: Option<String>,
+}
+
+/// Everything kbind does on a provider for a Connection, and no more (#33.7): read its identity,
+/// discover its exports (the export marks on CRDs, and OpenAPI documents for that source), keep
+/// the heartbeat Lease in `lease_namespace`, create namespaces for the objects it copies, write
+/// the APIs the Connection's bindings list (`apis`: group and resource — taken from the bindings,
+/// so a failed discovery leaves nothing out), and read or write related Secrets/ConfigMaps where
+/// the bindings' entries use them (read where the provider is the source, write where it is the
+/// target; in a Binding's namespace, a ClusterBinding entry's listed namespaces, or everywhere).
 pub fn needs(
     source: SchemaSource,
     active: Option<ActiveSchemaSource>,
     lease_namespace: &str,
-    exports: &[ExportedApi],
-    related: &[RelatedResourceKind],
+    apis: &[(String, String)],
+    related: &[RelatedUse],
 ) -> Vec<Need> {
     let mut out = vec![
         need(
             "read the provider's cluster identity",
             "",
             "namespaces",
+            None,
+            &["get"],
+        ),
+        // Asked first, and RBAC answers before the API server knows whether kcp is there: a
+        // plain Kubernetes provider needs it too.
+        need(
+            "read the provider's cluster identity (kcp's LogicalCluster, tried first)",
+            "core.kcp.io",
+            "logicalclusters",
             None,
             &["get"],
         ),
@@ -119,32 +138,88 @@ pub fn needs(
             });
         }
     }
-    for export in exports {
-        out.push(need(
-            &format!("sync {}", export.name),
-            &export.group,
-            &export.resource,
-            None,
-            READ_WRITE,
-        ));
-    }
-    let mut related: Vec<RelatedResourceKind> = related.to_vec();
-    related.sort_by_key(|k| format!("{k:?}"));
-    related.dedup();
-    for kind in related {
-        let resource = match kind {
-            RelatedResourceKind::Secrets => "secrets",
-            RelatedResourceKind::Configmaps => "configmaps",
+    let mut apis = apis.to_vec();
+    apis.sort();
+    apis.dedup();
+    for (group, resource) in &apis {
+        let name = if group.is_empty() {
+            resource.clone()
+        } else {
+            format!("{resource}.{group}")
         };
         out.push(need(
-            &format!("copy related {resource}"),
-            "",
+            &format!("sync {name}"),
+            group,
             resource,
             None,
             READ_WRITE,
         ));
     }
+    // Related resources: the verbs each (kind, namespace) needs, merged; a namespace is left out
+    // where every namespace is needed anyway.
+    const SOURCE: &[&str] = &["get", "list", "watch"];
+    const TARGET: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+    let mut by_place: BTreeMap<(&'static str, Option<String>), Vec<&'static str>> = BTreeMap::new();
+    for entry in related {
+        let resource = match entry.kind {
+            RelatedResourceKind::Secrets => "secrets",
+            RelatedResourceKind::Configmaps => "configmaps",
+        };
+        let verbs = match entry.direction {
+            RelatedDirection::FromProvider => SOURCE,
+            RelatedDirection::FromConsumer => TARGET,
+        };
+        let place = by_place
+            .entry((resource, entry.namespace.clone()))
+            .or_default();
+        for verb in verbs {
+            if !place.contains(verb) {
+                place.push(verb);
+            }
+        }
+    }
+    let everywhere: BTreeMap<&str, Vec<&str>> = by_place
+        .iter()
+        .filter(|((_, namespace), _)| namespace.is_none())
+        .map(|((resource, _), verbs)| (*resource, verbs.clone()))
+        .collect();
+    for ((resource, namespace), verbs) in by_place {
+        let covered = namespace.is_some()
+            && everywhere
+                .get(resource)
+                .is_some_and(|all| verbs.iter().all(|v| all.contains(v)));
+        if covered {
+            continue;
+        }
+        let verbs: Vec<&str> = TARGET
+            .iter()
+            .copied()
+            .filter(|v| verbs.contains(v))
+            .collect();
+        out.push(need(
+            &format!("copy related {resource}"),
+            "",
+            resource,
+            namespace.as_deref(),
+            &verbs,
+        ));
+    }
     out
+}
+
+/// The APIs the Connection's bindings list, as (group, resource).
+fn bound_apis<'a>(
+    specs: impl Iterator<Item = &'a BindingSpec>,
+    connection: &str,
+) -> Vec<(String, String)> {
+    specs
+        .filter(|s| s.connection_ref.name == connection)
+        .flat_map(|s| s.apis.iter())
+        .filter_map(|a| {
+            let (resource, group) = a.name.split_once('.')?;
+            Some((group.to_owned(), resource.to_owned()))
+        })
+        .collect()
 }
 
 /// One verb of one [`Need`], as the provider answered.
@@ -196,6 +271,15 @@ pub fn missing_rbac(connection: &str, user: &str, checks: &[Check]) -> Option<St
                 json!({ "name": name, "namespace": ns }),
             ),
         };
+        // A Role needs its namespace (the heartbeat's, say, before kbind could create it): the
+        // snippet brings it, and applying it where it exists changes nothing.
+        if let Some(ns) = &namespace {
+            documents.push(json!({
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": { "name": ns },
+            }));
+        }
         documents.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": role,
@@ -254,14 +338,32 @@ impl Report {
     }
 }
 
-fn related_kinds<'a>(
-    specs: impl Iterator<Item = &'a BindingSpec>,
+/// Where each related-resources entry of the Connection's bindings uses the provider:
+/// `(namespace of the Binding, or None for a ClusterBinding, spec)`.
+fn related_uses<'a>(
+    specs: impl Iterator<Item = (Option<&'a str>, &'a BindingSpec)>,
     connection: &str,
-) -> Vec<RelatedResourceKind> {
-    specs
-        .filter(|s| s.connection_ref.name == connection)
-        .flat_map(|s| s.related_resources.iter().map(|r| r.resource))
-        .collect()
+) -> Vec<RelatedUse> {
+    let mut out = Vec::new();
+    for (namespace, spec) in specs.filter(|(_, s)| s.connection_ref.name == connection) {
+        for entry in &spec.related_resources {
+            let places: Vec<Option<String>> = match namespace {
+                Some(ns) => vec![Some(ns.to_owned())],
+                None if !entry.namespaces.is_empty() => {
+                    entry.namespaces.iter().cloned().map(Some).collect()
+                }
+                None => vec![None],
+            };
+            for place in places {
+                out.push(RelatedUse {
+                    kind: entry.resource,
+                    direction: entry.direction,
+                    namespace: place,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// Reads the Connection and its credential, checks the provider's identity against the pin, then
@@ -270,7 +372,20 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
     let connection: Connection = view::connection(consumer, name)
         .await?
         .ok_or_else(|| format!("Connection {name} not found"))?;
-    let provider = view::provider(consumer, &connection.spec, transport).await?;
+    let (provider, identified) =
+        view::provider_maybe_unidentified(consumer, &connection.spec, transport).await?;
+    let status = connection.status.clone().unwrap_or_default();
+    let mut notes = Vec::new();
+    // A pinned Connection is checked against its pin first, always; one not pinned yet may have a
+    // credential that cannot even read the identity — that is one of the things it lacks.
+    if let Err(message) = identified {
+        if !status.remote_cluster_uid.is_empty() {
+            return Err(message);
+        }
+        notes.push(format!(
+            "{message}; the RBAC below grants it (the Connection pins the identity it then reads)"
+        ));
+    }
     let identity = view::pin(connection.status.as_ref(), &provider.identity);
     if let Pin::Mismatch { pinned } = &identity {
         return Err(format!(
@@ -278,34 +393,13 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
             provider.identity
         ));
     }
-    let mut notes = Vec::new();
-    if identity == Pin::Unpinned {
+    if identity == Pin::Unpinned && !provider.identity.is_empty() {
         notes.push(format!(
             "the Connection has not pinned a provider identity yet; kbind would pin {}",
             provider.identity
         ));
     }
     let client = provider.provider.client.clone();
-    let status = connection.status.clone().unwrap_or_default();
-    // The exports now, when discovery is allowed; else the ones the Connection last recorded.
-    let documents = Documents::new(10 << 20);
-    let exports = match discovery::discover(
-        &provider.provider,
-        &documents,
-        connection.spec.schema.source,
-        status.active_schema_source,
-    )
-    .await
-    {
-        Ok(exports) => exports.apis,
-        Err(e) => {
-            notes.push(format!(
-                "discovery failed ({}); checking the APIs the Connection last recorded",
-                view::line(e.message(), 200)
-            ));
-            status.exported_apis.clone()
-        }
-    };
     let cluster_bindings = Api::<ClusterBinding>::all(consumer.clone())
         .list(&ListParams::default())
         .await
@@ -316,11 +410,24 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
         .await
         .map(|l| l.items)
         .unwrap_or_default();
-    let related = related_kinds(
+    // What the bindings need, not what discovery shows: a credential that may not discover
+    // still gets every rule in one run (#33.7).
+    let apis = bound_apis(
         cluster_bindings
             .iter()
             .map(|b| &b.spec.binding)
             .chain(bindings.iter().map(|b| &b.spec)),
+        name,
+    );
+    let related = related_uses(
+        cluster_bindings
+            .iter()
+            .map(|b| (None, &b.spec.binding))
+            .chain(
+                bindings
+                    .iter()
+                    .map(|b| (b.metadata.namespace.as_deref(), &b.spec)),
+            ),
         name,
     );
     let lease_namespace = heartbeat::lease_namespace(provider.provider.kubeconfig.namespace());
@@ -335,7 +442,7 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
         connection.spec.schema.source,
         status.active_schema_source,
         lease_namespace,
-        &exports,
+        &apis,
         &related,
     ) {
         let (mut allowed, mut missing) = (Vec::new(), Vec::new());
@@ -462,12 +569,16 @@ pub fn render(report: &Report) -> String {
 mod tests {
     use super::*;
 
-    fn export(name: &str, group: &str, resource: &str) -> ExportedApi {
-        serde_json::from_value(json!({
-            "name": name, "group": group, "resource": resource,
-            "scope": "Namespaced", "versions": ["v1"],
-        }))
-        .unwrap()
+    fn related(
+        kind: RelatedResourceKind,
+        direction: RelatedDirection,
+        namespace: Option<&str>,
+    ) -> RelatedUse {
+        RelatedUse {
+            kind,
+            direction,
+            namespace: namespace.map(str::to_owned),
+        }
     }
 
     fn kinds(needs: &[Need]) -> Vec<String> {
@@ -490,17 +601,30 @@ mod tests {
     }
 
     #[test]
-    fn needs_follow_the_schema_source_the_exports_and_related_resources() {
-        let widgets = export("widgets.example.org", "example.org", "widgets");
+    fn needs_follow_the_schema_source_the_bound_apis_and_related_resources() {
+        // #33.7: exactly what the bindings use — their APIs, and related kinds only in the
+        // direction and namespaces their entries name.
+        let widgets = vec![("example.org".to_owned(), "widgets".to_owned())];
         let base = [
             "/namespaces None get",
+            "core.kcp.io/logicalclusters None get",
             "/namespaces None create",
             "coordination.k8s.io/leases Some(\"kbind\") get,create,update,patch",
         ];
         let crd = "apiextensions.k8s.io/customresourcedefinitions None get,list,watch";
         let apiservices = "apiregistration.k8s.io/apiservices None list";
         let rw = "get,list,watch,create,update,patch,delete";
-        for (source, active, exports, related, extra) in [
+        use RelatedDirection::{FromConsumer, FromProvider};
+        use RelatedResourceKind::{Configmaps, Secrets};
+        /// (source, active source, bound APIs, related uses) → the needs beyond the base.
+        type Case = (
+            SchemaSource,
+            Option<ActiveSchemaSource>,
+            Vec<(String, String)>,
+            Vec<RelatedUse>,
+            Vec<String>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 SchemaSource::Crd,
                 None,
@@ -511,7 +635,7 @@ mod tests {
             (
                 SchemaSource::Auto,
                 Some(ActiveSchemaSource::Crd),
-                vec![widgets.clone()],
+                [widgets.clone(), widgets.clone()].concat(),
                 vec![],
                 vec![crd.to_owned(), format!("example.org/widgets None {rw}")],
             ),
@@ -528,25 +652,30 @@ mod tests {
                 ],
             ),
             (
-                SchemaSource::Auto,
-                Some(ActiveSchemaSource::OpenApi),
+                SchemaSource::Crd,
+                None,
                 vec![],
                 vec![
-                    RelatedResourceKind::Secrets,
-                    RelatedResourceKind::Secrets,
-                    RelatedResourceKind::Configmaps,
+                    // A Binding reading Secrets from the provider in team-a.
+                    related(Secrets, FromProvider, Some("team-a")),
+                    // A ClusterBinding sending ConfigMaps to the provider everywhere, and a
+                    // Binding doing so in team-b (covered by the first).
+                    related(Configmaps, FromConsumer, None),
+                    related(Configmaps, FromConsumer, Some("team-b")),
+                    // Secrets both ways in team-c.
+                    related(Secrets, FromProvider, Some("team-c")),
+                    related(Secrets, FromConsumer, Some("team-c")),
                 ],
                 vec![
                     crd.to_owned(),
-                    apiservices.to_owned(),
-                    "/openapi/v3 get".to_owned(),
-                    "/openapi/v3/* get".to_owned(),
-                    format!("/configmaps None {rw}"),
-                    format!("/secrets None {rw}"),
+                    "/configmaps None get,list,watch,create,patch,delete".to_owned(),
+                    "/secrets Some(\"team-a\") get,list,watch".to_owned(),
+                    "/secrets Some(\"team-c\") get,list,watch,create,patch,delete".to_owned(),
                 ],
             ),
-        ] {
-            let got = kinds(&needs(source, active, "kbind", &exports, &related));
+        ];
+        for (source, active, apis, uses, extra) in cases {
+            let got = kinds(&needs(source, active, "kbind", &apis, &uses));
             let mut want: Vec<String> = base.iter().map(|s| (*s).to_owned()).collect();
             want.extend(extra);
             assert_eq!(got, want, "{source:?} {active:?}");
@@ -573,7 +702,7 @@ mod tests {
             SchemaSource::Crd,
             None,
             "kbind",
-            &[export("widgets.example.org", "example.org", "widgets")],
+            &[("example.org".to_owned(), "widgets".to_owned())],
             &[],
         );
         let nothing: Vec<Check> = all.iter().cloned().map(|n| check(n, &[])).collect();
@@ -599,18 +728,26 @@ mod tests {
             .collect();
         assert_eq!(
             kinds,
-            ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+            [
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Namespace",
+                "Role",
+                "RoleBinding"
+            ]
         );
         assert_eq!(
             documents[0]["rules"],
             json!([{ "apiGroups": ["example.org"], "resources": ["widgets"], "verbs": ["create", "delete"] }])
         );
+        // The Role's namespace comes first: it may not exist before kbind could create it.
+        assert_eq!(documents[2]["metadata"], json!({ "name": "kbind" }));
         assert_eq!(
-            documents[2]["metadata"],
+            documents[3]["metadata"],
             json!({ "name": "kbind-provider-c", "namespace": "kbind" })
         );
         assert_eq!(
-            documents[2]["rules"],
+            documents[3]["rules"],
             json!([{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"] }])
         );
         assert_eq!(
@@ -631,7 +768,7 @@ mod tests {
                 .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
                 .filter(|d| !d.is_null())
                 .collect();
-            assert_eq!(documents.len(), 4, "{text}");
+            assert_eq!(documents.len(), 5, "{text}");
             assert_eq!(documents[1]["subjects"][0]["name"], evil);
         }
         let user = missing_rbac("c", "alice", &checks).unwrap();

@@ -157,6 +157,18 @@ pub async fn provider(
     spec: &ConnectionSpec,
     transport: Transport,
 ) -> Result<ProviderView, String> {
+    let (view, identity) = provider_maybe_unidentified(consumer, spec, transport).await?;
+    identity?;
+    Ok(view)
+}
+
+/// [`provider`], also when the credential may not read the provider's identity: the view (its
+/// `identity` empty then) and whether the identity could be read.
+pub async fn provider_maybe_unidentified(
+    consumer: &Client,
+    spec: &ConnectionSpec,
+    transport: Transport,
+) -> Result<(ProviderView, Result<(), String>), String> {
     // The Secret is read wherever the spec points: the plugin cannot know the operator's
     // `--provider-secret-namespaces`, so that is the only namespace it allows.
     let reference = &spec.kubeconfig_secret_ref;
@@ -171,10 +183,14 @@ pub async fn provider(
         .client()
         .await
         .map_err(|e| e.to_string())?;
-    let identity = kbind_shared::identity::cluster_identity(&client)
-        .await
-        .map_err(|e| format!("cannot read the provider's cluster identity: {e}"))?;
-    Ok(ProviderView {
+    let (identity, read) = match kbind_shared::identity::cluster_identity(&client).await {
+        Ok(identity) => (identity, Ok(())),
+        Err(e) => (
+            String::new(),
+            Err(format!("cannot read the provider's cluster identity: {e}")),
+        ),
+    };
+    let view = ProviderView {
         provider: kbind_schema_manager::providers::Provider {
             client,
             kubeconfig: credential.kubeconfig,
@@ -183,7 +199,8 @@ pub async fn provider(
             identity: Default::default(),
         },
         identity,
-    })
+    };
+    Ok((view, read))
 }
 
 /// Objects listed per request.

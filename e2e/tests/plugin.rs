@@ -166,6 +166,56 @@ async fn status_shows_connections_bindings_objects_conflicts_and_lag() {
     ] {
         assert!(run.stdout.contains(part), "{part} missing:\n{run}");
     }
+
+    // An object the provider's admission rejects: `status` asks for attention (exit 1) until
+    // told to ignore refusals (#33.7).
+    let hook = kbind_e2e::webhook::DenyingWebhook::start(403, "no widgets here")
+        .await
+        .unwrap();
+    let configuration: k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration =
+        serde_json::from_value(json!({
+            "metadata": { "name": "deny" },
+            "webhooks": [{
+                "name": "deny.example.org",
+                "clientConfig": {
+                    "url": hook.url,
+                    "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &hook.ca_pem),
+                },
+                "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["widgets"] }],
+                "namespaceSelector": { "matchLabels": { "policy": "guarded" } },
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+            }],
+        }))
+        .unwrap();
+    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
+        s.provider.clone(),
+    )
+    .create(&PostParams::default(), &configuration)
+    .await
+    .unwrap();
+    let mut guarded = k8s_openapi::api::core::v1::Namespace::default();
+    guarded.metadata.name = Some("guarded".into());
+    guarded.metadata.labels = Some([("policy".to_owned(), "guarded".to_owned())].into());
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(s.provider.clone())
+        .create(&PostParams::default(), &guarded)
+        .await
+        .unwrap();
+    ensure_namespace(&s.consumer, "guarded").await.unwrap();
+    widgets(&s.consumer, "guarded")
+        .create(&PostParams::default(), &widget("denied", 1))
+        .await
+        .unwrap();
+    let refused = wait_for("status to count the rejected object", 30, || async {
+        let run = plugin(&kubeconfig, &["status", "-o", "json"]).await;
+        let rejected = entry(&run.json()["apis"], "api", API)["rejected"].clone();
+        Ok((rejected == 1).then_some(run))
+    })
+    .await;
+    assert_eq!(refused.code, 1, "{refused}");
+    let ignored = plugin(&kubeconfig, &["status", "--ignore-refused"]).await;
+    assert_eq!(ignored.code, 0, "{ignored}");
 }
 
 /// Snapshots both API servers' write counters until two readings a second apart agree (nothing

@@ -55,8 +55,13 @@ enum Output {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Connections, bindings and bound APIs: object counts, delivery, conflicts, lag.
-    Status,
+    /// Connections, bindings and bound APIs: object counts, delivery, conflicts, lag. Exits 1 when
+    /// the provider rejected or forbade objects (a script's check), unless told not to.
+    Status {
+        /// Exit 0 even when objects were rejected or forbidden.
+        #[arg(long)]
+        ignore_refused: bool,
+    },
     /// A dry run of applying a file of Connections, ClusterBindings and Bindings: changes nothing.
     Plan {
         /// The YAML or JSON file (several documents allowed; `-` reads standard input).
@@ -100,10 +105,14 @@ async fn run(args: &Args) -> Result<Verdict, String> {
     };
     let json = args.output == Output::Json;
     match &args.command {
-        Command::Status => {
+        Command::Status { ignore_refused } => {
             let report = status::gather(&consumer).await?;
             view::print(json, &report, status::render)?;
-            Ok(Verdict::Fine)
+            Ok(if report.refused() > 0 && !ignore_refused {
+                Verdict::Attention
+            } else {
+                Verdict::Fine
+            })
         }
         Command::Plan { file } => {
             let text = if file.as_os_str() == "-" {

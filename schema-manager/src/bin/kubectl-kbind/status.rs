@@ -29,6 +29,14 @@ pub struct Report {
     pub apis: Vec<ApiRow>,
 }
 
+impl Report {
+    /// Objects the provider rejected or forbade, over every bound API (#33.7: `status` exits 1
+    /// while there are any).
+    pub fn refused(&self) -> u64 {
+        self.apis.iter().map(|a| a.rejected + a.forbidden).sum()
+    }
+}
+
 /// One Connection.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]

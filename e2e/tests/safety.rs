@@ -306,24 +306,17 @@ async fn a_provider_exporting_a_crd_the_consumer_owns_never_changes_it_until_the
     );
 }
 
-#[tokio::test]
-async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_it() {
-    // Guarantee 1: two Connections serving one API → the second reports a conflict; the CRD's
-    // marker never flips; every instance keeps syncing to the first provider.
-    let s = SyncEnv::start_with("safety_two_connections", &[0, 1, 2], None, &["second"]).await;
-    let second = s.env.cluster("second").admin_client().await.unwrap();
-    install_crd(&second, &widget_crd()).await.unwrap();
-    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    wait_binding_condition(&cluster_bindings, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
-
+/// Connects the cluster `second` as Connection `second` and binds Widgets through it in the
+/// ClusterBinding `second-widgets`, which is refused (`SchemaConflict`: Connection `provider`
+/// serves the CRD); returns that binding.
+async fn second_connection_binds_widgets(s: &SyncEnv) -> ClusterBinding {
     connect_to(
         &s.consumer,
         "second",
         &s.env.cluster("second").admin_kubeconfig(),
     )
     .await;
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
     cluster_bindings
         .create(
             &PostParams::default(),
@@ -336,7 +329,7 @@ async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_i
         )
         .await
         .unwrap();
-    let b = wait_binding_condition(
+    wait_binding_condition(
         &cluster_bindings,
         "second-widgets",
         "Ready",
@@ -344,7 +337,22 @@ async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_i
         Some("SchemaConflict"),
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_it() {
+    // Guarantee 1: two Connections serving one API → the second reports a conflict; the CRD's
+    // marker never flips; every instance keeps syncing to the first provider.
+    let s = SyncEnv::start_with("safety_two_connections", &[0, 1, 2], None, &["second"]).await;
+    let second = s.env.cluster("second").admin_client().await.unwrap();
+    install_crd(&second, &widget_crd()).await.unwrap();
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    wait_binding_condition(&cluster_bindings, "widgets", "Ready", "True", None)
+        .await
+        .unwrap();
+
+    let b = second_connection_binds_widgets(&s).await;
     let status = b.status.unwrap();
     let message = &kbind_shared::conditions::find(&status.conditions, "Ready")
         .unwrap()
@@ -419,33 +427,7 @@ async fn adopting_a_crd_another_connection_serves_drains_that_provider_before_th
         Ok((names(s.provider.clone()).await?.len() == 10).then_some(()))
     })
     .await;
-    connect_to(
-        &s.consumer,
-        "second",
-        &s.env.cluster("second").admin_kubeconfig(),
-    )
-    .await;
-    cluster_bindings
-        .create(
-            &PostParams::default(),
-            &ClusterBinding::new(
-                "second-widgets",
-                ClusterBindingSpec {
-                    binding: binding_spec("second", &["widgets.example.org"]),
-                },
-            ),
-        )
-        .await
-        .unwrap();
-    wait_binding_condition(
-        &cluster_bindings,
-        "second-widgets",
-        "Ready",
-        "False",
-        Some("SchemaConflict"),
-    )
-    .await
-    .unwrap();
+    second_connection_binds_widgets(&s).await;
 
     adopt_crd(&s.consumer, "widgets.example.org", "second")
         .await

@@ -35,6 +35,21 @@ async fn granted(provider: &kbind_e2e::Cluster, name: &str) -> User {
     user
 }
 
+/// Makes the Connection's Secret hold `name`, a restricted user granted everything kbind needs
+/// (the ClusterRole `name`).
+async fn switch_to_granted(s: &SyncEnv, name: &str) -> User {
+    let user = granted(s.env.cluster("provider"), name).await;
+    put_secret(
+        &s.consumer,
+        "provider-kubeconfig",
+        "kubeconfig",
+        user.kubeconfig.as_bytes(),
+    )
+    .await
+    .unwrap();
+    user
+}
+
 #[tokio::test]
 async fn connection_not_ready_stops_syncing_and_ready_resumes_with_rotated_credentials() {
     // ENG-1 … ENG-4, LIM-1/ENG-5 improved: a rotated credential is used without a restart.
@@ -129,15 +144,7 @@ async fn revoked_credentials_give_forbidden_events_and_recover_when_granted_agai
     let s = SyncEnv::start("resilience_forbidden", &[0, 1, 2], None).await;
     ready(&s).await;
     // The Secret holds a restricted user that may do everything kbind needs.
-    let user = granted(s.env.cluster("provider"), "limited").await;
-    put_secret(
-        &s.consumer,
-        "provider-kubeconfig",
-        "kubeconfig",
-        user.kubeconfig.as_bytes(),
-    )
-    .await
-    .unwrap();
+    switch_to_granted(&s, "limited").await;
     // The syncer picks up new credentials (it watches the Secret) by rebuilding its worker.
     let log = s.env.dir().join("syncer-0.log");
     wait_for(
@@ -713,15 +720,7 @@ async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_acce
     // Connection says PermissionDenied=True naming the verb and resource. Granted again, it clears.
     let s = SyncEnv::start("resilience_revoked_connection", &[0, 1, 2], None).await;
     ready(&s).await;
-    let user = granted(s.env.cluster("provider"), "revocable").await;
-    put_secret(
-        &s.consumer,
-        "provider-kubeconfig",
-        "kubeconfig",
-        user.kubeconfig.as_bytes(),
-    )
-    .await
-    .unwrap();
+    switch_to_granted(&s, "revocable").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w", 1).await;
     wait_condition(&s.consumer, "provider", "PermissionDenied", "False", None)

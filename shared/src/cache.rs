@@ -61,9 +61,7 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream =
-        reflector::reflector(writer, watcher(api, config).modify(modify)).default_backoff();
-    drive(stream, stop, observer);
+    observe_modified(writer, api, config, stop, modify, observer);
     reader
 }
 
@@ -144,8 +142,7 @@ pub fn observe<K>(
         + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
-    drive(stream, stop, observer);
+    observe_modified(writer, api, config, stop, |_| {}, observer);
 }
 
 /// Which cluster-scoped objects a watch shows changed, by name, re-lists included: an `Apply` or

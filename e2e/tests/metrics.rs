@@ -279,6 +279,21 @@ async fn with_metrics_auth_only_a_token_allowed_to_get_metrics_is_served() {
         }
     })
     .await;
+    // A flood of made-up tokens: reviews are rate-bounded (429 beyond 10 a second), and the
+    // scraper whose verdict is remembered is served throughout.
+    let started = std::time::Instant::now();
+    let answers =
+        futures::future::join_all((0..40).map(|i| get(Some(format!("made-up-token-{i}"))))).await;
+    let throttled = answers.iter().filter(|(code, _)| *code == 429).count();
+    let reviewed = answers.iter().filter(|(code, _)| *code == 401).count();
+    assert!(throttled > 0, "{answers:?}");
+    let seconds = started.elapsed().as_secs() as usize + 1;
+    assert!(
+        reviewed <= 10 * seconds,
+        "{reviewed} reviews in {seconds} s"
+    );
+    let (code, _) = get(Some(scraper.token.clone())).await;
+    assert_eq!(code, 200);
     // Probes stay open: the kubelet sends no token.
     let (code, _) = kbind_e2e::kbind::http_get(&manager.probes, "/readyz")
         .await

@@ -28,7 +28,39 @@ pub enum Verdict {
     Unauthenticated(String),
     /// 403: known, not allowed to `get` `/metrics`.
     Forbidden(String),
+    /// 429: more unknown tokens than [`ReviewBudget::PER_SECOND`] in a second — nobody can make
+    /// kbind flood its API server with reviews.
+    Throttled,
 }
+
+/// How many token reviews (a TokenReview and a SubjectAccessReview each) may start per second:
+/// remembered verdicts cost none, so a scraper never meets it, and a flood of made-up tokens
+/// costs the API server at most this much.
+#[derive(Default)]
+pub struct ReviewBudget(Mutex<Option<(Instant, u32)>>);
+
+impl ReviewBudget {
+    /// Reviews per second.
+    pub const PER_SECOND: u32 = 10;
+
+    /// Whether a review may start at `now`.
+    pub fn take(&self, now: Instant) -> bool {
+        let mut window = self.0.locked();
+        match &mut *window {
+            Some((start, used)) if now.duration_since(*start) < Duration::from_secs(1) => {
+                if *used >= Self::PER_SECOND {
+                    return false;
+                }
+                *used += 1;
+            }
+            _ => *window = Some((now, 1)),
+        }
+        true
+    }
+}
+
+/// The longest bearer token reviewed (a service account token is about 1 KiB).
+pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
 /// The bearer token of an `Authorization` header value, if it is one.
 pub fn bearer(header: Option<&str>) -> Option<&str> {
@@ -107,6 +139,7 @@ impl Verdicts {
 pub struct MetricsAuth {
     client: Client,
     verdicts: Verdicts,
+    budget: ReviewBudget,
 }
 
 impl MetricsAuth {
@@ -116,6 +149,7 @@ impl MetricsAuth {
         Self {
             client,
             verdicts: Verdicts::default(),
+            budget: ReviewBudget::default(),
         }
     }
 
@@ -124,8 +158,14 @@ impl MetricsAuth {
         let Some(token) = bearer(authorization) else {
             return Verdict::Unauthenticated("a bearer token is required".into());
         };
+        if token.len() > MAX_TOKEN_BYTES {
+            return Verdict::Unauthenticated("the bearer token is too long".into());
+        }
         if let Some(known) = self.verdicts.get(token, Instant::now()) {
             return known;
+        }
+        if !self.budget.take(Instant::now()) {
+            return Verdict::Throttled;
         }
         match self.review(token).await {
             Ok(verdict) => {
@@ -231,9 +271,20 @@ mod tests {
                     assert!(why.contains("may not get /metrics"), "{why}");
                     "403"
                 }
+                Verdict::Throttled => "429",
             };
             assert_eq!(got, expected, "{review:?} {answer:?}");
         }
+    }
+
+    #[test]
+    fn reviews_are_rate_bounded() {
+        let budget = ReviewBudget::default();
+        let start = Instant::now();
+        let granted = (0..50).filter(|_| budget.take(start)).count();
+        assert_eq!(granted, ReviewBudget::PER_SECOND as usize);
+        assert!(!budget.take(start + Duration::from_millis(999)));
+        assert!(budget.take(start + Duration::from_secs(1)));
     }
 
     #[test]

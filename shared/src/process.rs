@@ -244,6 +244,12 @@ async fn render_metrics(
             Verdict::Allowed => {}
             Verdict::Unauthenticated(why) => return (StatusCode::UNAUTHORIZED, why + "\n"),
             Verdict::Forbidden(why) => return (StatusCode::FORBIDDEN, why + "\n"),
+            Verdict::Throttled => {
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many token reviews; try again in a second\n".into(),
+                );
+            }
         }
     }
     (StatusCode::OK, metrics.render())

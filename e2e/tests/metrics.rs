@@ -229,6 +229,8 @@ async fn with_metrics_auth_only_a_token_allowed_to_get_metrics_is_served() {
     )
     .await
     .unwrap();
+    // The endpoints bind once the program reached its API server: wait for them.
+    manager.wait_ready("schema manager", 30).await;
     let cluster = env.cluster("consumer");
     let scraper = cluster
         .mint_service_account_user("monitoring", "prometheus")

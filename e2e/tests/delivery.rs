@@ -30,6 +30,17 @@ async fn widget_writes(client: &Client) -> f64 {
         .sum()
 }
 
+/// Server-side applies of Widgets an API server has served successfully (kbind's spec-ups).
+async fn provider_applies(client: &Client) -> f64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    metric_sum(
+        &text,
+        "apiserver_request_total",
+        &[("resource", "widgets"), ("verb", "APPLY"), ("code", "200")],
+    )
+}
+
 /// The consumer Widgets of `namespace` as `kubectl get` shows them: the column names, and the
 /// cells of the row `name`.
 async fn table(client: &Client, namespace: &str, name: &str) -> (Vec<String>, Vec<Value>) {
@@ -113,11 +124,30 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
     assert_eq!(
         columns,
         [
-            "Synced",
-            "Delivered",
             "Generation",
             "Synced-Generation",
+            "Delivery",
+            "Delivered",
             "Message",
+            "Waiting-Since",
+            "Age"
+        ]
+    );
+    // kubectl's default view (priority 0) shows both generations and the state (#33.1).
+    let default_view: Vec<&str> = crd.spec.versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .filter(|c| c.priority.unwrap_or(0) == 0)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        default_view,
+        [
+            "Generation",
+            "Synced-Generation",
+            "Delivery",
+            "Delivered",
             "Age"
         ]
     );
@@ -132,7 +162,7 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
     let (columns, row) = table(&s.consumer, "team-a", "w1").await;
     let at = |name: &str| columns.iter().position(|c| c == name).unwrap();
     assert_eq!(
-        row[at("Synced")],
+        row[at("Delivery")],
         "Synced",
         "kubectl get shows it: {columns:?} {row:?}"
     );
@@ -222,7 +252,7 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
     );
     let (columns, row) = table(&s.consumer, "team-a", "w1").await;
     let at = |name: &str| columns.iter().position(|c| c == name).unwrap();
-    assert_eq!(row[at("Synced")], "Rejected");
+    assert_eq!(row[at("Delivery")], "Rejected");
     assert!(
         row[at("Message")]
             .as_str()
@@ -317,4 +347,173 @@ async fn a_provider_that_answers_slowly_still_gets_one_status_write_per_change()
         2.0,
         "consumer writes on Widgets for one change: this test's patch and kbind's one status write"
     );
+}
+
+/// The backlog gauges of the Widget API on `s`'s syncer: objects per state, and the oldest age.
+async fn backlog(s: &SyncEnv, state: &str) -> Result<(f64, f64), String> {
+    let text = s.syncer.metrics().await?;
+    let labels = [("connection", "provider"), ("api", API)];
+    if !text.contains("kbind_sync_backlog{") {
+        return Err("no backlog gauge yet".into());
+    }
+    let mut with_state = labels.to_vec();
+    with_state.push(("state", state));
+    Ok((
+        metric_sum(&text, "kbind_sync_backlog", &with_state),
+        metric_sum(&text, "kbind_sync_backlog_oldest_seconds", &labels),
+    ))
+}
+
+#[tokio::test]
+async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_restart() {
+    // #33.1 and #33.4: the provider's admission webhook is down (failurePolicy Fail → every write
+    // answers 500), so a change cannot reach it. kubectl's default columns show the new
+    // generation against the one the provider has from the user's own write on, the record says
+    // Pending with the provider's answer and since when — in one consumer write, however many
+    // retries — and the backlog counts it as pending from the change, across a syncer restart.
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use kube::api::{DeleteParams, PostParams};
+    let mut s = SyncEnv::start("delivery_pending", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
+    wait_record(&s, "Synced", 1).await;
+    wait_for("the backlog empty", 30, || async {
+        let (pending, oldest) = backlog(&s, "pending").await?;
+        Ok((pending == 0.0 && oldest == 0.0).then_some(()))
+    })
+    .await;
+
+    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(s.provider.clone());
+    let webhook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": { "name": "down" },
+        "webhooks": [{
+            "name": "down.example.org",
+            "clientConfig": { "url": "https://127.0.0.1:1/validate" },
+            "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["widgets"] }],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 1,
+        }],
+    }))
+    .unwrap();
+    webhooks
+        .create(&PostParams::default(), &webhook)
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    let before = widget_writes(&s.consumer).await;
+    let changed = jiff::Timestamp::now();
+    let patched = consumer_widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "size": 2 } })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.generation, Some(2));
+    // Straight after the user's write, before kbind did anything: the default columns already
+    // say generation 2 is not the one the provider has.
+    let (columns, row) = table(&s.consumer, "team-a", "w1").await;
+    let at = |name: &str| columns.iter().position(|c| c == name).unwrap();
+    assert_eq!(
+        (&row[at("Generation")], &row[at("Synced-Generation")]),
+        (&json!(2), &json!(1)),
+        "{columns:?} {row:?}"
+    );
+
+    let pending = wait_record(&s, "Pending", 1).await;
+    let message = pending["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("answered 500") && message.contains("down.example.org"),
+        "{pending}"
+    );
+    let since: jiff::Timestamp = pending["since"].as_str().unwrap().parse().unwrap();
+    assert!(
+        since.as_second() >= changed.as_second() - 1
+            && since.as_second() <= changed.as_second() + 1,
+        "since {since} is the change at {changed}"
+    );
+    let (_, row) = table(&s.consumer, "team-a", "w1").await;
+    assert_eq!(row[at("Delivery")], "Pending", "{row:?}");
+
+    // Retries do not write it again.
+    let retries = |text: &str| {
+        metric_sum(
+            text,
+            "kbind_sync_operations_total",
+            &[("op", "spec_up"), ("result", "transient")],
+        )
+    };
+    wait_for("several failed attempts", 60, || async {
+        let text = s.syncer.metrics().await?;
+        Ok((retries(&text) >= 3.0).then_some(()))
+    })
+    .await;
+    assert_eq!(
+        widget_writes(&s.consumer).await - before,
+        2.0,
+        "the user's change and kbind's one Pending record"
+    );
+
+    // The backlog counts it as pending, aged from the change.
+    let aged = wait_for("w1 pending in the backlog, aged", 30, || async {
+        let (pending, oldest) = backlog(&s, "pending").await?;
+        Ok((pending == 1.0 && oldest >= 3.0).then_some(oldest))
+    })
+    .await;
+    // A syncer restart neither empties the backlog nor makes its oldest entry young again.
+    let restarted = std::time::Instant::now();
+    let waited_at_restart = (jiff::Timestamp::now() - changed)
+        .total(jiff::Unit::Second)
+        .unwrap();
+    s.restart_syncer("syncer-0-restarted", &[]).await;
+    let again = wait_for("the restarted syncer's backlog", 60, || async {
+        let (pending, oldest) = backlog(&s, "pending").await?;
+        Ok((pending == 1.0).then_some(oldest))
+    })
+    .await;
+    assert!(
+        again + 1.0 >= aged + restarted.elapsed().as_secs_f64().floor() - 1.0,
+        "oldest {again} s after the restart, {aged} s before it"
+    );
+
+    // The provider is back: delivered, and the backlog drains.
+    let applied_before = provider_applies(&s.provider).await;
+    webhooks
+        .delete("down", &DeleteParams::default())
+        .await
+        .unwrap();
+    let delivered = wait_record(&s, "Synced", 2).await;
+    // #33.3: the delivering write is timed from the change (as the consumer's API server recorded
+    // it), not from when the restarted syncer listed it — one observation for the one write the
+    // provider's API server served.
+    let text = s.syncer.metrics().await.unwrap();
+    let lag = |suffix: &str| {
+        metric_sum(
+            &text,
+            &format!("kbind_sync_lag_seconds_{suffix}"),
+            &[("op", "spec_up")],
+        )
+    };
+    assert_eq!(provider_applies(&s.provider).await - applied_before, 1.0);
+    assert_eq!(lag("count"), 1.0, "{text}");
+    assert!(
+        lag("sum") >= waited_at_restart - 1.0,
+        "lag {} s, though the change had waited {waited_at_restart} s before the restart",
+        lag("sum")
+    );
+    assert!(
+        delivered.get("message").is_none() && delivered.get("since").is_none(),
+        "{delivered}"
+    );
+    wait_for("the backlog drained", 30, || async {
+        let (pending, oldest) = backlog(&s, "pending").await?;
+        Ok((pending == 0.0 && oldest == 0.0).then_some(()))
+    })
+    .await;
 }

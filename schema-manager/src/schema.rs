@@ -789,11 +789,12 @@ mod tests {
             columns(&crd),
             [
                 "Phase",
-                "Synced",
-                "Delivered",
                 "Generation",
                 "Synced-Generation",
+                "Delivery",
+                "Delivered",
                 "Message",
+                "Waiting-Since",
                 "Age"
             ]
         );

@@ -272,16 +272,59 @@ impl<'de> Deserialize<'de> for Json {
 /// A synced instance as the syncer reads it: metadata, spec and status. Its caches hold the spec
 /// and status as compact text ([`Json`]) and only the metadata decisions read
 /// ([`consumer_metadata`]); everything else an instance has is not deserialized at all.
+/// Two facts are read off the object as it arrives, before its metadata and status are reduced
+/// to text: when its spec last changed and its delivery record — what the backlog and the lag are
+/// derived from without parsing anything again.
 #[derive(Clone, Debug, Deserialize)]
+#[serde(from = "RawInstance")]
 pub struct Instance {
     /// Metadata.
     pub metadata: ObjectMeta,
     /// `spec`.
-    #[serde(default)]
     pub spec: Option<Json>,
     /// `status`.
-    #[serde(default)]
     pub status: Option<Json>,
+    /// When its spec last changed, as its API server recorded it ([`crate::delivery::changed_at`]).
+    pub changed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Its delivery record ([`crate::delivery::summary`]).
+    pub delivery: Option<crate::delivery::Summary>,
+}
+
+/// An [`Instance`] as its JSON holds it.
+#[derive(Deserialize)]
+struct RawInstance {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<Value>,
+    #[serde(default)]
+    status: Option<Value>,
+}
+
+impl From<RawInstance> for Instance {
+    fn from(raw: RawInstance) -> Self {
+        let present = |v: Option<Value>| v.filter(|v| !v.is_null());
+        let status = present(raw.status);
+        Instance {
+            changed_at: crate::delivery::changed_at(&raw.metadata),
+            delivery: crate::delivery::summary(status.as_ref()),
+            metadata: raw.metadata,
+            spec: present(raw.spec).as_ref().map(Json::new),
+            status: status.as_ref().map(Json::new),
+        }
+    }
+}
+
+impl Instance {
+    /// An instance of `metadata`, `spec` and `status`, with the facts [`Instance`] reads off.
+    pub fn new(metadata: ObjectMeta, spec: Option<&Value>, status: Option<&Value>) -> Self {
+        Instance {
+            changed_at: crate::delivery::changed_at(&metadata),
+            delivery: crate::delivery::summary(status),
+            metadata,
+            spec: spec.map(Json::new),
+            status: status.map(Json::new),
+        }
+    }
 }
 
 /// The type of an [`Instance`]: its API, shared by every cache key (one pointer each instead of
@@ -369,6 +412,8 @@ pub struct ProviderCopy {
     pub oversized_status: Option<usize>,
     /// When kbind last wrote it (the time of [`crate::delivery::applied_at`]).
     pub applied_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// When its status was last written ([`crate::delivery::status_changed_at`]).
+    pub status_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// A provider copy's consumer-cluster marker, compared with this consumer's identity once, when
@@ -446,8 +491,10 @@ impl ProviderCopy {
             metadata,
             spec,
             status,
+            ..
         } = object;
         let applied_at = crate::delivery::applied_time(&metadata).cloned();
+        let status_at = crate::delivery::status_changed_at(&metadata);
         let annotations = metadata.annotations.unwrap_or_default();
         let marker = |key: &str| annotations.get(key).map(String::as_str);
         ProviderCopy {
@@ -469,6 +516,7 @@ impl ProviderCopy {
             status,
             oversized_status: None,
             applied_at,
+            status_at,
         }
     }
 
@@ -617,6 +665,8 @@ mod tests {
                   "fieldsType": "FieldsV1", "fieldsV1": { "f:spec": { "f:size": {} } } },
                 { "manager": keys::FIELD_MANAGER, "operation": "Apply", "time": "2026-12-01T00:00:02Z",
                   "fieldsType": "FieldsV1", "fieldsV1": { "f:spec": { "f:size": {} } } },
+                { "manager": "provider-controller", "operation": "Update", "time": "2026-12-01T00:00:03Z",
+                  "subresource": "status", "fieldsType": "FieldsV1", "fieldsV1": { "f:status": { "f:phase": {} } } },
             ],
         }))
         .unwrap()
@@ -707,6 +757,21 @@ mod tests {
         let bare: Instance =
             serde_json::from_value(json!({ "metadata": { "name": "w" }, "status": null })).unwrap();
         assert_eq!((bare.spec, bare.status), (None, None));
+        assert_eq!((bare.changed_at, bare.delivery), (None, None));
+        // Read off before the metadata is reduced: when the spec changed (its newest spec
+        // owner's entry, after the creation), and the record.
+        let mut recorded = instance();
+        recorded["metadata"]["creationTimestamp"] = json!("2026-12-01T00:00:00Z");
+        recorded["status"]["kbindSync"] = json!({ "state": "Rejected", "generation": 2 });
+        let recorded: Instance = serde_json::from_value(recorded).unwrap();
+        assert_eq!(
+            recorded.changed_at.map(|t| t.0.to_string()).as_deref(),
+            Some("2026-12-01T00:00:02Z")
+        );
+        assert_eq!(
+            recorded.delivery.map(|d| (d.state, d.generation)),
+            Some((crate::delivery::State::Rejected, Some(2)))
+        );
     }
 
     #[test]
@@ -728,6 +793,8 @@ mod tests {
                 oversized_status: None,
                 // kbind's own entry's time, not kubectl's.
                 applied_at: serde_json::from_value(json!("2026-12-01T00:00:02Z")).unwrap(),
+                // The provider's status write.
+                status_at: serde_json::from_value(json!("2026-12-01T00:00:03Z")).unwrap(),
             }
         );
         // The delivery record's time, exactly as it is read from the metadata.
@@ -809,15 +876,15 @@ mod tests {
                     );
                 }
                 let copy = ProviderCopy::of(
-                    Instance {
-                        metadata: ObjectMeta {
+                    Instance::new(
+                        ObjectMeta {
                             name: Some("w".into()),
                             annotations: Some(annotations.clone()),
                             ..Default::default()
                         },
-                        spec: None,
-                        status: None,
-                    },
+                        None,
+                        None,
+                    ),
                     local,
                 );
                 assert_eq!(

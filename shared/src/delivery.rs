@@ -4,7 +4,7 @@
 //! ([`status_schema`], [`printer_columns`]); the syncer writes the record in the status write a
 //! change already causes ([`with_record`]). Pure functions.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde_json::{Value, json};
 
 /// The status field kbind owns on consumer objects.
@@ -15,6 +15,9 @@ pub const SYNCED: &str = "Synced";
 pub const REJECTED: &str = "Rejected";
 /// kbind's credential may not write the provider copy (`message` says what).
 pub const FORBIDDEN: &str = "Forbidden";
+/// The current spec has not reached the provider yet and kbind is retrying (`message` says why:
+/// the provider did not answer, answered with an error, or still holds a terminating copy).
+pub const PENDING: &str = "Pending";
 /// Why a provider refused a write, from its API server's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -57,22 +60,26 @@ pub fn status_schema() -> Value {
         "description": "Written by kbind: which generation of this object's spec reached the provider, when, and why not if not.",
         "properties": {
             "generation": { "type": "integer", "format": "int64", "description": "The metadata.generation whose spec the provider has." },
-            "state": { "type": "string", "description": "Synced, Rejected or Forbidden." },
+            "state": { "type": "string", "description": "Synced, Pending, Rejected or Forbidden: where the current generation's spec stands once kbind has tried to deliver it (generation says which generation the provider has)." },
             "time": { "type": "string", "format": "date-time", "description": "When kbind last wrote the spec to the provider." },
             "message": { "type": "string", "maxLength": 400, "description": "Why the current spec did not reach the provider." },
+            "since": { "type": "string", "format": "date-time", "description": "When the change that has not reached the provider was made (as the consumer's API server recorded it, to the second)." },
         },
     })
 }
 
-/// kbind's printer columns: `kubectl get` shows the delivery state beside the provider's columns
-/// (`-o wide` adds the generation and the message).
+/// kbind's printer columns: `kubectl get` shows, beside the provider's columns, the spec's
+/// generation next to the generation the provider has — the user's own write of a change flips
+/// the pair, with no write by kbind — and the state of the last delivery attempt (`-o wide` adds
+/// the message and since when the change waits).
 pub fn printer_columns() -> Vec<Value> {
     vec![
-        json!({ "name": "Synced", "type": "string", "jsonPath": ".status.kbindSync.state", "description": "Whether the current spec reached the provider" }),
+        json!({ "name": "Generation", "type": "integer", "jsonPath": ".metadata.generation", "description": "The spec's generation" }),
+        json!({ "name": "Synced-Generation", "type": "integer", "jsonPath": ".status.kbindSync.generation", "description": "The generation the provider has: the current spec reached the provider only when this equals Generation" }),
+        json!({ "name": "Delivery", "type": "string", "jsonPath": ".status.kbindSync.state", "description": "Synced, or why the current spec has not reached the provider: Pending, Rejected, Forbidden" }),
         json!({ "name": "Delivered", "type": "date", "jsonPath": ".status.kbindSync.time", "description": "When kbind last wrote the spec to the provider" }),
-        json!({ "name": "Generation", "type": "integer", "jsonPath": ".metadata.generation", "priority": 1, "description": "The spec's generation" }),
-        json!({ "name": "Synced-Generation", "type": "integer", "jsonPath": ".status.kbindSync.generation", "priority": 1, "description": "The generation the provider has" }),
         json!({ "name": "Message", "type": "string", "jsonPath": ".status.kbindSync.message", "priority": 1, "description": "Why the spec did not reach the provider" }),
+        json!({ "name": "Waiting-Since", "type": "date", "jsonPath": ".status.kbindSync.since", "priority": 1, "description": "How long the undelivered change has waited" }),
         json!({ "name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp" }),
     ]
 }
@@ -84,9 +91,7 @@ pub fn applied_at(copy: &ObjectMeta) -> Option<String> {
 }
 
 /// The time of kbind's field manager's `managedFields` entry, as [`applied_at`] states it.
-pub fn applied_time(
-    copy: &ObjectMeta,
-) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
+pub fn applied_time(copy: &ObjectMeta) -> Option<&Time> {
     copy.managed_fields
         .as_ref()?
         .iter()
@@ -99,8 +104,10 @@ pub fn delivered(generation: Option<i64>, time: Option<String>) -> Value {
     json!({ "state": SYNCED, "generation": generation, "time": time })
 }
 
-/// The record of a refused spec: the state and why; the last delivered generation and time kept.
-pub fn refused(current: Option<&Value>, state: &str, message: &str) -> Value {
+/// The record of a spec that did not reach the provider — refused ([`REJECTED`], [`FORBIDDEN`])
+/// or [`PENDING`] — with why, and `since` when the change was made; the last delivered
+/// generation and time kept.
+pub fn refused(current: Option<&Value>, state: &str, message: &str, since: Option<&Time>) -> Value {
     let keep = |key: &str| {
         current
             .and_then(|c| c.get(key))
@@ -112,6 +119,89 @@ pub fn refused(current: Option<&Value>, state: &str, message: &str) -> Value {
         "generation": keep("generation"),
         "time": keep("time"),
         "message": crate::conditions::bounded(&crate::redact::remote(message), MAX_MESSAGE),
+        "since": since.map(|t| t.0.to_string()),
+    })
+}
+
+/// When the consumer object's current spec was last changed, as its API server recorded it (to
+/// the second): the newest `managedFields` time of a manager that owns a field of `spec`, or —
+/// for an object no such entry describes — its creation. Status writes (kbind's record, the
+/// provider's status) and metadata-only managers do not count.
+pub fn changed_at(meta: &ObjectMeta) -> Option<Time> {
+    let spec_change = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|f| f.subresource.as_deref().unwrap_or_default().is_empty())
+        .filter(|f| {
+            f.fields_v1
+                .as_ref()
+                .and_then(|v| v.0.get("f:spec"))
+                .is_some()
+        })
+        .filter_map(|f| f.time.clone())
+        .max_by_key(|t| t.0);
+    match (spec_change, meta.creation_timestamp.clone()) {
+        (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// When the provider object's status was last written, as its API server recorded it (to the
+/// second): the newest `managedFields` time of a `status` subresource entry.
+pub fn status_changed_at(meta: &ObjectMeta) -> Option<Time> {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .filter(|f| f.subresource.as_deref() == Some("status"))
+        .filter_map(|f| f.time.clone())
+        .max_by_key(|t| t.0)
+}
+
+/// What the syncer's cache keeps of a consumer object's delivery record: enough to tell, without
+/// parsing its status again, whether the object waits and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// The record's state.
+    pub state: State,
+    /// The generation the provider has.
+    pub generation: Option<i64>,
+    /// When the waiting change was made (`since`), if the record says.
+    pub since: Option<Time>,
+}
+
+/// A record's `state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// [`SYNCED`].
+    Synced,
+    /// [`PENDING`].
+    Pending,
+    /// [`REJECTED`].
+    Rejected,
+    /// [`FORBIDDEN`].
+    Forbidden,
+    /// Anything else (written by someone else).
+    Other,
+}
+
+/// The summary of the record in a consumer `status`, if it has one.
+pub fn summary(status: Option<&Value>) -> Option<Summary> {
+    let record = record_of(status)?;
+    let state = match record.get("state").and_then(Value::as_str) {
+        Some(SYNCED) => State::Synced,
+        Some(PENDING) => State::Pending,
+        Some(REJECTED) => State::Rejected,
+        Some(FORBIDDEN) => State::Forbidden,
+        _ => State::Other,
+    };
+    Some(Summary {
+        state,
+        generation: record.get("generation").and_then(Value::as_i64),
+        since: record
+            .get("since")
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok()),
     })
 }
 
@@ -228,7 +318,94 @@ mod tests {
         assert_eq!(Refusal::Forbidden.state(), FORBIDDEN);
         assert_eq!(Refusal::Rejected.state(), REJECTED);
     }
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+
+    #[test]
+    fn a_change_is_dated_by_the_manager_that_changed_the_spec() {
+        let at = |second: i64| Time(jiff::Timestamp::from_second(second).unwrap());
+        let entry =
+            |manager: &str, sub: Option<&str>, fields: Value, second: i64| ManagedFieldsEntry {
+                manager: Some(manager.into()),
+                subresource: sub.map(Into::into),
+                fields_v1: Some(FieldsV1(fields)),
+                time: Some(at(second)),
+                ..Default::default()
+            };
+        let spec = json!({ "f:spec": { "f:size": {} } });
+        let meta = |entries: Vec<ManagedFieldsEntry>| ObjectMeta {
+            creation_timestamp: Some(at(100)),
+            managed_fields: Some(entries),
+            ..Default::default()
+        };
+        // Created, never changed since: the creation.
+        assert_eq!(changed_at(&meta(vec![])), Some(at(100)));
+        assert_eq!(
+            changed_at(&meta(vec![entry("kubectl", None, spec.clone(), 100)])),
+            Some(at(100))
+        );
+        // The newest spec owner's time; status writes and metadata-only writes do not count.
+        let entries = vec![
+            entry("kubectl", None, spec.clone(), 150),
+            entry("ci", None, json!({ "f:spec": { "f:colour": {} } }), 200),
+            entry("kbind", Some("status"), json!({ "f:status": {} }), 300),
+            entry(
+                "labeller",
+                None,
+                json!({ "f:metadata": { "f:labels": {} } }),
+                400,
+            ),
+            entry(
+                "kbind",
+                None,
+                json!({ "f:metadata": { "f:finalizers": {} } }),
+                500,
+            ),
+        ];
+        assert_eq!(changed_at(&meta(entries.clone())), Some(at(200)));
+        // The status's own time: its newest status entry.
+        assert_eq!(status_changed_at(&meta(entries)), Some(at(300)));
+        assert_eq!(status_changed_at(&meta(vec![])), None);
+        assert_eq!(changed_at(&ObjectMeta::default()), None);
+    }
+
+    #[test]
+    fn a_summary_reads_the_record_a_sync_wrote() {
+        let since = Time(jiff::Timestamp::from_second(1_900_000_000).unwrap());
+        let pending = refused(
+            Some(&delivered(Some(3), None)),
+            PENDING,
+            "the provider answered 500",
+            Some(&since),
+        );
+        let status = with_record(Some(&json!({ "phase": "Ready" })), &pending);
+        assert_eq!(
+            summary(Some(&status)),
+            Some(Summary {
+                state: State::Pending,
+                generation: Some(3),
+                since: Some(since)
+            })
+        );
+        let synced = with_record(None, &delivered(Some(4), None));
+        assert_eq!(
+            summary(Some(&synced)),
+            Some(Summary {
+                state: State::Synced,
+                generation: Some(4),
+                since: None
+            })
+        );
+        for (state, want) in [
+            (REJECTED, State::Rejected),
+            (FORBIDDEN, State::Forbidden),
+            ("Paused?", State::Other),
+        ] {
+            let record = with_record(None, &refused(None, state, "x", None));
+            assert_eq!(summary(Some(&record)).unwrap().state, want);
+        }
+        assert_eq!(summary(Some(&json!({ "phase": "Ready" }))), None);
+        assert_eq!(summary(None), None);
+    }
 
     #[test]
     fn the_record_joins_the_providers_status_and_compares_as_stored() {
@@ -256,14 +433,17 @@ mod tests {
     fn a_refusal_keeps_the_last_delivery_and_a_safe_bounded_message() {
         let current = delivered(Some(4), Some("2026-12-01T00:00:00Z".into()));
         let hostile = format!("spec.size: Invalid value \u{1b}[31m{}", "x".repeat(5000));
-        let record = refused(Some(&current), REJECTED, &hostile);
+        let record = refused(Some(&current), REJECTED, &hostile, None);
         assert_eq!(record["state"], REJECTED);
         assert_eq!(record["generation"], 4);
         assert_eq!(record["time"], "2026-12-01T00:00:00Z");
         let message = record["message"].as_str().unwrap();
         assert!(message.chars().count() <= MAX_MESSAGE + 1);
         assert!(!message.contains('\u{1b}'));
-        assert_eq!(refused(None, FORBIDDEN, "no")["generation"], Value::Null);
+        assert_eq!(
+            refused(None, FORBIDDEN, "no", None)["generation"],
+            Value::Null
+        );
     }
 
     #[test]

@@ -93,9 +93,12 @@ pub struct Metrics {
     /// down: provider status → consumer status written; delete: deletion seen → provider copy
     /// gone and the finalizer released)
     pub sync_lag_seconds: HistogramVec,
-    /// `kbind_sync_backlog{connection,api}`: objects whose change was seen and not yet synced
+    /// `kbind_sync_backlog{connection,api,state}`: objects waiting for kbind — their current spec
+    /// not delivered (`pending`), refused and retried (`rejected`, `forbidden`), a deletion in
+    /// progress (`deleting`), a provider status not copied down (`status`) — read off the objects
     pub sync_backlog: GaugeVec,
-    /// `kbind_sync_backlog_oldest_seconds{connection,api}`: how long the oldest of them has waited
+    /// `kbind_sync_backlog_oldest_seconds{connection,api}`: how long the oldest of them has waited,
+    /// from its change as the API server recorded it
     pub sync_backlog_oldest_seconds: GaugeVec,
     /// `kbind_delivery_record_wait_seconds{connection,api}`: how long a delivery record waits for
     /// the provider's status change to carry it, learned from the provider's recent answers
@@ -253,13 +256,13 @@ impl Metrics {
             sync_backlog: gauge_vec(
                 &registry,
                 "kbind_sync_backlog",
-                "Objects whose change was seen and is not yet synced",
-                &["connection", "api"],
+                "Objects waiting for kbind, by why: pending, rejected, forbidden, deleting, status",
+                &["connection", "api", "state"],
             ),
             sync_backlog_oldest_seconds: gauge_vec(
                 &registry,
                 "kbind_sync_backlog_oldest_seconds",
-                "How long the oldest object not yet synced has waited",
+                "How long the oldest object waiting for kbind has waited, from its change",
                 &["connection", "api"],
             ),
             delivery_record_wait_seconds: gauge_vec(

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 
+mod backlog;
 mod buckets;
 mod decide;
 mod echoes;
@@ -404,25 +405,26 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
                     ));
             }
             ticks += 1;
-            let (waiting, oldest, record_wait) = {
+            let record_wait = {
                 let mut pending = worker.pending.locked();
-                let now = std::time::Instant::now();
-                pending.compact(now);
-                let (waiting, oldest) = pending.backlog(now);
-                (waiting, oldest, pending.record_wait())
+                pending.compact(std::time::Instant::now());
+                pending.record_wait()
             };
             ctx.metrics
                 .delivery_record_wait_seconds
                 .with_label_values(&labels)
                 .set(record_wait.as_secs_f64());
-            ctx.metrics
-                .sync_backlog
-                .with_label_values(&labels)
-                .set(waiting as f64);
+            let tally = worker.backlog(&counted_objects);
+            for state in backlog::Waiting::ALL {
+                ctx.metrics
+                    .sync_backlog
+                    .with_label_values(&[labels[0], labels[1], state.label()])
+                    .set(tally.count(state) as f64);
+            }
             ctx.metrics
                 .sync_backlog_oldest_seconds
                 .with_label_values(&labels)
-                .set(oldest.as_secs_f64());
+                .set(tally.oldest().as_secs_f64());
         }
     };
     tokio::select! {
@@ -446,12 +448,18 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         let _ = gauge.remove_label_values(&[api.as_str()]);
     }
     for gauge in [
-        &ctx.metrics.sync_backlog,
         &ctx.metrics.sync_backlog_oldest_seconds,
         &ctx.metrics.delivery_record_wait_seconds,
     ] {
         let _ =
             gauge.remove_label_values(&[worker_for_stop.spec.connection.as_str(), api.as_str()]);
+    }
+    for state in backlog::Waiting::ALL {
+        let _ = ctx.metrics.sync_backlog.remove_label_values(&[
+            worker_for_stop.spec.connection.as_str(),
+            api.as_str(),
+            state.label(),
+        ]);
     }
 }
 
@@ -570,6 +578,74 @@ impl Worker {
         }
     }
 
+    /// The backlog (#33.4): what the objects of `consumer` say of themselves
+    /// ([`backlog::waiting`]), and what only the worker's memory knows — changes seen that the
+    /// objects do not show as waiting (a provider status not copied down yet, a CRD without the
+    /// delivery record).
+    fn backlog(&self, consumer: &Store<Instance>) -> backlog::Tally {
+        let wall = jiff::Timestamp::now();
+        let now = std::time::Instant::now();
+        let objects = consumer.state();
+        // Whether a binding binds the API, asked once per namespace.
+        let mut bound = Default::default();
+        let mut tally = backlog::Tally::default();
+        for object in &objects {
+            if let Some((state, age)) = self.waits(object, &mut bound, wall) {
+                tally.add(state, age);
+            }
+        }
+        for (key, seen) in self.pending.locked().entries() {
+            let mut reference = ObjectRef::new_with(&key.1, self.dyntype.clone());
+            if let Some(namespace) = key.0.as_deref() {
+                reference = reference.within(namespace);
+            }
+            if let Some(object) = consumer.get(&reference)
+                && self.waits(&object, &mut Default::default(), wall).is_some()
+            {
+                // Counted above.
+                continue;
+            }
+            let state = if seen.consumer.is_some() {
+                backlog::Waiting::Pending
+            } else {
+                backlog::Waiting::Status
+            };
+            let age = seen
+                .first()
+                .map(|t| now.saturating_duration_since(t))
+                .unwrap_or_default();
+            tally.add(state, age);
+        }
+        tally
+    }
+
+    /// Whether `object` waits ([`backlog::waiting`]), why and for how long at `wall`; `bound`
+    /// remembers per namespace whether a binding binds the API there.
+    fn waits<'a>(
+        &self,
+        object: &'a Instance,
+        bound: &mut std::collections::HashMap<Option<&'a str>, bool>,
+        wall: jiff::Timestamp,
+    ) -> Option<(backlog::Waiting, Duration)> {
+        let namespace = object.metadata.namespace.as_deref();
+        let bound = *bound.entry(namespace).or_insert_with(|| {
+            self.ctx
+                .resolve(&self.spec.connection, &self.spec.api, namespace)
+                .is_some_and(|r| r.is_bound())
+        });
+        backlog::waiting(&backlog::Facts {
+            generation: object.metadata.generation,
+            deletion: object.metadata.deletion_timestamp.as_ref(),
+            has_finalizer: kbind_shared::finalizers::has(&object.metadata, keys::SYNCER_FINALIZER),
+            bound,
+            conflict: object.annotations().contains_key(keys::CONFLICT_ANNOTATION),
+            has_delivery: self.spec.has_delivery,
+            record: object.delivery.as_ref(),
+            changed_at: object.changed_at.as_ref(),
+        })
+        .map(|(state, since)| (state, backlog::age(since, wall)))
+    }
+
     /// The objects of `consumer` (this worker's cache of them) whose sync has something to do.
     fn with_work(&self, consumer: &Store<Instance>) -> Vec<Arc<Instance>> {
         consumer
@@ -579,13 +655,22 @@ impl Worker {
             .collect()
     }
 
-    /// Records the delay from `since` (when the change was first seen) to now for `op`, in
-    /// `kbind_sync_lag_seconds` and `kbind_sync_latency_seconds`.
-    fn lag(&self, op: &str, since: Option<std::time::Instant>) {
-        let Some(since) = since else {
-            return;
-        };
-        let seconds = since.elapsed().as_secs_f64();
+    /// Records, for the write of `op` that just delivered a change, the delay from the change to
+    /// now in `kbind_sync_lag_seconds` and `kbind_sync_latency_seconds`: one observation per
+    /// delivering write. The change began at the earlier of kbind's `receipt` of it and the API
+    /// server's `recorded` time of it ([`pending::change_start`]); neither known (a drift repaired
+    /// at a resync): zero.
+    fn lag(
+        &self,
+        op: &str,
+        receipt: Option<std::time::Instant>,
+        recorded: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    ) {
+        let now = std::time::Instant::now();
+        let since = pending::change_start(receipt, recorded, now, jiff::Timestamp::now());
+        let seconds = since
+            .map(|t| now.saturating_duration_since(t).as_secs_f64())
+            .unwrap_or_default();
         self.ctx
             .metrics
             .sync_lag_seconds

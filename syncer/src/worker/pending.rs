@@ -44,6 +44,30 @@ impl Seen {
     }
 }
 
+/// When the change a delivering write delivers began (#33.3): the earliest of kbind's `receipt`
+/// of it and the API server's own `recorded` time of it (a `managedFields` entry, a creation or
+/// deletion timestamp). The API server records to the second, so its record says the change
+/// happened before `recorded` + 1 s; that bound is what is compared — a change kbind saw at once
+/// is timed from its receipt, one it learned of late (a restart, a binding change, a resync, a
+/// watch gap) from the API server's record, understated by less than a second and never
+/// overstated. `now` and `wall` are the same moment on both clocks.
+pub fn change_start(
+    receipt: Option<Instant>,
+    recorded: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    now: Instant,
+    wall: jiff::Timestamp,
+) -> Option<Instant> {
+    let recorded = recorded.map(|t| {
+        let bound = t.0 + jiff::SignedDuration::from_secs(1);
+        let ago = Duration::try_from(wall.duration_since(bound)).unwrap_or_default();
+        now.checked_sub(ago).unwrap_or(now)
+    });
+    match (receipt, recorded) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The backlog, and when each deletion in progress was first seen (a deletion takes several
 /// reconciles: delete the copy, wait until it is gone, release the finalizer).
 #[derive(Debug, Default)]
@@ -182,7 +206,14 @@ impl Pending {
         }
     }
 
-    /// Objects waiting, and how long the oldest has waited at `now`.
+    /// The objects waiting, and when their changes were seen.
+    pub fn entries(&self) -> impl Iterator<Item = (&Key, &Seen)> {
+        self.waiting.iter()
+    }
+
+    /// Objects waiting, and how long the oldest has waited at `now` (what memory alone says; the
+    /// gauges also read the objects).
+    #[cfg(test)]
     pub fn backlog(&self, now: Instant) -> (usize, Duration) {
         let oldest = self
             .waiting
@@ -219,6 +250,40 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_is_timed_from_the_earlier_of_its_receipt_and_the_api_servers_record() {
+        let now = Instant::now();
+        let wall = jiff::Timestamp::from_second(1_000).unwrap();
+        let at = |second: i64| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::from_second(second).unwrap(),
+            )
+        };
+        let secs = |n: u64| Duration::from_secs(n);
+        // Seen at once (the record, 990 s, allows up to 991 s; the receipt at 995 s is later):
+        // the record's bound.
+        let late = now - secs(5);
+        assert_eq!(
+            change_start(Some(late), Some(&at(990)), now, wall),
+            Some(now - secs(9))
+        );
+        // Seen within the record's second: the receipt, which is earlier than the bound.
+        let prompt = now - Duration::from_millis(300);
+        assert_eq!(
+            change_start(Some(prompt), Some(&at(999)), now, wall),
+            Some(prompt)
+        );
+        // Only one of them known.
+        assert_eq!(
+            change_start(None, Some(&at(900)), now, wall),
+            Some(now - secs(99))
+        );
+        assert_eq!(change_start(Some(late), None, now, wall), Some(late));
+        assert_eq!(change_start(None, None, now, wall), None);
+        // A record ahead of this clock: no earlier than now.
+        assert_eq!(change_start(None, Some(&at(2_000)), now, wall), Some(now));
+    }
 
     fn key(name: &str) -> Key {
         (Some("ns".into()), name.into())

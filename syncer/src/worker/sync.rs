@@ -58,12 +58,28 @@ pub(super) async fn sync(
             worker.mark(&object, Some(SyncState::Conflict));
             return Ok(Action::await_change());
         }
-        Step::WaitForTerminatingCopy => return Ok(Action::requeue(Duration::from_secs(1))),
+        Step::WaitForTerminatingCopy => {
+            // Said once on the object (the same record again writes nothing), not per poll.
+            record_refusal(
+                &worker,
+                &object,
+                delivery::PENDING,
+                "waiting for the provider's previous copy to finish terminating",
+            )
+            .await?;
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
         Step::AddFinalizer => {
             let finalizers =
                 kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, true)
                     .unwrap_or_default();
             worker.set_finalizers(&object, finalizers).await?;
+            // The change still waits for its spec-up (which the finalizer's echo starts): its
+            // lag runs from when it was first seen, the creation, not from the echo (#33.3).
+            worker
+                .pending
+                .locked()
+                .give_back(super::pending_key(object.as_ref()), seen);
             return Ok(Action::await_change());
         }
         Step::Sync {
@@ -115,7 +131,17 @@ pub(super) async fn sync(
         match applied {
             Ok(applied) => {
                 worker.count("spec_up", "ok");
-                worker.lag("spec_up", seen.first());
+                // A new generation is timed from its change as the consumer's API server
+                // recorded it; a drift repair (the same generation again) from its receipt.
+                let new_generation = object
+                    .delivery
+                    .as_ref()
+                    .is_none_or(|d| d.generation != object.metadata.generation);
+                worker.lag(
+                    "spec_up",
+                    seen.first(),
+                    object.changed_at.as_ref().filter(|_| new_generation),
+                );
                 match bounded(
                     applied.data.get("status"),
                     worker.ctx.limits.max_status_bytes,
@@ -187,7 +213,18 @@ pub(super) async fn sync(
                 .pending
                 .locked()
                 .status_carried(&key, seen.provider_latest.unwrap_or(now));
-            worker.lag("status_down", seen.provider.or(seen.consumer));
+            // A provider change (or one learned of late: a restart, a resync) is timed from the
+            // provider's API server's record of its status write too; a consumer-side trigger
+            // (a status someone else edited, restored) from its receipt.
+            let provider_side = seen.provider.is_some() || seen.first().is_none();
+            worker.lag(
+                "status_down",
+                seen.provider.or(seen.consumer),
+                provider_copy
+                    .as_ref()
+                    .and_then(|c| c.status_at.as_ref())
+                    .filter(|_| provider_side),
+            );
         }
     }
     worker.mark(&object, Some(SyncState::Synced));
@@ -331,8 +368,9 @@ async fn status_down(
     }
 }
 
-/// The delivery record says the current spec was refused, and why — written once per refusal
-/// (a retry that is refused the same way writes nothing).
+/// The delivery record says the current spec did not reach the provider (refused, or
+/// [`delivery::PENDING`]), why, and since when the change waits — written once per cause (a
+/// retry that fails the same way writes nothing).
 async fn record_refusal(
     worker: &Worker,
     object: &Instance,
@@ -344,7 +382,7 @@ async fn record_refusal(
     }
     let current_status = object.status.as_ref().map(Json::value);
     let current = delivery::record_of(current_status.as_ref());
-    let record = delivery::refused(current, state, message);
+    let record = delivery::refused(current, state, message, object.changed_at.as_ref());
     let status = delivery::with_record(current_status.as_ref(), &record);
     if current_status.as_ref() == Some(&status) {
         return Ok(());
@@ -384,6 +422,19 @@ async fn forbidden_or(
     };
     let (kube::Error::Api(s), Some((result, state, reason, what))) = (&error, refusal) else {
         worker.count("spec_up", super::result_label(&error));
+        // #33.1: the provider did not take the spec (an outage, a 5xx, a timeout): the object
+        // says so — Pending, with the answer — instead of keeping the last state.
+        let answer = match &error {
+            kube::Error::Api(s) => format!("the provider answered {}: {}", s.code, s.message),
+            other => format!("the provider did not answer: {other}"),
+        };
+        record_refusal(
+            worker,
+            object,
+            delivery::PENDING,
+            &format!("cannot {operation}: {answer}"),
+        )
+        .await?;
         return Err(Error::Provider(error));
     };
     worker.count("spec_up", result);
@@ -418,7 +469,7 @@ async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
         let since = worker.pending.locked().deletion_started(&key);
         worker.set_finalizers(object, released.clone()).await?;
         worker.pending.locked().deleted(&key);
-        worker.lag("delete", since);
+        worker.lag("delete", since, object.metadata.deletion_timestamp.as_ref());
         Ok::<(), Error>(())
     };
     if object

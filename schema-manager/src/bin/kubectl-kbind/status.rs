@@ -127,27 +127,9 @@ pub struct ObjectView {
     pub lag: Option<u64>,
 }
 
-/// When a user (anyone but kbind) last changed the object's spec or metadata, from the times the
-/// API server recorded per field manager; the creation time when there are none.
+/// When the object's spec last changed ([`delivery::changed_at`]: the API server's record).
 fn changed_at(object: &DynamicObject) -> Option<String> {
-    let kbind = [
-        keys::FIELD_MANAGER,
-        keys::RELATED_FIELD_MANAGER,
-        keys::RELATED_STATUS_FIELD_MANAGER,
-    ];
-    object
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|f| {
-            !f.manager.as_deref().is_some_and(|m| kbind.contains(&m))
-                && f.subresource.as_deref() != Some("status")
-        })
-        .filter_map(|f| f.time.as_ref().map(|t| t.0))
-        .max()
-        .or(object.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        .map(|t| t.to_string())
+    delivery::changed_at(&object.metadata).map(|t| t.0.to_string())
 }
 
 /// Classifies one object; `bound` says whether a binding covers it.
@@ -525,9 +507,12 @@ mod tests {
                 "creationTimestamp": "2026-12-01T00:00:00Z",
                 "annotations": annotations,
                 "managedFields": [
-                    { "manager": "kubectl", "operation": "Update", "time": "2026-12-01T00:00:10Z" },
-                    { "manager": keys::FIELD_MANAGER, "operation": "Apply", "time": "2026-12-01T00:00:50Z" },
-                    { "manager": "kubectl", "operation": "Update", "subresource": "status", "time": "2026-12-01T00:00:55Z" },
+                    { "manager": "kubectl", "operation": "Update", "time": "2026-12-01T00:00:10Z",
+                      "fieldsType": "FieldsV1", "fieldsV1": { "f:spec": { "f:size": {} } } },
+                    { "manager": keys::FIELD_MANAGER, "operation": "Apply", "time": "2026-12-01T00:00:50Z",
+                      "fieldsType": "FieldsV1", "fieldsV1": { "f:metadata": { "f:finalizers": {} } } },
+                    { "manager": "kubectl", "operation": "Update", "subresource": "status", "time": "2026-12-01T00:00:55Z",
+                      "fieldsType": "FieldsV1", "fieldsV1": { "f:status": { "f:spec": {} } } },
                 ],
             },
             "status": { "kbindSync": record },

@@ -19,6 +19,39 @@ use crate::process::ChildProcess;
 /// Namespace holding the ServiceAccounts behind [`Cluster::mint_user`].
 pub const USERS_NAMESPACE: &str = "kbind-e2e-users";
 
+/// The audit policy's file name in a cluster's directory.
+const AUDIT_POLICY: &str = "audit-policy.yaml";
+/// The audit log's file name in a cluster's directory.
+const AUDIT_LOG: &str = "audit.log";
+/// Writes to the test APIs at Metadata level (no bodies); nothing else.
+const AUDIT_POLICY_YAML: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+  resources:
+  - group: example.org
+- level: None
+";
+
+/// One write an API server answered, from its audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditedWrite {
+    /// `create`, `update`, `patch` (a server-side apply too), `delete`, …
+    pub verb: String,
+    /// The resource (plural).
+    pub resource: String,
+    /// The namespace ("" for a cluster-scoped object).
+    pub namespace: String,
+    /// The object's name ("" for a collection).
+    pub name: String,
+    /// Who made it.
+    pub user: String,
+    /// The answer's HTTP code.
+    pub code: u16,
+}
+
 /// A running cluster. Dropping it stops every process it started.
 pub struct Cluster {
     name: String,
@@ -232,8 +265,15 @@ impl Cluster {
         )?;
         wait_for_port(etcd_port, &mut etcd, Duration::from_secs(30)).await?;
 
+        // The audit log: every write to the test APIs (group example.org), with who made it and
+        // how it was answered — what a test counts writes per object from.
+        std::fs::write(dir.join(AUDIT_POLICY), AUDIT_POLICY_YAML).map_err(io)?;
         let d = |file: &str| dir.join(file).display().to_string();
         let mut apiserver_args = vec![
+            format!("--audit-policy-file={}", d(AUDIT_POLICY)),
+            format!("--audit-log-path={}", d(AUDIT_LOG)),
+            "--audit-log-format=json".into(),
+            "--audit-log-mode=blocking".into(),
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             "--etcd-prefix=/registry".into(),
             "--bind-address=127.0.0.1".into(),
@@ -495,6 +535,27 @@ impl Cluster {
     }
 
     /// Logs of this cluster's processes, for a failure message.
+    /// The writes to the test APIs (group `example.org`) this API server has answered so far,
+    /// from its audit log.
+    pub fn audited_writes(&self) -> Vec<AuditedWrite> {
+        let text = std::fs::read_to_string(self.dir.join(AUDIT_LOG)).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|event| event["stage"] == "ResponseComplete")
+            .map(|event| {
+                let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+                AuditedWrite {
+                    verb: text(&event["verb"]),
+                    resource: text(&event["objectRef"]["resource"]),
+                    namespace: text(&event["objectRef"]["namespace"]),
+                    name: text(&event["objectRef"]["name"]),
+                    user: text(&event["user"]["username"]),
+                    code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
+                }
+            })
+            .collect()
+    }
+
     pub fn logs(&self) -> Vec<PathBuf> {
         self.processes
             .iter()

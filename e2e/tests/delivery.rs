@@ -32,12 +32,17 @@ async fn widget_writes(client: &Client) -> f64 {
 
 /// Server-side applies of Widgets an API server has served successfully (kbind's spec-ups).
 async fn provider_applies(client: &Client) -> f64 {
+    provider_answers(client, "200").await
+}
+
+/// Server-side applies of Widgets an API server has answered with `code`.
+async fn provider_answers(client: &Client, code: &str) -> f64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client.request_text(request).await.unwrap();
     metric_sum(
         &text,
         "apiserver_request_total",
-        &[("resource", "widgets"), ("verb", "APPLY"), ("code", "200")],
+        &[("resource", "widgets"), ("verb", "APPLY"), ("code", code)],
     )
 }
 
@@ -459,6 +464,32 @@ async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_re
         2.0,
         "the user's change and kbind's one Pending record"
     );
+    // #33.9: each failed attempt is one `kbind_reconcile_errors_total{controller="sync",
+    // reason="provider"}` — exactly the failed applies the provider's API server answered.
+    wait_for(
+        "reconcile errors equal to the provider's failed applies",
+        30,
+        || async {
+            let errors = |text: &str| {
+                metric_sum(
+                    text,
+                    "kbind_reconcile_errors_total",
+                    &[("controller", "sync"), ("reason", "provider")],
+                )
+            };
+            let first = errors(&s.syncer.metrics().await?);
+            let failed = provider_answers(&s.provider, "500").await;
+            let again = errors(&s.syncer.metrics().await?);
+            if first == again && first == failed && failed >= 3.0 {
+                Ok(Some(()))
+            } else {
+                Err(format!(
+                    "{first} then {again} reconcile errors, {failed} failed applies"
+                ))
+            }
+        },
+    )
+    .await;
 
     // The backlog counts it as pending, aged from the change.
     let aged = wait_for("w1 pending in the backlog, aged", 30, || async {

@@ -164,12 +164,12 @@ fn resources_are_derived_from_the_expected_load_unless_given() {
         )
     };
     // The defaults: 10,000 objects and 20 APIs, two syncers. Schema manager: 32 MiB + 10,000 ×
-    // 1 KiB + 20 × 256 KiB = 47 MiB, limit × 1.5. Syncer: 24 MiB + 5,000 × 4 KiB + 20 × 1 MiB =
+    // 1 KiB + 20 × 320 KiB = 48.02 → 49 MiB, limit × 1.5 (rounded up). Syncer: 24 MiB + 5,000 × 4 KiB + 20 × 1 MiB =
     // 64 MiB; limit: one replica holding all 10,000 (84 MiB) × 1.25.
     let defaults = resources(&[]);
     assert_eq!(
         memory(&defaults["schema-manager"]),
-        ("47Mi".into(), "71Mi".into())
+        ("49Mi".into(), "74Mi".into())
     );
     assert_eq!(memory(&defaults["syncer"]), ("64Mi".into(), "105Mi".into()));
     assert_eq!(defaults["syncer"]["requests"]["cpu"], "100m");
@@ -188,7 +188,7 @@ fn resources_are_derived_from_the_expected_load_unless_given() {
     ]);
     assert_eq!(
         memory(&large["schema-manager"]),
-        ("180Mi".into(), "270Mi".into())
+        ("193Mi".into(), "290Mi".into())
     );
     assert_eq!(memory(&large["syncer"]), ("355Mi".into(), "525Mi".into()));
     // A component's own resources replace the derived ones, whole.

@@ -572,6 +572,58 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     .await
     .unwrap();
     sampler.assert_no_overlap().await;
+    // #33.10: no object was written to the provider twice for one change — through the scale-up,
+    // the paused syncer's lapse and return, the leader's death and the scale-down — counted per
+    // object from the provider's audit log. Objects o3…o9 were created once and never changed:
+    // exactly one successful apply each. o0…o2 were also changed once (at most two applies: the
+    // change may join the creation) and deleted (at most one successful delete).
+    let mut writes: BTreeMap<(String, String, String, String), usize> = BTreeMap::new();
+    for write in env.cluster("provider").audited_writes() {
+        if (200..300).contains(&write.code)
+            && ["alphas", "bravos"].contains(&write.resource.as_str())
+        {
+            *writes
+                .entry((write.resource, write.namespace, write.name, write.verb))
+                .or_default() += 1;
+        }
+    }
+    let count = |resource: &str, namespace: &str, name: &str, verb: &str| {
+        writes
+            .get(&(resource.into(), namespace.into(), name.into(), verb.into()))
+            .copied()
+            .unwrap_or_default()
+    };
+    let mut checked = 0;
+    for resource in ["alphas", "bravos"] {
+        for namespace in &namespaces {
+            for i in 0..PER_NAMESPACE {
+                let name = format!("o{i}");
+                let (applies, deletes) = (
+                    count(resource, namespace, &name, "patch"),
+                    count(resource, namespace, &name, "delete"),
+                );
+                let creates = count(resource, namespace, &name, "create");
+                assert_eq!(
+                    creates, 0,
+                    "{resource} {namespace}/{name}: kbind creates by apply"
+                );
+                if i < 3 {
+                    assert!(
+                        applies <= 2 && deletes <= 1,
+                        "{resource} {namespace}/{name}: {applies} applies, {deletes} deletes for one creation, one change and one deletion"
+                    );
+                } else {
+                    assert_eq!(
+                        (applies, deletes),
+                        (1, 0),
+                        "{resource} {namespace}/{name}: written more than once for one creation"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 2 * NAMESPACES * PER_NAMESPACE);
     // No stuck finalizers: deleting everything on the consumer empties both sides.
     for kind in kinds {
         for namespace in &namespaces {

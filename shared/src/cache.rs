@@ -285,7 +285,7 @@ pub struct Instance {
     /// `status`.
     pub status: Option<Json>,
     /// When its spec last changed, as its API server recorded it ([`crate::delivery::changed_at`]).
-    pub changed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    pub changed_at: Option<crate::delivery::Seconds>,
     /// Its delivery record ([`crate::delivery::summary`]).
     pub delivery: Option<crate::delivery::Summary>,
 }
@@ -305,7 +305,8 @@ impl From<RawInstance> for Instance {
         let present = |v: Option<Value>| v.filter(|v| !v.is_null());
         let status = present(raw.status);
         Instance {
-            changed_at: crate::delivery::changed_at(&raw.metadata),
+            changed_at: crate::delivery::changed_at(&raw.metadata)
+                .and_then(|t| crate::delivery::Seconds::of(&t)),
             delivery: crate::delivery::summary(status.as_ref()),
             metadata: raw.metadata,
             spec: present(raw.spec).as_ref().map(Json::new),
@@ -318,7 +319,8 @@ impl Instance {
     /// An instance of `metadata`, `spec` and `status`, with the facts [`Instance`] reads off.
     pub fn new(metadata: ObjectMeta, spec: Option<&Value>, status: Option<&Value>) -> Self {
         Instance {
-            changed_at: crate::delivery::changed_at(&metadata),
+            changed_at: crate::delivery::changed_at(&metadata)
+                .and_then(|t| crate::delivery::Seconds::of(&t)),
             delivery: crate::delivery::summary(status),
             metadata,
             spec: spec.map(Json::new),
@@ -413,7 +415,7 @@ pub struct ProviderCopy {
     /// When kbind last wrote it (the time of [`crate::delivery::applied_at`]).
     pub applied_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     /// When its status was last written ([`crate::delivery::status_changed_at`]).
-    pub status_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    pub status_at: Option<crate::delivery::Seconds>,
 }
 
 /// A provider copy's consumer-cluster marker, compared with this consumer's identity once, when
@@ -494,7 +496,8 @@ impl ProviderCopy {
             ..
         } = object;
         let applied_at = crate::delivery::applied_time(&metadata).cloned();
-        let status_at = crate::delivery::status_changed_at(&metadata);
+        let status_at = crate::delivery::status_changed_at(&metadata)
+            .and_then(|t| crate::delivery::Seconds::of(&t));
         let annotations = metadata.annotations.unwrap_or_default();
         let marker = |key: &str| annotations.get(key).map(String::as_str);
         ProviderCopy {
@@ -765,12 +768,18 @@ mod tests {
         recorded["status"]["kbindSync"] = json!({ "state": "Rejected", "generation": 2 });
         let recorded: Instance = serde_json::from_value(recorded).unwrap();
         assert_eq!(
-            recorded.changed_at.map(|t| t.0.to_string()).as_deref(),
+            recorded
+                .changed_at
+                .map(|t| t.timestamp().to_string())
+                .as_deref(),
             Some("2026-12-01T00:00:02Z")
         );
         assert_eq!(
             recorded.delivery.map(|d| (d.state, d.generation)),
-            Some((crate::delivery::State::Rejected, Some(2)))
+            Some((
+                crate::delivery::State::Rejected,
+                std::num::NonZeroI64::new(2)
+            ))
         );
     }
 
@@ -794,7 +803,9 @@ mod tests {
                 // kbind's own entry's time, not kubectl's.
                 applied_at: serde_json::from_value(json!("2026-12-01T00:00:02Z")).unwrap(),
                 // The provider's status write.
-                status_at: serde_json::from_value(json!("2026-12-01T00:00:03Z")).unwrap(),
+                status_at: crate::delivery::Seconds::of(
+                    &serde_json::from_value(json!("2026-12-01T00:00:03Z")).unwrap()
+                ),
             }
         );
         // The delivery record's time, exactly as it is read from the metadata.

@@ -88,8 +88,8 @@ pub struct Metrics {
     /// `kbind_assignment_unassigned_units`: work units left out because the assignment is full,
     /// and bindings' related resources not admitted (off, or past a namespace's cap)
     pub assignment_unassigned_units: Gauge,
-    /// `kbind_sync_lag_seconds{connection,api,op}`: from the watch event that showed a change to
-    /// the write that delivered it (spec up: consumer change → provider copy written; status
+    /// `kbind_sync_lag_seconds{connection,api,op}`: from a change (the earlier of its watch event
+    /// and the API server's record of it, to the second) to the write that delivered it (spec up: consumer change → provider copy written; status
     /// down: provider status → consumer status written; delete: deletion seen → provider copy
     /// gone and the finalizer released)
     pub sync_lag_seconds: HistogramVec,
@@ -157,7 +157,7 @@ impl Metrics {
         let sync_lag_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "kbind_sync_lag_seconds",
-                "End-to-end delay from the watch event that showed a change to the write that delivered it, per Connection, API and operation",
+                "End-to-end delay from a change (its watch event, or the API server's record of it if earlier) to the write that delivered it, per Connection, API and operation",
             )
             .buckets(vec![
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,

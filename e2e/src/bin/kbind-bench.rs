@@ -356,7 +356,10 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let empty = (manager_empty, rss_mib(syncer_pid));
     let cpu = || cpu_seconds(manager_pid) + cpu_seconds(syncer_pid);
+    // The breakdown: the syncer's share (the schema manager's is the rest).
+    let syncer_cpu = || cpu_seconds(syncer_pid);
     let cpu_start = cpu();
+    let syncer_cpu_start = syncer_cpu();
     let (consumer_widgets, provider_widgets) =
         (widgets(&s.consumer, "bench"), widgets(&s.provider, "bench"));
 
@@ -368,6 +371,7 @@ async fn main() {
         all_back,
     } = bulk(&consumer_widgets, &provider_widgets, "w", n).await;
     let cpu_bulk = cpu() - cpu_start;
+    let syncer_cpu_bulk = syncer_cpu() - syncer_cpu_start;
     // What the syncer asked for per object, by cluster and verb (the unavoidable: one consumer
     // finalizer patch, one provider apply, one consumer status patch).
     let bulk_requests: std::collections::BTreeMap<String, f64> = grown(
@@ -418,6 +422,7 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let kbind_before = kbind_requests(&s.syncer.metrics().await.unwrap());
     let cpu_before_changes = cpu();
+    let syncer_cpu_before_changes = syncer_cpu();
     let (consumer_before, provider_before) = (
         apiserver_requests(&s.consumer).await,
         apiserver_requests(&s.provider).await,
@@ -449,6 +454,7 @@ async fn main() {
     .unwrap();
     let kbind_after = kbind_requests(&s.syncer.metrics().await.unwrap());
     let cpu_changes = cpu() - cpu_before_changes;
+    let syncer_cpu_changes = syncer_cpu() - syncer_cpu_before_changes;
     let (consumer_after, provider_after) = (
         apiserver_requests(&s.consumer).await,
         apiserver_requests(&s.provider).await,
@@ -540,6 +546,13 @@ async fn main() {
         cpu_bulk * 1000.0 / n as f64,
         cpu_changes * 1000.0 / m
     );
+    println!(
+        "  of it the syncer: {:.2} ms per object, {:.2} ms per change; the schema manager: {:.2} and {:.2}",
+        syncer_cpu_bulk * 1000.0 / n as f64,
+        syncer_cpu_changes * 1000.0 / m,
+        (cpu_bulk - syncer_cpu_bulk) * 1000.0 / n as f64,
+        (cpu_changes - syncer_cpu_changes) * 1000.0 / m
+    );
     let mut report = json!({
         "objects": n,
         "changes": args.changes,
@@ -574,6 +587,8 @@ async fn main() {
         "cpuMs": {
             "perObjectSynced": cpu_bulk * 1000.0 / n as f64,
             "perChange": cpu_changes * 1000.0 / m,
+            "syncerPerObjectSynced": syncer_cpu_bulk * 1000.0 / n as f64,
+            "syncerPerChange": syncer_cpu_changes * 1000.0 / m,
         },
     });
     if let Some(minimal) = &minimal {

@@ -7,8 +7,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kbind_shared::delivery::{State, Summary};
+use kbind_shared::delivery::{Seconds, State, Summary};
 
 /// Why an object waits: the `state` label of `kbind_sync_backlog`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +57,7 @@ pub struct Facts<'a> {
     /// Its `metadata.generation`.
     pub generation: Option<i64>,
     /// Its deletion timestamp.
-    pub deletion: Option<&'a Time>,
+    pub deletion: Option<Seconds>,
     /// kbind's finalizer is on it.
     pub has_finalizer: bool,
     /// A binding binds its API for it.
@@ -70,18 +69,18 @@ pub struct Facts<'a> {
     /// Its delivery record.
     pub record: Option<&'a Summary>,
     /// When its spec last changed.
-    pub changed_at: Option<&'a Time>,
+    pub changed_at: Option<Seconds>,
 }
 
 /// Whether the object waits, why, and since when (`None`: unknown).
-pub fn waiting<'a>(f: &Facts<'a>) -> Option<(Waiting, Option<&'a Time>)> {
+pub fn waiting(f: &Facts<'_>) -> Option<(Waiting, Option<Seconds>)> {
     if f.deletion.is_some() {
         return f.has_finalizer.then_some((Waiting::Deleting, f.deletion));
     }
     if !f.bound || f.conflict || !f.has_delivery {
         return None;
     }
-    let since = |record: &'a Summary| record.since.as_ref().or(f.changed_at);
+    let since = |record: &Summary| record.since.or(f.changed_at);
     match f.record {
         // Never delivered: created while kbind was away, or just now.
         None => Some((Waiting::Pending, f.changed_at)),
@@ -89,7 +88,9 @@ pub fn waiting<'a>(f: &Facts<'a>) -> Option<(Waiting, Option<&'a Time>)> {
             State::Rejected => Some((Waiting::Rejected, since(r))),
             State::Forbidden => Some((Waiting::Forbidden, since(r))),
             State::Pending => Some((Waiting::Pending, since(r))),
-            State::Synced | State::Other if r.generation != f.generation => {
+            State::Synced | State::Other
+                if r.generation.map(std::num::NonZeroI64::get) != f.generation =>
+            {
                 Some((Waiting::Pending, f.changed_at))
             }
             State::Synced | State::Other => None,
@@ -98,9 +99,9 @@ pub fn waiting<'a>(f: &Facts<'a>) -> Option<(Waiting, Option<&'a Time>)> {
 }
 
 /// How long ago `since` was at `now` (zero for a time in the future: clocks differ).
-pub fn age(since: Option<&Time>, now: jiff::Timestamp) -> Duration {
+pub fn age(since: Option<Seconds>, now: jiff::Timestamp) -> Duration {
     since
-        .and_then(|t| Duration::try_from(now.duration_since(t.0)).ok())
+        .and_then(|t| Duration::try_from(now.duration_since(t.timestamp())).ok())
         .unwrap_or_default()
 }
 
@@ -133,14 +134,17 @@ impl Tally {
 mod tests {
     use super::*;
 
-    fn at(second: i64) -> Time {
-        Time(jiff::Timestamp::from_second(second).unwrap())
+    fn at(second: i64) -> Seconds {
+        Seconds::of(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::from_second(second).unwrap(),
+        ))
+        .unwrap()
     }
 
     fn record(state: State, generation: i64, since: Option<i64>) -> Summary {
         Summary {
             state,
-            generation: Some(generation),
+            generation: std::num::NonZeroI64::new(generation),
             since: since.map(at),
         }
     }
@@ -157,7 +161,7 @@ mod tests {
             conflict: false,
             has_delivery: true,
             record: None,
-            changed_at: Some(&changed),
+            changed_at: Some(changed),
         };
         let synced = record(State::Synced, 3, None);
         let behind = record(State::Synced, 2, None);
@@ -165,7 +169,7 @@ mod tests {
         let rejected = record(State::Rejected, 2, Some(800));
         let forbidden = record(State::Forbidden, 2, None);
         let foreign = record(State::Other, 3, None);
-        type Want<'a> = Option<(Waiting, Option<&'a Time>)>;
+        type Want = Option<(Waiting, Option<Seconds>)>;
         let cases: Vec<(&str, Facts, Want)> = vec![
             (
                 "delivered",
@@ -178,7 +182,7 @@ mod tests {
             (
                 "never delivered: since its change",
                 base,
-                Some((Waiting::Pending, Some(&changed))),
+                Some((Waiting::Pending, Some(changed))),
             ),
             (
                 "a newer generation: since its change",
@@ -186,7 +190,7 @@ mod tests {
                     record: Some(&behind),
                     ..base
                 },
-                Some((Waiting::Pending, Some(&changed))),
+                Some((Waiting::Pending, Some(changed))),
             ),
             (
                 "pending: since the record says",
@@ -194,7 +198,7 @@ mod tests {
                     record: Some(&pending),
                     ..base
                 },
-                Some((Waiting::Pending, pending.since.as_ref())),
+                Some((Waiting::Pending, pending.since)),
             ),
             (
                 "rejected",
@@ -202,7 +206,7 @@ mod tests {
                     record: Some(&rejected),
                     ..base
                 },
-                Some((Waiting::Rejected, rejected.since.as_ref())),
+                Some((Waiting::Rejected, rejected.since)),
             ),
             (
                 "forbidden, no since: its change",
@@ -210,7 +214,7 @@ mod tests {
                     record: Some(&forbidden),
                     ..base
                 },
-                Some((Waiting::Forbidden, Some(&changed))),
+                Some((Waiting::Forbidden, Some(changed))),
             ),
             (
                 "someone else's state, same generation",
@@ -223,16 +227,16 @@ mod tests {
             (
                 "deleting",
                 Facts {
-                    deletion: Some(&deletion),
+                    deletion: Some(deletion),
                     record: Some(&synced),
                     ..base
                 },
-                Some((Waiting::Deleting, Some(&deletion))),
+                Some((Waiting::Deleting, Some(deletion))),
             ),
             (
                 "deleting, released",
                 Facts {
-                    deletion: Some(&deletion),
+                    deletion: Some(deletion),
                     has_finalizer: false,
                     ..base
                 },
@@ -241,11 +245,11 @@ mod tests {
             (
                 "deleting, even unbound",
                 Facts {
-                    deletion: Some(&deletion),
+                    deletion: Some(deletion),
                     bound: false,
                     ..base
                 },
-                Some((Waiting::Deleting, Some(&deletion))),
+                Some((Waiting::Deleting, Some(deletion))),
             ),
             (
                 "unbound",
@@ -280,8 +284,8 @@ mod tests {
     #[test]
     fn ages_count_from_the_object_and_the_tally_keeps_the_oldest() {
         let now = jiff::Timestamp::from_second(1_060).unwrap();
-        assert_eq!(age(Some(&at(1_000)), now), Duration::from_secs(60));
-        assert_eq!(age(Some(&at(2_000)), now), Duration::ZERO, "a clock ahead");
+        assert_eq!(age(Some(at(1_000)), now), Duration::from_secs(60));
+        assert_eq!(age(Some(at(2_000)), now), Duration::ZERO, "a clock ahead");
         assert_eq!(age(None, now), Duration::ZERO);
         let mut tally = Tally::default();
         let total = |t: &Tally| Waiting::ALL.iter().map(|w| t.count(*w)).sum::<usize>();

@@ -635,13 +635,17 @@ impl Worker {
         });
         backlog::waiting(&backlog::Facts {
             generation: object.metadata.generation,
-            deletion: object.metadata.deletion_timestamp.as_ref(),
+            deletion: object
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .and_then(kbind_shared::delivery::Seconds::of),
             has_finalizer: kbind_shared::finalizers::has(&object.metadata, keys::SYNCER_FINALIZER),
             bound,
             conflict: object.annotations().contains_key(keys::CONFLICT_ANNOTATION),
             has_delivery: self.spec.has_delivery,
             record: object.delivery.as_ref(),
-            changed_at: object.changed_at.as_ref(),
+            changed_at: object.changed_at,
         })
         .map(|(state, since)| (state, backlog::age(since, wall)))
     }
@@ -664,7 +668,7 @@ impl Worker {
         &self,
         op: &str,
         receipt: Option<std::time::Instant>,
-        recorded: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+        recorded: Option<kbind_shared::delivery::Seconds>,
     ) {
         let now = std::time::Instant::now();
         let since = pending::change_start(receipt, recorded, now, jiff::Timestamp::now());

@@ -53,12 +53,12 @@ impl Seen {
 /// overstated. `now` and `wall` are the same moment on both clocks.
 pub fn change_start(
     receipt: Option<Instant>,
-    recorded: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    recorded: Option<kbind_shared::delivery::Seconds>,
     now: Instant,
     wall: jiff::Timestamp,
 ) -> Option<Instant> {
     let recorded = recorded.map(|t| {
-        let bound = t.0 + jiff::SignedDuration::from_secs(1);
+        let bound = t.timestamp() + jiff::SignedDuration::from_secs(1);
         let ago = Duration::try_from(wall.duration_since(bound)).unwrap_or_default();
         now.checked_sub(ago).unwrap_or(now)
     });
@@ -256,8 +256,10 @@ mod tests {
         let now = Instant::now();
         let wall = jiff::Timestamp::from_second(1_000).unwrap();
         let at = |second: i64| {
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                jiff::Timestamp::from_second(second).unwrap(),
+            kbind_shared::delivery::Seconds::of(
+                &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    jiff::Timestamp::from_second(second).unwrap(),
+                ),
             )
         };
         let secs = |n: u64| Duration::from_secs(n);
@@ -265,24 +267,18 @@ mod tests {
         // the record's bound.
         let late = now - secs(5);
         assert_eq!(
-            change_start(Some(late), Some(&at(990)), now, wall),
+            change_start(Some(late), at(990), now, wall),
             Some(now - secs(9))
         );
         // Seen within the record's second: the receipt, which is earlier than the bound.
         let prompt = now - Duration::from_millis(300);
-        assert_eq!(
-            change_start(Some(prompt), Some(&at(999)), now, wall),
-            Some(prompt)
-        );
+        assert_eq!(change_start(Some(prompt), at(999), now, wall), Some(prompt));
         // Only one of them known.
-        assert_eq!(
-            change_start(None, Some(&at(900)), now, wall),
-            Some(now - secs(99))
-        );
+        assert_eq!(change_start(None, at(900), now, wall), Some(now - secs(99)));
         assert_eq!(change_start(Some(late), None, now, wall), Some(late));
         assert_eq!(change_start(None, None, now, wall), None);
         // A record ahead of this clock: no earlier than now.
-        assert_eq!(change_start(None, Some(&at(2_000)), now, wall), Some(now));
+        assert_eq!(change_start(None, at(2_000), now, wall), Some(now));
     }
 
     fn key(name: &str) -> Key {

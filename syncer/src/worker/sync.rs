@@ -133,14 +133,13 @@ pub(super) async fn sync(
                 worker.count("spec_up", "ok");
                 // A new generation is timed from its change as the consumer's API server
                 // recorded it; a drift repair (the same generation again) from its receipt.
-                let new_generation = object
-                    .delivery
-                    .as_ref()
-                    .is_none_or(|d| d.generation != object.metadata.generation);
+                let new_generation = object.delivery.as_ref().is_none_or(|d| {
+                    d.generation.map(std::num::NonZeroI64::get) != object.metadata.generation
+                });
                 worker.lag(
                     "spec_up",
                     seen.first(),
-                    object.changed_at.as_ref().filter(|_| new_generation),
+                    object.changed_at.filter(|_| new_generation),
                 );
                 match bounded(
                     applied.data.get("status"),
@@ -222,7 +221,7 @@ pub(super) async fn sync(
                 seen.provider.or(seen.consumer),
                 provider_copy
                     .as_ref()
-                    .and_then(|c| c.status_at.as_ref())
+                    .and_then(|c| c.status_at)
                     .filter(|_| provider_side),
             );
         }
@@ -382,7 +381,8 @@ async fn record_refusal(
     }
     let current_status = object.status.as_ref().map(Json::value);
     let current = delivery::record_of(current_status.as_ref());
-    let record = delivery::refused(current, state, message, object.changed_at.as_ref());
+    let since = object.changed_at.map(delivery::Seconds::time);
+    let record = delivery::refused(current, state, message, since.as_ref());
     let status = delivery::with_record(current_status.as_ref(), &record);
     if current_status.as_ref() == Some(&status) {
         return Ok(());
@@ -469,7 +469,12 @@ async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
         let since = worker.pending.locked().deletion_started(&key);
         worker.set_finalizers(object, released.clone()).await?;
         worker.pending.locked().deleted(&key);
-        worker.lag("delete", since, object.metadata.deletion_timestamp.as_ref());
+        let deleted_at = object
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .and_then(delivery::Seconds::of);
+        worker.lag("delete", since, deleted_at);
         Ok::<(), Error>(())
     };
     if object

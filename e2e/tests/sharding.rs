@@ -574,11 +574,12 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     sampler.assert_no_overlap().await;
     // #33.10: no object was written to the provider twice for one change — through the scale-up,
     // the paused syncer's lapse and return, the leader's death and the scale-down — counted per
-    // object from the provider's audit log. Objects o3…o9 were created once and never changed:
-    // exactly one successful apply each. o0…o2 were also changed once (at most two applies: the
-    // change may join the creation) and deleted (at most one successful delete).
+    // object from the provider's audit log. The churn created o0…o9 in each namespace, changed
+    // o0…o2 once (at most two applies: the change may join the creation) and deleted o3…o5 (at
+    // most one apply and one delete); o6…o9 were created and never touched again: exactly one
+    // apply each.
     let mut writes: BTreeMap<(String, String, String, String), usize> = BTreeMap::new();
-    for write in env.cluster("provider").audited_writes() {
+    for write in env.cluster("provider").audited() {
         if (200..300).contains(&write.code)
             && ["alphas", "bravos"].contains(&write.resource.as_str())
         {
@@ -607,16 +608,19 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
                     creates, 0,
                     "{resource} {namespace}/{name}: kbind creates by apply"
                 );
-                if i < 3 {
-                    assert!(
-                        applies <= 2 && deletes <= 1,
-                        "{resource} {namespace}/{name}: {applies} applies, {deletes} deletes for one creation, one change and one deletion"
-                    );
-                } else {
+                let most = match i {
+                    0..3 => (2, 0),
+                    3..6 => (1, 1),
+                    _ => (1, 0),
+                };
+                assert!(
+                    applies <= most.0 && deletes <= most.1,
+                    "{resource} {namespace}/{name}: {applies} applies and {deletes} deletes, at most {most:?} expected"
+                );
+                if i >= 6 {
                     assert_eq!(
-                        (applies, deletes),
-                        (1, 0),
-                        "{resource} {namespace}/{name}: written more than once for one creation"
+                        applies, 1,
+                        "{resource} {namespace}/{name} never reached the provider"
                     );
                 }
                 checked += 1;

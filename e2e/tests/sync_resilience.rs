@@ -720,13 +720,37 @@ async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_acce
     // Connection says PermissionDenied=True naming the verb and resource. Granted again, it clears.
     let s = SyncEnv::start("resilience_revoked_connection", &[0, 1, 2], None).await;
     ready(&s).await;
-    switch_to_granted(&s, "revocable").await;
+    let user = switch_to_granted(&s, "revocable").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w", 1).await;
     wait_condition(&s.consumer, "provider", "PermissionDenied", "False", None)
         .await
         .unwrap();
 
+    // #33.9: `kbind_reconcile_errors_total{controller="connection"}` against what the provider's
+    // API server answered: a reconcile fails for `provider` only after a request of it was
+    // denied, and never for `consumer`.
+    let errors = |reason: &'static str| {
+        let manager = &s.manager;
+        async move {
+            metric_sum(
+                &manager.metrics().await.unwrap(),
+                "kbind_reconcile_errors_total",
+                &[("controller", "connection"), ("reason", reason)],
+            )
+        }
+    };
+    // Denied requests are refused before the API server's request metrics count them: its audit
+    // log has them.
+    let denied = || async {
+        s.env
+            .cluster("provider")
+            .audited()
+            .iter()
+            .filter(|r| r.user == user.username && r.code == 403)
+            .count() as f64
+    };
+    let (errors_before, denied_before) = (errors("provider").await, denied().await);
     let roles: Api<ClusterRole> = Api::all(s.provider.clone());
     roles
         .delete("revocable", &DeleteParams::default())
@@ -751,6 +775,17 @@ async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_acce
     assert!(
         message.contains("leases") || message.contains("namespaces"),
         "names the verb and resource: {message}"
+    );
+    let failed = errors("provider").await - errors_before;
+    let refused = denied().await - denied_before;
+    assert!(
+        failed >= 1.0 && failed <= refused,
+        "{failed} failed Connection reconciles for {refused} requests the provider denied"
+    );
+    assert_eq!(
+        errors("consumer").await,
+        0.0,
+        "nothing failed on the consumer"
     );
 
     let mut role = ClusterRole::default();

@@ -46,6 +46,8 @@ pub struct Audited {
     pub verb: String,
     /// The resource (plural).
     pub resource: String,
+    /// The subresource ("" for the object itself).
+    pub subresource: String,
     /// The namespace ("" for a cluster-scoped object).
     pub namespace: String,
     /// The object's name ("" for a collection).
@@ -551,6 +553,7 @@ impl Cluster {
                 Audited {
                     verb: text(&event["verb"]),
                     resource: text(&event["objectRef"]["resource"]),
+                    subresource: text(&event["objectRef"]["subresource"]),
                     namespace: text(&event["objectRef"]["namespace"]),
                     name: text(&event["objectRef"]["name"]),
                     user: text(&event["user"]["username"]),

@@ -548,3 +548,85 @@ async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_re
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_refused_consumer_status_write_is_a_consumer_reconcile_error() {
+    // #33.9: the consumer's own admission (a webhook denying Widget status writes in one
+    // namespace) refuses kbind's status write. Each refused write is one
+    // `kbind_reconcile_errors_total{controller="sync",reason="consumer"}` — exactly the refused
+    // status writes in the consumer's audit log — and nothing is counted for the provider.
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Namespace;
+    use kbind_e2e::webhook::DenyingWebhook;
+    use kube::api::PostParams;
+    let s = SyncEnv::start("delivery_consumer_refused", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    let hook = DenyingWebhook::start(403, "status writes are frozen here")
+        .await
+        .unwrap();
+    let mut frozen = Namespace::default();
+    frozen.metadata.name = Some("frozen".into());
+    frozen.metadata.labels = Some([("status".to_owned(), "frozen".to_owned())].into());
+    Api::<Namespace>::all(s.consumer.clone())
+        .create(&PostParams::default(), &frozen)
+        .await
+        .unwrap();
+    let configuration: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": { "name": "frozen-status" },
+        "webhooks": [{
+            "name": "frozen.example.org",
+            "clientConfig": {
+                "url": hook.url,
+                "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &hook.ca_pem),
+            },
+            "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["widgets/status"] }],
+            "namespaceSelector": { "matchLabels": { "status": "frozen" } },
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+        }],
+    }))
+    .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(s.consumer.clone())
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    // The spec reaches the provider; its status cannot come back.
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "frozen", "w1", 1).await;
+    let errors = |text: &str, reason: &str| {
+        metric_sum(
+            text,
+            "kbind_reconcile_errors_total",
+            &[("controller", "sync"), ("reason", reason)],
+        )
+    };
+    let refused_status_writes = || {
+        s.env
+            .cluster("consumer")
+            .audited()
+            .iter()
+            .filter(|r| {
+                r.resource == "widgets"
+                    && r.subresource == "status"
+                    && r.namespace == "frozen"
+                    && r.code == 403
+            })
+            .count() as f64
+    };
+    wait_for("reconcile errors equal to the refused status writes", 60, || async {
+        let first = errors(&s.syncer.metrics().await?, "consumer");
+        let refused = refused_status_writes();
+        let again = errors(&s.syncer.metrics().await?, "consumer");
+        if first == again && first == refused && refused >= 2.0 {
+            Ok(Some(()))
+        } else {
+            Err(format!("{first} then {again} consumer reconcile errors, {refused} refused status writes"))
+        }
+    })
+    .await;
+    let text = s.syncer.metrics().await.unwrap();
+    assert_eq!(errors(&text, "provider"), 0.0, "{text}");
+    drop(hook);
+}

@@ -109,7 +109,8 @@ pub fn merge_patch(current: &Value, desired: &Value) -> Value {
             for (key, value) in desired {
                 match current.get(key) {
                     Some(old) if old == value => {}
-                    Some(old @ Value::Object(_)) if value.is_object() => {
+                    // (A non-object `value` comes back whole from the inner call.)
+                    Some(old @ Value::Object(_)) => {
                         patch.insert(key.clone(), merge_patch(old, value));
                     }
                     _ => {
@@ -241,6 +242,15 @@ mod tests {
             json!({ "phase": "Ready", "gone": null, "nested": { "b": null, "c": 3 }, "list": [3] })
         );
         assert_eq!(merge_patch(&desired, &desired), json!({}));
+        // An object that becomes a scalar or a list is replaced whole.
+        assert_eq!(
+            merge_patch(&json!({ "a": { "x": 1 } }), &json!({ "a": "s" })),
+            json!({ "a": "s" })
+        );
+        assert_eq!(
+            merge_patch(&json!({ "a": { "x": 1 } }), &json!({ "a": [1] })),
+            json!({ "a": [1] })
+        );
         // Applying the patch (RFC 7386) yields the desired value.
         fn apply(target: &mut Value, patch: &Value) {
             if let (Value::Object(t), Value::Object(p)) = (&mut *target, patch) {

@@ -341,6 +341,28 @@ mod tests {
             .map(|c| c.type_.clone())
             .collect();
         assert_eq!(changed, ["Connected", "Ready"]);
+        // A new reason under the same status is news too; so is a new status under the same
+        // reason; a new message alone is not.
+        let condition = |status: &str, reason: &str, message: &str| Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: now(),
+            observed_generation: None,
+        };
+        let was = [condition("False", "Unreachable", "refused")];
+        for (now_is, news) in [
+            (condition("False", "Forbidden", "refused"), true),
+            (condition("True", "Unreachable", "refused"), true),
+            (condition("False", "Unreachable", "timed out"), false),
+        ] {
+            assert_eq!(
+                transitions(&was, std::slice::from_ref(&now_is)).len(),
+                usize::from(news),
+                "{now_is:?}"
+            );
+        }
         assert!(!is_healthy(conditions::find(&conds, "Ready").unwrap()));
         assert!(is_healthy(
             conditions::find(&conds, "PermissionDenied").unwrap()
@@ -361,6 +383,13 @@ mod tests {
         );
         assert!(d.message.contains("api2: why; and 2 more"), "{}", d.message);
         assert!(!d.message.contains("api3"), "{}", d.message);
+        // Three or fewer: all named, nothing "more".
+        let three = not_installed_condition(&problems[..3]).unwrap();
+        assert!(
+            three.message.ends_with("api0: why; api1: why; api2: why"),
+            "{}",
+            three.message
+        );
         // Ready stays True.
         let mut conds = Vec::new();
         apply(

@@ -581,6 +581,28 @@ pub async fn client_for(kubeconfig: &str) -> Result<Client, String> {
 }
 
 /// Creates the namespace unless it exists (checking first, so that it writes nothing when it does).
+/// Creates the namespace `name` labelled `key=value` (what a webhook's `namespaceSelector`
+/// matches).
+pub async fn labelled_namespace(
+    client: &Client,
+    name: &str,
+    (key, value): (&str, &str),
+) -> Result<(), String> {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some([(key.to_owned(), value.to_owned())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .map(drop)
+        .map_err(|e| format!("create Namespace {name}: {e}"))
+}
+
 pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), String> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     if namespaces

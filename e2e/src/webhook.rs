@@ -9,6 +9,68 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+/// Registers the validating webhook configuration `name` on `client`'s cluster: `operations`
+/// on `resource` (e.g. `widgets`, `widgets/status`) of group `example.org`, in the namespaces
+/// labelled `selector` (`None`: all), failurePolicy Fail. Served by `hook`; `None`: by a server
+/// that is down (127.0.0.1:1), so that every matching write answers 500 — a provider whose
+/// admission is broken.
+pub async fn register(
+    client: &kube::Client,
+    name: &str,
+    hook: Option<&DenyingWebhook>,
+    operations: &[&str],
+    resource: &str,
+    selector: Option<(&str, &str)>,
+) -> Result<(), String> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let client_config = match hook {
+        Some(hook) => json!({
+            "url": hook.url,
+            "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &hook.ca_pem),
+        }),
+        None => json!({ "url": "https://127.0.0.1:1/validate" }),
+    };
+    let mut webhook = json!({
+        "name": format!("{name}.example.org"),
+        "clientConfig": client_config,
+        "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": operations, "resources": [resource] }],
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": if hook.is_some() { 5 } else { 1 },
+    });
+    if let Some((key, value)) = selector {
+        webhook["namespaceSelector"] = json!({ "matchLabels": { key: value } });
+    }
+    let configuration: ValidatingWebhookConfiguration =
+        serde_json::from_value(json!({ "metadata": { "name": name }, "webhooks": [webhook] }))
+            .map_err(|e| e.to_string())?;
+    kube::Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&Default::default(), &configuration)
+        .await
+        .map_err(|e| format!("webhook configuration {name}: {e}"))?;
+    Ok(())
+}
+
+/// Breaks `client`'s cluster's admission of Widgets: the webhook configuration `down`, served by
+/// nobody, so every Widget create or update answers 500 (until [`unregister`]ed); waits a second
+/// for the API server to load it.
+pub async fn register_down(client: &kube::Client) -> Result<(), String> {
+    register(client, "down", None, &["CREATE", "UPDATE"], "widgets", None).await?;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Removes the webhook configuration `name` from `client`'s cluster.
+pub async fn unregister(client: &kube::Client, name: &str) -> Result<(), String> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    kube::Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .delete(name, &Default::default())
+        .await
+        .map(drop)
+        .map_err(|e| format!("webhook configuration {name}: {e}"))
+}
+
 /// A running denying webhook; stops when dropped.
 pub struct DenyingWebhook {
     /// `https://127.0.0.1:<port>/validate`.

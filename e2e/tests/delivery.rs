@@ -354,21 +354,6 @@ async fn a_provider_that_answers_slowly_still_gets_one_status_write_per_change()
     );
 }
 
-/// The backlog gauges of the Widget API on `s`'s syncer: objects per state, and the oldest age.
-async fn backlog(s: &SyncEnv, state: &str) -> Result<(f64, f64), String> {
-    let text = s.syncer.metrics().await?;
-    let labels = [("connection", "provider"), ("api", API)];
-    if !text.contains("kbind_sync_backlog{") {
-        return Err("no backlog gauge yet".into());
-    }
-    let mut with_state = labels.to_vec();
-    with_state.push(("state", state));
-    Ok((
-        metric_sum(&text, "kbind_sync_backlog", &with_state),
-        metric_sum(&text, "kbind_sync_backlog_oldest_seconds", &labels),
-    ))
-}
-
 #[tokio::test]
 async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_restart() {
     // #33.1 and #33.4: the provider's admission webhook is down (failurePolicy Fail → every write
@@ -376,38 +361,16 @@ async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_re
     // generation against the one the provider has from the user's own write on, the record says
     // Pending with the provider's answer and since when — in one consumer write, however many
     // retries — and the backlog counts it as pending from the change, across a syncer restart.
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-    use kube::api::{DeleteParams, PostParams};
     let mut s = SyncEnv::start("delivery_pending", &[0, 1, 2], None).await;
     wait_cluster_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
     wait_record(&s, "Synced", 1).await;
-    wait_for("the backlog empty", 30, || async {
-        let (pending, oldest) = backlog(&s, "pending").await?;
-        Ok((pending == 0.0 && oldest == 0.0).then_some(()))
-    })
-    .await;
+    wait_backlog_drained(&s.syncer, API).await;
 
-    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(s.provider.clone());
-    let webhook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": { "name": "down" },
-        "webhooks": [{
-            "name": "down.example.org",
-            "clientConfig": { "url": "https://127.0.0.1:1/validate" },
-            "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["widgets"] }],
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 1,
-        }],
-    }))
-    .unwrap();
-    webhooks
-        .create(&PostParams::default(), &webhook)
+    kbind_e2e::webhook::register_down(&s.provider)
         .await
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
 
     let consumer_widgets = widgets(&s.consumer, "team-a");
     let before = widget_writes(&s.consumer).await;
@@ -493,7 +456,7 @@ async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_re
 
     // The backlog counts it as pending, aged from the change.
     let aged = wait_for("w1 pending in the backlog, aged", 30, || async {
-        let (pending, oldest) = backlog(&s, "pending").await?;
+        let (pending, oldest) = backlog(&s.syncer, "widgets.example.org", Some("pending")).await?;
         Ok((pending == 1.0 && oldest >= 3.0).then_some(oldest))
     })
     .await;
@@ -504,7 +467,7 @@ async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_re
         .unwrap();
     s.restart_syncer("syncer-0-restarted", &[]).await;
     let again = wait_for("the restarted syncer's backlog", 60, || async {
-        let (pending, oldest) = backlog(&s, "pending").await?;
+        let (pending, oldest) = backlog(&s.syncer, "widgets.example.org", Some("pending")).await?;
         Ok((pending == 1.0).then_some(oldest))
     })
     .await;
@@ -515,8 +478,7 @@ async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_re
 
     // The provider is back: delivered, and the backlog drains.
     let applied_before = provider_applies(&s.provider).await;
-    webhooks
-        .delete("down", &DeleteParams::default())
+    kbind_e2e::webhook::unregister(&s.provider, "down")
         .await
         .unwrap();
     let delivered = wait_record(&s, "Synced", 2).await;
@@ -542,11 +504,7 @@ async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_re
         delivered.get("message").is_none() && delivered.get("since").is_none(),
         "{delivered}"
     );
-    wait_for("the backlog drained", 30, || async {
-        let (pending, oldest) = backlog(&s, "pending").await?;
-        Ok((pending == 0.0 && oldest == 0.0).then_some(()))
-    })
-    .await;
+    wait_backlog_drained(&s.syncer, API).await;
 }
 
 #[tokio::test]
@@ -555,43 +513,25 @@ async fn a_refused_consumer_status_write_is_a_consumer_reconcile_error() {
     // namespace) refuses kbind's status write. Each refused write is one
     // `kbind_reconcile_errors_total{controller="sync",reason="consumer"}` — exactly the refused
     // status writes in the consumer's audit log — and nothing is counted for the provider.
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-    use k8s_openapi::api::core::v1::Namespace;
     use kbind_e2e::webhook::DenyingWebhook;
-    use kube::api::PostParams;
     let s = SyncEnv::start("delivery_consumer_refused", &[0, 1, 2], None).await;
     wait_cluster_binding_ready(&s.consumer, "widgets").await;
     let hook = DenyingWebhook::start(403, "status writes are frozen here")
         .await
         .unwrap();
-    let mut frozen = Namespace::default();
-    frozen.metadata.name = Some("frozen".into());
-    frozen.metadata.labels = Some([("status".to_owned(), "frozen".to_owned())].into());
-    Api::<Namespace>::all(s.consumer.clone())
-        .create(&PostParams::default(), &frozen)
+    kbind_e2e::cluster::labelled_namespace(&s.consumer, "frozen", ("status", "frozen"))
         .await
         .unwrap();
-    let configuration: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": { "name": "frozen-status" },
-        "webhooks": [{
-            "name": "frozen.example.org",
-            "clientConfig": {
-                "url": hook.url,
-                "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &hook.ca_pem),
-            },
-            "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["widgets/status"] }],
-            "namespaceSelector": { "matchLabels": { "status": "frozen" } },
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 5,
-        }],
-    }))
+    kbind_e2e::webhook::register(
+        &s.consumer,
+        "frozen-status",
+        Some(&hook),
+        &["UPDATE"],
+        "widgets/status",
+        Some(("status", "frozen")),
+    )
+    .await
     .unwrap();
-    Api::<ValidatingWebhookConfiguration>::all(s.consumer.clone())
-        .create(&PostParams::default(), &configuration)
-        .await
-        .unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     // The spec reaches the provider; its status cannot come back.
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "frozen", "w1", 1).await;

@@ -3,13 +3,10 @@
 //! failed operations say why (`result`: conflict, transient here; forbidden and rejected in
 //! `sync_resilience.rs`).
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::{wait_for, wait_gone};
-use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, PostParams};
-use serde_json::json;
 
 const API: &str = "widgets.example.org";
 
@@ -29,23 +26,6 @@ fn lags(text: &str, op: &str) -> f64 {
         "kbind_sync_lag_seconds_count",
         &[("connection", "provider"), ("api", API), ("op", op)],
     )
-}
-
-/// Waits until the backlog of the widgets worker is empty (both gauges 0).
-async fn wait_backlog_drained(s: &SyncEnv) {
-    wait_for("the backlog to drain", 30, || async {
-        let text = s.syncer.metrics().await?;
-        let labels = [("connection", "provider"), ("api", API)];
-        let (waiting, oldest) = (
-            metric_sum(&text, "kbind_sync_backlog", &labels),
-            metric_sum(&text, "kbind_sync_backlog_oldest_seconds", &labels),
-        );
-        if !text.contains("kbind_sync_backlog{") {
-            return Err("no backlog gauge yet".into());
-        }
-        Ok((waiting == 0.0 && oldest == 0.0).then_some(()))
-    })
-    .await;
 }
 
 #[tokio::test]
@@ -86,7 +66,7 @@ async fn lag_histograms_count_every_delivered_change_and_the_backlog_drains() {
     for name in ["w4", "w5"] {
         wait_gone(&consumer_widgets, name, "the deleted consumer object", 30).await;
     }
-    wait_backlog_drained(&s).await;
+    wait_backlog_drained(&s.syncer, API).await;
 
     let text = s.syncer.metrics().await.unwrap();
     // One spec-up write per change (5 creations, 3 resizes), each with its delay recorded.
@@ -140,25 +120,9 @@ async fn failures_are_labelled_conflict_and_transient_and_the_backlog_shows_them
     .await;
 
     // Transient: the provider's admission webhook is down (failurePolicy Fail → HTTP 500).
-    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(s.provider.clone());
-    let webhook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": { "name": "down" },
-        "webhooks": [{
-            "name": "down.example.org",
-            "clientConfig": { "url": "https://127.0.0.1:1/validate" },
-            "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["widgets"] }],
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 1,
-        }],
-    }))
-    .unwrap();
-    webhooks
-        .create(&PostParams::default(), &webhook)
+    kbind_e2e::webhook::register_down(&s.provider)
         .await
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     consumer_widgets
         .create(&PostParams::default(), &widget("flaky", 3))
         .await
@@ -190,8 +154,7 @@ async fn failures_are_labelled_conflict_and_transient_and_the_backlog_shows_them
     .await;
 
     // The webhook is back out of the way: the object syncs and the backlog drains.
-    webhooks
-        .delete("down", &DeleteParams::default())
+    kbind_e2e::webhook::unregister(&s.provider, "down")
         .await
         .unwrap();
     wait_for("the waiting object upstream", 60, || async {
@@ -206,7 +169,7 @@ async fn failures_are_labelled_conflict_and_transient_and_the_backlog_shows_them
         .delete("taken", &DeleteParams::default())
         .await
         .unwrap();
-    wait_backlog_drained(&s).await;
+    wait_backlog_drained(&s.syncer, API).await;
 }
 
 #[tokio::test]

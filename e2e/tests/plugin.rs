@@ -172,34 +172,17 @@ async fn status_shows_connections_bindings_objects_conflicts_and_lag() {
     let hook = kbind_e2e::webhook::DenyingWebhook::start(403, "no widgets here")
         .await
         .unwrap();
-    let configuration: k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration =
-        serde_json::from_value(json!({
-            "metadata": { "name": "deny" },
-            "webhooks": [{
-                "name": "deny.example.org",
-                "clientConfig": {
-                    "url": hook.url,
-                    "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &hook.ca_pem),
-                },
-                "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["widgets"] }],
-                "namespaceSelector": { "matchLabels": { "policy": "guarded" } },
-                "failurePolicy": "Fail",
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-            }],
-        }))
-        .unwrap();
-    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
-        s.provider.clone(),
+    kbind_e2e::webhook::register(
+        &s.provider,
+        "deny",
+        Some(&hook),
+        &["CREATE"],
+        "widgets",
+        Some(("policy", "guarded")),
     )
-    .create(&PostParams::default(), &configuration)
     .await
     .unwrap();
-    let mut guarded = k8s_openapi::api::core::v1::Namespace::default();
-    guarded.metadata.name = Some("guarded".into());
-    guarded.metadata.labels = Some([("policy".to_owned(), "guarded".to_owned())].into());
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(s.provider.clone())
-        .create(&PostParams::default(), &guarded)
+    kbind_e2e::cluster::labelled_namespace(&s.provider, "guarded", ("policy", "guarded"))
         .await
         .unwrap();
     ensure_namespace(&s.consumer, "guarded").await.unwrap();

@@ -609,8 +609,6 @@ async fn a_webhook_denial_is_rejected_not_forbidden() {
     // another. Both are the provider's admission saying no: the delivery record says Rejected with
     // the webhook's message, a ProviderRejected Warning tells the user, the metric says
     // `rejected` — never `forbidden` (RBAC) — and other objects keep syncing.
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-    use k8s_openapi::api::core::v1::Namespace;
     use kbind_e2e::webhook::DenyingWebhook;
     let s = SyncEnv::start("resilience_webhook", &[0, 1, 2], None).await;
     ready(&s).await;
@@ -620,34 +618,19 @@ async fn a_webhook_denial_is_rejected_not_forbidden() {
             .await
             .unwrap();
         ensure_namespace(&s.consumer, namespace).await.unwrap();
-        let mut labelled = Namespace::default();
-        labelled.metadata.name = Some(namespace.into());
-        labelled.metadata.labels = Some([("policy".to_owned(), namespace.to_owned())].into());
-        Api::<Namespace>::all(s.provider.clone())
-            .create(&PostParams::default(), &labelled)
+        kbind_e2e::cluster::labelled_namespace(&s.provider, namespace, ("policy", namespace))
             .await
             .unwrap();
-        let configuration: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-            "metadata": { "name": namespace },
-            "webhooks": [{
-                "name": format!("{namespace}.example.org"),
-                "clientConfig": {
-                    "url": hook.url,
-                    "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &hook.ca_pem),
-                },
-                "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["widgets"] }],
-                "namespaceSelector": { "matchLabels": { "policy": namespace } },
-                "failurePolicy": "Fail",
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": 5,
-            }],
-        }))
+        kbind_e2e::webhook::register(
+            &s.provider,
+            namespace,
+            Some(&hook),
+            &["CREATE", "UPDATE"],
+            "widgets",
+            Some(("policy", namespace)),
+        )
+        .await
         .unwrap();
-        Api::<ValidatingWebhookConfiguration>::all(s.provider.clone())
-            .create(&PostParams::default(), &configuration)
-            .await
-            .unwrap();
         hooks.push(hook);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -1041,6 +1041,70 @@ mod tests {
     }
 
     #[test]
+    fn untyped_fields_junk_and_depth() {
+        let field = |schema: Value| widget(json!({ "x": schema }), json!({}));
+        // An untyped field that gains a type is breaking; one that allowed int-or-string says
+        // that instead.
+        assert_eq!(
+            changes(field(json!({})), field(json!({ "type": "integer" }))),
+            ["spec.x: type (any) → integer"]
+        );
+        assert_eq!(
+            changes(
+                field(json!({ "x-kubernetes-int-or-string": true })),
+                field(json!({ "type": "integer" }))
+            ),
+            ["spec.x: x-kubernetes-int-or-string is no longer allowed"]
+        );
+        // A schema that is not an object (no typed CRD holds one) is not compared.
+        let compared = |old: Value, new: Value| {
+            let mut out = Out::default();
+            compare("spec.x", &old, &new, 0, &mut out);
+            out.finish().0.len()
+        };
+        assert_eq!(compared(json!({}), json!({ "type": "string" })), 1);
+        assert_eq!(compared(json!("junk"), json!({ "type": "string" })), 0);
+        assert_eq!(
+            compared(json!({ "type": "string", "nullable": true }), json!(7)),
+            0
+        );
+        assert_eq!(
+            compared(json!({ "type": "string" }), json!({ "type": "integer" })),
+            1
+        );
+        // Nesting deeper than MAX_DEPTH is not compared (a bound on the work); at MAX_DEPTH it is.
+        let nested = |levels: usize, leaf: &str| {
+            let mut schema = json!({ "type": leaf });
+            for _ in 0..levels {
+                schema = json!({ "type": "object", "properties": { "n": schema } });
+            }
+            schema
+        };
+        assert_eq!(
+            changes(nested(MAX_DEPTH, "integer"), nested(MAX_DEPTH, "string")).len(),
+            1
+        );
+        assert!(
+            changes(
+                nested(MAX_DEPTH + 1, "integer"),
+                nested(MAX_DEPTH + 1, "string")
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_versions_root_is_shown_as_root() {
+        assert_eq!(super::shown(""), "(root)");
+        assert_eq!(super::shown("v1: "), "v1: (root)");
+        assert_eq!(super::shown("spec"), "spec");
+        assert_eq!(super::shown("v1: spec"), "v1: spec");
+        assert_eq!(join("", "spec"), "spec");
+        assert_eq!(join("v1: ", "spec"), "v1: spec");
+        assert_eq!(join("spec", "size"), "spec.size");
+    }
+
+    #[test]
     fn crd_level_changes() {
         let v = |name: &str, served: bool, storage: bool, schema: Value| json!({ "name": name, "served": served, "storage": storage, "schema": { "openAPIV3Schema": schema } });
         let a = widget(json!({ "size": { "type": "integer" } }), json!({}));
@@ -1084,6 +1148,32 @@ mod tests {
                 "<versions>: storage version v1 → v2, whose schemas differ (not lossless)",
                 "v2: spec.size: type integer → string",
             ]
+        );
+        // The version prefix shows whenever either side serves several versions, not otherwise.
+        let shown = |old: &CustomResourceDefinitionSpec, new: &CustomResourceDefinitionSpec| {
+            breaking_changes(old, new)
+                .0
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        };
+        let one_b = spec_with(json!([v("v1", true, true, b.clone())]));
+        let two_b = spec_with(json!([
+            v("v1", true, true, b.clone()),
+            v("v2", true, false, a.clone())
+        ]));
+        assert_eq!(
+            shown(&one_version, &one_b),
+            ["spec.size: type integer → string"]
+        );
+        assert_eq!(
+            shown(&one_version, &two_b),
+            ["v1: spec.size: type integer → string"]
+        );
+        assert!(
+            shown(&two, &one_b).contains(&"v1: spec.size: type integer → string".to_owned()),
+            "{:?}",
+            shown(&two, &one_b)
         );
         // Scope.
         let mut cluster = one_version.clone();

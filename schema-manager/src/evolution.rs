@@ -1094,6 +1094,54 @@ mod tests {
     }
 
     #[test]
+    fn keywords_that_stay_the_same_are_no_change() {
+        let field = |schema: Value| widget(json!({ "x": schema }), json!({}));
+        let kept = json!({
+            "type": "array",
+            "items": { "type": "integer", "minimum": 1, "maximum": 9, "multipleOf": 2,
+                       "exclusiveMinimum": true, "default": 4 },
+            "minItems": 1, "maxItems": 5,
+            "x-kubernetes-list-type": "set",
+        });
+        assert!(changes(field(kept.clone()), field(kept.clone())).is_empty());
+        // Each one changed, alone, is named.
+        let changed = |pointer: &str, value: Value| {
+            let mut new = kept.clone();
+            *new.pointer_mut(pointer).unwrap() = value;
+            changes(field(kept.clone()), field(new))
+        };
+        assert_eq!(
+            changed("/items/multipleOf", json!(3)),
+            ["spec.x[]: multipleOf → 3.0"]
+        );
+        assert_eq!(
+            changed("/items/default", json!(5)),
+            ["spec.x[]: default 4 → 5"]
+        );
+        assert_eq!(
+            changed("/items/minimum", json!(2)),
+            ["spec.x[]: minimum 1 → 2"]
+        );
+        assert_eq!(
+            changed("/items/maximum", json!(8)),
+            ["spec.x[]: maximum 9 → 8"]
+        );
+        assert_eq!(
+            changed("/x-kubernetes-list-type", json!("atomic")),
+            ["spec.x: x-kubernetes-list-type set → atomic"]
+        );
+        let mut without = kept.clone();
+        without["items"]
+            .as_object_mut()
+            .unwrap()
+            .remove("exclusiveMinimum");
+        assert_eq!(
+            changes(field(without), field(kept.clone())),
+            ["spec.x[]: exclusiveMinimum added"]
+        );
+    }
+
+    #[test]
     fn a_versions_root_is_shown_as_root() {
         assert_eq!(super::shown(""), "(root)");
         assert_eq!(super::shown("v1: "), "v1: (root)");

@@ -1142,6 +1142,46 @@ mod tests {
     }
 
     #[test]
+    fn declaring_a_field_under_preserved_unknown_fields() {
+        let free = |properties: Value| json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true, "properties": properties });
+        let root = |spec: Value, status: Value| json!({ "type": "object", "properties": { "spec": spec, "status": status } });
+        let known = json!({ "size": { "type": "integer" } });
+        let before = root(free(known.clone()), free(json!({})));
+        // A field declared before, declared again: no change.
+        assert!(changes(before.clone(), before.clone()).is_empty());
+        // A new constrained field could hold anything before.
+        let mut color = known.clone();
+        color["color"] = json!({ "type": "string" });
+        assert_eq!(
+            changes(before.clone(), root(free(color), free(json!({})))),
+            ["spec.color: now declared (it could hold any value before)"]
+        );
+        // kbind's own record under status never waits; the same name elsewhere, or another
+        // field under status, does.
+        let record = json!({ "kbindSync": { "type": "object" } });
+        assert!(
+            changes(
+                before.clone(),
+                root(free(known.clone()), free(record.clone()))
+            )
+            .is_empty()
+        );
+        let mut spec_record = known.clone();
+        spec_record["kbindSync"] = json!({ "type": "object" });
+        assert_eq!(
+            changes(before.clone(), root(free(spec_record), free(json!({})))),
+            ["spec.kbindSync: now declared (it could hold any value before)"]
+        );
+        assert_eq!(
+            changes(
+                before,
+                root(free(known), free(json!({ "phase": { "type": "string" } })))
+            ),
+            ["status.phase: now declared (it could hold any value before)"]
+        );
+    }
+
+    #[test]
     fn a_versions_root_is_shown_as_root() {
         assert_eq!(super::shown(""), "(root)");
         assert_eq!(super::shown("v1: "), "v1: (root)");

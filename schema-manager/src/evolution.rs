@@ -1091,6 +1091,88 @@ mod tests {
             )
             .is_empty()
         );
+        // Every way down counts a level: list items and map values too.
+        for key in ["items", "additionalProperties"] {
+            let nested = |levels: usize, leaf: &str| {
+                let mut schema = json!({ "type": leaf });
+                for _ in 0..levels {
+                    schema = json!({ "type": "object", key: schema });
+                }
+                schema
+            };
+            assert_eq!(
+                changes(nested(MAX_DEPTH, "integer"), nested(MAX_DEPTH, "string")).len(),
+                1,
+                "{key}"
+            );
+            assert!(
+                changes(
+                    nested(MAX_DEPTH + 1, "integer"),
+                    nested(MAX_DEPTH + 1, "string")
+                )
+                .is_empty(),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn maps_and_unconstrained_fields() {
+        let map = |additional: Value, extra: Value| {
+            let mut m = json!({ "type": "object" });
+            if !additional.is_null() {
+                m["additionalProperties"] = additional;
+            }
+            if let (Some(m), Some(extra)) = (m.as_object_mut(), extra.as_object()) {
+                m.extend(extra.clone());
+            }
+            widget(json!({ "labels": m }), json!({}))
+        };
+        let strings = json!({ "type": "string" });
+        assert_eq!(
+            changes(
+                map(strings.clone(), json!({})),
+                map(json!(false), json!({}))
+            ),
+            ["spec.labels: additional properties are no longer allowed"]
+        );
+        assert_eq!(
+            changes(map(json!(true), json!({})), map(json!(false), json!({}))),
+            ["spec.labels: additional properties are no longer allowed"]
+        );
+        assert_eq!(
+            changes(map(strings.clone(), json!({})), map(Value::Null, json!({}))),
+            ["spec.labels: additionalProperties removed (every map key would be pruned)"]
+        );
+        // Removed while unknown fields are preserved: nothing is pruned.
+        let keep = json!({ "x-kubernetes-preserve-unknown-fields": true });
+        assert!(changes(map(strings.clone(), keep.clone()), map(Value::Null, keep)).is_empty());
+        // Declaring a field that accepts anything constrains nothing.
+        let free = |properties: Value| {
+            widget(
+                json!({}),
+                json!({ "x-kubernetes-preserve-unknown-fields": true, "properties": properties }),
+            )
+        };
+        for accepting in [
+            json!({ "description": "anything", "title": "t", "example": 1 }),
+            json!({ "x-kubernetes-preserve-unknown-fields": true }),
+        ] {
+            assert!(
+                changes(free(json!({})), free(json!({ "x": accepting }))).is_empty(),
+                "{accepting}"
+            );
+        }
+        for constraining in [
+            json!({ "x-kubernetes-preserve-unknown-fields": false }),
+            json!({ "description": "d", "type": "string" }),
+        ] {
+            assert_eq!(
+                changes(free(json!({})), free(json!({ "x": constraining }))).len(),
+                1,
+                "{constraining}"
+            );
+        }
     }
 
     #[test]

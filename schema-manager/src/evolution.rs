@@ -455,12 +455,9 @@ fn bound(
     }
 }
 
+/// A bound as a schema states it: Rust shows a whole `f64` without a fraction (`3`, not `3.0`).
 fn number(n: f64) -> String {
-    if n.fract() == 0.0 && n.abs() < 1e15 {
-        format!("{}", n as i64)
-    } else {
-        format!("{n}")
-    }
+    n.to_string()
 }
 
 fn text(v: &Value) -> String {
@@ -1261,6 +1258,23 @@ mod tests {
             ),
             ["status.phase: now declared (it could hold any value before)"]
         );
+    }
+
+    #[test]
+    fn numbers_and_lists_are_shown_short() {
+        assert_eq!(number(3.0), "3");
+        assert_eq!(number(-3.0), "-3");
+        assert_eq!(number(2.5), "2.5");
+        assert_eq!(number(1e15), "1000000000000000");
+        assert_eq!(number(1e16), "10000000000000000");
+        assert_eq!(number(-1e16), "-10000000000000000");
+        let values: Vec<Value> = (0..12).map(|i| json!(i)).collect();
+        assert_eq!(list(&values[..10]), "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]");
+        assert_eq!(
+            list(&values[..11]),
+            "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, … 1 more]"
+        );
+        assert_eq!(list(&values[..1]), "[0]");
     }
 
     #[test]

@@ -1278,6 +1278,46 @@ mod tests {
     }
 
     #[test]
+    fn pruning_and_requirements_at_their_edges() {
+        // Unknown data at the bottom of a closed nesting: found down to MAX_DEPTH, not looked
+        // for deeper (the work is bounded) — through objects and through list items alike.
+        let closed = |levels: usize, through_lists: bool| {
+            let (mut schema, mut value) = (
+                json!({ "type": "object", "properties": {} }),
+                json!({ "unknown": 1 }),
+            );
+            for _ in 0..levels {
+                let field = if through_lists {
+                    value = json!({ "n": [value] });
+                    json!({ "type": "array", "items": schema })
+                } else {
+                    value = json!({ "n": value });
+                    schema
+                };
+                schema = json!({ "type": "object", "properties": { "n": field } });
+            }
+            pruned_under(&value, &schema)
+        };
+        for through_lists in [false, true] {
+            assert!(closed(MAX_DEPTH, through_lists), "lists: {through_lists}");
+            assert!(
+                !closed(MAX_DEPTH + 2, through_lists),
+                "lists: {through_lists}"
+            );
+        }
+        // Required: metadata is the API server's; a defaulted field may be missing.
+        let schema = json!({ "type": "object", "required": ["metadata", "spec"], "properties": {
+            "spec": { "type": "object", "required": ["size"], "properties": { "size": { "type": "integer" } } },
+        } });
+        assert!(!invalid_under(&json!({ "spec": { "size": 1 } }), &schema));
+        assert!(invalid_under(&json!({ "metadata": {} }), &schema));
+        let defaulted = json!({ "type": "object", "required": ["spec"], "properties": {
+            "spec": { "type": "object", "default": {} },
+        } });
+        assert!(!invalid_under(&json!({}), &defaulted));
+    }
+
+    #[test]
     fn a_versions_root_is_shown_as_root() {
         assert_eq!(super::shown(""), "(root)");
         assert_eq!(super::shown("v1: "), "v1: (root)");

@@ -1315,6 +1315,23 @@ mod tests {
             "spec": { "type": "object", "default": {} },
         } });
         assert!(!invalid_under(&json!({}), &defaulted));
+        // A wrong type at the bottom of a nesting: found down to MAX_DEPTH, not deeper; a schema
+        // that is not an object checks nothing.
+        let typed = |levels: usize| {
+            let (mut schema, mut value) = (json!({ "type": "integer" }), json!("not a number"));
+            for _ in 0..levels {
+                schema = json!({ "type": "object", "properties": { "n": schema } });
+                value = json!({ "n": value });
+            }
+            invalid_under(
+                &json!({ "spec": value }),
+                &json!({ "type": "object", "properties": { "spec": schema } }),
+            )
+        };
+        assert!(typed(MAX_DEPTH - 1));
+        assert!(!typed(MAX_DEPTH + 1));
+        assert!(!violates(&json!("text"), &json!("junk"), 1));
+        assert!(violates(&json!("text"), &json!({ "type": "integer" }), 1));
     }
 
     #[test]

@@ -1332,6 +1332,41 @@ mod tests {
         assert!(!typed(MAX_DEPTH + 1));
         assert!(!violates(&json!("text"), &json!("junk"), 1));
         assert!(violates(&json!("text"), &json!({ "type": "integer" }), 1));
+        // Each type takes its own values only.
+        let values = [
+            json!("s"),
+            json!(-1),
+            json!(u64::MAX),
+            json!(1.5),
+            json!(true),
+            json!([1]),
+            json!({ "a": 1 }),
+        ];
+        let takes = [
+            ("string", vec![0]),
+            ("integer", vec![1, 2]),
+            ("number", vec![1, 2, 3]),
+            ("boolean", vec![4]),
+            ("array", vec![5]),
+            ("object", vec![6]),
+        ];
+        for (kind, ok) in takes {
+            for (i, value) in values.iter().enumerate() {
+                assert_eq!(
+                    violates(value, &json!({ "type": kind }), 1),
+                    !ok.contains(&i),
+                    "{kind} {value}"
+                );
+            }
+        }
+        let int_or_string = json!({ "x-kubernetes-int-or-string": true });
+        for (i, value) in values.iter().enumerate() {
+            assert_eq!(
+                violates(value, &int_or_string, 1),
+                ![0, 1, 2].contains(&i),
+                "{value}"
+            );
+        }
     }
 
     #[test]

@@ -1359,6 +1359,42 @@ mod tests {
                 );
             }
         }
+        // Bounds: a value at a bound is valid, one past it is not.
+        let bounds = [
+            (json!({ "minimum": 2 }), json!(2), json!(1)),
+            (json!({ "maximum": 2 }), json!(2), json!(3)),
+            (json!({ "minLength": 2 }), json!("ab"), json!("a")),
+            (json!({ "maxLength": 2 }), json!("ab"), json!("abc")),
+            (json!({ "minItems": 2 }), json!([1, 2]), json!([1])),
+            (json!({ "maxItems": 2 }), json!([1, 2]), json!([1, 2, 3])),
+            (json!({ "minProperties": 1 }), json!({ "a": 1 }), json!({})),
+            (
+                json!({ "maxProperties": 1 }),
+                json!({ "a": 1 }),
+                json!({ "a": 1, "b": 2 }),
+            ),
+        ];
+        for (schema, at, past) in bounds {
+            assert!(!violates(&at, &schema, 1), "{schema} {at}");
+            assert!(violates(&past, &schema, 1), "{schema} {past}");
+        }
+        // Through list items and map values, at every level.
+        let items = json!({ "type": "array", "items": { "type": "integer" } });
+        assert!(violates(&json!([1, "x"]), &items, 1));
+        assert!(!violates(&json!([1, 2]), &items, 1));
+        let deep_items = |levels: usize| {
+            let (mut schema, mut value) = (items.clone(), json!(["x"]));
+            for _ in 0..levels {
+                schema = json!({ "type": "array", "items": schema });
+                value = json!([value]);
+            }
+            violates(&value, &schema, 1)
+        };
+        assert!(deep_items(MAX_DEPTH - 2));
+        assert!(!deep_items(MAX_DEPTH));
+        let map = json!({ "type": "object", "additionalProperties": { "type": "integer" } });
+        assert!(violates(&json!({ "a": "x" }), &map, 1));
+        assert!(!violates(&json!({ "a": 1 }), &map, 1));
         let int_or_string = json!({ "x-kubernetes-int-or-string": true });
         for (i, value) in values.iter().enumerate() {
             assert_eq!(

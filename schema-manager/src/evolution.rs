@@ -1395,6 +1395,16 @@ mod tests {
         let map = json!({ "type": "object", "additionalProperties": { "type": "integer" } });
         assert!(violates(&json!({ "a": "x" }), &map, 1));
         assert!(!violates(&json!({ "a": 1 }), &map, 1));
+        let deep_map = |levels: usize| {
+            let (mut schema, mut value) = (map.clone(), json!({ "a": "x" }));
+            for _ in 0..levels {
+                schema = json!({ "type": "object", "additionalProperties": schema });
+                value = json!({ "a": value });
+            }
+            violates(&value, &schema, 1)
+        };
+        assert!(deep_map(MAX_DEPTH - 2));
+        assert!(!deep_map(MAX_DEPTH));
         let int_or_string = json!({ "x-kubernetes-int-or-string": true });
         for (i, value) in values.iter().enumerate() {
             assert_eq!(

@@ -710,6 +710,34 @@ mod tests {
     }
 
     #[test]
+    fn a_held_message_names_more_changes_only_when_there_are_more() {
+        let held = |more: usize, complete: bool| Held {
+            hash: "sha256:aa".into(),
+            connection: "p".into(),
+            changes: vec!["spec.size: type integer → string".into()],
+            more,
+            affected: Some(Affected {
+                invalid: 2,
+                pruned: 1,
+                checked: 5,
+                complete,
+            }),
+        };
+        let all = held(0, true).message("widgets.example.org");
+        assert!(
+            all.ends_with("Breaking changes: spec.size: type integer → string"),
+            "{all}"
+        );
+        assert!(
+            all.contains(": 2 of 5 existing objects would be invalid and 1 would lose"),
+            "{all}"
+        );
+        let more = held(3, false).message("widgets.example.org");
+        assert!(more.ends_with("; and 3 more"), "{more}");
+        assert!(more.contains("at least 2 of 5"), "{more}");
+    }
+
+    #[test]
     fn a_held_breaking_change_is_reported_with_its_hash_first_and_stays_bound() {
         let held = |changes: Vec<String>| ApiState::Bound {
             hash: "sha256:00000000000000000000000000000000000000000000000000000000000000aa".into(),

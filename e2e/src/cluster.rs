@@ -25,7 +25,8 @@ const AUDIT_POLICY: &str = "audit-policy.yaml";
 const AUDIT_LOG: &str = "audit.log";
 /// At Metadata level (no bodies): every request of the users [`Cluster::mint_user`] makes (the
 /// restricted credentials tests hand kbind — denied ones too, which the API server's request
-/// metrics do not count), and writes to the test APIs by anyone; nothing else.
+/// metrics do not count), and writes to the test APIs and to kbind's own objects by anyone;
+/// nothing else.
 const AUDIT_POLICY_YAML: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -36,6 +37,7 @@ rules:
   verbs: [create, update, patch, delete, deletecollection]
   resources:
   - group: example.org
+  - group: core.kbind.io
 - level: None
 ";
 

@@ -22,6 +22,28 @@ pub async fn register(
     resource: &str,
     selector: Option<(&str, &str)>,
 ) -> Result<(), String> {
+    register_in(
+        client,
+        name,
+        hook,
+        operations,
+        "example.org",
+        resource,
+        selector,
+    )
+    .await
+}
+
+/// [`register`] for `resource` of API group `group` (e.g. `core.kbind.io`: kbind's own objects).
+pub async fn register_in(
+    client: &kube::Client,
+    name: &str,
+    hook: Option<&DenyingWebhook>,
+    operations: &[&str],
+    group: &str,
+    resource: &str,
+    selector: Option<(&str, &str)>,
+) -> Result<(), String> {
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     let client_config = match hook {
         Some(hook) => json!({
@@ -33,7 +55,7 @@ pub async fn register(
     let mut webhook = json!({
         "name": format!("{name}.example.org"),
         "clientConfig": client_config,
-        "rules": [{ "apiGroups": ["example.org"], "apiVersions": ["*"], "operations": operations, "resources": [resource] }],
+        "rules": [{ "apiGroups": [group], "apiVersions": ["*"], "operations": operations, "resources": [resource] }],
         "failurePolicy": "Fail",
         "sideEffects": "None",
         "admissionReviewVersions": ["v1"],

@@ -294,7 +294,7 @@ async fn a_provider_exporting_a_crd_the_consumer_owns_never_changes_it_until_the
                 .map(String::as_str)
                 == Some("provider")
                 && !columns.iter().any(|c| c == "Issuer")
-                && columns.iter().any(|c| c == "Synced"))
+                && columns.iter().any(|c| c == "Delivery"))
             .then_some(()))
         },
     )

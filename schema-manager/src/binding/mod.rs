@@ -60,15 +60,16 @@ pub enum Error {
 }
 
 impl Error {
-    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
+    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`; `None` for a drain
+    /// wait, which is how a deletion normally proceeds, not a failed reconcile (#33.9).
+    pub fn metric_label(&self) -> Option<&'static str> {
+        Some(match self {
+            Error::Draining(_) => return None,
             Error::Consumer(_) => "consumer",
             Error::Provider { .. } => "provider",
-            Error::Draining(_) => "draining",
             Error::Unreachable(_) => "unreachable",
             Error::Finalizer(_) => "finalizer",
-        }
+        })
     }
 }
 
@@ -224,10 +225,12 @@ impl Scoped for ClusterBinding {
 }
 
 fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics
-        .reconcile_errors_total
-        .with_label_values(&[B::CONTROLLER, error.metric_label()])
-        .inc();
+    if let Some(reason) = error.metric_label() {
+        ctx.metrics
+            .reconcile_errors_total
+            .with_label_values(&[B::CONTROLLER, reason])
+            .inc();
+    }
     match error {
         Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
         // A write raced with another (a status write from a cache a moment old): the fresh object

@@ -443,6 +443,17 @@ pub fn access_denied(
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_conflict_count_adds_both_kinds() {
+        let conflicts = |foreign, owned_by_another| Conflicts {
+            foreign,
+            owned_by_another,
+        };
+        assert_eq!(conflicts(2, 3).total(), 5);
+        assert_eq!(conflicts(0, 4).total(), 4);
+        assert_eq!(conflicts(0, 0).total(), 0);
+    }
+
     fn bound(conflicts: Conflicts) -> ApiState {
         ApiState::Bound {
             hash: "sha256:1".into(),
@@ -455,6 +466,121 @@ mod tests {
 
     fn get<'a>(out: &'a [Desired<'static>], type_: &str) -> &'a Desired<'static> {
         out.iter().find(|d| d.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn waits_conflicts_and_schema_drift_are_summed_and_named() {
+        let drifted = ApiState::Bound {
+            hash: "sha256:2".into(),
+            in_sync: false,
+            conflicts: Conflicts::default(),
+            held: None,
+            omitted: Vec::new(),
+        };
+        let gated = ApiState::Gated {
+            reason: "NotAllowed",
+            message: "not yet".into(),
+        };
+        // (states, Ready reason, Ready message part, SchemaInSync, Conflicts message part)
+        type Case = (
+            Vec<(&'static str, ApiState)>,
+            &'static str,
+            &'static str,
+            Status,
+            &'static str,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                vec![
+                    ("a.x", ApiState::Pending("waiting".into())),
+                    ("b.x", bound(Conflicts::default())),
+                ],
+                "Pending",
+                "a.x: waiting",
+                Status::True,
+                "",
+            ),
+            (
+                vec![("g.x", gated)],
+                "Pending",
+                "g.x: not yet",
+                Status::True,
+                "",
+            ),
+            (
+                vec![
+                    (
+                        "a.x",
+                        bound(Conflicts {
+                            foreign: 2,
+                            owned_by_another: 0,
+                        }),
+                    ),
+                    (
+                        "b.x",
+                        bound(Conflicts {
+                            foreign: 3,
+                            owned_by_another: 0,
+                        }),
+                    ),
+                ],
+                reasons::AS_EXPECTED,
+                "",
+                Status::True,
+                "5 object(s) conflict with provider objects kbind does not own",
+            ),
+            (
+                vec![
+                    (
+                        "a.x",
+                        bound(Conflicts {
+                            foreign: 0,
+                            owned_by_another: 1,
+                        }),
+                    ),
+                    (
+                        "b.x",
+                        bound(Conflicts {
+                            foreign: 0,
+                            owned_by_another: 4,
+                        }),
+                    ),
+                ],
+                reasons::AS_EXPECTED,
+                "",
+                Status::True,
+                "5 object(s) conflict with provider objects owned by another consumer",
+            ),
+            (
+                vec![("a.x", drifted), ("b.x", bound(Conflicts::default()))],
+                reasons::AS_EXPECTED,
+                "",
+                Status::False,
+                "",
+            ),
+        ];
+        for (states, reason, message, in_sync, conflicts) in cases {
+            let states: Vec<(String, ApiState)> =
+                states.into_iter().map(|(n, s)| (n.to_owned(), s)).collect();
+            let (out, _) = evaluate(&states);
+            let ready = get(&out, "Ready");
+            assert_eq!(ready.reason, reason, "{states:?}");
+            assert!(
+                ready.message.contains(message),
+                "{states:?}: {}",
+                ready.message
+            );
+            let schema = get(&out, "SchemaInSync");
+            assert_eq!(schema.status, in_sync, "{states:?}");
+            if in_sync == Status::False {
+                assert!(
+                    schema.message.contains("a.x") && !schema.message.contains("b.x"),
+                    "{}",
+                    schema.message
+                );
+            }
+            assert_eq!(get(&out, "Conflicts").message, conflicts, "{states:?}");
+        }
     }
 
     #[test]

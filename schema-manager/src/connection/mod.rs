@@ -61,15 +61,16 @@ pub enum Error {
 }
 
 impl Error {
-    /// A low-cardinality label for logs and metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
+    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`; `None` for a drain
+    /// wait, which is how a deletion normally proceeds, not a failed reconcile (#33.9).
+    pub fn metric_label(&self) -> Option<&'static str> {
+        Some(match self {
+            Error::Draining(_) => return None,
             Error::Consumer(_) => "consumer",
             Error::LocalIdentity(_) => "local_identity",
-            Error::Draining(_) => "draining",
             Error::Provider(_) => "provider",
             Error::Finalizer(_) => "finalizer",
-        }
+        })
     }
 }
 
@@ -111,12 +112,14 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
 }
 
 fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -> Action {
-    state
-        .ctx
-        .metrics
-        .reconcile_errors_total
-        .with_label_values(&["connection", error.metric_label()])
-        .inc();
+    if let Some(reason) = error.metric_label() {
+        state
+            .ctx
+            .metrics
+            .reconcile_errors_total
+            .with_label_values(&["connection", reason])
+            .inc();
+    }
     match error {
         Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
         // A provider failure (discovery, a denied heartbeat) is retried with exponential backoff,

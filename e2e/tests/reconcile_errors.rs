@@ -1,0 +1,413 @@
+//! `kbind_reconcile_errors_total` against what the consumer's API server saw (#33.9): the
+//! consumer's own admission (a webhook on kbind's objects) refuses the schema manager's writes,
+//! and each refused write is one failed reconcile of its controller and reason — exactly the
+//! refused writes in the consumer's audit log. A deletion waiting for what it must drain is a
+//! wait, not a failure, and is not counted.
+
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::wait_for;
+use kbind_e2e::webhook::{DenyingWebhook, register_in, unregister};
+use kbind_shared::api::{ClusterBinding, Connection};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use std::time::Duration;
+
+/// kbind's API group: the webhooks below guard its objects.
+const GROUP: &str = "core.kbind.io";
+
+/// The schema manager's failed reconciles of `controller` for `reason` (`None`: every reason).
+async fn errors(s: &SyncEnv, controller: &str, reason: Option<&str>) -> Result<f64, String> {
+    let text = s.manager.metrics().await?;
+    let mut labels = vec![("controller", controller)];
+    labels.extend(reason.map(|r| ("reason", r)));
+    Ok(metric_sum(&text, "kbind_reconcile_errors_total", &labels))
+}
+
+/// Writes of `resource` (`subresource`, "" for the object itself) the consumer's API server
+/// refused with 403 (the webhook's answer).
+fn refused(s: &SyncEnv, resource: &str, subresource: &str) -> f64 {
+    s.env
+        .cluster("consumer")
+        .audited()
+        .iter()
+        .filter(|r| r.resource == resource && r.subresource == subresource && r.code == 403)
+        .count() as f64
+}
+
+/// Waits until `controller`'s failed reconciles for `reason` equal the refused writes of
+/// `resource`/`subresource` (read between two equal metric readings), and at least two were
+/// refused.
+async fn wait_errors_equal_refused(
+    s: &SyncEnv,
+    controller: &str,
+    reason: &str,
+    (resource, subresource): (&str, &str),
+) {
+    wait_for(
+        &format!(
+            "{controller} {reason} errors equal to the refused {resource}/{subresource} writes"
+        ),
+        90,
+        || async {
+            let first = errors(s, controller, Some(reason)).await?;
+            let refused = refused(s, resource, subresource);
+            let again = errors(s, controller, Some(reason)).await?;
+            if first == again && first == refused && refused >= 2.0 {
+                Ok(Some(()))
+            } else {
+                Err(format!(
+                    "{first} then {again} {controller} {reason} errors, {refused} refused writes"
+                ))
+            }
+        },
+    )
+    .await;
+}
+
+/// Registers a webhook `name` that `hook` answers, denying updates of `resource` of kbind's group;
+/// waits a second for the API server to load it.
+async fn deny(s: &SyncEnv, hook: &DenyingWebhook, name: &str, resource: &str) {
+    register_in(
+        &s.consumer,
+        name,
+        Some(hook),
+        &["UPDATE"],
+        GROUP,
+        resource,
+        None,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn each_refused_write_is_one_reconcile_error_of_its_reason_and_a_drain_wait_is_none() {
+    // Only the Secret first: the webhooks are in place before the Connection and the
+    // ClusterBinding exist.
+    let s = SyncEnv::start("reconcile_errors", &[0], None).await;
+    let hook = DenyingWebhook::start(403, "kbind's objects are frozen here")
+        .await
+        .unwrap();
+
+    // 1. Status writes refused: `consumer` errors of the Connection and the ClusterBinding.
+    deny(&s, &hook, "frozen-connection-status", "connections/status").await;
+    deny(&s, &hook, "frozen-binding-status", "clusterbindings/status").await;
+    let kubeconfig = s.env.cluster("provider").admin_kubeconfig();
+    apply_manifest(&s.consumer, &one_file(&kubeconfig, &[1, 2]))
+        .await
+        .unwrap();
+    wait_errors_equal_refused(&s, "connection", "consumer", ("connections", "status")).await;
+    wait_errors_equal_refused(
+        &s,
+        "clusterbinding",
+        "consumer",
+        ("clusterbindings", "status"),
+    )
+    .await;
+    unregister(&s.consumer, "frozen-connection-status")
+        .await
+        .unwrap();
+    unregister(&s.consumer, "frozen-binding-status")
+        .await
+        .unwrap();
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w", 1).await;
+    for reason in ["provider", "local_identity", "finalizer"] {
+        assert_eq!(
+            errors(&s, "connection", Some(reason)).await.unwrap(),
+            0.0,
+            "{reason}"
+        );
+    }
+    for reason in ["provider", "unreachable", "finalizer"] {
+        assert_eq!(
+            errors(&s, "clusterbinding", Some(reason)).await.unwrap(),
+            0.0,
+            "{reason}"
+        );
+    }
+
+    // 2. Updates of the objects themselves refused: removing kbind's finalizer fails once each
+    // deletion has drained (4). Until then the deletions wait — the Connection for its
+    // ClusterBinding, the ClusterBinding for a provider copy held by a provider finalizer —
+    // and a wait counts nothing.
+    deny(&s, &hook, "frozen-connections", "connections").await;
+    deny(&s, &hook, "frozen-bindings", "clusterbindings").await;
+    let provider_widgets = widgets(&s.provider, "team-a");
+    provider_widgets
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "finalizers": ["example.org/hold"] } })),
+        )
+        .await
+        .unwrap();
+    let connection_before = errors(&s, "connection", None).await.unwrap();
+    Api::<Connection>::all(s.consumer.clone())
+        .delete("provider", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_condition(
+        &s.consumer,
+        "provider",
+        "Ready",
+        "False",
+        Some("DrainingBindings"),
+    )
+    .await
+    .unwrap();
+
+    // 3. The provider refuses to delete its copy (its own admission): `provider` errors of the
+    // ClusterBinding, exactly the refused deletes the provider's audit log has.
+    kbind_e2e::webhook::register(
+        &s.provider,
+        "no-deletes",
+        Some(&hook),
+        &["DELETE"],
+        "widgets",
+        None,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    cluster_bindings
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "clusterbinding provider errors equal to the refused provider deletes",
+        90,
+        || async {
+            let first = errors(&s, "clusterbinding", Some("provider")).await?;
+            let refused = s
+                .env
+                .cluster("provider")
+                .audited()
+                .iter()
+                .filter(|r| r.resource == "widgets" && r.verb == "delete" && r.code == 403)
+                .count() as f64;
+            let again = errors(&s, "clusterbinding", Some("provider")).await?;
+            if first == again && first == refused && refused >= 2.0 {
+                Ok(Some(()))
+            } else {
+                Err(format!(
+                    "{first} then {again} provider errors, {refused} refused deletes"
+                ))
+            }
+        },
+    )
+    .await;
+    unregister(&s.provider, "no-deletes").await.unwrap();
+    wait_binding_condition(
+        &cluster_bindings,
+        "widgets",
+        "Ready",
+        "False",
+        Some("DrainingObjects"),
+    )
+    .await
+    .unwrap();
+    // Both drains are rechecked every 2 s: a few rounds each.
+    let binding_before = errors(&s, "clusterbinding", None).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    wait_binding_condition(
+        &cluster_bindings,
+        "widgets",
+        "Ready",
+        "False",
+        Some("DrainingObjects"),
+    )
+    .await
+    .unwrap();
+    wait_condition(
+        &s.consumer,
+        "provider",
+        "Ready",
+        "False",
+        Some("DrainingBindings"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        errors(&s, "connection", None).await.unwrap(),
+        connection_before,
+        "a Connection waiting for its bindings is not a failed reconcile"
+    );
+    assert_eq!(
+        errors(&s, "clusterbinding", None).await.unwrap(),
+        binding_before,
+        "a ClusterBinding waiting for its provider copies is not a failed reconcile"
+    );
+
+    // 4. The provider lets its copy go: the ClusterBinding's finalizer removal is refused.
+    provider_widgets
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    wait_errors_equal_refused(&s, "clusterbinding", "finalizer", ("clusterbindings", "")).await;
+    unregister(&s.consumer, "frozen-bindings").await.unwrap();
+    wait_for("the ClusterBinding to go", 60, || async {
+        let gone = cluster_bindings
+            .get_opt("widgets")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none();
+        Ok(gone.then_some(()))
+    })
+    .await;
+    // Then the Connection's.
+    wait_errors_equal_refused(&s, "connection", "finalizer", ("connections", "")).await;
+    unregister(&s.consumer, "frozen-connections").await.unwrap();
+    wait_for("the Connection to go", 60, || async {
+        let gone = Api::<Connection>::all(s.consumer.clone())
+            .get_opt("provider")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none();
+        Ok(gone.then_some(()))
+    })
+    .await;
+    assert_eq!(
+        errors(&s, "connection", Some("consumer")).await.unwrap(),
+        refused(&s, "connections", "status"),
+        "no other consumer failure of the Connection"
+    );
+    drop(hook);
+}
+
+#[tokio::test]
+async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_read() {
+    // The schema manager runs as a consumer user that may do everything kbind needs except read
+    // a Namespace: the consumer's identity (CONN-5, the `kube-system` Namespace's UID) cannot be
+    // read. Each refused read is one `local_identity` failure of the Connection; granted the
+    // read, the Connection becomes Ready and the count stops.
+    use k8s_openapi::api::rbac::v1::PolicyRule;
+    let mut env = kbind_e2e::TestEnv::start("reconcile_errors_identity", &["consumer", "provider"])
+        .await
+        .unwrap();
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE] {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+    }
+    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(groups.iter().map(|g| g.to_string()).collect()),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    };
+    let cluster = env.cluster("consumer");
+    let user = cluster.mint_user("manager").await.unwrap();
+    let everything_else = vec![
+        rule(
+            &[
+                GROUP,
+                "apiextensions.k8s.io",
+                "coordination.k8s.io",
+                "events.k8s.io",
+                "example.org",
+            ],
+            &["*"],
+            &["*"],
+        ),
+        rule(&[""], &["secrets", "configmaps", "events"], &["*"]),
+        rule(&[""], &["namespaces"], &["list", "watch"]),
+    ];
+    cluster
+        .grant(&user, "manager", everything_else)
+        .await
+        .unwrap();
+    let kubeconfig = env.dir().join("manager.kubeconfig");
+    std::fs::write(&kubeconfig, &user.kubeconfig).unwrap();
+    let manager = start_schema_manager_as(
+        &mut env,
+        &kubeconfig,
+        "schema-manager",
+        &["--leader-elect=false"],
+    )
+    .unwrap();
+    let provider_kubeconfig = env.cluster("provider").admin_kubeconfig();
+    apply_manifest(&consumer, &one_file(&provider_kubeconfig, &[0, 1]))
+        .await
+        .unwrap();
+    let errors = || async {
+        let text = manager.metrics().await?;
+        Ok::<_, String>(metric_sum(
+            &text,
+            "kbind_reconcile_errors_total",
+            &[("controller", "connection"), ("reason", "local_identity")],
+        ))
+    };
+    let refused = || {
+        env.cluster("consumer")
+            .audited()
+            .iter()
+            .filter(|r| {
+                r.user == user.username
+                    && r.verb == "get"
+                    && r.resource == "namespaces"
+                    && r.name == "kube-system"
+                    && r.code == 403
+            })
+            .count() as f64
+    };
+    let settled = || async {
+        let first = errors().await?;
+        let refused = refused();
+        let again = errors().await?;
+        if first == again && first == refused {
+            Ok(first)
+        } else {
+            Err(format!(
+                "{first} then {again} local_identity errors, {refused} refused reads"
+            ))
+        }
+    };
+    wait_for(
+        "local_identity errors equal to the refused identity reads",
+        90,
+        || async {
+            let count = settled().await?;
+            Ok((count >= 2.0).then_some(()))
+        },
+    )
+    .await;
+    env.cluster("consumer")
+        .grant(
+            &user,
+            "manager-identity",
+            vec![rule(&[""], &["namespaces"], &["get"])],
+        )
+        .await
+        .unwrap();
+    wait_condition(&consumer, "provider", "Ready", "True", None)
+        .await
+        .unwrap();
+    let after = settled().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        settled().await.unwrap(),
+        after,
+        "no failure once the identity is read"
+    );
+    for reason in ["consumer", "provider", "finalizer"] {
+        let text = manager.metrics().await.unwrap();
+        let labels = [("controller", "connection"), ("reason", reason)];
+        assert_eq!(
+            metric_sum(&text, "kbind_reconcile_errors_total", &labels),
+            0.0,
+            "{reason}"
+        );
+    }
+}

@@ -287,9 +287,10 @@ async fn each_refused_write_is_one_reconcile_error_of_its_reason_and_a_drain_wai
 #[tokio::test]
 async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_read() {
     // The schema manager runs as a consumer user that may do everything kbind needs except read
-    // a Namespace: the consumer's identity (CONN-5, the `kube-system` Namespace's UID) cannot be
-    // read. Each refused read is one `local_identity` failure of the Connection; granted the
-    // read, the Connection becomes Ready and the count stops.
+    // the consumer's identity (CONN-5: kcp's LogicalCluster `cluster`, else the `kube-system`
+    // Namespace's UID; the README's RBAC grants both gets). Each refused read is one
+    // `local_identity` failure of the Connection; granted the reads, the Connection becomes
+    // Ready and the count stops.
     use k8s_openapi::api::rbac::v1::PolicyRule;
     let mut env = kbind_e2e::TestEnv::start("reconcile_errors_identity", &["consumer", "provider"])
         .await
@@ -356,8 +357,8 @@ async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_r
             .filter(|r| {
                 r.user == user.username
                     && r.verb == "get"
-                    && r.resource == "namespaces"
-                    && r.name == "kube-system"
+                    && ((r.resource == "namespaces" && r.name == "kube-system")
+                        || (r.resource == "logicalclusters" && r.name == "cluster"))
                     && r.code == 403
             })
             .count() as f64
@@ -387,7 +388,10 @@ async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_r
         .grant(
             &user,
             "manager-identity",
-            vec![rule(&[""], &["namespaces"], &["get"])],
+            vec![
+                rule(&[""], &["namespaces"], &["get"]),
+                rule(&["core.kcp.io"], &["logicalclusters"], &["get"]),
+            ],
         )
         .await
         .unwrap();

@@ -123,7 +123,7 @@ async fn each_refused_write_is_one_reconcile_error_of_its_reason_and_a_drain_wai
             "{reason}"
         );
     }
-    for reason in ["provider", "unreachable", "finalizer"] {
+    for reason in ["provider", "finalizer"] {
         assert_eq!(
             errors(&s, "clusterbinding", Some(reason)).await.unwrap(),
             0.0,

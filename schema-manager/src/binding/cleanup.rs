@@ -23,13 +23,15 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
     let spec = binding.binding_spec();
     let held = ledger::held(binding.binding_status(), spec);
     let others = Others::list(&ctx.client).await?;
-    let mut waiting = 0;
+    let (mut waiting, mut unreachable) = (0, Vec::new());
     for step in ledger::steps(&held, spec, true) {
         let Step::Release(held) = step else { continue };
         match release_api(binding.as_ref(), &held, Mode::Unbind, None, ctx, &others).await? {
             Left::Nothing => {}
             Left::Draining(n) => waiting += n,
-            Left::Unreachable(message) => return Err(Error::Unreachable(message)),
+            // Only a move waits for an unreachable provider today; should an unbind ever, it is
+            // a wait like any drain.
+            Left::Unreachable(message) => unreachable.push(message),
         }
     }
     // BCL-4, for every kind and side (not only the declared entries: an entry removed while no
@@ -44,22 +46,15 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
         &uid,
     )
     .await?;
-    if waiting > 0 || related > 0 {
-        let message = match (waiting, related) {
-            (0, related) => format!("deleting {related} related copy(ies)"),
-            (waiting, 0) => format!("waiting for {waiting} provider object(s) to be deleted"),
-            (waiting, related) => format!(
-                "waiting for {waiting} provider object(s) to be deleted; deleting {related} related copy(ies)"
-            ),
-        };
+    if let Some(message) = outcome::unbind_wait(waiting, related, &unreachable) {
         let desired = vec![Desired::new(
             types::READY,
             false,
             outcome::DRAINING_OBJECTS,
-            message,
+            message.clone(),
         )];
         write_status(binding.as_ref(), ctx, desired, None, None).await?;
-        return Err(Error::Draining(waiting + related));
+        return Err(Error::Draining(message));
     }
     let namespace = binding.namespace().unwrap_or_default();
     // A Binding with related resources leaving may let another of its namespace in.

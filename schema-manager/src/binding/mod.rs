@@ -48,12 +48,10 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// Unbind waits for provider copies to be deleted.
-    #[error("waiting for {0} provider object(s) to be deleted")]
-    Draining(usize),
-    /// Deleting the binding waits for a provider that cannot be reached now.
+    /// Unbind waits for provider copies (or related copies) to be deleted: a wait, not a
+    /// failure; the message says what for.
     #[error("{0}")]
-    Unreachable(String),
+    Draining(String),
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(#[from] Box<finalizer::Error<Error>>),
@@ -67,7 +65,6 @@ impl Error {
             Error::Draining(_) => return None,
             Error::Consumer(_) => "consumer",
             Error::Provider { .. } => "provider",
-            Error::Unreachable(_) => "unreachable",
             Error::Finalizer(_) => "finalizer",
         })
     }

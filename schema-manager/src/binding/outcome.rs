@@ -301,6 +301,22 @@ pub fn going_message(going: &Going) -> String {
     }
 }
 
+/// What a deleting binding still waits for — `waiting` provider copies being deleted, `related`
+/// related copies just deleted, providers that cannot be reached — or `None`: nothing left.
+pub fn unbind_wait(waiting: usize, related: usize, unreachable: &[String]) -> Option<String> {
+    let mut parts = Vec::new();
+    if waiting > 0 {
+        parts.push(format!(
+            "waiting for {waiting} provider object(s) to be deleted"
+        ));
+    }
+    if related > 0 {
+        parts.push(format!("deleting {related} related copy(ies)"));
+    }
+    parts.extend(unreachable.iter().cloned());
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 /// `status.apis`: one entry per listed API (judged on its own; the binding's `connection` unless
 /// it is still moving from another) and one per API still being released, sorted by name.
 pub fn entries(connection: &str, states: &[(String, ApiState)], going: &[Going]) -> Vec<ApiStatus> {
@@ -442,6 +458,38 @@ pub fn access_denied(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unbind_names_everything_it_waits_for() {
+        let gone = vec!["cannot reach the provider".to_owned()];
+        // (waiting, related, unreachable) → message
+        let cases: [(usize, usize, &[String], Option<&str>); 5] = [
+            (0, 0, &[], None),
+            (
+                3,
+                0,
+                &[],
+                Some("waiting for 3 provider object(s) to be deleted"),
+            ),
+            (0, 2, &[], Some("deleting 2 related copy(ies)")),
+            (
+                1,
+                2,
+                &[],
+                Some(
+                    "waiting for 1 provider object(s) to be deleted; deleting 2 related copy(ies)",
+                ),
+            ),
+            (0, 0, &gone, Some("cannot reach the provider")),
+        ];
+        for (waiting, related, unreachable, want) in cases {
+            assert_eq!(
+                unbind_wait(waiting, related, unreachable).as_deref(),
+                want,
+                "{waiting} {related} {unreachable:?}"
+            );
+        }
+    }
 
     #[test]
     fn the_conflict_count_adds_both_kinds() {

@@ -415,3 +415,99 @@ async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_r
         );
     }
 }
+
+#[tokio::test]
+async fn a_replica_that_cannot_renew_its_membership_is_fenced_and_writes_nothing() {
+    // The consumer's admission refuses the syncer's membership Lease renewals (a webhook on
+    // Leases in kbind's namespace) while a Widget changes five times a second. Within 2/3 of the
+    // Lease duration the replica stops writing: each sync it attempts then is one
+    // `kbind_reconcile_errors_total{controller="sync",reason="fenced"}`, and the provider's audit
+    // log shows no write of the Widget from then until the renewals are allowed again; then the
+    // replica rejoins and the latest spec arrives.
+    let mut s = SyncEnv::start("reconcile_errors_fenced", &[0, 1, 2], None).await;
+    // 24 s: renewals every 6 s, the fence at 16 s, a lapse noticed by the renewal at 18 s.
+    s.restart_syncer("syncer-0-fenced", &["--membership-lease-duration=24s"])
+        .await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w", 1).await;
+    s.syncer.wait_ready("the restarted syncer", 60).await;
+    let fenced = |text: &str| {
+        metric_sum(
+            text,
+            "kbind_reconcile_errors_total",
+            &[("controller", "sync"), ("reason", "fenced")],
+        )
+    };
+    assert_eq!(fenced(&s.syncer.metrics().await.unwrap()), 0.0);
+    let provider_writes = || {
+        s.env
+            .cluster("provider")
+            .audited()
+            .iter()
+            .filter(|r| {
+                r.resource == "widgets" && r.subresource.is_empty() && r.name == "w" && r.code < 300
+            })
+            .count()
+    };
+
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    let churn = {
+        let widgets = consumer_widgets.clone();
+        tokio::spawn(async move {
+            for size in 2.. {
+                let patch = json!({ "spec": { "size": size } });
+                let _ = widgets
+                    .patch("w", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let hook = DenyingWebhook::start(403, "membership renewals are frozen")
+        .await
+        .unwrap();
+    register_in(
+        &s.consumer,
+        "frozen-membership",
+        Some(&hook),
+        &["CREATE", "UPDATE"],
+        "coordination.k8s.io",
+        "leases",
+        Some(("kubernetes.io/metadata.name", KBIND_NAMESPACE)),
+    )
+    .await
+    .unwrap();
+    // Loaded by the API server within a second: from then on no renewal succeeds, so the fence is
+    // up at 16 s at the latest.
+    tokio::time::sleep(Duration::from_secs(18)).await;
+    let writes_fenced = provider_writes();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        provider_writes(),
+        writes_fenced,
+        "a fenced replica writes nothing to the provider"
+    );
+    let count = fenced(&s.syncer.metrics().await.unwrap());
+    assert!(
+        count >= 1.0,
+        "the refused syncs are counted as fenced: {count}"
+    );
+
+    unregister(&s.consumer, "frozen-membership").await.unwrap();
+    churn.abort();
+    let _ = churn.await;
+    let latest = consumer_widgets.get("w").await.unwrap().data["spec"]["size"].clone();
+    let provider_widgets = widgets(&s.provider, "team-a");
+    wait_for(
+        "the latest spec upstream after the replica rejoins",
+        90,
+        || async {
+            let copy = provider_widgets.get("w").await.map_err(|e| e.to_string())?;
+            Ok((copy.data["spec"]["size"] == latest).then_some(()))
+        },
+    )
+    .await;
+    assert!(provider_writes() > writes_fenced);
+    drop(hook);
+}

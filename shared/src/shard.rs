@@ -247,10 +247,9 @@ pub fn encode_objects(counts: &BTreeMap<String, u64>) -> String {
         .iter()
         .map(|(unit, count)| (*count, running_key(unit)))
         .collect();
-    if entries.len() > MAX_UNIT_OBJECTS {
-        entries.sort_by(|a, b| b.cmp(a));
-        entries.truncate(MAX_UNIT_OBJECTS);
-    }
+    // The heaviest MAX_UNIT_OBJECTS, then in key order.
+    entries.sort_by(|a, b| b.cmp(a));
+    entries.truncate(MAX_UNIT_OBJECTS);
     entries.sort_by(|a, b| a.1.cmp(&b.1));
     entries
         .iter()
@@ -832,6 +831,51 @@ pub fn overlaps(live: &BTreeSet<String>, running: &BTreeMap<String, BTreeSet<Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fit_counts_every_member_and_leaves_out_all_after_the_first_unit_left_out() {
+        // 100 members of 10 characters: 256 + 100 × (10 + 32) bytes of overhead, so a budget of
+        // 921,600 − 4,456 = 917,144 bytes; units of 910 characters cost 910 + 10 + 80 = 1,000.
+        let members: BTreeSet<String> = (0..100).map(|i| format!("member-{i:03}")).collect();
+        let mut units: Vec<String> = (0..1000).map(|i| format!("{i:0>910}")).collect();
+        // A small unit after the first one left out is left out too: priority order holds.
+        units.push("small".to_owned());
+        let (kept, left_out) = fit(&units, &members);
+        assert_eq!((kept.len(), left_out), (917, 84));
+        assert!(!kept.contains("small"));
+        assert!(kept.contains(&units[916]) && !kept.contains(&units[917]));
+        // Without members the longest name is taken as 64.
+        let (kept, left_out) = fit(&units[..3], &BTreeSet::new());
+        assert_eq!((kept.len(), left_out), (3, 0));
+    }
+
+    #[test]
+    fn not_served_reasons_name_the_cause() {
+        let cases = [
+            (NotServed::Disabled, "RelatedResourcesDisabled"),
+            (NotServed::NotAllowed, "NotAllowed"),
+            (NotServed::NamespaceFull { cap: 16 }, "TooManyBindings"),
+        ];
+        for (cause, reason) in cases {
+            assert_eq!(cause.reason(), reason, "{cause:?}");
+        }
+    }
+
+    #[test]
+    fn running_units_stay_a_plain_list_up_to_32_kib() {
+        // About 20 KiB of unit names: plain; about 40 KiB: keys.
+        let units =
+            |n: usize| -> BTreeSet<String> { (0..n).map(|i| format!("{i:0>100}")).collect() };
+        let small = encode_running(&units(200));
+        assert!(
+            small.starts_with('[') && small.len() > 20_000,
+            "{}",
+            small.len()
+        );
+        assert!(small.len() <= RUNNING_PLAIN_LIMIT);
+        let large = encode_running(&units(400));
+        assert!(large.starts_with("k:"), "{}", &large[..10]);
+    }
 
     fn set(items: &[&str]) -> BTreeSet<String> {
         items.iter().map(|s| (*s).to_owned()).collect()

@@ -878,9 +878,58 @@ mod tests {
             "{}",
             ready.message
         );
+        // Synced says it too, after its own message; no other condition does.
+        let synced = get(&out, "Synced");
+        assert!(
+            synced
+                .message
+                .starts_with("all APIs installed; covered by a ClusterBinding"),
+            "{}",
+            synced.message
+        );
+        for other in ["PermissionDenied", "SchemaInSync", "Conflicts"] {
+            assert_eq!(get(&out, other).message, "", "{other}");
+        }
         let (mut untouched, _) = evaluate(&[("a.x".into(), bound(Conflicts::default()))]);
         note_precedence(&mut untouched, &[]);
         assert_eq!(get(&untouched, "Ready").message, "");
+    }
+
+    #[test]
+    fn a_bound_entry_notes_schema_drift_and_omitted_versions_each_once() {
+        let state = |in_sync: bool, omitted: &[&str]| ApiState::Bound {
+            hash: "sha256:1".into(),
+            in_sync,
+            conflicts: Conflicts::default(),
+            held: None,
+            omitted: omitted.iter().map(|o| (*o).to_owned()).collect(),
+        };
+        let drift = "the installed CRD differs from the provider's schema (updatePolicy Once)";
+        // (in sync, omitted versions) → (reason, message)
+        let cases = [
+            (true, &[][..], reasons::AS_EXPECTED, String::new()),
+            (false, &[][..], reasons::AS_EXPECTED, drift.to_owned()),
+            (
+                true,
+                &["v2 (why)"][..],
+                VERSIONS_OMITTED,
+                "not served here: v2 (why)".to_owned(),
+            ),
+            (
+                false,
+                &["v2 (why)"][..],
+                VERSIONS_OMITTED,
+                format!("{drift}; not served here: v2 (why)"),
+            ),
+        ];
+        for (in_sync, omitted, reason, message) in cases {
+            let out = entries("c", &[("a.x".to_owned(), state(in_sync, omitted))], &[]);
+            assert_eq!(
+                (out[0].reason.as_str(), out[0].message.as_str()),
+                (reason, message.as_str()),
+                "{in_sync} {omitted:?}"
+            );
+        }
     }
 
     #[test]

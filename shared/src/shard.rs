@@ -850,6 +850,26 @@ mod tests {
     }
 
     #[test]
+    fn spread_is_the_heaviest_over_the_lightest_each_plus_one() {
+        let members: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
+        let placement: BTreeMap<String, String> =
+            [("u1", "a"), ("u2", "b"), ("u3", "c"), ("u4", "a")]
+                .map(|(u, m)| (u.to_owned(), m.to_owned()))
+                .into();
+        let weight = |unit: &str| match unit {
+            "u1" => 5,
+            "u2" => 2,
+            "u3" => 7,
+            _ => 4,
+        };
+        // a: 9, b: 2, c: 7 → (9 + 1) / (2 + 1).
+        assert!((spread(&placement, &members, weight) - 10.0 / 3.0).abs() < 1e-9);
+        // An empty member: (9 + 1) / (0 + 1).
+        let four: BTreeSet<String> = ["a", "b", "c", "d"].map(String::from).into();
+        assert!((spread(&placement, &four, weight) - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn not_served_reasons_name_the_cause() {
         let cases = [
             (NotServed::Disabled, "RelatedResourcesDisabled"),

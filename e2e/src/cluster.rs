@@ -25,8 +25,8 @@ const AUDIT_POLICY: &str = "audit-policy.yaml";
 const AUDIT_LOG: &str = "audit.log";
 /// At Metadata level (no bodies): every request of the users [`Cluster::mint_user`] makes (the
 /// restricted credentials tests hand kbind — denied ones too, which the API server's request
-/// metrics do not count), and writes to the test APIs and to kbind's own objects by anyone;
-/// nothing else.
+/// metrics do not count), writes to the test APIs and to kbind's own objects by anyone, and
+/// Lease writes in kbind's namespace (the syncers' memberships); nothing else.
 const AUDIT_POLICY_YAML: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -38,6 +38,12 @@ rules:
   resources:
   - group: example.org
   - group: core.kbind.io
+- level: Metadata
+  verbs: [create, update, patch]
+  namespaces: [kbind-system]
+  resources:
+  - group: coordination.k8s.io
+    resources: [leases]
 - level: None
 ";
 

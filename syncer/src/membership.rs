@@ -37,6 +37,16 @@ pub struct Membership {
     /// Set by a renewal that follows a lapse (no renewal within the fence window); cleared once
     /// every unit of the old incarnation has stopped. No writes while set.
     lapsed: AtomicBool,
+    /// Set by a lapse, cleared by the next successful renewal: one lapse (one new incarnation)
+    /// per outage, not one per failed renewal.
+    rejoining: AtomicBool,
+}
+
+/// Whether a renewal about to be tried starts a lapse: the Lease was renewed once, not within
+/// the fence since, and this outage has not lapsed already (a lapse being cleaned up, or one
+/// cleaned up whose rejoining renewal has not succeeded yet).
+fn starts_lapse(ever_renewed: bool, within_fence: bool, lapsed: bool, rejoining: bool) -> bool {
+    ever_renewed && !within_fence && !lapsed && !rejoining
 }
 
 fn now_ms() -> i64 {
@@ -57,6 +67,7 @@ impl Membership {
             changed: Notify::new(),
             incarnation: AtomicU64::new(now_ms().unsigned_abs()),
             lapsed: AtomicBool::new(false),
+            rejoining: AtomicBool::new(false),
         }
     }
 
@@ -152,10 +163,16 @@ impl Membership {
 
     async fn renew(&self) -> Result<(), kube::Error> {
         let ever_renewed = self.renewed_at_ms.load(Ordering::SeqCst) > i64::MIN / 4;
-        if ever_renewed && !self.within_fence() && !self.is_lapsed() {
+        if starts_lapse(
+            ever_renewed,
+            self.within_fence(),
+            self.is_lapsed(),
+            self.rejoining.load(Ordering::SeqCst),
+        ) {
             // Paused or cut off past the fence: others may own our units by now. Rejoin as a new
             // incarnation that owns nothing until the leader says so.
             self.lapsed.store(true, Ordering::SeqCst);
+            self.rejoining.store(true, Ordering::SeqCst);
             self.incarnation
                 .store(now_ms().unsigned_abs(), Ordering::SeqCst);
             tracing::warn!(
@@ -208,6 +225,7 @@ impl Membership {
             )
             .await?;
         self.renewed_at_ms.store(started, Ordering::SeqCst);
+        self.rejoining.store(false, Ordering::SeqCst);
         Ok(())
     }
 
@@ -236,6 +254,31 @@ impl Membership {
         {
             Ok(_) => tracing::info!(lease = %self.lease_name(), "released the membership Lease"),
             Err(e) => tracing::warn!(error = %e, "cannot release the membership Lease"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_lapse_per_outage() {
+        // (ever renewed, within the fence, lapsed, rejoining) → a renewal starts a lapse?
+        let cases = [
+            ((false, false, false, false), false), // never renewed: nothing to lapse from
+            ((true, true, false, false), false),   // renewed in time
+            ((true, false, false, false), true),   // past the fence: lapse
+            ((true, false, true, true), false),    // the lapse is being cleaned up
+            ((true, false, false, true), false),   // cleaned up, not renewed since: same outage
+            ((true, true, false, true), false),
+        ];
+        for ((ever, within, lapsed, rejoining), want) in cases {
+            assert_eq!(
+                starts_lapse(ever, within, lapsed, rejoining),
+                want,
+                "{ever} {within} {lapsed} {rejoining}"
+            );
         }
     }
 }

@@ -424,11 +424,6 @@ async fn a_replica_that_cannot_renew_its_membership_writes_nothing_and_rejoins_o
     // shows no write of the Widget from then until renewals are allowed again; meanwhile it
     // lapses once and retries at its renewal interval, not every second; then it rejoins and the
     // latest spec arrives.
-    //
-    // The `fenced` reconcile error is not asserted here: it counts a sync whose fence dropped
-    // between its start and its write (the workers stop within the 1 s recheck, and a sync that
-    // starts fenced waits without a write), a window of milliseconds that no test provokes at
-    // will.
     let mut s = SyncEnv::start("reconcile_errors_fenced", &[0, 1, 2], None).await;
     // 24 s: renewals every 6 s, the fence at 16 s.
     s.restart_syncer("syncer-0-fenced", &["--membership-lease-duration=24s"])

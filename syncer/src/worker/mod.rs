@@ -74,12 +74,15 @@ pub enum Error {
 }
 
 impl Error {
-    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`.
-    pub fn metric_label(&self) -> &'static str {
+    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`; `None` for the
+    /// fence, which is this replica stepping back (its workers stop within a second, and the
+    /// object is synced by whoever owns it next), not a failed sync — like a sync that starts
+    /// fenced (#33.9).
+    pub fn metric_label(&self) -> Option<&'static str> {
         match self {
-            Error::Consumer(_) => "consumer",
-            Error::Provider(_) => "provider",
-            Error::Fenced => "fenced",
+            Error::Consumer(_) => Some("consumer"),
+            Error::Provider(_) => Some("provider"),
+            Error::Fenced => None,
         }
     }
 }
@@ -507,12 +510,14 @@ fn object_key<K: Resource>(object: &K) -> String {
 }
 
 fn error_policy(object: Arc<Instance>, error: &Error, worker: Arc<Worker>) -> Action {
-    worker
-        .ctx
-        .metrics
-        .reconcile_errors_total
-        .with_label_values(&["sync", error.metric_label()])
-        .inc();
+    if let Some(reason) = error.metric_label() {
+        worker
+            .ctx
+            .metrics
+            .reconcile_errors_total
+            .with_label_values(&["sync", reason])
+            .inc();
+    }
     if let Error::Fenced = error {
         return Action::requeue(Duration::from_secs(1));
     }

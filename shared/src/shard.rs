@@ -870,6 +870,86 @@ mod tests {
     }
 
     #[test]
+    fn counts_are_even_within_one_of_the_placement() {
+        let members = set(&["a", "b", "c"]);
+        let placed = |counts: [usize; 3]| -> BTreeMap<String, String> {
+            let mut out = BTreeMap::new();
+            for (member, count) in ["a", "b", "c"].into_iter().zip(counts) {
+                for i in 0..count {
+                    out.insert(format!("{member}{i}"), member.to_owned());
+                }
+            }
+            out
+        };
+        // (counts, units) → even? With 7 units the cap is 3 and the floor 2; with 9, 3 and 3.
+        let cases = [
+            ([3, 2, 2], 7, true),
+            ([3, 3, 1], 7, true),
+            ([4, 2, 1], 7, false),
+            ([5, 1, 1], 7, false),
+            ([3, 3, 3], 9, true),
+            ([3, 3, 2], 9, true),
+            ([3, 3, 1], 9, false),
+        ];
+        for (counts, units, even) in cases {
+            assert_eq!(
+                counts_even(&placed(counts), &members, units),
+                even,
+                "{counts:?} of {units}"
+            );
+        }
+        assert!(!counts_even(&BTreeMap::new(), &BTreeSet::new(), 0));
+    }
+
+    #[test]
+    fn kept_owners_stay_only_while_valid_and_not_clearly_worse() {
+        let members = set(&["a", "b"]);
+        let units = set(&["u1", "u2", "u3", "u4"]);
+        let place = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(u, m)| ((*u).to_owned(), (*m).to_owned()))
+                .collect()
+        };
+        let loads = |placement: &BTreeMap<String, String>, weights: &BTreeMap<String, u64>| {
+            let weight = |u: &str| weights.get(u).copied().unwrap_or_default();
+            loads_of(placement, &members, &weight)
+                .into_values()
+                .collect::<Vec<u64>>()
+        };
+        // Exactly MIN_IMBALANCE apart and far beyond BALANCED_SPREAD: the kept owners give way
+        // to an even split of the two heavy units.
+        let weights: BTreeMap<String, u64> = [("u1", 16), ("u2", 16), ("u3", 0), ("u4", 0)]
+            .map(|(u, w)| (u.to_owned(), w))
+            .into();
+        let kept = place(&[("u1", "a"), ("u2", "a"), ("u3", "b"), ("u4", "b")]);
+        let out = balanced_placement(&units, &members, &weights, Some(kept));
+        assert_eq!(loads(&out, &weights), [16, 16]);
+
+        // A kept owner that left the membership invalidates the kept placement, however light.
+        let light: BTreeMap<String, u64> = [("u1", 1)].map(|(u, w)| (u.to_owned(), w)).into();
+        let departed = place(&[("u1", "a"), ("u2", "a"), ("u3", "gone"), ("u4", "b")]);
+        let out = balanced_placement(&units, &members, &light, Some(departed));
+        assert!(out.values().all(|m| members.contains(m)), "{out:?}");
+
+        // Imbalanced (39 objects apart, spread 1.6) but no better split exists: the kept owners
+        // stay, even mirrored from what a fresh placement would choose.
+        let weights: BTreeMap<String, u64> = [("u1", 100), ("u2", 60), ("u3", 1), ("u4", 0)]
+            .map(|(u, w)| (u.to_owned(), w))
+            .into();
+        let fresh = balanced_placement(&units, &members, &weights, None);
+        let mut fresh_loads = loads(&fresh, &weights);
+        fresh_loads.sort();
+        assert_eq!(fresh_loads, [61, 100], "{fresh:?}");
+        let mirrored: BTreeMap<String, String> = fresh
+            .iter()
+            .map(|(u, m)| (u.clone(), if m == "a" { "b" } else { "a" }.to_owned()))
+            .collect();
+        let out = balanced_placement(&units, &members, &weights, Some(mirrored.clone()));
+        assert_eq!(out, mirrored);
+    }
+
+    #[test]
     fn not_served_reasons_name_the_cause() {
         let cases = [
             (NotServed::Disabled, "RelatedResourcesDisabled"),

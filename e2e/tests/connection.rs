@@ -355,14 +355,7 @@ async fn restricted_credentials_report_permission_denied() {
 
     // Identity allowed, CRD list still denied: connected, but not Ready.
     provider
-        .grant(
-            &user,
-            "identity-only",
-            vec![
-                rule("core.kcp.io", &["logicalclusters"], &["get"]),
-                rule("", &["namespaces"], &["get"]),
-            ],
-        )
+        .grant(&user, "identity-only", identity_rules())
         .await
         .unwrap();
     let c = wait_condition(&s.consumer, "provider", "Connected", "True", None)

@@ -36,34 +36,70 @@ fn refused(s: &SyncEnv, resource: &str, subresource: &str) -> f64 {
         .count() as f64
 }
 
-/// Waits until `controller`'s failed reconciles for `reason` equal the refused writes of
-/// `resource`/`subresource` (read between two equal metric readings), and at least two were
-/// refused.
+/// Waits until `controller`'s failed reconciles for `reason` equal `refused()` — the refused
+/// requests an API server's audit log has, named `what` — read between two equal metric
+/// readings, with at least two refused.
+async fn wait_errors_equal(
+    s: &SyncEnv,
+    (controller, reason): (&str, &str),
+    what: &str,
+    refused: impl Fn() -> f64,
+) {
+    wait_for(
+        &format!("{controller} {reason} errors equal to the refused {what}"),
+        90,
+        || async {
+            let first = errors(s, controller, Some(reason)).await?;
+            let refused = refused();
+            let again = errors(s, controller, Some(reason)).await?;
+            if first == again && first == refused && refused >= 2.0 {
+                Ok(Some(()))
+            } else {
+                Err(format!("{first} then {again} errors, {refused} refused"))
+            }
+        },
+    )
+    .await;
+}
+
+/// [`wait_errors_equal`] the consumer's refused writes of `resource`/`subresource`.
 async fn wait_errors_equal_refused(
     s: &SyncEnv,
     controller: &str,
     reason: &str,
     (resource, subresource): (&str, &str),
 ) {
-    wait_for(
-        &format!(
-            "{controller} {reason} errors equal to the refused {resource}/{subresource} writes"
-        ),
-        90,
-        || async {
-            let first = errors(s, controller, Some(reason)).await?;
-            let refused = refused(s, resource, subresource);
-            let again = errors(s, controller, Some(reason)).await?;
-            if first == again && first == refused && refused >= 2.0 {
-                Ok(Some(()))
-            } else {
-                Err(format!(
-                    "{first} then {again} {controller} {reason} errors, {refused} refused writes"
-                ))
-            }
-        },
-    )
+    let what = format!("{resource}/{subresource} writes");
+    wait_errors_equal(s, (controller, reason), &what, || {
+        refused(s, resource, subresource)
+    })
     .await;
+}
+
+/// Waits until the Connection `provider` says it waits for its bindings to go.
+async fn wait_draining_bindings(s: &SyncEnv) {
+    wait_condition(
+        &s.consumer,
+        "provider",
+        "Ready",
+        "False",
+        Some("DrainingBindings"),
+    )
+    .await
+    .unwrap();
+}
+
+/// Waits until the ClusterBinding `widgets` says it waits for provider copies to go.
+async fn wait_draining_objects(cluster_bindings: &Api<ClusterBinding>) {
+    wait_binding_condition(
+        cluster_bindings,
+        "widgets",
+        "Ready",
+        "False",
+        Some("DrainingObjects"),
+    )
+    .await
+    .unwrap();
 }
 
 /// Registers a webhook `name` that `hook` answers, denying updates of `resource` of kbind's group;
@@ -151,15 +187,7 @@ async fn each_refused_write_is_one_reconcile_error_of_its_reason_and_a_drain_wai
         .delete("provider", &DeleteParams::default())
         .await
         .unwrap();
-    wait_condition(
-        &s.consumer,
-        "provider",
-        "Ready",
-        "False",
-        Some("DrainingBindings"),
-    )
-    .await
-    .unwrap();
+    wait_draining_bindings(&s).await;
 
     // 3. The provider refuses to delete its copy (its own admission): `provider` errors of the
     // ClusterBinding, exactly the refused deletes the provider's audit log has.
@@ -179,60 +207,27 @@ async fn each_refused_write_is_one_reconcile_error_of_its_reason_and_a_drain_wai
         .delete("widgets", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for(
-        "clusterbinding provider errors equal to the refused provider deletes",
-        90,
-        || async {
-            let first = errors(&s, "clusterbinding", Some("provider")).await?;
-            let refused = s
-                .env
+    wait_errors_equal(
+        &s,
+        ("clusterbinding", "provider"),
+        "provider deletes",
+        || {
+            s.env
                 .cluster("provider")
                 .audited()
                 .iter()
                 .filter(|r| r.resource == "widgets" && r.verb == "delete" && r.code == 403)
-                .count() as f64;
-            let again = errors(&s, "clusterbinding", Some("provider")).await?;
-            if first == again && first == refused && refused >= 2.0 {
-                Ok(Some(()))
-            } else {
-                Err(format!(
-                    "{first} then {again} provider errors, {refused} refused deletes"
-                ))
-            }
+                .count() as f64
         },
     )
     .await;
     unregister(&s.provider, "no-deletes").await.unwrap();
-    wait_binding_condition(
-        &cluster_bindings,
-        "widgets",
-        "Ready",
-        "False",
-        Some("DrainingObjects"),
-    )
-    .await
-    .unwrap();
+    wait_draining_objects(&cluster_bindings).await;
     // Both drains are rechecked every 2 s: a few rounds each.
     let binding_before = errors(&s, "clusterbinding", None).await.unwrap();
     tokio::time::sleep(Duration::from_secs(7)).await;
-    wait_binding_condition(
-        &cluster_bindings,
-        "widgets",
-        "Ready",
-        "False",
-        Some("DrainingObjects"),
-    )
-    .await
-    .unwrap();
-    wait_condition(
-        &s.consumer,
-        "provider",
-        "Ready",
-        "False",
-        Some("DrainingBindings"),
-    )
-    .await
-    .unwrap();
+    wait_draining_objects(&cluster_bindings).await;
+    wait_draining_bindings(&s).await;
     assert_eq!(
         errors(&s, "connection", None).await.unwrap(),
         connection_before,
@@ -291,7 +286,6 @@ async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_r
     // Namespace's UID; the README's RBAC grants both gets). Each refused read is one
     // `local_identity` failure of the Connection; granted the reads, the Connection becomes
     // Ready and the count stops.
-    use k8s_openapi::api::rbac::v1::PolicyRule;
     let mut env = kbind_e2e::TestEnv::start("reconcile_errors_identity", &["consumer", "provider"])
         .await
         .unwrap();
@@ -302,29 +296,20 @@ async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_r
     for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE] {
         ensure_namespace(&consumer, namespace).await.unwrap();
     }
-    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
-        api_groups: Some(groups.iter().map(|g| g.to_string()).collect()),
-        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
-        verbs: verbs.iter().map(|v| v.to_string()).collect(),
-        ..Default::default()
-    };
     let cluster = env.cluster("consumer");
     let user = cluster.mint_user("manager").await.unwrap();
-    let everything_else = vec![
-        rule(
-            &[
-                GROUP,
-                "apiextensions.k8s.io",
-                "coordination.k8s.io",
-                "events.k8s.io",
-                "example.org",
-            ],
-            &["*"],
-            &["*"],
-        ),
-        rule(&[""], &["secrets", "configmaps", "events"], &["*"]),
-        rule(&[""], &["namespaces"], &["list", "watch"]),
-    ];
+    let mut everything_else: Vec<_> = [
+        GROUP,
+        "apiextensions.k8s.io",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "example.org",
+    ]
+    .into_iter()
+    .map(|group| rule(group, &["*"], &["*"]))
+    .collect();
+    everything_else.push(rule("", &["secrets", "configmaps", "events"], &["*"]));
+    everything_else.push(rule("", &["namespaces"], &["list", "watch"]));
     cluster
         .grant(&user, "manager", everything_else)
         .await
@@ -385,14 +370,7 @@ async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_r
     )
     .await;
     env.cluster("consumer")
-        .grant(
-            &user,
-            "manager-identity",
-            vec![
-                rule(&[""], &["namespaces"], &["get"]),
-                rule(&["core.kcp.io"], &["logicalclusters"], &["get"]),
-            ],
-        )
+        .grant(&user, "manager-identity", identity_rules())
         .await
         .unwrap();
     wait_condition(&consumer, "provider", "Ready", "True", None)

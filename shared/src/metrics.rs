@@ -147,9 +147,11 @@ impl Metrics {
         let sync_latency_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "kbind_sync_latency_seconds",
-                "Time from the watch event that made an object out of date to the write that fixed it",
+                "End-to-end delay from a change to the write that delivered it, by operation only",
             )
-            .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
             &["op"],
         )
         .expect("valid metric");
@@ -157,7 +159,7 @@ impl Metrics {
         let sync_lag_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "kbind_sync_lag_seconds",
-                "End-to-end delay from a change (its watch event, or the API server's record of it if earlier) to the write that delivered it, per Connection, API and operation",
+                "End-to-end delay from a change to the write that delivered it, per Connection, API and operation",
             )
             .buckets(vec![
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -168,13 +170,13 @@ impl Metrics {
         let sync_lag_seconds = registry.add(sync_lag_seconds, "histogram");
         let assignment_overlaps = Gauge::new(
             "kbind_assignment_overlaps",
-            "Work units more than one live syncer reports running; must stay 0",
+            "Work units more than one live syncer reports running (must stay 0)",
         )
         .expect("valid metric");
         let assignment_overlaps = registry.add(assignment_overlaps, "gauge");
         let assignment_unassigned_units = Gauge::new(
             "kbind_assignment_unassigned_units",
-            "Work units left unassigned: the assignment ConfigMap is full, or a binding's related resources are not admitted (related resources off, or past --max-related-bindings-per-namespace)",
+            "Work units left unassigned: the assignment is full, or a binding's related resources are not admitted",
         )
         .expect("valid metric");
         let assignment_unassigned_units = registry.add(assignment_unassigned_units, "gauge");
@@ -219,14 +221,14 @@ impl Metrics {
             sync_operations_total: counter_vec(
                 &registry,
                 "kbind_sync_operations_total",
-                "Sync operations by outcome",
+                "Writes by operation and outcome",
                 &["api", "op", "result"],
             ),
             sync_latency_seconds,
             work_queue_depth: gauge_vec(
                 &registry,
                 "kbind_work_queue_depth",
-                "Object syncs in progress right now",
+                "Syncs in progress right now",
                 &["api"],
             ),
             reconcile_errors_total: counter_vec(
@@ -238,7 +240,7 @@ impl Metrics {
             api_requests_total: counter_vec(
                 &registry,
                 "kbind_api_requests_total",
-                "Requests to API servers",
+                "Requests to each API server",
                 &["cluster", "verb", "code"],
             ),
             syncer_assigned_apis: gauge_vec(
@@ -256,19 +258,19 @@ impl Metrics {
             sync_backlog: gauge_vec(
                 &registry,
                 "kbind_sync_backlog",
-                "Objects waiting for kbind, by why: pending, rejected, forbidden, deleting, status",
+                "Objects waiting for kbind by state",
                 &["connection", "api", "state"],
             ),
             sync_backlog_oldest_seconds: gauge_vec(
                 &registry,
                 "kbind_sync_backlog_oldest_seconds",
-                "How long the oldest object waiting for kbind has waited, from its change",
+                "How long the oldest object waiting for kbind has waited, from its change as the API server recorded it",
                 &["connection", "api"],
             ),
             delivery_record_wait_seconds: gauge_vec(
                 &registry,
                 "kbind_delivery_record_wait_seconds",
-                "How long a delivery record waits for the provider's status change to carry it",
+                "How long a delivery record waits for the provider's status change to carry it in one write",
                 &["connection", "api"],
             ),
             connection_heartbeat_age_seconds: gauge_vec(
@@ -413,6 +415,50 @@ mod tests {
             .collect();
         assert_eq!(documented(), served);
         assert!(metrics.families().iter().all(|f| !f.help.is_empty()));
+    }
+
+    /// `text` as prose: lower case, without markdown emphasis or code marks, single-spaced.
+    fn prose(text: &str) -> String {
+        text.replace("**", "")
+            .replace('`', "")
+            .to_lowercase()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn each_help_text_is_what_the_readme_says_of_its_series() {
+        // #33.9: `# HELP` is what a scraper shows; it says what the README's row says.
+        let readme = repository_file("README.md");
+        let start = readme.find("\n## Metrics").unwrap();
+        let section = &readme[start..];
+        let section = &section[..section.find("\n### ").unwrap()];
+        let mut described: BTreeMap<String, String> = BTreeMap::new();
+        for row in section.lines().filter(|l| l.starts_with("| `kbind_")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            for name in backticked(cells[1]) {
+                described.insert(name, prose(cells[5]));
+            }
+        }
+        let mismatched: Vec<String> = Metrics::new()
+            .families()
+            .iter()
+            .filter(|f| {
+                described
+                    .get(&f.name)
+                    .is_none_or(|d| !d.contains(&prose(&f.help)))
+            })
+            .map(|f| {
+                format!(
+                    "{}: {:?} not in {:?}",
+                    f.name,
+                    f.help,
+                    described.get(&f.name)
+                )
+            })
+            .collect();
+        assert!(mismatched.is_empty(), "{mismatched:#?}");
     }
 
     #[test]

@@ -757,9 +757,9 @@ pub fn next(
         live.iter()
             .any(|(member, m)| member != except && m.running.contains(key))
     };
+    // Its generation is set below, once it differs from `current`.
     let mut out = Assignment {
         format: ASSIGNMENT_FORMAT,
-        generation: current.generation,
         ..Default::default()
     };
     for unit in units {
@@ -1229,6 +1229,127 @@ mod tests {
         }
         let flood = "abcdefgh=1,".repeat(100_000);
         assert!(decode_objects(&flood).len() <= MAX_UNIT_OBJECTS);
+    }
+
+    #[test]
+    fn next_moves_a_dead_owners_unit_only_when_no_other_member_runs_it() {
+        // The owner `gone` is not live; whichever member the placement wants, the other live
+        // member still reports running the unit: it waits, unassigned. Once nobody else runs it,
+        // it goes to the wanted member, in an assignment of the current format.
+        let units: BTreeSet<String> = ["u".to_owned()].into();
+        let names: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
+        let desired = placement(&units, &names)["u"].clone();
+        let other = if desired == "a" { "b" } else { "a" };
+        let current = Assignment {
+            format: ASSIGNMENT_FORMAT,
+            generation: 7,
+            units: [("u".to_owned(), "gone".to_owned())].into(),
+            ..Default::default()
+        };
+        let live: BTreeMap<String, Member> = [
+            (desired.clone(), member(1, 7, &[])),
+            (other.to_owned(), member(1, 7, &["u"])),
+        ]
+        .into();
+        let out = next(&units, &live, &current, &BTreeMap::new());
+        assert!(out.units.is_empty() && out.draining.is_empty(), "{out:?}");
+        assert_eq!((out.format, out.generation), (ASSIGNMENT_FORMAT, 8));
+        let live: BTreeMap<String, Member> = [
+            (desired.clone(), member(1, 7, &[])),
+            (other.to_owned(), member(1, 7, &[])),
+        ]
+        .into();
+        let out = next(&units, &live, &current, &BTreeMap::new());
+        assert_eq!(out.units.get("u"), Some(&desired));
+    }
+
+    #[test]
+    fn a_drain_from_an_owner_that_lapsed_is_acknowledged_at_once() {
+        // The unit drains from `a` (incarnation 1) since generation 5; `a` came back as
+        // incarnation 2 — it fenced itself, so it runs nothing of the old one — and has not yet
+        // observed generation 5. The drain is over: the unit goes to its new owner.
+        let units: BTreeSet<String> = ["u".to_owned()].into();
+        let names: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
+        let desired = placement(&units, &names)["u"].clone();
+        let from = if desired == "a" { "b" } else { "a" };
+        let current = Assignment {
+            format: ASSIGNMENT_FORMAT,
+            generation: 5,
+            draining: [(
+                "u".to_owned(),
+                Drain {
+                    from: from.to_owned(),
+                    incarnation: 1,
+                    since: 5,
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let live: BTreeMap<String, Member> = [
+            (desired.clone(), member(1, 5, &[])),
+            (from.to_owned(), member(2, 0, &[])),
+        ]
+        .into();
+        let out = next(&units, &live, &current, &BTreeMap::new());
+        assert_eq!(out.units.get("u"), Some(&desired), "{out:?}");
+        // The same owner, same incarnation, not yet past the drain: it keeps draining.
+        let live: BTreeMap<String, Member> = [
+            (desired.clone(), member(1, 5, &[])),
+            (from.to_owned(), member(1, 0, &[])),
+        ]
+        .into();
+        let out = next(&units, &live, &current, &BTreeMap::new());
+        assert!(
+            out.units.is_empty() && out.draining.contains_key("u"),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_swap_takes_the_pair_nearest_half_the_gap() {
+        // a holds 10 + 7, b holds 0 + 3: the gap is 14. Swapping the 10 for the 3 moves exactly
+        // half of it (7), and so does the 7 for the 0 — the first found, from the heaviest
+        // member's units in name order, wins: one swap, 10 and 10.
+        let members = set(&["a", "b"]);
+        let weights: BTreeMap<&str, u64> = [("a10", 10), ("a7", 7), ("b0", 0), ("b3", 3)].into();
+        let weight = |u: &str| weights.get(u).copied().unwrap_or_default();
+        let start: BTreeMap<String, String> = [("a10", "a"), ("a7", "a"), ("b0", "b"), ("b3", "b")]
+            .map(|(u, m)| (u.to_owned(), m.to_owned()))
+            .into();
+        let want: BTreeMap<String, String> = [("a10", "b"), ("a7", "a"), ("b0", "b"), ("b3", "a")]
+            .map(|(u, m)| (u.to_owned(), m.to_owned()))
+            .into();
+        assert_eq!(swapped(start, &members, &weight), want);
+    }
+
+    #[test]
+    fn overlaps_count_units_run_by_more_than_one_live_member() {
+        let running = |pairs: &[(&str, &[&str])]| -> BTreeMap<String, BTreeSet<String>> {
+            pairs
+                .iter()
+                .map(|(m, units)| {
+                    (
+                        (*m).to_owned(),
+                        units.iter().map(|u| (*u).to_owned()).collect(),
+                    )
+                })
+                .collect()
+        };
+        let live: BTreeSet<String> = ["a".to_owned(), "b".to_owned(), "c".to_owned()].into();
+        let none = running(&[("a", &["u1"]), ("b", &["u2"])]);
+        assert_eq!(overlaps(&live, &none), 0);
+        let two = running(&[
+            ("a", &["u1", "u2"]),
+            ("b", &["u1"]),
+            ("c", &["u2", "u3"]),
+            ("dead", &["u3"]),
+        ]);
+        assert_eq!(
+            overlaps(&live, &two),
+            2,
+            "u1 and u2; u3 only with a dead member"
+        );
     }
 
     fn member(incarnation: u64, observed: u64, running: &[&str]) -> Member {

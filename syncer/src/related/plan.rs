@@ -764,6 +764,8 @@ mod tests {
     }
 
     const SECRETS: RelatedResourceKind = RelatedResourceKind::Secrets;
+    /// `entry_id` of a Secrets entry from the provider naming `a`, as kbind has always computed it.
+    const PINNED_ID_OF_A: &str = "64882456";
     const CONFIGMAPS: RelatedResourceKind = RelatedResourceKind::Configmaps;
     const MARKER: Marker<'static> = Marker {
         binding_uid: "b-1",
@@ -1307,6 +1309,125 @@ mod tests {
     }
 
     #[test]
+    fn label_keys_and_values_follow_the_api_servers_rules() {
+        let label = "a".repeat(63);
+        // Three 63-character labels, one of 61 and their dots: exactly 253 characters.
+        let prefix = |last: usize| format!("{label}.{label}.{label}.{}", "b".repeat(last));
+        // (key, valid?)
+        let keys = [
+            ("app", true),
+            ("example.com/app", true),
+            ("a.b-c.d9/x_y.Z", true),
+            (&*format!("{label}/x"), true),
+            (&*format!("{}/x", prefix(61)), true),
+            (&*format!("{}/x", prefix(62)), false),
+            (&*format!("{label}a.com/x"), false),
+            (&*label, true),
+            (&*format!("{label}a"), false),
+            ("/app", false),
+            ("Example.com/app", false),
+            ("ex..com/app", false),
+            ("-ex.com/app", false),
+            ("ex-.com/app", false),
+            ("ex_ample.com/app", false),
+            ("example.com/", false),
+            ("-app", false),
+            ("app-", false),
+            ("a b", false),
+        ];
+        for (key, valid) in keys {
+            assert_eq!(check_label_key(key).is_ok(), valid, "key {key:?}");
+        }
+        let values = [
+            ("", true),
+            ("v1.2_x-y", true),
+            (&*label, true),
+            (&*format!("{label}a"), false),
+            ("-v", false),
+            ("v ", false),
+        ];
+        for (value, valid) in values {
+            assert_eq!(check_label_value(value).is_ok(), valid, "value {value:?}");
+        }
+    }
+
+    #[test]
+    fn operators_say_what_their_values_lack_and_narrowing_is_what_the_entry_names() {
+        let with = |requirement: Option<LabelSelectorRequirement>,
+                    labels: Option<&[(&str, &str)]>| {
+            RelatedResource {
+                namespaces: Vec::new(),
+                group: String::new(),
+                resource: SECRETS,
+                direction: RelatedDirection::FromProvider,
+                selector: Some(RelatedSelector {
+                    label_selector: Some(LabelSelector {
+                        match_expressions: requirement.map(|r| vec![r]),
+                        match_labels: labels.map(|l| {
+                            l.iter()
+                                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                                .collect()
+                        }),
+                    }),
+                    names: Vec::new(),
+                }),
+            }
+        };
+        let requirement = |operator: &str, values: Option<Vec<String>>| LabelSelectorRequirement {
+            key: "app".into(),
+            operator: operator.into(),
+            values,
+        };
+        let error = |r| Entry::parse(0, &with(Some(r), None), true).unwrap_err();
+        assert!(error(requirement("In", None)).contains("needs at least one value"));
+        assert!(error(requirement("NotIn", Some(Vec::new()))).contains("needs at least one value"));
+        assert!(error(requirement("Exists", Some(vec!["x".into()]))).contains("takes no values"));
+        assert!(error(requirement("Equals", None)).contains("unknown operator"));
+        // Narrowed: by names, or by at least one label requirement — an empty matchLabels is not.
+        let narrowed = |e: &RelatedResource| Entry::parse(0, e, true).unwrap().narrowed;
+        assert!(narrowed(&with(None, Some(&[("app", "x")]))));
+        assert!(!narrowed(&with(None, Some(&[]))));
+        assert!(narrowed(&with(Some(requirement("Exists", None)), None)));
+        assert!(!narrowed(&with(None, None)));
+        assert!(narrowed(&entry(
+            SECRETS,
+            RelatedDirection::FromProvider,
+            &[],
+            &["a"]
+        )));
+    }
+
+    #[test]
+    fn names_orders_and_notes_of_what_was_left_out() {
+        assert_eq!(
+            (Side::Consumer.as_str(), Side::Provider.as_str()),
+            ("consumer", "provider")
+        );
+        let (secrets, config_maps) = (KindKey(SECRETS), KindKey(RelatedResourceKind::Configmaps));
+        assert_eq!(
+            config_maps.partial_cmp(&secrets),
+            Some(std::cmp::Ordering::Less)
+        );
+        let key = |name: &str| TargetKey {
+            kind: secrets,
+            side: Side::Provider,
+            namespace: "ns".into(),
+            name: name.into(),
+        };
+        let three = [key("a"), key("b"), key("c")];
+        assert_eq!(
+            left_out_note(&three, "somewhere"),
+            "; 3 object(s) somewhere were not copied: Secret ns/a on the provider, Secret ns/b on the provider, Secret ns/c on the provider"
+        );
+        let four = [key("a"), key("b"), key("c"), key("d")];
+        assert!(left_out_note(&four, "somewhere").ends_with("ns/c on the provider, …"));
+        assert!(homeless_note(&three[..1]).starts_with(
+            "; 1 object(s) in namespaces that hold none of the binding's objects and that no entry lists"
+        ));
+        assert_eq!(homeless_note(&[]), "");
+    }
+
+    #[test]
     fn entries_that_select_nothing_are_named() {
         let entries = parse(&[
             entry(SECRETS, RelatedDirection::FromProvider, &[], &["a"]),
@@ -1328,5 +1449,10 @@ mod tests {
         assert_eq!(entry_id(&a), entry_id(&a.clone()));
         assert_ne!(entry_id(&a), entry_id(&b));
         assert_eq!(entry_id(&a).len(), 8);
+        // Entries without namespaces keep the ids they always had (copies record them).
+        assert_eq!(entry_id(&a), PINNED_ID_OF_A);
+        let mut listed = a.clone();
+        listed.namespaces = vec!["team-a".into()];
+        assert_ne!(entry_id(&listed), entry_id(&a));
     }
 }

@@ -944,6 +944,22 @@ mod tests {
         theirs
             .annotations
             .insert(keys::RELATED_BINDING_ANNOTATION.into(), "b-2".into());
+        // Managed and current, but a marker annotation (the entries it serves) is stale.
+        let mut stale_marker = ours(&want, "1");
+        stale_marker
+            .annotations
+            .insert(keys::RELATED_ENTRIES_ANNOTATION.into(), "e0".into());
+        // A data change with the same Secret type, or onto a copy without one: applied in place.
+        let mut typed = ours(&want, "2");
+        typed.payload.insert("type".into(), json!("Opaque"));
+        let mut typed_want = want.clone();
+        typed_want.payload.insert("type".into(), json!("Opaque"));
+        let untyped = ours(&typed_want, "2");
+        // A type change cannot be applied: replaced.
+        let mut retyped = ours(&typed_want, "2");
+        retyped
+            .payload
+            .insert("type".into(), json!("kubernetes.io/tls"));
         let conflict = Step::Conflict(String::new());
         // (existing, target side, policy) → step; any Conflict matches `conflict`.
         let cases: Vec<(Option<&Item>, Side, ConflictPolicy, Step)> = vec![
@@ -966,6 +982,19 @@ mod tests {
             (Some(&theirs), provider, adopt, conflict.clone()),
             (Some(&theirs), consumer, adopt, conflict.clone()),
         ];
+        let typed_cases = [
+            (&typed, Step::Apply),
+            (&untyped, Step::Apply),
+            (&retyped, Step::Replace),
+        ];
+        for (existing, want_step) in typed_cases {
+            let got = step(Some(existing), provider, &typed_want, &MARKER, fail);
+            assert_eq!(got, want_step, "{existing:?}");
+        }
+        assert_eq!(
+            step(Some(&stale_marker), provider, &want, &MARKER, fail),
+            Step::Apply
+        );
         for (existing, side, policy, want_step) in cases {
             let got = step(existing, side, &want, &MARKER, policy);
             match (&got, &want_step) {

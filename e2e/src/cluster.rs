@@ -14,6 +14,8 @@ use kube::{Api, Client};
 use rand::Rng;
 
 use crate::controlplane::Binaries;
+use crate::netns::{Forwarding, Netns};
+use crate::node::{NODE_IP, NodeNet};
 use crate::process::ChildProcess;
 
 /// Namespace holding the ServiceAccounts behind [`Cluster::mint_user`].
@@ -75,6 +77,8 @@ pub struct Cluster {
     admin_token: String,
     // Dropped in this order: controller manager, API server, etcd.
     processes: Vec<ChildProcess>,
+    // For a cluster in a node's network namespace: the forward from the machine's loopback.
+    _forwarding: Option<Forwarding>,
 }
 
 /// A user of a cluster, authenticated by a bearer token. Starts with no permissions beyond
@@ -188,17 +192,22 @@ pub fn kubeconfig_yaml(
     )
 }
 
+/// Waits until `127.0.0.1:<port>` accepts connections — on the machine, or inside `netns`.
 async fn wait_for_port(
     port: u16,
+    netns: Option<&Netns>,
     process: &mut ChildProcess,
     limit: Duration,
 ) -> Result<(), String> {
     let deadline = Instant::now() + limit;
     loop {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
+        let connected = match netns {
+            Some(netns) => netns.connect(([127, 0, 0, 1], port).into()).await.is_ok(),
+            None => tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok(),
+        };
+        if connected {
             return Ok(());
         }
         if let Some(status) = process.try_status() {
@@ -242,7 +251,38 @@ impl Cluster {
         apiserver_flags: &[String],
         like: Option<&Cluster>,
     ) -> Result<Self, String> {
+        Self::start_inner(name, dir, binaries, apiserver_flags, like, None).await
+    }
+
+    /// A cluster whose processes run in `node`'s network namespace, where its API server listens
+    /// on every address (the node's own, [`NODE_IP`], is the `kubernetes` Service's endpoint) with
+    /// a serving certificate for `127.0.0.1`, [`NODE_IP`] and the Service's address and names.
+    /// [`Cluster::server`] is `https://127.0.0.1:<port>` both inside the node and on the machine,
+    /// where a forward leads into the node.
+    pub async fn start_on_node(
+        name: &str,
+        dir: &Path,
+        binaries: &Binaries,
+        node: &NodeNet,
+    ) -> Result<Self, String> {
+        Self::start_inner(name, dir, binaries, &[], None, Some(node)).await
+    }
+
+    async fn start_inner(
+        name: &str,
+        dir: &Path,
+        binaries: &Binaries,
+        apiserver_flags: &[String],
+        like: Option<&Cluster>,
+        node: Option<&NodeNet>,
+    ) -> Result<Self, String> {
         let io = |e: std::io::Error| format!("cluster {name}: {e}");
+        let netns = node.map(NodeNet::netns);
+        // How a process starts: itself, or entering the node's network namespace.
+        let launch = |program: &Path, args: Vec<String>| match node {
+            Some(node) => node.net_command(program, &args),
+            None => (program.to_path_buf(), args),
+        };
         let certs = dir.join("certs");
         std::fs::create_dir_all(&certs).map_err(io)?;
         if let Some(like) = like {
@@ -250,6 +290,9 @@ impl Cluster {
             for file in ["apiserver.crt", "apiserver.key"] {
                 std::fs::copy(like.dir.join("certs").join(file), certs.join(file)).map_err(io)?;
             }
+        }
+        if node.is_some() {
+            write_node_serving_certificate(&certs).map_err(|e| format!("cluster {name}: {e}"))?;
         }
 
         // Service account signing key: lets the API server issue tokens for minted users.
@@ -264,20 +307,18 @@ impl Cluster {
         .map_err(io)?;
 
         let (etcd_port, etcd_peer_port, port) = (free_port(), free_port(), free_port());
-        let mut etcd = ChildProcess::start(
-            "etcd",
+        let (program, args) = launch(
             &binaries.etcd,
-            &[
+            vec![
                 format!("--name={name}"),
                 format!("--data-dir={}", dir.join("etcd").display()),
                 format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
                 format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
                 "--unsafe-no-fsync".into(),
             ],
-            &[],
-            &dir.join("etcd.log"),
-        )?;
-        wait_for_port(etcd_port, &mut etcd, Duration::from_secs(30)).await?;
+        );
+        let mut etcd = ChildProcess::start("etcd", &program, &args, &[], &dir.join("etcd.log"))?;
+        wait_for_port(etcd_port, netns, &mut etcd, Duration::from_secs(30)).await?;
 
         // The audit log: every write to the test APIs (group example.org), with who made it and
         // how it was answered — what a test counts writes per object from.
@@ -290,8 +331,6 @@ impl Cluster {
             "--audit-log-mode=blocking".into(),
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             "--etcd-prefix=/registry".into(),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
             format!("--secure-port={port}"),
             format!("--cert-dir={}", certs.display()),
             format!("--token-auth-file={}", d("tokens.csv")),
@@ -300,17 +339,39 @@ impl Cluster {
             format!("--service-account-key-file={}", d("sa.pub")),
             format!("--service-account-signing-key-file={}", d("sa.key")),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
-            "--endpoint-reconciler-type=none".into(),
         ];
+        apiserver_args.extend(match node {
+            // The node's address is the `kubernetes` Service's endpoint (reconciled by the API
+            // server); it reaches the node's kubelet (`kubectl logs`) at its InternalIP.
+            Some(_) => [
+                "--bind-address=0.0.0.0".to_owned(),
+                format!("--advertise-address={NODE_IP}"),
+                "--kubelet-preferred-address-types=InternalIP".to_owned(),
+            ],
+            None => [
+                "--bind-address=127.0.0.1".to_owned(),
+                "--advertise-address=127.0.0.1".to_owned(),
+                "--endpoint-reconciler-type=none".to_owned(),
+            ],
+        });
         apiserver_args.extend_from_slice(apiserver_flags);
+        let (program, args) = launch(&binaries.kube_apiserver, apiserver_args);
         let mut apiserver = ChildProcess::start(
             "kube-apiserver",
-            &binaries.kube_apiserver,
-            &apiserver_args,
+            &program,
+            &args,
             &[],
             &dir.join("kube-apiserver.log"),
         )?;
-        wait_for_port(port, &mut apiserver, Duration::from_secs(60)).await?;
+        wait_for_port(port, netns, &mut apiserver, Duration::from_secs(60)).await?;
+        let forwarding = match netns {
+            Some(netns) => Some(
+                netns
+                    .forward_in(port, ([127, 0, 0, 1], port).into())
+                    .await?,
+            ),
+            None => None,
+        };
         let ca_pem = std::fs::read_to_string(certs.join("apiserver.crt")).map_err(|e| {
             format!("cluster {name}: the API server wrote no serving certificate: {e}")
         })?;
@@ -322,24 +383,37 @@ impl Cluster {
             ca_pem,
             admin_token,
             processes: vec![apiserver, etcd],
+            _forwarding: forwarding,
         };
         cluster.wait_ready(Duration::from_secs(60)).await?;
 
         let admin_kubeconfig = dir.join("admin.kubeconfig");
         std::fs::write(&admin_kubeconfig, cluster.admin_kubeconfig()).map_err(io)?;
-        let controller_manager = ChildProcess::start(
-            "kube-controller-manager",
+        // A cluster with a node runs workloads: every controller (Deployments, ReplicaSets,
+        // EndpointSlices, the node's lifecycle…); without one, those its API objects need.
+        let controllers = match node {
+            Some(_) => "*",
+            None => {
+                "namespace,garbagecollector,serviceaccount,serviceaccount-token,clusterrole-aggregation"
+            }
+        };
+        let (program, args) = launch(
             &binaries.kube_controller_manager,
-            &[
+            vec![
                 format!("--kubeconfig={}", admin_kubeconfig.display()),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={}", free_port()),
-                "--controllers=namespace,garbagecollector,serviceaccount,serviceaccount-token,clusterrole-aggregation".into(),
+                format!("--controllers={controllers}"),
                 format!("--service-account-private-key-file={}", d("sa.key")),
                 format!("--root-ca-file={}", certs.join("apiserver.crt").display()),
                 "--use-service-account-credentials=false".into(),
                 "--leader-elect=false".into(),
             ],
+        );
+        let controller_manager = ChildProcess::start(
+            "kube-controller-manager",
+            &program,
+            &args,
             &[],
             &dir.join("kube-controller-manager.log"),
         )?;
@@ -577,6 +651,45 @@ impl Cluster {
             .map(|p| p.log().to_path_buf())
             .collect()
     }
+}
+
+/// Writes the serving certificate of a cluster on a node into its `--cert-dir`: a CA of its own and
+/// a certificate it signed for every address and name the cluster is reached by — `127.0.0.1`
+/// (the machine, through a forward, and the node's own loopback), [`NODE_IP`], and the
+/// `kubernetes` Service (10.96.0.1 and its names), which in-cluster clients use.
+/// `apiserver.crt` holds the certificate and the CA (what clients are given as CA data).
+fn write_node_serving_certificate(certs: &Path) -> Result<(), String> {
+    let e = |e: rcgen::Error| e.to_string();
+    let ca_key = rcgen::KeyPair::generate().map_err(e)?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(e)?;
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kbind-e2e-node-ca");
+    let ca = ca_params.self_signed(&ca_key).map_err(e)?;
+    let key = rcgen::KeyPair::generate().map_err(e)?;
+    let names = [
+        "127.0.0.1",
+        NODE_IP,
+        "10.96.0.1",
+        "localhost",
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+    ];
+    let mut params = rcgen::CertificateParams::new(names.map(str::to_owned).to_vec()).map_err(e)?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kube-apiserver");
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let certificate = params.signed_by(&key, &issuer).map_err(e)?;
+    std::fs::write(
+        certs.join("apiserver.crt"),
+        format!("{}{}", certificate.pem(), ca.pem()),
+    )
+    .map_err(|e| e.to_string())?;
+    std::fs::write(certs.join("apiserver.key"), key.serialize_pem()).map_err(|e| e.to_string())
 }
 
 /// A client from a self-contained kubeconfig, through kbind's own kubeconfig handling.

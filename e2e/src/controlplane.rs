@@ -14,6 +14,14 @@ pub struct Binaries {
     pub kube_apiserver: PathBuf,
     /// `kube-controller-manager`
     pub kube_controller_manager: PathBuf,
+    /// `kube-scheduler` (the node's consumer cluster)
+    pub kube_scheduler: PathBuf,
+    /// `kubelet`
+    pub kubelet: PathBuf,
+    /// `kube-proxy`
+    pub kube_proxy: PathBuf,
+    /// `pause`: the pod sandbox image's program
+    pub pause: PathBuf,
 }
 
 impl Binaries {
@@ -22,6 +30,10 @@ impl Binaries {
             etcd: dir.join("etcd"),
             kube_apiserver: dir.join("kube-apiserver"),
             kube_controller_manager: dir.join("kube-controller-manager"),
+            kube_scheduler: dir.join("kube-scheduler"),
+            kubelet: dir.join("kubelet"),
+            kube_proxy: dir.join("kube-proxy"),
+            pause: dir.join("pause"),
         }
     }
 }
@@ -58,6 +70,10 @@ fn build() -> Result<Binaries, String> {
         &binaries.etcd,
         &binaries.kube_apiserver,
         &binaries.kube_controller_manager,
+        &binaries.kube_scheduler,
+        &binaries.kubelet,
+        &binaries.kube_proxy,
+        &binaries.pause,
     ] {
         if !path.is_file() {
             return Err(format!(

@@ -5,6 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::cluster::Cluster;
 use crate::controlplane;
+use crate::node::{NODE_IP, Node};
 use crate::process::ChildProcess;
 
 /// The environment of one test. Dropping it stops kbind's processes, then the clusters; the
@@ -13,6 +14,8 @@ use crate::process::ChildProcess;
 pub struct TestEnv {
     dir: PathBuf,
     keep: bool,
+    // The node and its pods go first of all (see [`TestEnv::start_on_node`]).
+    node: Option<Node>,
     // kbind's processes go first so that they never see their clusters vanish under them.
     processes: Vec<ChildProcess>,
     // Image containers the processes ran in: removed once the processes are gone.
@@ -52,6 +55,7 @@ impl TestEnv {
         let mut env = Self {
             dir,
             keep: false,
+            node: None,
             processes: Vec::new(),
             containers: Vec::new(),
             clusters: Vec::new(),
@@ -117,6 +121,61 @@ impl TestEnv {
                 Err(e)
             }
         }
+    }
+
+    /// Two clusters, `provider` as in [`TestEnv::start`] and `consumer` with a real node
+    /// ([`Node`]): its control plane runs in the node's network namespace, its kubelet runs pods
+    /// with containerd and runc, and kbind's images (`scripts/images`) are loaded into its
+    /// containerd. Pods reach the provider at [`TestEnv::provider_server_for_pods`].
+    pub async fn start_on_node(test: &str) -> Result<Self, String> {
+        // The provider's serving certificate also names the node's address, where pods reach it.
+        let advertise = format!("--advertise-address={NODE_IP}");
+        let mut env =
+            Self::start_flagged(test, &["provider"], &[("provider", &[advertise.as_str()])])
+                .await?;
+        let binaries = tokio::task::spawn_blocking(controlplane::binaries)
+            .await
+            .map_err(|e| e.to_string())??;
+        let images = tokio::task::spawn_blocking(crate::images::archives)
+            .await
+            .map_err(|e| e.to_string())??;
+        let provider_port = env.provider_port()?;
+        let dir = env.dir.clone();
+        let started = async {
+            let mut node = Node::create(&dir.join("node")).await?;
+            let consumer =
+                Cluster::start_on_node("consumer", &dir.join("consumer"), &binaries, node.net())
+                    .await?;
+            node.join(&consumer, &binaries, &images).await?;
+            node.forward_out(provider_port).await?;
+            Ok::<_, String>((node, consumer))
+        }
+        .await;
+        match started {
+            Ok((node, consumer)) => {
+                env.node = Some(node);
+                env.clusters.push(consumer);
+                Ok(env)
+            }
+            Err(e) => {
+                env.keep_logs();
+                Err(e)
+            }
+        }
+    }
+
+    fn provider_port(&self) -> Result<u16, String> {
+        let server = self.cluster("provider").server();
+        server
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("no port in {server}"))
+    }
+
+    /// The provider's API server as pods on the node reach it ([`TestEnv::start_on_node`]).
+    pub fn provider_server_for_pods(&self) -> Result<String, String> {
+        Ok(format!("https://{NODE_IP}:{}", self.provider_port()?))
     }
 
     /// The directory of this test's files and logs.
@@ -197,6 +256,7 @@ impl TestEnv {
 
 impl Drop for TestEnv {
     fn drop(&mut self) {
+        self.node = None;
         self.processes.clear();
         self.containers.clear();
         self.clusters.clear();

@@ -174,3 +174,59 @@ impl Drop for Container {
 pub fn buildah_env() -> &'static [(&'static str, &'static str)] {
     &BUILDAH_ENV
 }
+
+/// The OCI archives `scripts/images` writes beside the images it builds
+/// (`target/images/<program>.tar`, each naming its image reference), for a node's containerd.
+pub fn archives() -> Result<Vec<PathBuf>, String> {
+    built()?
+        .iter()
+        .map(|reference| {
+            let program = reference
+                .rsplit('/')
+                .next()
+                .and_then(|last| last.split(':').next())
+                .unwrap_or_default();
+            let archive = repository_root().join(format!("target/images/{program}.tar"));
+            if archive.is_file() {
+                Ok(archive)
+            } else {
+                Err(format!("scripts/images wrote no {}", archive.display()))
+            }
+        })
+        .collect()
+}
+
+/// An OCI archive of the pod sandbox image `reference`: `FROM scratch`, the static `pause`
+/// program as its entrypoint (built with the control plane). Built once per test binary.
+pub fn pause_archive(pause: &Path, reference: &str) -> Result<PathBuf, String> {
+    static ARCHIVE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    ARCHIVE
+        .get_or_init(|| {
+            let archive = repository_root().join("target/images/pause.tar");
+            std::fs::create_dir_all(repository_root().join("target/images"))
+                .map_err(|e| e.to_string())?;
+            let container = buildah(&["from", "scratch"])?.trim().to_owned();
+            let built = (|| {
+                buildah(&["copy", &container, &pause.display().to_string(), "/pause"])?;
+                buildah(&[
+                    "config",
+                    "--entrypoint",
+                    r#"["/pause"]"#,
+                    "--user",
+                    "65535:65535",
+                    &container,
+                ])?;
+                buildah(&["commit", "--quiet", &container, reference])?;
+                let _ = std::fs::remove_file(&archive);
+                buildah(&[
+                    "push",
+                    "--quiet",
+                    reference,
+                    &format!("oci-archive:{}:{reference}", archive.display()),
+                ])
+            })();
+            let _ = buildah(&["rm", &container]);
+            built.map(|_| archive)
+        })
+        .clone()
+}

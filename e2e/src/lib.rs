@@ -23,6 +23,8 @@ pub mod images;
 pub mod kbind;
 pub mod measure;
 pub mod minimal;
+pub mod netns;
+pub mod node;
 pub mod process;
 pub mod sharding;
 pub mod tools;

@@ -6,6 +6,8 @@
 //! The node tier runs as its own step of `scripts/test` (`--features node`): it needs root and
 //! the machine's container runtime packages, which that step installs.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kbind_e2e::cluster::kubeconfig_yaml;
@@ -146,19 +148,92 @@ fn one_file_in_release_namespace(kubeconfig: &str) -> String {
     )
 }
 
+/// A test's clusters: the provider serving Widgets (with its stand-in controller) and the
+/// consumer with a node.
+struct NodeSetup {
+    env: TestEnv,
+    consumer: Client,
+    provider: Client,
+    _controller: tokio::task::JoinHandle<()>,
+}
+
+impl NodeSetup {
+    async fn start(test: &str) -> Self {
+        let env = TestEnv::start_on_node(test).await.unwrap();
+        let consumer = env.cluster("consumer").admin_client().await.unwrap();
+        let provider = env.cluster("provider").admin_client().await.unwrap();
+        install_crd(&provider, &widget_crd()).await.unwrap();
+        let controller = run_provider_widget_controller(provider.clone());
+        Self {
+            env,
+            consumer,
+            provider,
+            _controller: controller,
+        }
+    }
+
+    fn consumer_cluster(&self) -> &Cluster {
+        self.env.cluster("consumer")
+    }
+
+    /// Applies the Secret (the provider as pods reach it), Connection and ClusterBinding, and
+    /// waits until the Connection is Ready and the Widget CRD served on the consumer.
+    async fn connect(&self) {
+        let provider = self.env.cluster("provider");
+        let server = self.env.provider_server_for_pods().unwrap();
+        let kubeconfig = kubeconfig_yaml(
+            "provider",
+            &server,
+            provider.ca_pem(),
+            provider.admin_token(),
+            None,
+        );
+        apply_manifest(&self.consumer, &one_file_in_release_namespace(&kubeconfig))
+            .await
+            .unwrap();
+        wait_condition(&self.consumer, "provider", "Ready", "True", None)
+            .await
+            .unwrap();
+        kbind_e2e::kbind::wait_established(&Api::all(self.consumer.clone()), "widgets.example.org")
+            .await
+            .unwrap();
+        kbind_e2e::cluster::ensure_namespace(&self.consumer, "default")
+            .await
+            .unwrap();
+    }
+
+    /// The Widget writes (not status) each side's API server has answered so far, by name.
+    fn widget_writes(&self, cluster: &str) -> BTreeMap<String, usize> {
+        let mut writes = BTreeMap::new();
+        for a in self.env.cluster(cluster).audited() {
+            if a.resource == "widgets"
+                && a.subresource.is_empty()
+                && matches!(a.verb.as_str(), "create" | "update" | "patch" | "delete")
+                && a.code < 300
+            {
+                *writes.entry(a.name).or_default() += 1;
+            }
+        }
+        writes
+    }
+}
+
+/// Pods of a chart component (`schema-manager`, `syncer`) that are not terminating.
+async fn component_pods(client: &Client, component: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), KBIND_NAMESPACE);
+    pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/component={component}")))
+        .await
+        .unwrap()
+        .items
+}
+
 #[tokio::test]
 async fn the_chart_installs_on_a_node_its_probes_pass_and_an_object_syncs_both_ways() {
-    let env = TestEnv::start_on_node("chart_on_node").await.unwrap();
-    let consumer_cluster = env.cluster("consumer");
-    let consumer = consumer_cluster.admin_client().await.unwrap();
-    let provider_cluster = env.cluster("provider");
-    let provider = provider_cluster.admin_client().await.unwrap();
-    install_crd(&provider, &widget_crd()).await.unwrap();
-    let _controller = run_provider_widget_controller(provider.clone());
-
-    install(consumer_cluster, &[]);
-    let mut pods = wait_available(&consumer, "kbind-schema-manager", 180).await;
-    pods.extend(wait_available(&consumer, "kbind-syncer", 180).await);
+    let setup = NodeSetup::start("chart_on_node").await;
+    let (consumer, provider) = (&setup.consumer, &setup.provider);
+    install(setup.consumer_cluster(), &[]);
+    let mut pods = wait_available(consumer, "kbind-schema-manager", 180).await;
+    pods.extend(wait_available(consumer, "kbind-syncer", 180).await);
     // Both Deployments at the chart's default replicas, every pod Ready by the kubelet's own
     // readiness probe (the chart defines it: no probe would make "ready" mean nothing).
     assert_eq!(pods.len(), 4, "two schema managers and two syncers");
@@ -177,30 +252,9 @@ async fn the_chart_installs_on_a_node_its_probes_pass_and_an_object_syncs_both_w
         }
     }
 
-    // The provider credential as a pod reaches it: the provider's address seen from the node.
-    let server = env.provider_server_for_pods().unwrap();
-    let kubeconfig = kubeconfig_yaml(
-        "provider",
-        &server,
-        provider_cluster.ca_pem(),
-        provider_cluster.admin_token(),
-        None,
-    );
-    apply_manifest(&consumer, &one_file_in_release_namespace(&kubeconfig))
-        .await
-        .unwrap();
-    wait_condition(&consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
-    kbind_e2e::kbind::wait_established(&Api::all(consumer.clone()), "widgets.example.org")
-        .await
-        .unwrap();
-
-    kbind_e2e::cluster::ensure_namespace(&consumer, "default")
-        .await
-        .unwrap();
-    create_widget_and_wait_upstream(&consumer, &provider, "default", "first", 3).await;
-    wait_status_down(&widgets(&consumer, "default"), "first", 3).await;
+    setup.connect().await;
+    create_widget_and_wait_upstream(consumer, provider, "default", "first", 3).await;
+    wait_status_down(&widgets(consumer, "default"), "first", 3).await;
 
     // Every pod's log, as `kubectl logs` reads it through the kubelet: kbind's JSON lines,
     // starting with the program's start-up line.
@@ -227,6 +281,168 @@ async fn the_chart_installs_on_a_node_its_probes_pass_and_an_object_syncs_both_w
                 .any(|l| l["fields"]["message"] == format!("{program} started")),
             "{}: its start-up line in:\n{log}",
             pod.name_any()
+        );
+    }
+}
+
+#[tokio::test]
+async fn helm_uninstall_keeps_crds_and_objects_and_a_reinstall_resumes_without_object_writes() {
+    let setup = NodeSetup::start("chart_uninstall").await;
+    let (consumer, provider) = (&setup.consumer, &setup.provider);
+    install(setup.consumer_cluster(), &[]);
+    wait_available(consumer, "kbind-schema-manager", 180).await;
+    wait_available(consumer, "kbind-syncer", 180).await;
+    setup.connect().await;
+    let names = ["one", "two", "three"];
+    for (size, name) in names.iter().enumerate() {
+        create_widget_and_wait_upstream(consumer, provider, "default", name, size as i64).await;
+    }
+    for (size, name) in names.iter().enumerate() {
+        wait_status_down(&widgets(consumer, "default"), name, size as i64).await;
+    }
+
+    helm(
+        setup.consumer_cluster(),
+        &["uninstall", RELEASE, "-n", KBIND_NAMESPACE, "--wait"],
+    );
+    wait_for("kbind's pods gone", 120, || async {
+        let left = component_pods(consumer, "schema-manager").await.len()
+            + component_pods(consumer, "syncer").await.len();
+        Ok((left == 0).then_some(()))
+    })
+    .await;
+    // Kept: the core CRDs (resource-policy keep), the pulled CRD, the user's objects on both
+    // sides, and the Connection and binding.
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(consumer.clone());
+    for crd in [
+        "connections.core.kbind.io",
+        "clusterbindings.core.kbind.io",
+        "bindings.core.kbind.io",
+        "widgets.example.org",
+    ] {
+        assert!(crds.get_opt(crd).await.unwrap().is_some(), "{crd} kept");
+    }
+    assert!(
+        Api::<kbind_shared::api::Connection>::all(consumer.clone())
+            .get_opt("provider")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    for name in names {
+        assert!(
+            widgets(consumer, "default")
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            widgets(provider, "default")
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+    let before = (
+        setup.widget_writes("consumer"),
+        setup.widget_writes("provider"),
+    );
+
+    install(setup.consumer_cluster(), &[]);
+    wait_available(consumer, "kbind-schema-manager", 180).await;
+    wait_available(consumer, "kbind-syncer", 180).await;
+    // Sync resumed (a new object goes up and its status comes down)…
+    create_widget_and_wait_upstream(consumer, provider, "default", "after", 7).await;
+    wait_status_down(&widgets(consumer, "default"), "after", 7).await;
+    // …and the objects it had synced before were not written again, on either side.
+    let after = (
+        setup.widget_writes("consumer"),
+        setup.widget_writes("provider"),
+    );
+    for name in names {
+        assert_eq!(
+            (before.0.get(name), before.1.get(name)),
+            (after.0.get(name), after.1.get(name)),
+            "{name}: writes (consumer, provider) before and after the reinstall"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_deleted_leader_pod_hands_over_within_the_lease_and_a_deleted_syncer_pod_loses_nothing() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let setup = NodeSetup::start("chart_pod_deletion").await;
+    let (consumer, provider) = (&setup.consumer, &setup.provider);
+    install(setup.consumer_cluster(), &[]);
+    wait_available(consumer, "kbind-schema-manager", 180).await;
+    wait_available(consumer, "kbind-syncer", 180).await;
+    setup.connect().await;
+    create_widget_and_wait_upstream(consumer, provider, "default", "before", 1).await;
+
+    let leases: Api<Lease> = Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
+    let holder = |lease: &Lease| {
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default()
+    };
+    let lease = leases.get("kbind-schema-manager").await.unwrap();
+    let leader = holder(&lease);
+    let duration = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .expect("the leader Lease has a duration");
+    let pods: Api<Pod> = Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
+    assert!(
+        pods.get_opt(&leader).await.unwrap().is_some(),
+        "the holder {leader} is a pod"
+    );
+    let deleted = std::time::Instant::now();
+    pods.delete(&leader, &Default::default()).await.unwrap();
+    let standby = wait_for("a standby leads", duration as u64 + 5, || async {
+        let current = holder(
+            &leases
+                .get("kbind-schema-manager")
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+        Ok((!current.is_empty() && current != leader).then_some(current))
+    })
+    .await;
+    let handover = deleted.elapsed();
+    assert!(
+        handover.as_secs() <= duration as u64,
+        "{standby} leads {handover:?} after {leader} was deleted; the lease lasts {duration}s"
+    );
+    // The new leader works: a new object syncs, and its status comes down.
+    create_widget_and_wait_upstream(consumer, provider, "default", "after-leader", 2).await;
+    wait_status_down(&widgets(consumer, "default"), "after-leader", 2).await;
+
+    // A syncer pod goes while objects are created; every object arrives anyway.
+    let victim = component_pods(consumer, "syncer").await[0].name_any();
+    pods.delete(&victim, &Default::default()).await.unwrap();
+    let names: Vec<String> = (0..10).map(|i| format!("churn-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        widgets(consumer, "default")
+            .create(&Default::default(), &widget(name, i as i64))
+            .await
+            .unwrap();
+    }
+    wait_available(consumer, "kbind-syncer", 180).await;
+    for (i, name) in names.iter().enumerate() {
+        wait_status_down(&widgets(consumer, "default"), name, i as i64).await;
+    }
+    let writes = setup.widget_writes("provider");
+    for name in &names {
+        assert_eq!(
+            writes.get(name),
+            Some(&1),
+            "{name}: one provider write, {writes:?}"
         );
     }
 }

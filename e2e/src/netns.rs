@@ -142,7 +142,7 @@ impl Netns {
 
 /// The runtime every forward runs on: one of its own, so that a test blocking its own runtime's
 /// thread (waiting for `helm`, say) never stalls the connections it is waiting on.
-fn forwards() -> &'static tokio::runtime::Handle {
+pub(crate) fn forwards() -> &'static tokio::runtime::Handle {
     static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
     RUNTIME
         .get_or_init(|| {
@@ -160,8 +160,8 @@ async fn pipe(mut a: TcpStream, mut b: TcpStream) {
     let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
 }
 
-/// A running forward; it stops accepting when dropped.
-pub struct Forwarding(JoinHandle<()>);
+/// A running forward (or another task of the node's); it stops when dropped.
+pub struct Forwarding(pub(crate) JoinHandle<()>);
 
 impl Drop for Forwarding {
     fn drop(&mut self) {

@@ -5,8 +5,9 @@
 //! - a **PID namespace**: every process of the node (containerd, its shims, the pods' containers)
 //!   is in it; killing its first process ends them all, also when the test process dies.
 //! - a **mount namespace** with shared propagation (the kubelet's volume mounts must reach the
-//!   containers) and private `tmpfs` over `/run`, `/var/lib` and `/var/log`, so that nothing the
-//!   node writes to its fixed paths lands on the machine; the machine's `/` stays as it is.
+//!   containers), a private `tmpfs` over `/run`, and the node's own directories over `/var/lib`
+//!   and `/var/log` (the pods' logs, kept with a failed test's), so that nothing the node writes
+//!   to its fixed paths lands on the machine; the machine's `/` stays as it is.
 //! - a **network namespace**: the CNI bridge (`10.244.0.0/24`) and the node's address
 //!   ([`NODE_IP`], on its loopback device) exist only there. The consumer's control plane runs in
 //!   it too (see [`crate::cluster::Cluster::start_on_node`]); the test reaches it through a
@@ -213,9 +214,17 @@ impl Node {
             components: Vec::new(),
             holder,
         };
+        // The node's fixed paths, its own: /run a tmpfs; /var/lib and /var/log directories of the
+        // node's (container logs stay readable after a failed test).
+        for kept in ["var-lib", "var-log"] {
+            std::fs::create_dir_all(dir.join(kept)).map_err(io)?;
+        }
         node.net.run(&format!(
             "ip link set lo up\nip addr add {NODE_IP}/32 dev lo\n\
-             for d in /run /var/lib /var/log; do mount -t tmpfs -o mode=755 kbind-node $d; done"
+             mount -t tmpfs -o mode=755 kbind-node /run\n\
+             mount --bind '{lib}' /var/lib\nmount --bind '{log}' /var/log",
+            lib = dir.join("var-lib").display(),
+            log = dir.join("var-log").display(),
         ))?;
         for hierarchy in cgroup_hierarchies() {
             std::fs::create_dir_all(hierarchy.join(&node.cgroup)).map_err(io)?;
@@ -384,13 +393,11 @@ authorization:
   mode: AlwaysAllow
 resolvConf: \"\"
 makeIPTablesUtilChains: false
-podLogsDirectory: {logs}
 evictionHard: {{}}
 imageGCHighThresholdPercent: 100
 ",
                 cgroup = self.cgroup,
                 healthz = free_port(),
-                logs = d("pod-logs"),
             ),
         )
         .map_err(io)?;
@@ -437,7 +444,81 @@ conntrack:
         );
         self.start_component("kube-proxy", proxy)?;
 
-        self.wait_ready(cluster, Duration::from_secs(120)).await
+        self.wait_ready(cluster, Duration::from_secs(120)).await?;
+        self.collect_logs(cluster.admin_kubeconfig());
+        Ok(())
+    }
+
+    /// Copies the log of every container that runs on the node to `<dir>/pod-logs/<namespace>_<pod>_<container>.log`
+    /// as it is written (the kubelet removes a deleted pod's logs: these stay for a failed test).
+    pub fn collect_logs(&mut self, kubeconfig: String) {
+        let dir = self.dir.join("pod-logs");
+        let task = crate::netns::forwards().spawn(async move {
+            use futures::{AsyncBufReadExt, StreamExt};
+            use kube::runtime::{WatchStreamExt, watcher};
+            let Ok(client) = crate::cluster::client_for(&kubeconfig).await else {
+                return;
+            };
+            let _ = std::fs::create_dir_all(&dir);
+            let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client.clone());
+            let mut followed = std::collections::BTreeSet::new();
+            let mut events =
+                std::pin::pin!(watcher(pods, watcher::Config::default()).applied_objects());
+            while let Some(event) = events.next().await {
+                let Ok(pod) = event else { continue };
+                let (Some(namespace), Some(name)) =
+                    (pod.metadata.namespace.clone(), pod.metadata.name.clone())
+                else {
+                    continue;
+                };
+                let statuses = pod
+                    .status
+                    .and_then(|s| s.container_statuses)
+                    .unwrap_or_default();
+                for status in statuses {
+                    let started = status
+                        .state
+                        .as_ref()
+                        .is_some_and(|s| s.running.is_some() || s.terminated.is_some());
+                    let key = (
+                        namespace.clone(),
+                        name.clone(),
+                        status.name.clone(),
+                        status.restart_count,
+                    );
+                    if !started || !followed.insert(key) {
+                        continue;
+                    }
+                    let api: Api<k8s_openapi::api::core::v1::Pod> =
+                        Api::namespaced(client.clone(), &namespace);
+                    let path = dir.join(format!("{namespace}_{name}_{}.log", status.name));
+                    let (name, container) = (name.clone(), status.name.clone());
+                    tokio::spawn(async move {
+                        let params = kube::api::LogParams {
+                            follow: true,
+                            container: Some(container),
+                            ..Default::default()
+                        };
+                        let Ok(stream) = api.log_stream(&name, &params).await else {
+                            return;
+                        };
+                        let Ok(mut file) = std::fs::File::options()
+                            .create(true)
+                            .append(true)
+                            .open(&path)
+                        else {
+                            return;
+                        };
+                        let mut lines = stream.lines();
+                        while let Some(Ok(line)) = lines.next().await {
+                            use std::io::Write;
+                            let _ = writeln!(file, "{line}");
+                        }
+                    });
+                }
+            }
+        });
+        self.forwards.push(Forwarding(task));
     }
 
     /// `ctr images import` of one OCI archive into the node's containerd.

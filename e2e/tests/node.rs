@@ -446,3 +446,88 @@ async fn a_deleted_leader_pod_hands_over_within_the_lease_and_a_deleted_syncer_p
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syncer_replicas_scale_one_three_one_under_churn_without_loss_or_double_writes() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let setup = NodeSetup::start("chart_scale").await;
+    let (consumer, provider) = (&setup.consumer, &setup.provider);
+    install(setup.consumer_cluster(), &["syncer.replicas=1"]);
+    wait_available(consumer, "kbind-schema-manager", 180).await;
+    wait_available(consumer, "kbind-syncer", 180).await;
+    setup.connect().await;
+
+    // Churn: 20 Widgets, each resized over and over while the syncer Deployment scales.
+    let names: Vec<String> = (0..20).map(|i| format!("churn-{i}")).collect();
+    for name in &names {
+        widgets(consumer, "default")
+            .create(&Default::default(), &widget(name, 0))
+            .await
+            .unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (consumer, names, stop) = (consumer.clone(), names.clone(), stop.clone());
+        tokio::spawn(async move {
+            let api = widgets(&consumer, "default");
+            // Changes made to each Widget (its creation included), and the last size.
+            let mut changes = vec![1usize; names.len()];
+            let mut round = 0i64;
+            while !stop.load(Ordering::SeqCst) {
+                round += 1;
+                for (i, name) in names.iter().enumerate() {
+                    let patch = serde_json::json!({ "spec": { "size": round } });
+                    api.patch(
+                        name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                    .unwrap();
+                    changes[i] += 1;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            (changes, round)
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    for replicas in [3, 1] {
+        let value = format!("syncer.replicas={replicas}");
+        let cluster = setup.consumer_cluster();
+        install(cluster, &[value.as_str()]);
+        let pods = wait_available(consumer, "kbind-syncer", 180).await;
+        assert_eq!(pods.len(), replicas);
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (changes, last) = churn.await.unwrap();
+    assert!(
+        last >= 5,
+        "the churn ran through both scalings ({last} rounds)"
+    );
+
+    // Nothing lost: every copy has the last size and its status came down…
+    for name in &names {
+        wait_for(&format!("{name} at size {last} upstream"), 60, || async {
+            let copy = widgets(provider, "default")
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((copy.data["spec"]["size"] == last).then_some(()))
+        })
+        .await;
+        wait_status_down(&widgets(consumer, "default"), name, last).await;
+    }
+    // …and no change was delivered twice (two replicas writing one object would be): at most one
+    // provider write per change made on the consumer.
+    let writes = setup.widget_writes("provider");
+    for (name, made) in names.iter().zip(&changes) {
+        let written = writes.get(name).copied().unwrap_or_default();
+        assert!(
+            (1..=*made).contains(&written),
+            "{name}: {written} provider writes for {made} changes"
+        );
+    }
+}

@@ -8,6 +8,7 @@
 //! deletion, or a re-list), so the map holds about as many objects as there are writes in flight.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use super::pending::Key;
 
@@ -66,9 +67,132 @@ impl Echoes {
     }
 }
 
+/// kbind's own provider writes (spec up) whose echo the provider cache has not shown yet: the same
+/// gap on the other side. A sync that starts in it — the echo of kbind's delivery record on the
+/// consumer, or another change, queued it — would find the copy's old spec in the cache and apply
+/// the same spec again: a second provider write for one change (seen under churn: about 1 in 150
+/// changes). Such a sync waits instead; the echo is a watch event, and it syncs the object again.
+///
+/// The provider cache keeps no resourceVersion (it would cost every cached copy), so an entry
+/// holds the version the write made: the watch event of that version marks it [`Self::saw`] as it
+/// passes on its way into the cache, and once the cache holds it the entry ends
+/// ([`Self::cached`]). A deletion or a re-list ends it too. A write that changed nothing makes no
+/// event, so an entry also lapses after [`ProviderEchoes::LAPSE`].
+#[derive(Debug, Default)]
+pub struct ProviderEchoes {
+    waiting: HashMap<Key, ProviderEcho>,
+}
+
+#[derive(Debug)]
+struct ProviderEcho {
+    version: Box<str>,
+    answered: Instant,
+    arrived: bool,
+}
+
+impl ProviderEchoes {
+    /// How long a write's echo is waited for at most.
+    pub const LAPSE: Duration = Duration::from_secs(2);
+
+    /// kbind wrote `key`'s provider copy at `answered`; the write made `version`.
+    pub fn wrote(&mut self, key: Key, version: Option<&str>, answered: Instant) {
+        if let Some(version) = version {
+            self.waiting.insert(
+                key,
+                ProviderEcho {
+                    version: version.into(),
+                    answered,
+                    arrived: false,
+                },
+            );
+        }
+    }
+
+    /// How much longer a sync of `key` waits at `now` for the echo to reach the cache (`None`: it
+    /// need not). A lapsed entry ends here.
+    pub fn waits(&mut self, key: &Key, now: Instant) -> Option<Duration> {
+        let echo = self.waiting.get(key)?;
+        let left = Self::LAPSE.checked_sub(now.saturating_duration_since(echo.answered));
+        if left.is_none_or(|left| left.is_zero()) {
+            self.waiting.remove(key);
+            return None;
+        }
+        left
+    }
+
+    /// A watch event showed `key` at `version`, on its way into the cache.
+    pub fn saw(&mut self, key: &Key, version: Option<&str>) {
+        if let Some(echo) = self.waiting.get_mut(key)
+            && version == Some(&*echo.version)
+        {
+            echo.arrived = true;
+        }
+    }
+
+    /// The cache holds the watch events seen so far of `key`: if the echo was one of them, the
+    /// wait is over.
+    pub fn cached(&mut self, key: &Key) {
+        if self.waiting.get(key).is_some_and(|e| e.arrived) {
+            self.waiting.remove(key);
+        }
+    }
+
+    /// `key`'s copy is gone from the provider.
+    pub fn forget(&mut self, key: &Key) {
+        self.waiting.remove(key);
+    }
+
+    /// A re-list replaced the cache: nothing in it is behind any more.
+    pub fn clear(&mut self) {
+        self.waiting = HashMap::new();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_provider_write_waits_until_its_echo_is_in_the_cache() {
+        let t0 = Instant::now();
+        let mut e = ProviderEchoes::default();
+        e.wrote(key("a"), Some("11"), t0);
+        assert_eq!(e.waits(&key("a"), t0), Some(ProviderEchoes::LAPSE));
+        assert_eq!(e.waits(&key("b"), t0), None, "another object");
+        // An older event on its way in is not the echo.
+        e.saw(&key("a"), Some("10"));
+        e.cached(&key("a"));
+        assert!(e.waits(&key("a"), t0).is_some());
+        // The echo passes on its way into the cache: still waiting until the cache holds it.
+        e.saw(&key("a"), Some("11"));
+        assert!(e.waits(&key("a"), t0).is_some());
+        e.cached(&key("a"));
+        assert_eq!(e.waits(&key("a"), t0), None);
+        assert!(e.waiting.is_empty());
+    }
+
+    #[test]
+    fn a_provider_write_without_an_echo_lapses_and_deletion_or_re_list_end_the_wait() {
+        let t0 = Instant::now();
+        let mut e = ProviderEchoes::default();
+        e.wrote(key("unchanged"), Some("5"), t0);
+        let half = t0 + ProviderEchoes::LAPSE / 2;
+        assert_eq!(
+            e.waits(&key("unchanged"), half),
+            Some(ProviderEchoes::LAPSE / 2)
+        );
+        assert_eq!(e.waits(&key("unchanged"), t0 + ProviderEchoes::LAPSE), None);
+        assert!(e.waiting.is_empty(), "a lapsed entry ends");
+        e.wrote(key("no-answer"), None, t0);
+        assert!(e.waiting.is_empty(), "no version, nothing to wait for");
+        e.wrote(key("a"), Some("1"), t0);
+        e.wrote(key("b"), Some("2"), t0);
+        e.forget(&key("a"));
+        assert_eq!(e.waits(&key("a"), t0), None);
+        assert!(e.waits(&key("b"), t0).is_some());
+        e.clear();
+        assert_eq!(e.waits(&key("b"), t0), None);
+    }
 
     fn key(name: &str) -> Key {
         (Some("ns".to_owned()), name.to_owned())

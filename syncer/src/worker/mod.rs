@@ -111,6 +111,8 @@ struct Worker {
     listed: Mutex<Listed>,
     /// kbind's consumer writes the cache does not show yet.
     echoes: Mutex<echoes::Echoes>,
+    /// kbind's provider writes the provider cache does not show yet.
+    provider_echoes: Arc<Mutex<echoes::ProviderEchoes>>,
 }
 
 /// A side of the sync.
@@ -171,6 +173,8 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     let seen_resource = resource.clone();
     let local_uid = spec.local_uid.clone();
     let max_status_bytes = ctx.limits.max_status_bytes;
+    let provider_echoes = Arc::new(Mutex::new(echoes::ProviderEchoes::default()));
+    let seen_echoes = provider_echoes.clone();
     // A change is recorded as waiting before the cache shows it, so that a sync that sees it in
     // the cache also finds when it was first seen.
     let provider_events = reflector::reflector(
@@ -180,6 +184,9 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
             .inspect(move |event| {
                 // (A re-list's objects are compared once it is complete, below.)
                 if let Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) = event {
+                    seen_echoes
+                        .locked()
+                        .saw(&pending_key(o), o.metadata.resource_version.as_deref());
                     let mut reference = ObjectRef::new_with(&o.name_any(), seen_resource.clone());
                     if let Some(namespace) = o.namespace() {
                         reference = reference.within(&namespace);
@@ -218,6 +225,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         pending: pending.clone(),
         listed: Mutex::default(),
         echoes: Mutex::default(),
+        provider_echoes,
     });
     let (trigger, provider_triggers) = futures::channel::mpsc::unbounded();
     let trigger_resource = resource.clone();
@@ -226,10 +234,27 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         let mut events = std::pin::pin!(provider_events);
         while let Some(event) = events.next().await {
             let object = match event {
-                Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => o,
+                // The cache holds the event now: a write's echo among those seen ends its wait.
+                Ok(watcher::Event::Apply(o)) => {
+                    let key = (
+                        o.namespace.as_deref().map(str::to_owned),
+                        o.name.to_string(),
+                    );
+                    relisted.provider_echoes.locked().cached(&key);
+                    o
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    let key = (
+                        o.namespace.as_deref().map(str::to_owned),
+                        o.name.to_string(),
+                    );
+                    relisted.provider_echoes.locked().forget(&key);
+                    o
+                }
                 // A (re-)list is complete and the cache holds it: only the consumer objects it
                 // leaves with work to do are synced, not every object again.
                 Ok(watcher::Event::InitDone) => {
+                    relisted.provider_echoes.locked().clear();
                     if !relisted.listed(Side::Provider) {
                         continue;
                     }
@@ -905,6 +930,17 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
         tracing::trace!(object = %name, "the cache does not show kbind's last write yet");
         gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
         return Ok(Action::await_change());
+    }
+    let provider_wait = worker
+        .provider_echoes
+        .locked()
+        .waits(&waiting, std::time::Instant::now());
+    if let Some(wait) = provider_wait {
+        // The same on the provider side: the echo of kbind's spec-up syncs it again, or, if the
+        // write changed nothing (no echo), the wait lapses.
+        tracing::trace!(object = %name, "the provider cache does not show kbind's last write yet");
+        gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
+        return Ok(Action::requeue(wait));
     }
     let seen = worker.pending.locked().take(&waiting);
     let result = sync::sync(object, worker.clone(), seen).await;

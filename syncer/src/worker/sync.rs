@@ -155,6 +155,11 @@ pub(super) async fn sync(
                     }
                 }
                 delivered_at = delivery::applied_at(&applied.metadata);
+                worker.provider_echoes.locked().wrote(
+                    super::pending_key(object.as_ref()),
+                    applied.metadata.resource_version.as_deref(),
+                    std::time::Instant::now(),
+                );
                 worker.pending.locked().spec_applied(
                     super::pending_key(object.as_ref()),
                     std::time::Instant::now(),

@@ -74,45 +74,68 @@ impl Echoes {
 /// changes). Such a sync waits instead; the echo is a watch event, and it syncs the object again.
 ///
 /// The provider cache keeps no resourceVersion (it would cost every cached copy), so an entry
-/// holds the version the write made: the watch event of that version marks it [`Self::saw`] as it
-/// passes on its way into the cache, and once the cache holds it the entry ends
-/// ([`Self::cached`]). A deletion or a re-list ends it too. A write that changed nothing makes no
-/// event, so an entry also lapses after [`ProviderEchoes::LAPSE`].
+/// lives from just before the write ([`Self::writing`]) and collects the versions the watch shows
+/// of the object on their way into the cache ([`Self::saw`]) and how many of them the cache holds
+/// ([`Self::cached`]) — the echo may arrive before the write's answer does. The wait ends once the
+/// cache holds the version the write made; a deletion or a re-list ends it too. A write that
+/// changed nothing makes no event, so an entry also lapses after [`ProviderEchoes::LAPSE`].
 #[derive(Debug, Default)]
 pub struct ProviderEchoes {
     waiting: HashMap<Key, ProviderEcho>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct ProviderEcho {
-    version: Box<str>,
-    answered: Instant,
-    arrived: bool,
+    /// The version the write made, once answered, and when.
+    made: Option<(Box<str>, Instant)>,
+    /// Versions the watch showed since the write started, oldest first (a few at most).
+    passed: Vec<Box<str>>,
+    /// How many of `passed` the cache holds.
+    cached: usize,
+}
+
+impl ProviderEcho {
+    /// Whether the cache holds the version the write made.
+    fn in_cache(&self) -> bool {
+        self.made
+            .as_ref()
+            .is_some_and(|(made, _)| self.passed[..self.cached].contains(made))
+    }
 }
 
 impl ProviderEchoes {
     /// How long a write's echo is waited for at most.
     pub const LAPSE: Duration = Duration::from_secs(2);
+    /// Versions remembered per write in flight (a busy object's events beyond are not its echo's
+    /// business: the wait then lapses).
+    const PASSED: usize = 16;
 
-    /// kbind wrote `key`'s provider copy at `answered`; the write made `version`.
-    pub fn wrote(&mut self, key: Key, version: Option<&str>, answered: Instant) {
-        if let Some(version) = version {
-            self.waiting.insert(
-                key,
-                ProviderEcho {
-                    version: version.into(),
-                    answered,
-                    arrived: false,
-                },
-            );
+    /// kbind is about to write `key`'s provider copy.
+    pub fn writing(&mut self, key: Key) {
+        self.waiting.insert(key, ProviderEcho::default());
+    }
+
+    /// The write of `key` was answered at `answered` with `version` (`None`: it failed, or made
+    /// no version to wait for).
+    pub fn wrote(&mut self, key: &Key, version: Option<&str>, answered: Instant) {
+        let Some(version) = version else {
+            self.waiting.remove(key);
+            return;
+        };
+        // No entry: a re-list replaced the cache meanwhile, and nothing is waited for.
+        if let Some(echo) = self.waiting.get_mut(key) {
+            echo.made = Some((version.into(), answered));
+            if echo.in_cache() {
+                self.waiting.remove(key);
+            }
         }
     }
 
     /// How much longer a sync of `key` waits at `now` for the echo to reach the cache (`None`: it
     /// need not). A lapsed entry ends here.
     pub fn waits(&mut self, key: &Key, now: Instant) -> Option<Duration> {
-        let echo = self.waiting.get(key)?;
-        let left = Self::LAPSE.checked_sub(now.saturating_duration_since(echo.answered));
+        let (_, answered) = self.waiting.get(key)?.made.as_ref()?;
+        let left = Self::LAPSE.checked_sub(now.saturating_duration_since(*answered));
         if left.is_none_or(|left| left.is_zero()) {
             self.waiting.remove(key);
             return None;
@@ -122,18 +145,20 @@ impl ProviderEchoes {
 
     /// A watch event showed `key` at `version`, on its way into the cache.
     pub fn saw(&mut self, key: &Key, version: Option<&str>) {
-        if let Some(echo) = self.waiting.get_mut(key)
-            && version == Some(&*echo.version)
+        if let (Some(echo), Some(version)) = (self.waiting.get_mut(key), version)
+            && echo.passed.len() < Self::PASSED
         {
-            echo.arrived = true;
+            echo.passed.push(version.into());
         }
     }
 
-    /// The cache holds the watch events seen so far of `key`: if the echo was one of them, the
-    /// wait is over.
+    /// The cache holds the next watch event of `key` that [`Self::saw`] saw.
     pub fn cached(&mut self, key: &Key) {
-        if self.waiting.get(key).is_some_and(|e| e.arrived) {
-            self.waiting.remove(key);
+        if let Some(echo) = self.waiting.get_mut(key) {
+            echo.cached = (echo.cached + 1).min(echo.passed.len());
+            if echo.in_cache() {
+                self.waiting.remove(key);
+            }
         }
     }
 
@@ -152,17 +177,26 @@ impl ProviderEchoes {
 mod tests {
     use super::*;
 
+    fn key(name: &str) -> Key {
+        (Some("ns".to_owned()), name.to_owned())
+    }
+
     #[test]
     fn a_provider_write_waits_until_its_echo_is_in_the_cache() {
         let t0 = Instant::now();
         let mut e = ProviderEchoes::default();
-        e.wrote(key("a"), Some("11"), t0);
-        assert_eq!(e.waits(&key("a"), t0), Some(ProviderEchoes::LAPSE));
-        assert_eq!(e.waits(&key("b"), t0), None, "another object");
-        // An older event on its way in is not the echo.
+        e.writing(key("a"));
+        assert_eq!(
+            e.waits(&key("a"), t0),
+            None,
+            "nothing to wait for before the answer"
+        );
+        // An older event passes into the cache while the write is in flight.
         e.saw(&key("a"), Some("10"));
         e.cached(&key("a"));
-        assert!(e.waits(&key("a"), t0).is_some());
+        e.wrote(&key("a"), Some("11"), t0);
+        assert_eq!(e.waits(&key("a"), t0), Some(ProviderEchoes::LAPSE));
+        assert_eq!(e.waits(&key("b"), t0), None, "another object");
         // The echo passes on its way into the cache: still waiting until the cache holds it.
         e.saw(&key("a"), Some("11"));
         assert!(e.waits(&key("a"), t0).is_some());
@@ -172,10 +206,31 @@ mod tests {
     }
 
     #[test]
-    fn a_provider_write_without_an_echo_lapses_and_deletion_or_re_list_end_the_wait() {
+    fn an_echo_that_arrives_before_the_answer_ends_the_wait_at_the_answer() {
         let t0 = Instant::now();
         let mut e = ProviderEchoes::default();
-        e.wrote(key("unchanged"), Some("5"), t0);
+        // Seen and cached before the answer: nothing to wait for after it.
+        e.writing(key("a"));
+        e.saw(&key("a"), Some("11"));
+        e.cached(&key("a"));
+        e.wrote(&key("a"), Some("11"), t0);
+        assert_eq!(e.waits(&key("a"), t0), None);
+        assert!(e.waiting.is_empty());
+        // Seen but not cached yet at the answer: waits for the cache.
+        e.writing(key("b"));
+        e.saw(&key("b"), Some("21"));
+        e.wrote(&key("b"), Some("21"), t0);
+        assert!(e.waits(&key("b"), t0).is_some());
+        e.cached(&key("b"));
+        assert_eq!(e.waits(&key("b"), t0), None);
+    }
+
+    #[test]
+    fn a_provider_write_without_an_echo_lapses_and_failure_deletion_or_re_list_end_the_wait() {
+        let t0 = Instant::now();
+        let mut e = ProviderEchoes::default();
+        e.writing(key("unchanged"));
+        e.wrote(&key("unchanged"), Some("5"), t0);
         let half = t0 + ProviderEchoes::LAPSE / 2;
         assert_eq!(
             e.waits(&key("unchanged"), half),
@@ -183,10 +238,18 @@ mod tests {
         );
         assert_eq!(e.waits(&key("unchanged"), t0 + ProviderEchoes::LAPSE), None);
         assert!(e.waiting.is_empty(), "a lapsed entry ends");
-        e.wrote(key("no-answer"), None, t0);
-        assert!(e.waiting.is_empty(), "no version, nothing to wait for");
-        e.wrote(key("a"), Some("1"), t0);
-        e.wrote(key("b"), Some("2"), t0);
+        e.writing(key("failed"));
+        e.wrote(&key("failed"), None, t0);
+        assert!(e.waiting.is_empty(), "a failed write waits for nothing");
+        e.wrote(&key("relisted"), Some("9"), t0);
+        assert!(
+            e.waiting.is_empty(),
+            "an answer after a re-list waits for nothing"
+        );
+        for k in ["a", "b"] {
+            e.writing(key(k));
+            e.wrote(&key(k), Some("1"), t0);
+        }
         e.forget(&key("a"));
         assert_eq!(e.waits(&key("a"), t0), None);
         assert!(e.waits(&key("b"), t0).is_some());
@@ -194,8 +257,20 @@ mod tests {
         assert_eq!(e.waits(&key("b"), t0), None);
     }
 
-    fn key(name: &str) -> Key {
-        (Some("ns".to_owned()), name.to_owned())
+    #[test]
+    fn a_busy_object_remembers_a_bounded_number_of_versions() {
+        let t0 = Instant::now();
+        let mut e = ProviderEchoes::default();
+        e.writing(key("busy"));
+        for v in 0..100 {
+            e.saw(&key("busy"), Some(&v.to_string()));
+        }
+        assert_eq!(e.waiting[&key("busy")].passed.len(), ProviderEchoes::PASSED);
+        e.wrote(&key("busy"), Some("99"), t0);
+        assert!(
+            e.waits(&key("busy"), t0).is_some(),
+            "waits, until the lapse at most"
+        );
     }
 
     #[test]

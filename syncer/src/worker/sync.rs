@@ -120,6 +120,10 @@ pub(super) async fn sync(
             kbind_shared::apply::create_only(&mut body);
         }
         worker.fence()?;
+        worker
+            .provider_echoes
+            .locked()
+            .writing(super::pending_key(object.as_ref()));
         let applied = worker
             .provider_api(namespace.as_deref())
             .patch(
@@ -128,6 +132,13 @@ pub(super) async fn sync(
                 &Patch::Apply(&body),
             )
             .await;
+        if applied.is_err() {
+            worker.provider_echoes.locked().wrote(
+                &super::pending_key(object.as_ref()),
+                None,
+                std::time::Instant::now(),
+            );
+        }
         match applied {
             Ok(applied) => {
                 worker.count("spec_up", "ok");
@@ -156,7 +167,7 @@ pub(super) async fn sync(
                 }
                 delivered_at = delivery::applied_at(&applied.metadata);
                 worker.provider_echoes.locked().wrote(
-                    super::pending_key(object.as_ref()),
+                    &super::pending_key(object.as_ref()),
                     applied.metadata.resource_version.as_deref(),
                     std::time::Instant::now(),
                 );

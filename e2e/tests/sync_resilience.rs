@@ -712,7 +712,7 @@ async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_acce
 
     // #33.9: `kbind_reconcile_errors_total{controller="connection"}` against what the provider's
     // API server answered: a reconcile fails for `provider` only after a request of it was
-    // denied, and never for `consumer`.
+    // denied, and for `consumer` only when the consumer refused a request.
     let errors = |reason: &'static str| {
         let manager = &s.manager;
         async move {
@@ -765,10 +765,20 @@ async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_acce
         failed >= 1.0 && failed <= refused,
         "{failed} failed Connection reconciles for {refused} requests the provider denied"
     );
+    // The revocation fails nothing on the consumer: a `consumer` count is only ever a request
+    // the consumer's API server refused (under load, a Connection status write that raced
+    // another — a 409, retried at once — can be one; it is counted, as the audit log shows it).
+    let refused_on_consumer = s
+        .env
+        .cluster("consumer")
+        .audited()
+        .iter()
+        .filter(|r| r.resource == "connections" && r.code >= 400)
+        .count() as f64;
     assert_eq!(
         errors("consumer").await,
-        0.0,
-        "nothing failed on the consumer"
+        refused_on_consumer,
+        "consumer failures are exactly the consumer's refusals of Connection writes"
     );
 
     let mut role = ClusterRole::default();

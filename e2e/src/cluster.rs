@@ -14,8 +14,7 @@ use kube::{Api, Client};
 use rand::Rng;
 
 use crate::controlplane::Binaries;
-use crate::netns::{Forwarding, Netns};
-use crate::node::{NODE_IP, NodeNet};
+use crate::netns::{Forwarding, NODE_IP, Netns, NodeNet};
 use crate::process::ChildProcess;
 
 /// Namespace holding the ServiceAccounts behind [`Cluster::mint_user`].

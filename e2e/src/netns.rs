@@ -4,7 +4,8 @@
 //! between the two without any address outside 127.0.0.0/8 on the machine.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -166,5 +167,79 @@ pub struct Forwarding(pub(crate) JoinHandle<()>);
 impl Drop for Forwarding {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// The node's address, inside its network namespace only: its `InternalIP`, where its kubelet
+/// serves, where the consumer's API server is advertised (the `kubernetes` Service's endpoint),
+/// and where pods reach forwards out of the node.
+pub const NODE_IP: &str = "10.100.0.1";
+
+/// The node's namespaces, as other processes join them.
+#[derive(Clone)]
+pub struct NodeNet {
+    /// The PID of the node's first process, whose namespaces others join.
+    pid: u32,
+    netns: Netns,
+}
+
+impl NodeNet {
+    /// The namespaces of process `pid`, with `netns` opened in its network namespace.
+    pub(crate) fn new(pid: u32, netns: Netns) -> Self {
+        Self { pid, netns }
+    }
+
+    /// The PID of the node's first process.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Opens sockets in the node's network namespace.
+    pub fn netns(&self) -> &Netns {
+        &self.netns
+    }
+
+    /// `nsenter` running `program args…` in the node's network namespace only; nsenter executes
+    /// it in place, so the process started is the program itself.
+    pub fn net_command(&self, program: &Path, args: &[String]) -> (PathBuf, Vec<String>) {
+        self.command(&["--net"], program, args)
+    }
+
+    /// `nsenter` running `program args…` in all of the node's namespaces (PID, mount, network):
+    /// nsenter forks it, and it ends when the node does.
+    pub(crate) fn node_command(&self, program: &Path, args: &[String]) -> (PathBuf, Vec<String>) {
+        self.command(&["--pid", "--mount", "--net"], program, args)
+    }
+
+    fn command(&self, spaces: &[&str], program: &Path, args: &[String]) -> (PathBuf, Vec<String>) {
+        let mut all = vec!["-t".to_owned(), self.pid.to_string()];
+        all.extend(spaces.iter().map(|s| (*s).to_owned()));
+        all.push("--".into());
+        all.push(program.display().to_string());
+        all.extend_from_slice(args);
+        (PathBuf::from("nsenter"), all)
+    }
+
+    /// Runs a short command in the node's mount and network namespaces; its error output on
+    /// failure.
+    pub(crate) fn run(&self, script: &str) -> Result<(), String> {
+        let (program, args) = self.command(
+            &["--mount", "--net"],
+            Path::new("sh"),
+            &["-ec".into(), script.into()],
+        );
+        let output = Command::new(program)
+            .args(args)
+            .output()
+            .map_err(|e| format!("nsenter: {e}"))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "in the node: `{script}` failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))
+        }
     }
 }

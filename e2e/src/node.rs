@@ -16,7 +16,6 @@
 //!   `cgroupRoot`, removed at the end.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node as NodeObject;
@@ -24,78 +23,16 @@ use kube::Api;
 
 use crate::cluster::{Cluster, free_port};
 use crate::controlplane::Binaries;
-use crate::netns::{Forwarding, Netns};
+pub use crate::netns::NODE_IP;
+use crate::netns::{Forwarding, Netns, NodeNet};
 use crate::process::ChildProcess;
 
-/// The node's address, inside its network namespace only: its `InternalIP`, where its kubelet
-/// serves, where the consumer's API server is advertised (the `kubernetes` Service's endpoint),
-/// and where pods reach forwards out of the node.
-pub const NODE_IP: &str = "10.100.0.1";
 /// The node's name.
 pub const NODE_NAME: &str = "kbind-node";
 /// The pods' network (the CNI bridge's range).
 const POD_CIDR: &str = "10.244.0.0/24";
 /// The pod sandbox image's reference in the node's containerd.
 const PAUSE_IMAGE: &str = "localhost/kbind-e2e/pause:1";
-
-/// The node's namespaces, as other processes join them.
-#[derive(Clone)]
-pub struct NodeNet {
-    /// The PID of the node's first process, whose namespaces others join.
-    pid: u32,
-    netns: Netns,
-}
-
-impl NodeNet {
-    /// Opens sockets in the node's network namespace.
-    pub fn netns(&self) -> &Netns {
-        &self.netns
-    }
-
-    /// `nsenter` running `program args…` in the node's network namespace only; nsenter executes
-    /// it in place, so the process started is the program itself.
-    pub fn net_command(&self, program: &Path, args: &[String]) -> (PathBuf, Vec<String>) {
-        self.command(&["--net"], program, args)
-    }
-
-    /// `nsenter` running `program args…` in all of the node's namespaces (PID, mount, network):
-    /// nsenter forks it, and it ends when the node does.
-    fn node_command(&self, program: &Path, args: &[String]) -> (PathBuf, Vec<String>) {
-        self.command(&["--pid", "--mount", "--net"], program, args)
-    }
-
-    fn command(&self, spaces: &[&str], program: &Path, args: &[String]) -> (PathBuf, Vec<String>) {
-        let mut all = vec!["-t".to_owned(), self.pid.to_string()];
-        all.extend(spaces.iter().map(|s| (*s).to_owned()));
-        all.push("--".into());
-        all.push(program.display().to_string());
-        all.extend_from_slice(args);
-        (PathBuf::from("nsenter"), all)
-    }
-
-    /// Runs a short command in the node's mount and network namespaces; its error output on
-    /// failure.
-    fn run(&self, script: &str) -> Result<(), String> {
-        let (program, args) = self.command(
-            &["--mount", "--net"],
-            Path::new("sh"),
-            &["-ec".into(), script.into()],
-        );
-        let output = Command::new(program)
-            .args(args)
-            .output()
-            .map_err(|e| format!("nsenter: {e}"))?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "in the node: `{script}` failed ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ))
-        }
-    }
-}
 
 /// A running node. Dropping it ends every process in it, its pods' included, and removes its
 /// cgroups.
@@ -208,7 +145,7 @@ impl Node {
         );
         let node = Self {
             dir: dir.to_path_buf(),
-            net: NodeNet { pid, netns },
+            net: NodeNet::new(pid, netns),
             cgroup,
             forwards: Vec::new(),
             components: Vec::new(),
@@ -244,7 +181,7 @@ impl Node {
         let at = format!("{NODE_IP}:{port}");
         let forwarding = self
             .net
-            .netns
+            .netns()
             .forward_out(
                 at.parse().map_err(|e| format!("{at}: {e}"))?,
                 ([127, 0, 0, 1], port).into(),
@@ -591,7 +528,7 @@ impl Drop for Node {
         // The node's first process ends, and with it every process of its PID namespace.
         self.holder.kill();
         let gone = Instant::now() + Duration::from_secs(10);
-        while Path::new(&format!("/proc/{}", self.net.pid)).exists() && Instant::now() < gone {
+        while Path::new(&format!("/proc/{}", self.net.pid())).exists() && Instant::now() < gone {
             std::thread::sleep(Duration::from_millis(50));
         }
         for hierarchy in cgroup_hierarchies() {

@@ -176,6 +176,15 @@ impl NodeSetup {
         self.env.cluster("consumer")
     }
 
+    /// `helm upgrade --install` with `extra` values, then waits until both Deployments are
+    /// Available; returns their pods (schema managers first).
+    async fn install_available(&self, extra: &[&str]) -> Vec<Pod> {
+        install(self.consumer_cluster(), extra);
+        let mut pods = wait_available(&self.consumer, "kbind-schema-manager", 180).await;
+        pods.extend(wait_available(&self.consumer, "kbind-syncer", 180).await);
+        pods
+    }
+
     /// Applies the Secret (the provider as pods reach it), Connection and ClusterBinding, and
     /// waits until the Connection is Ready and the Widget CRD served on the consumer.
     async fn connect(&self) {
@@ -231,9 +240,7 @@ async fn component_pods(client: &Client, component: &str) -> Vec<Pod> {
 async fn the_chart_installs_on_a_node_its_probes_pass_and_an_object_syncs_both_ways() {
     let setup = NodeSetup::start("chart_on_node").await;
     let (consumer, provider) = (&setup.consumer, &setup.provider);
-    install(setup.consumer_cluster(), &[]);
-    let mut pods = wait_available(consumer, "kbind-schema-manager", 180).await;
-    pods.extend(wait_available(consumer, "kbind-syncer", 180).await);
+    let pods = setup.install_available(&[]).await;
     // Both Deployments at the chart's default replicas, every pod Ready by the kubelet's own
     // readiness probe (the chart defines it: no probe would make "ready" mean nothing).
     assert_eq!(pods.len(), 4, "two schema managers and two syncers");
@@ -289,9 +296,7 @@ async fn the_chart_installs_on_a_node_its_probes_pass_and_an_object_syncs_both_w
 async fn helm_uninstall_keeps_crds_and_objects_and_a_reinstall_resumes_without_object_writes() {
     let setup = NodeSetup::start("chart_uninstall").await;
     let (consumer, provider) = (&setup.consumer, &setup.provider);
-    install(setup.consumer_cluster(), &[]);
-    wait_available(consumer, "kbind-schema-manager", 180).await;
-    wait_available(consumer, "kbind-syncer", 180).await;
+    setup.install_available(&[]).await;
     setup.connect().await;
     let names = ["one", "two", "three"];
     for (size, name) in names.iter().enumerate() {
@@ -351,9 +356,7 @@ async fn helm_uninstall_keeps_crds_and_objects_and_a_reinstall_resumes_without_o
         setup.widget_writes("provider"),
     );
 
-    install(setup.consumer_cluster(), &[]);
-    wait_available(consumer, "kbind-schema-manager", 180).await;
-    wait_available(consumer, "kbind-syncer", 180).await;
+    setup.install_available(&[]).await;
     // Sync resumed (a new object goes up and its status comes down)…
     create_widget_and_wait_upstream(consumer, provider, "default", "after", 7).await;
     wait_status_down(&widgets(consumer, "default"), "after", 7).await;
@@ -376,9 +379,7 @@ async fn a_deleted_leader_pod_hands_over_within_the_lease_and_a_deleted_syncer_p
     use k8s_openapi::api::coordination::v1::Lease;
     let setup = NodeSetup::start("chart_pod_deletion").await;
     let (consumer, provider) = (&setup.consumer, &setup.provider);
-    install(setup.consumer_cluster(), &[]);
-    wait_available(consumer, "kbind-schema-manager", 180).await;
-    wait_available(consumer, "kbind-syncer", 180).await;
+    setup.install_available(&[]).await;
     setup.connect().await;
     create_widget_and_wait_upstream(consumer, provider, "default", "before", 1).await;
 
@@ -453,9 +454,7 @@ async fn syncer_replicas_scale_one_three_one_under_churn_without_loss_or_double_
     use std::sync::atomic::{AtomicBool, Ordering};
     let setup = NodeSetup::start("chart_scale").await;
     let (consumer, provider) = (&setup.consumer, &setup.provider);
-    install(setup.consumer_cluster(), &["syncer.replicas=1"]);
-    wait_available(consumer, "kbind-schema-manager", 180).await;
-    wait_available(consumer, "kbind-syncer", 180).await;
+    setup.install_available(&["syncer.replicas=1"]).await;
     setup.connect().await;
 
     // Churn: 20 Widgets, each resized over and over while the syncer Deployment scales.

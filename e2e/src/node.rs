@@ -33,6 +33,8 @@ pub const NODE_NAME: &str = "kbind-node";
 const POD_CIDR: &str = "10.244.0.0/24";
 /// The pod sandbox image's reference in the node's containerd.
 const PAUSE_IMAGE: &str = "localhost/kbind-e2e/pause:1";
+/// containerd's state directory inside the node (its /run, a tmpfs of its own).
+const CONTAINERD_STATE: &str = "/run/containerd";
 
 /// A running node. Dropping it ends every process in it, its pods' included, and removes its
 /// cgroups.
@@ -231,7 +233,11 @@ impl Node {
         );
         self.start_component("kube-scheduler", scheduler)?;
 
-        let socket = d("containerd/containerd.sock");
+        // Unix sockets live at the node's own short paths (its /run, its /var/lib): a socket path
+        // may not exceed 104 bytes, and a test directory's path is as long as the checkout's.
+        let socket = format!("{CONTAINERD_STATE}/containerd.sock");
+        // The same socket as the machine sees it, for the checks and `ctr` run from here.
+        let socket_here = format!("/proc/{}/root{socket}", self.net.pid());
         std::fs::create_dir_all(self.dir.join("cni")).map_err(io)?;
         std::fs::write(
             self.dir.join("cni/10-kbind.conflist"),
@@ -277,9 +283,9 @@ state = "{state}"
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}"
 "#,
-            root = d("containerd/root"),
-            state = d("containerd/state"),
-            opt = d("containerd/opt"),
+            root = "/var/lib/containerd",
+            state = CONTAINERD_STATE,
+            opt = "/var/lib/containerd-opt",
             cni = d("cni"),
         );
         std::fs::create_dir_all(self.dir.join("containerd")).map_err(io)?;
@@ -290,7 +296,7 @@ state = "{state}"
         );
         self.start_component("containerd", containerd)?;
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !Path::new(&socket).exists() {
+        while !Path::new(&socket_here).exists() {
             if Instant::now() >= deadline {
                 let tail = self
                     .component("containerd")
@@ -302,7 +308,7 @@ state = "{state}"
         }
         let pause = crate::images::pause_archive(&binaries.pause, PAUSE_IMAGE)?;
         for archive in std::iter::once(&pause).chain(images) {
-            self.import(&socket, archive).await?;
+            self.import(&socket_here, archive).await?;
         }
 
         std::fs::write(
@@ -343,7 +349,7 @@ imageGCHighThresholdPercent: 100
             &[
                 format!("--config={}", d("kubelet.yaml")),
                 format!("--kubeconfig={kubeconfig}"),
-                format!("--root-dir={}", d("kubelet")),
+                "--root-dir=/var/lib/kubelet".into(),
                 format!("--node-ip={NODE_IP}"),
                 format!("--hostname-override={NODE_NAME}"),
             ],

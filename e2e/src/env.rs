@@ -128,6 +128,12 @@ impl TestEnv {
     /// with containerd and runc, and kbind's images (`scripts/images`) are loaded into its
     /// containerd. Pods reach the provider at [`TestEnv::provider_server_for_pods`].
     pub async fn start_on_node(test: &str) -> Result<Self, String> {
+        Self::start_on_node_with(test, false).await
+    }
+
+    /// [`TestEnv::start_on_node`]; with `previous`, the node also holds the previous version's
+    /// images ([`crate::images::previous`]).
+    pub async fn start_on_node_with(test: &str, previous: bool) -> Result<Self, String> {
         // The provider's serving certificate also names the node's address, where pods reach it.
         let advertise = format!("--advertise-address={NODE_IP}");
         let mut env =
@@ -136,9 +142,15 @@ impl TestEnv {
         let binaries = tokio::task::spawn_blocking(controlplane::binaries)
             .await
             .map_err(|e| e.to_string())??;
-        let images = tokio::task::spawn_blocking(crate::images::archives)
-            .await
-            .map_err(|e| e.to_string())??;
+        let images = tokio::task::spawn_blocking(move || {
+            let mut archives = crate::images::archives()?;
+            if previous {
+                archives.extend(crate::images::previous_archives()?);
+            }
+            Ok::<_, String>(archives)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
         let provider_port = env.provider_port()?;
         let dir = env.dir.clone();
         let started = async {

@@ -41,34 +41,65 @@ pub fn buildah(args: &[&str]) -> Result<String, String> {
 /// (a no-op rebuild takes about a second).
 pub fn built() -> Result<Vec<String>, String> {
     static BUILT: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let script = repository_root().join("scripts/images");
-            let output = Command::new(&script)
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-            if !output.status.success() {
-                return Err(format!("{} failed ({})", script.display(), output.status));
-            }
-            Ok(String::from_utf8_lossy(&output.stdout)
-                .lines()
-                .map(str::to_owned)
-                .collect())
-        })
+    BUILT.get_or_init(|| run_images_script(&[])).clone()
+}
+
+/// The images of the chart upgrade test's previous version (`scripts/images --previous`: the
+/// binaries `e2e/tools/build-previous.sh chart` builds once and caches), in the same order.
+pub fn previous() -> Result<Vec<String>, String> {
+    static PREVIOUS: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
+    PREVIOUS
+        .get_or_init(|| run_images_script(&["--previous"]))
         .clone()
+}
+
+/// Runs `scripts/images <args>`; the references it prints.
+fn run_images_script(args: &[&str]) -> Result<Vec<String>, String> {
+    let script = repository_root().join("scripts/images");
+    let output = Command::new(&script)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{} {} failed ({})",
+            script.display(),
+            args.join(" "),
+            output.status
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect())
 }
 
 /// The reference of `program`'s image (`kbind-schema-manager`, `kbind-syncer`).
 pub fn reference(program: &str) -> Result<String, String> {
-    built()?
-        .into_iter()
-        .find(|r| {
-            r.rsplit('/')
-                .next()
-                .is_some_and(|last| last.split(':').next() == Some(program))
-        })
+    find_reference(&built()?, program)
+}
+
+/// The reference of `program`'s image of the previous version ([`previous`]).
+pub fn previous_reference(program: &str) -> Result<String, String> {
+    find_reference(&previous()?, program)
+}
+
+fn find_reference(references: &[String], program: &str) -> Result<String, String> {
+    references
+        .iter()
+        .find(|r| program_of(r) == program)
+        .cloned()
         .ok_or_else(|| format!("scripts/images built no image for {program}"))
+}
+
+/// `kbind-syncer` of `ghcr.io/kbind-dev/kbind-syncer:0.1.0`.
+fn program_of(reference: &str) -> &str {
+    reference
+        .rsplit('/')
+        .next()
+        .and_then(|last| last.split(':').next())
+        .unwrap_or_default()
 }
 
 /// The image's OCI configuration (`User`, `Entrypoint`, `Labels`, …).
@@ -178,15 +209,19 @@ pub fn buildah_env() -> &'static [(&'static str, &'static str)] {
 /// The OCI archives `scripts/images` writes beside the images it builds
 /// (`target/images/<program>.tar`, each naming its image reference), for a node's containerd.
 pub fn archives() -> Result<Vec<PathBuf>, String> {
-    built()?
+    archives_in(&built()?, "target/images")
+}
+
+/// The OCI archives of the previous version's images (`target/images/previous/<program>.tar`).
+pub fn previous_archives() -> Result<Vec<PathBuf>, String> {
+    archives_in(&previous()?, "target/images/previous")
+}
+
+fn archives_in(references: &[String], dir: &str) -> Result<Vec<PathBuf>, String> {
+    references
         .iter()
         .map(|reference| {
-            let program = reference
-                .rsplit('/')
-                .next()
-                .and_then(|last| last.split(':').next())
-                .unwrap_or_default();
-            let archive = repository_root().join(format!("target/images/{program}.tar"));
+            let archive = repository_root().join(format!("{dir}/{}.tar", program_of(reference)));
             if archive.is_file() {
                 Ok(archive)
             } else {

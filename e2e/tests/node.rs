@@ -83,7 +83,8 @@ fn install(cluster: &Cluster, extra: &[&str]) {
     helm(cluster, &args);
 }
 
-/// Waits until the Deployment has all its replicas updated and Available, and returns its pods
+/// Waits until the Deployment's controller has seen its spec and all its replicas are updated and
+/// Available, and returns its pods
 /// (all Running, every container ready by the kubelet's own probes).
 async fn wait_available(client: &Client, deployment: &str, limit_secs: u64) -> Vec<Pod> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), KBIND_NAMESPACE);
@@ -103,7 +104,11 @@ async fn wait_available(client: &Client, deployment: &str, limit_secs: u64) -> V
                 .unwrap_or_default()
                 .iter()
                 .any(|c| c.type_ == "Available" && c.status == "True");
+            // The controller's status of this very spec (a status from before an upgrade would
+            // describe the old pods).
+            let observed = status.observed_generation >= d.metadata.generation;
             if !(available
+                && observed
                 && status.updated_replicas == Some(wanted)
                 && status.ready_replicas == Some(wanted)
                 && status.replicas == Some(wanted))
@@ -159,7 +164,12 @@ struct NodeSetup {
 
 impl NodeSetup {
     async fn start(test: &str) -> Self {
-        let env = TestEnv::start_on_node(test).await.unwrap();
+        Self::start_with(test, false).await
+    }
+
+    /// [`NodeSetup::start`]; with `previous`, the node also holds the previous version's images.
+    async fn start_with(test: &str, previous: bool) -> Self {
+        let env = TestEnv::start_on_node_with(test, previous).await.unwrap();
         let consumer = env.cluster("consumer").admin_client().await.unwrap();
         let provider = env.cluster("provider").admin_client().await.unwrap();
         install_crd(&provider, &widget_crd()).await.unwrap();
@@ -528,5 +538,158 @@ async fn syncer_replicas_scale_one_three_one_under_churn_without_loss_or_double_
             (1..=*made).contains(&written),
             "{name}: {written} provider writes for {made} changes"
         );
+    }
+}
+
+/// Each pod of a chart component by name: its UID and its containers' restart counts.
+async fn pod_identities(client: &Client, component: &str) -> BTreeMap<String, (String, i32)> {
+    component_pods(client, component)
+        .await
+        .into_iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map(|c| c.iter().map(|c| c.restart_count).sum())
+                .unwrap_or_default();
+            (p.name_any(), (p.uid().unwrap_or_default(), restarts))
+        })
+        .collect()
+}
+
+/// The image every running container of `pods` reports (the kubelet's view, not the spec's).
+fn running_images(pods: &[Pod]) -> Vec<String> {
+    pods.iter()
+        .flat_map(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.clone())
+                .unwrap_or_default()
+        })
+        .map(|c| c.image)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_component_upgrades_alone_to_the_previous_version_and_back_while_objects_churn() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let setup = NodeSetup::start_with("chart_upgrade", true).await;
+    let (consumer, provider) = (&setup.consumer, &setup.provider);
+    setup.install_available(&[]).await;
+    setup.connect().await;
+
+    // Churn: 10 Widgets, each resized round after round for the whole test.
+    let names: Vec<String> = (0..10).map(|i| format!("churn-{i}")).collect();
+    for name in &names {
+        create_widget_and_wait_upstream(consumer, provider, "default", name, 0).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (consumer, names, stop) = (consumer.clone(), names.clone(), stop.clone());
+        tokio::spawn(async move {
+            let api = widgets(&consumer, "default");
+            let mut round = 0i64;
+            while !stop.load(Ordering::SeqCst) {
+                round += 1;
+                for name in &names {
+                    let patch = serde_json::json!({ "spec": { "size": round } });
+                    api.patch(
+                        name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                    .unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            round
+        })
+    };
+    // What the provider saw: the longest time its copy of the first Widget went without a new
+    // size while the churn ran — how long sync stopped. Read every 200 ms.
+    let watcher = {
+        let (provider, stop) = (provider.clone(), stop.clone());
+        tokio::spawn(async move {
+            let api = widgets(&provider, "default");
+            let (mut last, mut changed, mut longest) = (None, Instant::now(), Duration::ZERO);
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(copy) = api.get("churn-0").await {
+                    let size = copy.data["spec"]["size"].as_i64();
+                    if size != last {
+                        longest = longest.max(changed.elapsed());
+                        (last, changed) = (size, Instant::now());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            longest.max(changed.elapsed())
+        })
+    };
+
+    let cluster = setup.consumer_cluster();
+    for (component, key, deployment, other, program) in [
+        (
+            "syncer",
+            "syncer",
+            "kbind-syncer",
+            "schema-manager",
+            "kbind-syncer",
+        ),
+        (
+            "schema-manager",
+            "schemaManager",
+            "kbind-schema-manager",
+            "syncer",
+            "kbind-schema-manager",
+        ),
+    ] {
+        let previous = kbind_e2e::images::previous_reference(program).unwrap();
+        let current = kbind_e2e::images::reference(program).unwrap();
+        for reference in [&previous, &current] {
+            let others = pod_identities(consumer, other).await;
+            let tag = format!("{key}.image.tag={}", reference.rsplit_once(':').unwrap().1);
+            install(cluster, &[tag.as_str()]);
+            let pods = wait_available(consumer, deployment, 240).await;
+            let images = running_images(&pods);
+            assert!(
+                !images.is_empty() && images.iter().all(|i| i == reference),
+                "{component}: every pod runs {reference}: {images:?}"
+            );
+            assert_eq!(
+                pod_identities(consumer, other).await,
+                others,
+                "upgrading the {component} to {reference}: the {other} pods (UIDs, restarts) untouched"
+            );
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let last = churn.await.unwrap();
+    let longest = watcher.await.unwrap();
+
+    // Sync never stopped for longer than a handover: a syncer releases its membership Lease on
+    // the way out (its units move at once), and the syncers keep syncing while the schema
+    // managers roll; the bound is the membership Lease's duration (the chart's default).
+    let membership = Duration::from_secs(15);
+    println!("the longest time the provider's copy went unchanged: {longest:?}");
+    assert!(
+        longest <= membership,
+        "sync stopped for {longest:?}; a handover takes at most {membership:?}"
+    );
+    // Nothing lost: every copy has the last size, and its status came down.
+    for name in &names {
+        wait_for(&format!("{name} at size {last} upstream"), 60, || async {
+            let copy = widgets(provider, "default")
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((copy.data["spec"]["size"] == last).then_some(()))
+        })
+        .await;
+        wait_status_down(&widgets(consumer, "default"), name, last).await;
     }
 }

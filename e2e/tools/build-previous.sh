@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Builds kbind-schema-manager and kbind-syncer at the commit named in e2e/tools/previous-version,
+# Builds kbind-schema-manager and kbind-syncer at a commit named in e2e/tools/previous-version,
 # once per commit, into the cache (its own target directory, so that the current tree's build is
 # never touched). Prints the directory holding the two binaries.
+#
+#   e2e/tools/build-previous.sh             the version-skew tests' commit (`commit=`)
+#   e2e/tools/build-previous.sh chart       the chart upgrade test's commit (`chart_commit=`)
+#
+# The binaries are statically linked (glibc, crt-static, as scripts/images builds them), so the
+# same build runs as a process and as the only file of a `FROM scratch` image.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-commit=$(sed -n 's/^commit=//p' e2e/tools/previous-version)
-[ -n "$commit" ] || { echo "build-previous.sh: no commit= in e2e/tools/previous-version" >&2; exit 1; }
+case "${1:-}" in
+  "") key=commit ;;
+  chart) key=chart_commit ;;
+  *) echo "build-previous.sh: unknown version '$1' (none, or chart)" >&2; exit 2 ;;
+esac
+commit=$(sed -n "s/^$key=//p" e2e/tools/previous-version)
+[ -n "$commit" ] || { echo "build-previous.sh: no $key= in e2e/tools/previous-version" >&2; exit 1; }
 out=${XDG_CACHE_HOME:-$HOME/.cache}/kbind/previous/$commit
 built() { [ -x "$out/bin/kbind-schema-manager" ] && [ -x "$out/bin/kbind-syncer" ]; }
 if built; then
@@ -24,13 +35,21 @@ if ! built; then
     echo "build-previous.sh: commit $commit is not in this clone (a shallow clone?); fetch it or deepen the clone" >&2
     exit 1
   fi
+  case "$(uname -m)" in
+    x86_64) triple=x86_64-unknown-linux-gnu ;;
+    aarch64) triple=aarch64-unknown-linux-gnu ;;
+    *) echo "build-previous.sh: unsupported architecture $(uname -m)" >&2; exit 1 ;;
+  esac
+  rustflags_var="CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_RUSTFLAGS"
   rm -rf "$out/src" "$out/bin"
   mkdir -p "$out/src"
   git archive "$commit" | tar -x -C "$out/src"
-  (cd "$out/src" && cargo build --locked --quiet --target-dir "$out/target" \
+  # The dev profile without debug info: quick to build, the same code.
+  (cd "$out/src" && env "$rustflags_var=-C target-feature=+crt-static" CARGO_PROFILE_DEV_DEBUG=false \
+    cargo build --locked --quiet --target "$triple" --target-dir "$out/target" \
     --bin kbind-schema-manager --bin kbind-syncer)
   mkdir -p "$out/bin.tmp"
-  cp "$out/target/debug/kbind-schema-manager" "$out/target/debug/kbind-syncer" "$out/bin.tmp/"
+  cp "$out/target/$triple/debug/kbind-schema-manager" "$out/target/$triple/debug/kbind-syncer" "$out/bin.tmp/"
   mv "$out/bin.tmp" "$out/bin"
   # Only the binaries are kept: the sources and the build are hundreds of MiB.
   rm -rf "$out/src" "$out/target"

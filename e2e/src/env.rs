@@ -190,6 +190,11 @@ impl TestEnv {
         Ok(format!("https://{NODE_IP}:{}", self.provider_port()?))
     }
 
+    /// The consumer's node, when it has one ([`TestEnv::start_on_node`]).
+    pub fn node(&self) -> Option<&Node> {
+        self.node.as_ref()
+    }
+
     /// The directory of this test's files and logs.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -171,6 +171,25 @@ impl Node {
         Ok(node)
     }
 
+    /// The cgroup of the pod with `uid` in the cgroup v1 hierarchy `controller` (`memory`, `cpu`,
+    /// `cpuacct`): the kubelet's cgroupfs layout, `<node>/kubepods[/<QoS class>]/pod<uid>`.
+    pub fn pod_cgroup(&self, controller: &str, uid: &str) -> Result<PathBuf, String> {
+        let kubepods = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join(&self.cgroup)
+            .join("kubepods");
+        ["", "burstable", "besteffort"]
+            .iter()
+            .map(|class| kubepods.join(class).join(format!("pod{uid}")))
+            .find(|dir| dir.is_dir())
+            .ok_or_else(|| {
+                format!(
+                    "no {controller} cgroup of pod {uid} under {}",
+                    kubepods.display()
+                )
+            })
+    }
+
     /// The node's namespaces.
     pub fn net(&self) -> &NodeNet {
         &self.net

@@ -693,3 +693,151 @@ async fn each_component_upgrades_alone_to_the_previous_version_and_back_while_ob
         wait_status_down(&widgets(consumer, "default"), name, last).await;
     }
 }
+
+/// One number from a cgroup v1 file: the whole file, or the value of `key` in a `key value` file.
+fn cgroup_value(dir: &std::path::Path, file: &str, key: Option<&str>) -> i64 {
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let value = match key {
+        None => Some(text.trim()),
+        Some(key) => text.lines().find_map(|l| {
+            l.split_once(' ')
+                .filter(|(k, _)| *k == key)
+                .map(|(_, v)| v.trim())
+        }),
+    };
+    value
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{}: no number {key:?} in {text}", path.display()))
+}
+
+/// The chart's measured costs of a component (`sizing.<key>` in its values): base MiB, KiB per
+/// object, KiB per bound API.
+fn sizing_costs(key: &str) -> (u64, u64, u64) {
+    let values: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap())
+            .unwrap();
+    let cost = &values["sizing"][key];
+    let number = |field: &str| {
+        cost[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("sizing.{key}.{field} in the chart's values"))
+    };
+    (
+        number("baseMiB"),
+        number("perObjectKiB"),
+        number("perApiKiB"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_resources_hold_a_bulk_of_two_thousand_objects() {
+    use futures::{StreamExt, TryStreamExt};
+    const OBJECTS: usize = 2000;
+    let setup = NodeSetup::start("chart_resources").await;
+    let (consumer, provider) = (&setup.consumer, &setup.provider);
+    setup.install_available(&[]).await;
+    setup.connect().await;
+
+    let api = widgets(consumer, "default");
+    futures::stream::iter(0..OBJECTS)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(&Default::default(), &widget(&format!("bulk-{i}"), i as i64))
+                    .await
+                    .map(drop)
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await
+        .unwrap();
+    wait_for(
+        &format!("{OBJECTS} Widgets on the provider"),
+        600,
+        || async {
+            let copies = widgets(provider, "default")
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((copies.items.len() == OBJECTS).then_some(()))
+        },
+    )
+    .await;
+    wait_for(&format!("{OBJECTS} statuses down"), 300, || async {
+        let objects = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let down = objects
+            .items
+            .iter()
+            .filter(|w| w.data["status"]["observedSize"] == w.data["spec"]["size"])
+            .count();
+        Ok((down == OBJECTS).then_some(()))
+    })
+    .await;
+
+    // What the kernel saw of each pod, against the chart's resources and the README's Sizing
+    // (the chart's `sizing` costs: base + objects × per object + APIs × per API, the objects of
+    // the one bound API all in one unit, so any syncer may hold all of them).
+    let node = setup.env.node().expect("the consumer has a node");
+    let mut report = Vec::new();
+    for (component, key) in [("schema-manager", "schemaManager"), ("syncer", "syncer")] {
+        let (base, per_object, per_api) = sizing_costs(key);
+        let predicted = (base << 20) + ((OBJECTS as u64 * per_object + per_api) << 10);
+        for pod in component_pods(consumer, component).await {
+            let name = pod.name_any();
+            let status = pod.status.clone().unwrap_or_default();
+            for container in status.container_statuses.unwrap_or_default() {
+                assert_eq!(container.restart_count, 0, "{name}: no restarts");
+                assert!(
+                    container
+                        .last_state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .is_none(),
+                    "{name}: never terminated (an OOM kill would be): {:?}",
+                    container.last_state
+                );
+            }
+            let limit = pod.spec.as_ref().unwrap().containers[0]
+                .resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .and_then(|l| l.get("memory"))
+                .map(|q| q.0.clone())
+                .unwrap_or_default();
+            let uid = pod.uid().unwrap();
+            let memory = node.pod_cgroup("memory", &uid).unwrap();
+            let cpu = node.pod_cgroup("cpu", &uid).unwrap();
+            let cpuacct = node.pod_cgroup("cpuacct", &uid).unwrap();
+            let usage = cgroup_value(&memory, "memory.usage_in_bytes", None);
+            let inactive = cgroup_value(&memory, "memory.stat", Some("total_inactive_file"));
+            let working_set = (usage - inactive).max(0) as u64;
+            let peak = cgroup_value(&memory, "memory.max_usage_in_bytes", None);
+            let failcnt = cgroup_value(&memory, "memory.failcnt", None);
+            let quota = cgroup_value(&cpu, "cpu.cfs_quota_us", None);
+            let throttled = cgroup_value(&cpu, "cpu.stat", Some("nr_throttled"));
+            let cpu_ms = cgroup_value(&cpuacct, "cpuacct.usage", None) / 1_000_000;
+            report.push(format!(
+                "{name}: working set {:.1} MiB (Sizing predicts ≤ {:.1} MiB), peak {:.1} MiB, \
+                 limit {limit}, limit hits {failcnt}, CPU {cpu_ms} ms, quota {quota}, throttled {throttled}",
+                working_set as f64 / 1048576.0,
+                predicted as f64 / 1048576.0,
+                peak as f64 / 1048576.0,
+            ));
+            assert_eq!(failcnt, 0, "{name}: never at its memory limit {limit}");
+            assert!(
+                working_set <= predicted,
+                "{name}: a working set of {working_set} B, more than Sizing predicts ({predicted} B)"
+            );
+            // The chart sets a CPU request and no limit (README "Sizing"): no quota, so nothing
+            // may be throttled.
+            assert_eq!(quota, -1, "{name}: no CPU limit");
+            assert_eq!(throttled, 0, "{name}: never throttled");
+        }
+    }
+    println!("{}", report.join("\n"));
+}

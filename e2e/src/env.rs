@@ -190,6 +190,19 @@ impl TestEnv {
         Ok(format!("https://{NODE_IP}:{}", self.provider_port()?))
     }
 
+    /// A kubeconfig for the provider's API server as pods on the node reach it, with its admin
+    /// token (what a Connection's Secret holds when kbind runs as pods).
+    pub fn provider_kubeconfig_for_pods(&self) -> Result<String, String> {
+        let provider = self.cluster("provider");
+        Ok(crate::cluster::kubeconfig_yaml(
+            "provider",
+            &self.provider_server_for_pods()?,
+            provider.ca_pem(),
+            provider.admin_token(),
+            None,
+        ))
+    }
+
     /// The consumer's node, when it has one ([`TestEnv::start_on_node`]).
     pub fn node(&self) -> Option<&Node> {
         self.node.as_ref()

@@ -60,3 +60,17 @@ pub fn run_helm(args: &[&str]) -> Result<Output, String> {
         .output()
         .map_err(|e| format!("cannot run helm: {e}"))
 }
+
+/// Runs `helm <args>`; its output, or an error with everything helm printed when it failed.
+pub fn helm_checked(args: &[&str]) -> Result<String, String> {
+    let output = run_helm(args)?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    if output.status.success() {
+        Ok(stdout.into_owned())
+    } else {
+        Err(format!("helm {args:?} failed:\n{stdout}\n{stderr}"))
+    }
+}

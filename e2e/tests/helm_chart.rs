@@ -21,16 +21,7 @@ const RELEASE_NAMESPACE: &str = "kbind-system";
 const KUBE_VERSION: &str = "1.36.3";
 
 fn helm_ok(args: &[&str]) -> String {
-    let output = run_helm(args).unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-    );
-    assert!(
-        output.status.success(),
-        "helm {args:?} failed:\n{stdout}\n{stderr}"
-    );
-    stdout.into_owned()
+    kbind_e2e::tools::helm_checked(args).unwrap()
 }
 
 /// `helm template` of the chart as release `kbind` in [`RELEASE_NAMESPACE`], with `extra`

@@ -8,149 +8,37 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Pod;
-use kbind_e2e::cluster::kubeconfig_yaml;
+use kbind_e2e::chart::{self, RELEASE, component};
 use kbind_e2e::fixtures::*;
-use kbind_e2e::tools::{chart_dir, run_helm};
+use kbind_e2e::tools::chart_dir;
 use kbind_e2e::wait::wait_for;
 use kbind_e2e::{Cluster, TestEnv};
-use kube::api::{ListParams, LogParams};
+use kube::api::LogParams;
 use kube::{Api, Client, ResourceExt};
-
-const RELEASE: &str = "kbind";
 
 /// `helm <args>` against `cluster`; panics with helm's output when it fails.
 fn helm(cluster: &Cluster, args: &[&str]) -> String {
-    let kubeconfig = cluster.admin_kubeconfig_path().display().to_string();
-    let mut all = vec!["--kubeconfig", kubeconfig.as_str()];
-    all.extend_from_slice(args);
-    let output = run_helm(&all).unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-    );
-    assert!(
-        output.status.success(),
-        "helm {all:?} failed:\n{stdout}\n{stderr}"
-    );
-    stdout.into_owned()
+    chart::helm(cluster, args).unwrap()
 }
 
-/// `--set` arguments that point the chart at the images loaded into the node (never pulled);
-/// everything else stays at the chart's defaults, apart from `extra`.
-fn image_values(extra: &[&str]) -> Vec<String> {
-    let mut values = vec![
-        "--set".to_owned(),
-        "boundAPIGroups={example.org}".to_owned(),
-    ];
-    for (component, program) in [
-        ("schemaManager", "kbind-schema-manager"),
-        ("syncer", "kbind-syncer"),
-    ] {
-        let reference = kbind_e2e::images::reference(program).unwrap();
-        let (repository, tag) = reference.rsplit_once(':').unwrap();
-        for (key, value) in [
-            ("repository", repository),
-            ("tag", tag),
-            ("pullPolicy", "Never"),
-        ] {
-            values.push("--set".into());
-            values.push(format!("{component}.image.{key}={value}"));
-        }
-    }
-    for value in extra {
-        values.push("--set".into());
-        values.push((*value).to_owned());
-    }
-    values
-}
-
-/// `helm install` (or `upgrade --install`) of the chart in [`KBIND_NAMESPACE`].
+/// `helm upgrade --install` of the chart with the node's images and `extra` values.
 fn install(cluster: &Cluster, extra: &[&str]) {
-    let chart = chart_dir().display().to_string();
-    let mut args = vec![
-        "upgrade",
-        "--install",
-        RELEASE,
-        chart.as_str(),
-        "-n",
-        KBIND_NAMESPACE,
-        "--create-namespace",
-    ];
-    let values = image_values(extra);
-    args.extend(values.iter().map(String::as_str));
-    helm(cluster, &args);
+    chart::install(cluster, extra).unwrap();
 }
 
-/// Waits until the Deployment's controller has seen its spec and all its replicas are updated and
-/// Available, and returns its pods
-/// (all Running, every container ready by the kubelet's own probes).
+/// [`chart::wait_available`]; panics after `limit_secs`.
 async fn wait_available(client: &Client, deployment: &str, limit_secs: u64) -> Vec<Pod> {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), KBIND_NAMESPACE);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), KBIND_NAMESPACE);
-    wait_for(
-        &format!("Deployment {deployment} Available"),
-        limit_secs,
-        || async {
-            let d = deployments
-                .get(deployment)
-                .await
-                .map_err(|e| e.to_string())?;
-            let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            let status = d.status.clone().unwrap_or_default();
-            let available = status
-                .conditions
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Available" && c.status == "True");
-            // The controller's status of this very spec (a status from before an upgrade would
-            // describe the old pods).
-            let observed = status.observed_generation >= d.metadata.generation;
-            if !(available
-                && observed
-                && status.updated_replicas == Some(wanted)
-                && status.ready_replicas == Some(wanted)
-                && status.replicas == Some(wanted))
-            {
-                return Err(format!("{deployment}: {status:?}", status = d.status));
-            }
-            let selector = format!("app.kubernetes.io/component={}", component(deployment));
-            let list = pods
-                .list(&ListParams::default().labels(&selector))
-                .await
-                .map_err(|e| e.to_string())?;
-            let running: Vec<Pod> = list
-                .items
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            let all_ready = running.iter().all(|p| {
-                p.status.as_ref().is_some_and(|s| {
-                    s.phase.as_deref() == Some("Running")
-                        && s.container_statuses
-                            .as_ref()
-                            .is_some_and(|c| c.iter().all(|c| c.ready))
-                })
-            });
-            Ok((running.len() == wanted as usize && all_ready).then_some(running))
-        },
-    )
-    .await
+    chart::wait_available(client, deployment, Duration::from_secs(limit_secs))
+        .await
+        .unwrap()
 }
 
-/// The chart's component label of a Deployment.
-fn component(deployment: &str) -> &str {
-    deployment.strip_prefix("kbind-").unwrap_or(deployment)
-}
-
-/// The provider kubeconfig Secret, Connection and ClusterBinding, as a user applies them with
-/// the chart's defaults (the Secret in the release namespace, where kbind may read Secrets).
-fn one_file_in_release_namespace(kubeconfig: &str) -> String {
-    one_file(kubeconfig, &[0, 1, 2]).replace(
-        &format!("namespace: {SECRET_NAMESPACE}\n"),
-        &format!("namespace: {KBIND_NAMESPACE}\n"),
-    )
+/// Pods of a chart component (`schema-manager`, `syncer`).
+async fn component_pods(client: &Client, component: &str) -> Vec<Pod> {
+    chart::component_pods(client, component).await.unwrap()
 }
 
 /// A test's clusters: the provider serving Widgets (with its stand-in controller) and the
@@ -198,18 +86,13 @@ impl NodeSetup {
     /// Applies the Secret (the provider as pods reach it), Connection and ClusterBinding, and
     /// waits until the Connection is Ready and the Widget CRD served on the consumer.
     async fn connect(&self) {
-        let provider = self.env.cluster("provider");
-        let server = self.env.provider_server_for_pods().unwrap();
-        let kubeconfig = kubeconfig_yaml(
-            "provider",
-            &server,
-            provider.ca_pem(),
-            provider.admin_token(),
-            None,
-        );
-        apply_manifest(&self.consumer, &one_file_in_release_namespace(&kubeconfig))
-            .await
-            .unwrap();
+        let kubeconfig = self.env.provider_kubeconfig_for_pods().unwrap();
+        apply_manifest(
+            &self.consumer,
+            &chart::one_file_in_release_namespace(&kubeconfig),
+        )
+        .await
+        .unwrap();
         wait_condition(&self.consumer, "provider", "Ready", "True", None)
             .await
             .unwrap();
@@ -235,15 +118,6 @@ impl NodeSetup {
         }
         writes
     }
-}
-
-/// Pods of a chart component (`schema-manager`, `syncer`) that are not terminating.
-async fn component_pods(client: &Client, component: &str) -> Vec<Pod> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), KBIND_NAMESPACE);
-    pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/component={component}")))
-        .await
-        .unwrap()
-        .items
 }
 
 #[tokio::test]
@@ -496,19 +370,19 @@ async fn syncer_replicas_scale_one_three_one_under_churn_without_loss_or_double_
                     .unwrap();
                     changes[i] += 1;
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
             (changes, round)
         })
     };
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     for replicas in [3, 1] {
         let value = format!("syncer.replicas={replicas}");
         let cluster = setup.consumer_cluster();
         install(cluster, &[value.as_str()]);
         let pods = wait_available(consumer, "kbind-syncer", 180).await;
         assert_eq!(pods.len(), replicas);
-        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
     }
     stop.store(true, Ordering::SeqCst);
     let (changes, last) = churn.await.unwrap();
@@ -575,7 +449,7 @@ fn running_images(pods: &[Pod]) -> Vec<String> {
 async fn each_component_upgrades_alone_to_the_previous_version_and_back_while_objects_churn() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
     let setup = NodeSetup::start_with("chart_upgrade", true).await;
     let (consumer, provider) = (&setup.consumer, &setup.provider);
     setup.install_available(&[]).await;

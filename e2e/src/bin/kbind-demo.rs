@@ -1,13 +1,16 @@
 //! kbind's main job, locally: a provider and a consumer cluster (real API servers), kbind's
 //! programs as real processes, and one file applied on the consumer that makes a provider API
 //! usable there. `--check` runs the same flow non-interactively and exits 0 only when every step
-//! was observed.
+//! was observed. `--pods` runs kbind the way its users do instead: the Helm chart's two
+//! Deployments as pods on a real kubelet node of the consumer (needs root; see the README, "Run on
+//! a real node").
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_e2e::chart;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::install_crds;
@@ -24,6 +27,10 @@ struct Args {
     /// Run the flow non-interactively and exit 0 only when every step was observed.
     #[arg(long)]
     check: bool,
+    /// Run kbind as the Helm chart's pods on a real kubelet node of the consumer cluster
+    /// (containerd + runc; needs root) instead of as local processes.
+    #[arg(long)]
+    pods: bool,
 }
 
 const STEP_LIMIT: Duration = Duration::from_secs(60);
@@ -58,7 +65,14 @@ async fn run(args: &Args) -> Result<(), String> {
         "starting two real Kubernetes clusters, `provider` and `consumer` (the first run builds the control plane from the official Go modules: ~10 minutes)",
     );
     let t = Instant::now();
-    let mut env = TestEnv::start("demo", &["provider", "consumer"]).await?;
+    let mut env = if args.pods {
+        println!(
+            "      the consumer with a kubelet node (containerd + runc) that runs kbind's images"
+        );
+        TestEnv::start_on_node("demo").await?
+    } else {
+        TestEnv::start("demo", &["provider", "consumer"]).await?
+    };
     if !args.check {
         env.keep_files();
     }
@@ -77,36 +91,57 @@ async fn run(args: &Args) -> Result<(), String> {
     install_crd(&provider, &widget_crd()).await?;
     let _controller = run_provider_widget_controller(provider.clone());
 
-    step(
-        3,
-        "consumer: installing kbind's CRDs and starting kbind-schema-manager and two kbind-syncer replicas (the schema manager assigns work between them)",
-    );
-    install_crds(&consumer).await?;
-    start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false"],
-    )
-    .await?;
-    start_syncer(&mut env, "consumer", "syncer-0", &[]).await?;
-    start_syncer(&mut env, "consumer", "syncer-1", &[]).await?;
-    for name in ["schema-manager", "syncer-0", "syncer-1"] {
-        println!(
-            "      {name} logs: {}",
-            env.dir().join(format!("{name}.log")).display()
+    let manifest = if args.pods {
+        step(
+            3,
+            "consumer: `helm install` of kbind's chart (its CRDs, RBAC, two schema managers — one leads — and two syncers, as pods of the images scripts/images built; related resources on)",
         );
-    }
+        let cluster = env.cluster("consumer");
+        tokio::task::block_in_place(|| {
+            chart::install(cluster, &["relatedResources.enabled=true"])
+        })?;
+        for deployment in ["kbind-schema-manager", "kbind-syncer"] {
+            let pods =
+                chart::wait_available(&consumer, deployment, Duration::from_secs(180)).await?;
+            let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+            println!(
+                "      Deployment {deployment} Available: {}",
+                names.join(", ")
+            );
+        }
+        chart::one_file_in_release_namespace(&env.provider_kubeconfig_for_pods()?)
+    } else {
+        step(
+            3,
+            "consumer: installing kbind's CRDs and starting kbind-schema-manager and two kbind-syncer replicas (the schema manager assigns work between them)",
+        );
+        install_crds(&consumer).await?;
+        start_schema_manager(
+            &mut env,
+            "consumer",
+            "schema-manager",
+            &["--leader-elect=false"],
+        )
+        .await?;
+        start_syncer(&mut env, "consumer", "syncer-0", &[]).await?;
+        start_syncer(&mut env, "consumer", "syncer-1", &[]).await?;
+        for name in ["schema-manager", "syncer-0", "syncer-1"] {
+            println!(
+                "      {name} logs: {}",
+                env.dir().join(format!("{name}.log")).display()
+            );
+        }
+        ensure_namespace(&consumer, SECRET_NAMESPACE).await?;
+        one_file(&env.cluster("provider").admin_kubeconfig(), &[0, 1, 2])
+    };
 
     step(
         4,
         "consumer: applying ONE file with the provider kubeconfig Secret, a Connection and a ClusterBinding",
     );
     let file = env.dir().join("kbind.yaml");
-    let manifest = one_file(&env.cluster("provider").admin_kubeconfig(), &[0, 1, 2]);
     std::fs::write(&file, &manifest).map_err(|e| e.to_string())?;
     println!("      {}", file.display());
-    ensure_namespace(&consumer, "kbind").await?;
     apply_manifest(&consumer, &manifest).await?;
     let connection = wait_condition(&consumer, "provider", "Ready", "True", None).await?;
     let status = connection.status.unwrap_or_default();
@@ -289,6 +324,16 @@ async fn run(args: &Args) -> Result<(), String> {
         "      kubectl --kubeconfig {} explain connection.spec.schema",
         consumer_kubeconfig.display()
     );
+    if args.pods {
+        println!(
+            "      kubectl --kubeconfig {} get pods -n {KBIND_NAMESPACE} -o wide",
+            consumer_kubeconfig.display()
+        );
+        println!(
+            "      kubectl --kubeconfig {} logs -n {KBIND_NAMESPACE} deployment/kbind-syncer",
+            consumer_kubeconfig.display()
+        );
+    }
 
     if args.check {
         return Ok(());
@@ -297,7 +342,12 @@ async fn run(args: &Args) -> Result<(), String> {
     let _ = tokio::signal::ctrl_c().await;
     drop(env);
     println!(
-        "stopped kbind-schema-manager, both kbind-syncer replicas and both clusters; files kept in {}",
+        "stopped kbind ({}) and both clusters; files kept in {}",
+        if args.pods {
+            "the node and its pods"
+        } else {
+            "kbind-schema-manager, both kbind-syncer replicas"
+        },
         file.parent()
             .map(|p| p.display().to_string())
             .unwrap_or_default()

@@ -41,6 +41,70 @@ async fn component_pods(client: &Client, component: &str) -> Vec<Pod> {
     chart::component_pods(client, component).await.unwrap()
 }
 
+/// Widgets resized round after round (500 ms apart) on the consumer while a test changes kbind.
+struct Churn {
+    names: Vec<String>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Changes made to each Widget (its creation included), and the last round (= size).
+    task: tokio::task::JoinHandle<(Vec<usize>, i64)>,
+}
+
+impl Churn {
+    /// Starts resizing the existing Widgets `names` in `default`.
+    fn start(consumer: &Client, names: &[String]) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = {
+            let (consumer, names, stop) = (consumer.clone(), names.to_vec(), stop.clone());
+            tokio::spawn(async move {
+                let api = widgets(&consumer, "default");
+                let mut changes = vec![1usize; names.len()];
+                let mut round = 0i64;
+                while !stop.load(Ordering::SeqCst) {
+                    round += 1;
+                    for (i, name) in names.iter().enumerate() {
+                        let patch = serde_json::json!({ "spec": { "size": round } });
+                        api.patch(
+                            name,
+                            &kube::api::PatchParams::default(),
+                            &kube::api::Patch::Merge(&patch),
+                        )
+                        .await
+                        .unwrap();
+                        changes[i] += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                (changes, round)
+            })
+        };
+        Self {
+            names: names.to_vec(),
+            stop,
+            task,
+        }
+    }
+
+    /// Stops the churn, then waits until every Widget's last size is on the provider and its
+    /// status came down (nothing lost); returns the changes made to each and the last size.
+    async fn stop_and_converge(self, consumer: &Client, provider: &Client) -> (Vec<usize>, i64) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (changes, last) = self.task.await.unwrap();
+        for name in &self.names {
+            wait_for(&format!("{name} at size {last} upstream"), 60, || async {
+                let copy = widgets(provider, "default")
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok((copy.data["spec"]["size"] == last).then_some(()))
+            })
+            .await;
+            wait_status_down(&widgets(consumer, "default"), name, last).await;
+        }
+        (changes, last)
+    }
+}
+
 /// A test's clusters: the provider serving Widgets (with its stand-in controller) and the
 /// consumer with a node.
 struct NodeSetup {
@@ -334,8 +398,6 @@ async fn a_deleted_leader_pod_hands_over_within_the_lease_and_a_deleted_syncer_p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn syncer_replicas_scale_one_three_one_under_churn_without_loss_or_double_writes() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     let setup = NodeSetup::start("chart_scale").await;
     let (consumer, provider) = (&setup.consumer, &setup.provider);
     setup.install_available(&["syncer.replicas=1"]).await;
@@ -349,32 +411,7 @@ async fn syncer_replicas_scale_one_three_one_under_churn_without_loss_or_double_
             .await
             .unwrap();
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let churn = {
-        let (consumer, names, stop) = (consumer.clone(), names.clone(), stop.clone());
-        tokio::spawn(async move {
-            let api = widgets(&consumer, "default");
-            // Changes made to each Widget (its creation included), and the last size.
-            let mut changes = vec![1usize; names.len()];
-            let mut round = 0i64;
-            while !stop.load(Ordering::SeqCst) {
-                round += 1;
-                for (i, name) in names.iter().enumerate() {
-                    let patch = serde_json::json!({ "spec": { "size": round } });
-                    api.patch(
-                        name,
-                        &kube::api::PatchParams::default(),
-                        &kube::api::Patch::Merge(&patch),
-                    )
-                    .await
-                    .unwrap();
-                    changes[i] += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            (changes, round)
-        })
-    };
+    let churn = Churn::start(consumer, &names);
     tokio::time::sleep(Duration::from_secs(3)).await;
     for replicas in [3, 1] {
         let value = format!("syncer.replicas={replicas}");
@@ -384,25 +421,12 @@ async fn syncer_replicas_scale_one_three_one_under_churn_without_loss_or_double_
         assert_eq!(pods.len(), replicas);
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
-    stop.store(true, Ordering::SeqCst);
-    let (changes, last) = churn.await.unwrap();
+    // Nothing lost: every copy has the last size and its status came down…
+    let (changes, last) = churn.stop_and_converge(consumer, provider).await;
     assert!(
         last >= 5,
         "the churn ran through both scalings ({last} rounds)"
     );
-
-    // Nothing lost: every copy has the last size and its status came down…
-    for name in &names {
-        wait_for(&format!("{name} at size {last} upstream"), 60, || async {
-            let copy = widgets(provider, "default")
-                .get(name)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok((copy.data["spec"]["size"] == last).then_some(()))
-        })
-        .await;
-        wait_status_down(&widgets(consumer, "default"), name, last).await;
-    }
     // …and no change was delivered twice (two replicas writing one object would be): at most one
     // provider write per change made on the consumer.
     let writes = setup.widget_writes("provider");
@@ -460,29 +484,8 @@ async fn each_component_upgrades_alone_to_the_previous_version_and_back_while_ob
     for name in &names {
         create_widget_and_wait_upstream(consumer, provider, "default", name, 0).await;
     }
+    let churn = Churn::start(consumer, &names);
     let stop = Arc::new(AtomicBool::new(false));
-    let churn = {
-        let (consumer, names, stop) = (consumer.clone(), names.clone(), stop.clone());
-        tokio::spawn(async move {
-            let api = widgets(&consumer, "default");
-            let mut round = 0i64;
-            while !stop.load(Ordering::SeqCst) {
-                round += 1;
-                for name in &names {
-                    let patch = serde_json::json!({ "spec": { "size": round } });
-                    api.patch(
-                        name,
-                        &kube::api::PatchParams::default(),
-                        &kube::api::Patch::Merge(&patch),
-                    )
-                    .await
-                    .unwrap();
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            round
-        })
-    };
     // What the provider saw: the longest time its copy of the first Widget went without a new
     // size while the churn ran — how long sync stopped. Read every 200 ms.
     let watcher = {
@@ -542,8 +545,9 @@ async fn each_component_upgrades_alone_to_the_previous_version_and_back_while_ob
         }
     }
     stop.store(true, Ordering::SeqCst);
-    let last = churn.await.unwrap();
     let longest = watcher.await.unwrap();
+    // Nothing lost: every copy has the last size, and its status came down.
+    churn.stop_and_converge(consumer, provider).await;
 
     // Sync never stopped for longer than a handover: a syncer releases its membership Lease on
     // the way out (its units move at once), and the syncers keep syncing while the schema
@@ -554,18 +558,6 @@ async fn each_component_upgrades_alone_to_the_previous_version_and_back_while_ob
         longest <= membership,
         "sync stopped for {longest:?}; a handover takes at most {membership:?}"
     );
-    // Nothing lost: every copy has the last size, and its status came down.
-    for name in &names {
-        wait_for(&format!("{name} at size {last} upstream"), 60, || async {
-            let copy = widgets(provider, "default")
-                .get(name)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok((copy.data["spec"]["size"] == last).then_some(()))
-        })
-        .await;
-        wait_status_down(&widgets(consumer, "default"), name, last).await;
-    }
 }
 
 /// One number from a cgroup v1 file: the whole file, or the value of `key` in a `key value` file.

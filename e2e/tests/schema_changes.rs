@@ -135,6 +135,7 @@ async fn compatible_changes_apply_at_once_and_breaking_ones_wait_for_consent() {
     let s = SyncEnv::start_with_provider_crd(
         "schema_changes",
         widget_crd_with(json!({ "type": "object", "properties": { "size": size } })),
+        &[],
     )
     .await;
     wait_cluster_binding_ready(&s.consumer, "widgets").await;
@@ -344,4 +345,53 @@ async fn compatible_changes_apply_at_once_and_breaking_ones_wait_for_consent() {
         message.contains("2 of 3 existing objects would be invalid and 1 would lose pruned data"),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn a_provider_schema_change_reaches_the_consumer_in_seconds_at_the_default_intervals() {
+    // The production intervals (30 s discovery, 30 s binding resync): a change that waited for
+    // either would take up to 30 s.
+    let s = SyncEnv::start_with_provider_crd(
+        "schema_change_latency",
+        widget_crd_with(
+            json!({ "type": "object", "properties": { "size": { "type": "integer" } } }),
+        ),
+        &["--discovery-interval=30s", "--binding-resync-interval=30s"],
+    )
+    .await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    let bound = std::time::Duration::from_secs(5);
+    let mut took = Vec::new();
+    // Four compatible changes, each a new optional field: by chance alone (a resync landing
+    // soon after the change) four would all arrive within 5 s about once in 1,300 runs.
+    for field in ["a", "b", "c", "d"] {
+        let mut properties = serde_json::Map::new();
+        properties.insert("size".into(), json!({ "type": "integer" }));
+        for earlier in ["a", "b", "c", "d"].iter().take_while(|f| **f != field) {
+            properties.insert((*earlier).into(), json!({ "type": "string" }));
+        }
+        properties.insert(field.into(), json!({ "type": "string" }));
+        let changed = std::time::Instant::now();
+        provider_changes_spec(
+            &s.provider,
+            json!({ "type": "object", "properties": properties }),
+        )
+        .await;
+        wait_for(&format!("field {field} on the consumer"), 40, || async {
+            Ok(
+                (consumer_spec_schema(&s.consumer).await["properties"][field]
+                    == json!({ "type": "string" }))
+                .then_some(()),
+            )
+        })
+        .await;
+        took.push(changed.elapsed());
+    }
+    println!("provider schema change → consumer CRD: {took:?}");
+    for (field, took) in ["a", "b", "c", "d"].iter().zip(&took) {
+        assert!(
+            *took <= bound,
+            "field {field} reached the consumer after {took:?}, not within {bound:?}: the change waited for a resync"
+        );
+    }
 }

@@ -79,9 +79,17 @@ pub struct ProviderSchemas {
 }
 
 impl ProviderSchemas {
-    /// Watches the exported CRDs `client` reaches, keeping only names and `resourceVersion`s.
-    fn watched(client: &Client) -> Self {
+    /// Watches the exported CRDs `client` reaches, keeping only names and `resourceVersion`s;
+    /// sends each CRD the watch shows changed to `changes`, once the cache holds it (a re-list
+    /// names only what differs from what was seen: nothing at rest).
+    fn watched(
+        client: &Client,
+        connection: &str,
+        changes: tokio::sync::broadcast::Sender<SchemaChange>,
+    ) -> Self {
         let stop = CancellationToken::new();
+        let connection = connection.to_owned();
+        let names = Mutex::new(kbind_shared::cache::ChangedNames::default());
         let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
         let versions = kbind_shared::cache::spawn_modified(
             Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone()),
@@ -94,7 +102,14 @@ impl ProviderSchemas {
                     ..Default::default()
                 };
             },
-            |_| {},
+            move |event| {
+                if let Ok(event) = event {
+                    for api in names.locked().observe(event) {
+                        let connection = connection.clone();
+                        let _ = changes.send(SchemaChange { connection, api });
+                    }
+                }
+            },
         );
         Self::over(versions, stop)
     }
@@ -251,12 +266,32 @@ pub async fn read_credential_cached(
 /// One provider client per Connection, holding only credentials whose cluster identity was
 /// verified (see `kbind_shared::credential`): nothing but the Connection reconcile, right after
 /// it checked the identity, puts a client here.
-#[derive(Default)]
 pub struct Providers {
     by_connection: Mutex<HashMap<String, Provider>>,
     /// Where identity watches send the Connection whose provider they see change: the current
     /// leadership term's Connection controller (a watch outlives the term that started it).
     identity_trigger: Arc<std::sync::RwLock<Option<IdentityTrigger>>>,
+    /// Exported CRDs each provider's schema watch shows changed, once its cache holds the change.
+    schema_changes: tokio::sync::broadcast::Sender<SchemaChange>,
+}
+
+impl Default for Providers {
+    fn default() -> Self {
+        Self {
+            by_connection: Default::default(),
+            identity_trigger: Default::default(),
+            schema_changes: tokio::sync::broadcast::channel(256).0,
+        }
+    }
+}
+
+/// An exported CRD of a Connection's provider that changed (or appeared, or went).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemaChange {
+    /// The Connection.
+    pub connection: String,
+    /// The CRD's name, `<plural>.<group>`: the API's name in bindings.
+    pub api: String,
 }
 
 /// Reconciles a Connection at once.
@@ -265,6 +300,12 @@ pub type IdentityTrigger = futures::channel::mpsc::UnboundedSender<
 >;
 
 impl Providers {
+    /// Exported CRDs of the providers as their schema watches see them change: the bindings of
+    /// that Connection listing the API check its schema at once, not at their next resync.
+    pub fn schema_changes(&self) -> tokio::sync::broadcast::Receiver<SchemaChange> {
+        self.schema_changes.subscribe()
+    }
+
     /// Sends identity watches' triggers to `trigger` from now on (each term's Connection
     /// controller).
     pub fn set_identity_trigger(&self, trigger: IdentityTrigger) {
@@ -342,7 +383,8 @@ impl Providers {
             return;
         }
         let mut kept = provider.clone();
-        kept.schemas = ProviderSchemas::watched(&kept.client);
+        kept.schemas =
+            ProviderSchemas::watched(&kept.client, connection, self.schema_changes.clone());
         let previous = by_connection.insert(connection.to_owned(), kept);
         if previous.is_some_and(|p| p.digest != provider.digest) {
             tracing::info!(

@@ -147,6 +147,18 @@ where
                 && !b.binding_spec().related_resources.is_empty()
         }))
     });
+    // A provider's exported CRD changed (its watch's cache holds the new version, so the
+    // schema check reads it fresh): the bindings of that Connection listing the API, at once.
+    let schema_store = store.clone();
+    let schema_triggers = received(ctx.providers.schema_changes()).flat_map(move |change| {
+        futures::stream::iter(selected(
+            &schema_store,
+            change,
+            |b: &B, change: &crate::providers::SchemaChange| {
+                b.binding_spec().connection_ref.name == change.connection && lists(b, &change.api)
+            },
+        ))
+    });
     // BIND triggers: a Connection's change, once the term's Connection cache (which the gate
     // reads) holds it, maps to the bindings that name the Connection.
     let connection_triggers = futures::stream::iter(ctx.connection_changes())
@@ -169,6 +181,7 @@ where
         .reconcile_on(conflict_triggers)
         .reconcile_on(related_triggers)
         .reconcile_on(cached_crd_triggers)
+        .reconcile_on(schema_triggers)
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile::<B>, error_policy::<B>, ctx)
         .for_each(|result| async move {

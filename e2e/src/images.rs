@@ -56,7 +56,19 @@ pub fn previous() -> Result<Vec<String>, String> {
 /// Runs `scripts/images <args>`; the references it prints.
 fn run_images_script(args: &[&str]) -> Result<Vec<String>, String> {
     let script = repository_root().join("scripts/images");
-    let output = Command::new(&script)
+    let mut command = Command::new(&script);
+    // Without the variables cargo sets for this test (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, …):
+    // build scripts fingerprint them, so the images' whole dependency tree would be built again
+    // each time the images are built once from a test and once from `scripts/test`.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if (key.starts_with("CARGO_") && !matches!(&*key, "CARGO_HOME" | "CARGO_TARGET_DIR"))
+            || key == "OUT_DIR"
+        {
+            command.env_remove(&*key);
+        }
+    }
+    let output = command
         .args(args)
         .stderr(std::process::Stdio::inherit())
         .output()

@@ -830,7 +830,7 @@ fn chart_renders_scrape_configs_and_the_dashboard_on_request() {
         );
     }
     let mut ids = std::collections::BTreeSet::new();
-    let readme = std::fs::read_to_string(chart_dir().join("../../../README.md")).unwrap();
+    let readme = std::fs::read_to_string(chart_dir().join("../../../docs/operations.md")).unwrap();
     let documented = &readme[readme.find("## Metrics").unwrap()..];
     let documented = &documented[..documented[3..].find("\n## ").unwrap()];
     for panel in panels {

@@ -645,7 +645,7 @@ async fn the_default_resources_hold_a_bulk_of_two_thousand_objects() {
     })
     .await;
 
-    // What the kernel saw of each pod, against the chart's resources and the README's Sizing
+    // What the kernel saw of each pod, against the chart's resources and the documented Sizing
     // (the chart's `sizing` costs: base + objects × per object + APIs × per API, the objects of
     // the one bound API all in one unit, so any syncer may hold all of them).
     let node = setup.env.node().expect("the consumer has a node");
@@ -699,7 +699,7 @@ async fn the_default_resources_hold_a_bulk_of_two_thousand_objects() {
                 working_set <= predicted,
                 "{name}: a working set of {working_set} B, more than Sizing predicts ({predicted} B)"
             );
-            // The chart sets a CPU request and no limit (README "Sizing"): no quota, so nothing
+            // The chart sets a CPU request and no limit (docs/operations.md, "Sizing"): no quota, so nothing
             // may be throttled.
             assert_eq!(quota, -1, "{name}: no CPU limit");
             assert_eq!(throttled, 0, "{name}: never throttled");

@@ -378,9 +378,9 @@ mod tests {
             .collect()
     }
 
-    /// The README's Metrics table: series → (type, labels).
+    /// The Metrics table (`docs/operations.md`): series → (type, labels).
     fn documented() -> BTreeMap<String, (String, BTreeSet<String>)> {
-        let readme = repository_file("README.md");
+        let readme = repository_file("docs/operations.md");
         let start = readme.find("\n## Metrics").unwrap();
         let section = &readme[start..];
         let section = &section[..section.find("\n### ").unwrap()];
@@ -429,8 +429,8 @@ mod tests {
 
     #[test]
     fn each_help_text_is_what_the_readme_says_of_its_series() {
-        // #33.9: `# HELP` is what a scraper shows; it says what the README's row says.
-        let readme = repository_file("README.md");
+        // #33.9: `# HELP` is what a scraper shows; it says what the documented row says.
+        let readme = repository_file("docs/operations.md");
         let start = readme.find("\n## Metrics").unwrap();
         let section = &readme[start..];
         let section = &section[..section.find("\n### ").unwrap()];

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 /// several times while its watch events and writes come and go, and glibc's heap kept the pages
 /// that churn left behind (10,000 objects: 44.5 MiB after the bulk against 31.4 MiB for the same
 /// objects after a restart; 3.1 KiB per object). jemalloc gives them back: 33.5 MiB, 1.9 KiB per
-/// object (`kbind-bench`, README "Sizing"; mimalloc was tried too and kept them).
+/// object (`kbind-bench`, docs/operations.md, "Sizing"; mimalloc was tried too and kept them).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

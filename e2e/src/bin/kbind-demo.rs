@@ -2,7 +2,7 @@
 //! programs as real processes, and one file applied on the consumer that makes a provider API
 //! usable there. `--check` runs the same flow non-interactively and exits 0 only when every step
 //! was observed. `--pods` runs kbind the way its users do instead: the Helm chart's two
-//! Deployments as pods on a real kubelet node of the consumer (needs root; see the README, "Run on
+//! Deployments as pods on a real kubelet node of the consumer (needs root; see docs/developing.md, "Run on
 //! a real node").
 
 use std::process::ExitCode;

@@ -49,13 +49,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/*
-A component's resources: its own `resources` when set, else derived from `sizing` (README
-"Sizing"): (dict "root" $ "component" "syncer" "values" .Values.syncer "cost" .Values.sizing.syncer).
+A component's resources: its own `resources` when set, else derived from `sizing`
+(docs/operations.md, "Sizing"): (dict "root" $ "component" "syncer" "values" .Values.syncer "cost" .Values.sizing.syncer).
 Memory request: base + its share of the objects × per object + the APIs × per API. A syncer's share
 is objects / replicas; its limit holds objects / (replicas - 1), the share after taking over one
 replica that is gone. The schema manager (one leader) holds every object and API; its limit is
 its request plus half. CPU: a request only (measured: ~1.4 ms per object synced, ~3 ms per change,
-README "Sizing"), no limit.
+docs/operations.md, "Sizing"), no limit.
 */}}
 {{- define "kbind.resources" -}}
 {{- if .values.resources -}}

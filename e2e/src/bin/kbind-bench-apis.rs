@@ -8,12 +8,14 @@
 //! sync take, memory per API and per object, the watches the syncer holds per API, and then
 //! restarts both programs: the time from their start until every object is reported synced
 //! again and a change made at the start has reached the provider, and the writes meanwhile.
+//! Before the restart, one provider CRD gains a field: the time until the consumer CRD has it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::{http_get, install_crds, new_writes};
@@ -289,6 +291,48 @@ async fn main() {
         ),
     );
 
+    // A provider schema change under this load: the first API's provider CRD declares a field that
+    // may hold anything (so compatible), and the time until the consumer CRD shows it is printed.
+    let schema_change = {
+        let crd_name = format!("{}s.example.org", kind(0).to_lowercase());
+        let patch = json!({ "spec": { "versions": [{
+            "name": "v1", "served": true, "storage": true, "subresources": { "status": {} },
+            "schema": { "openAPIV3Schema": { "type": "object", "properties": {
+                "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                          "properties": { "note": {
+                              "x-kubernetes-preserve-unknown-fields": true,
+                              "description": "added by kbind-bench-apis" } } },
+                "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+            } } },
+        }] } });
+        let crds: Api<CustomResourceDefinition> = Api::all(provider.clone());
+        let consumer_crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+        let started = Instant::now();
+        crds.patch(&crd_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("the provider CRD changes");
+        eventually(
+            "the provider's schema change on the consumer",
+            Duration::from_secs(120),
+            || async {
+                let crd = consumer_crds
+                    .get(&crd_name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let spec = serde_json::to_value(&crd.spec.versions[0].schema)
+                    .map_err(|e| e.to_string())?;
+                Ok(
+                    (!spec["openAPIV3Schema"]["properties"]["spec"]["properties"]["note"]
+                        .is_null())
+                    .then_some(()),
+                )
+            },
+        )
+        .await
+        .map(|()| started.elapsed())
+        .ok()
+    };
+
     // The syncer's watches: what the API servers serve with it running, less without it.
     let watches_with = (
         example_watches(&consumer).await,
@@ -398,6 +442,14 @@ async fn main() {
     );
     println!("  schema manager: {:?}", idle.0);
     println!("  syncer:         {:?}", idle.1);
+    match schema_change {
+        Some(took) => println!(
+            "a provider schema change (a new field) on the consumer CRD after {took:>8.2?}  (goal <= 2 s, 30 s intervals)"
+        ),
+        None => {
+            println!("a provider schema change (a new field) NOT on the consumer CRD within 120 s")
+        }
+    }
     println!("restart of both programs at {apis} APIs, {total} objects:");
     println!("  syncer ready after                {ready:>8.1?}");
     println!(
@@ -440,6 +492,7 @@ async fn main() {
             "syncerWatches": syncer_watches,
             "syncerWatchesPerApi": syncer_watches / apis as f64,
             "schemaManagerWatches": manager_watches,
+            "schemaChangeSeconds": schema_change.map(|d| d.as_secs_f64()),
             "restart": {
                 "readySeconds": ready.as_secs_f64(),
                 "allSyncedSeconds": every.as_secs_f64(),

@@ -593,6 +593,11 @@ async fn one_doctor_run_on_a_credential_with_nothing_prints_exactly_what_it_need
     wait_condition(&consumer, "provider", "Ready", "True", None)
         .await
         .unwrap();
+    // The binding installs the Widget CRD once the Connection can read the provider's: Ready
+    // says nothing of it (creating a Widget before the CRD is served is a 404).
+    kbind_e2e::kbind::wait_established(&Api::all(consumer.clone()), API)
+        .await
+        .unwrap();
     ensure_namespace(&consumer, "team-a").await.unwrap();
     widgets(&consumer, "team-a")
         .create(&PostParams::default(), &widget("w", 1))

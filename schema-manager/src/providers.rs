@@ -90,6 +90,8 @@ impl ProviderSchemas {
         let stop = CancellationToken::new();
         let connection = connection.to_owned();
         let names = Mutex::new(kbind_shared::cache::ChangedNames::default());
+        let listed = std::sync::atomic::AtomicBool::new(false);
+        use std::sync::atomic::Ordering::Relaxed;
         let selector = format!("{}={}", keys::EXPORTED_LABEL, keys::TRUE);
         let versions = kbind_shared::cache::spawn_modified(
             Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone()),
@@ -104,7 +106,14 @@ impl ProviderSchemas {
             },
             move |event| {
                 if let Ok(event) = event {
-                    for api in names.locked().observe(event) {
+                    let changed = names.locked().observe(event);
+                    // The first list names every export, and none changed: the bindings read a
+                    // new client's schemas anyway. Announcing them would wake every binding of
+                    // the Connection at once (and, past the broadcast's capacity, every binding).
+                    if matches!(event, watcher::Event::InitDone) && !listed.swap(true, Relaxed) {
+                        return;
+                    }
+                    for api in changed {
                         let connection = connection.clone();
                         let _ = changes.send(SchemaChange { connection, api });
                     }

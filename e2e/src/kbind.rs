@@ -140,6 +140,33 @@ pub async fn apiserver_requests(
     Ok(requests)
 }
 
+/// The watches an API server holds open right now (every client's, from its own
+/// `apiserver_longrunning_requests`), by `"<group>/<resource>"` (the core group is empty).
+pub async fn apiserver_watches(
+    client: &Client,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let text = client
+        .request_text(
+            http::Request::get("/metrics")
+                .body(Vec::new())
+                .expect("static request"),
+        )
+        .await
+        .map_err(|e| format!("read API server metrics: {e}"))?;
+    let mut watches = std::collections::BTreeMap::new();
+    let open = counter_by(
+        &text,
+        "apiserver_longrunning_requests",
+        &["verb", "group", "resource"],
+    );
+    for ([verb, group, resource], count) in open {
+        if verb == "WATCH" && count > 0.0 {
+            *watches.entry(format!("{group}/{resource}")).or_default() += count as u64;
+        }
+    }
+    Ok(watches)
+}
+
 /// Write requests (POST, PUT, PATCH, APPLY, DELETE) an API server has served so far
 /// ([`apiserver_requests`]), leaving out Leases (heartbeats and leader election renew them by
 /// design).

@@ -8,22 +8,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{FutureExt, StreamExt};
+
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kbind_shared::cache;
 use kbind_shared::keys;
 use kbind_shared::shard::{self, Assignment, Member};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{BindingCaches, Context};
-use kbind_shared::api::Connection;
+use crate::caches::TermCaches;
+use crate::context::Context;
 
 /// How often the assignment is recomputed without a change event.
 const ROUND: Duration = Duration::from_millis(500);
@@ -99,53 +96,9 @@ pub const BUCKETS_ANNOTATION: &str = "core.kbind.io/sync-buckets";
 /// Runs assignment rounds until `stop` (only on the leader). Members, managed CRDs, bindings and
 /// the assignment itself are read from watch-fed caches; a round runs on any change to them and
 /// at least every [`ROUND`] (Lease expiry is a matter of time, not of events).
-pub async fn run(
-    ctx: Arc<Context>,
-    bindings: BindingCaches,
-    changes: Arc<Notify>,
-    stop: CancellationToken,
-) {
-    let notify = || {
-        let changes = changes.clone();
-        move || changes.notify_one()
-    };
-    let caches = Caches {
-        leases: cache::spawn(
-            Api::namespaced(ctx.client.clone(), &ctx.namespace),
-            watcher::Config::default().labels(&format!(
-                "{}={}",
-                keys::SYNCER_MEMBER_LABEL,
-                keys::TRUE
-            )),
-            stop.clone(),
-            notify(),
-        ),
-        connections: cache::spawn(
-            Api::all(ctx.client.clone()),
-            watcher::Config::default(),
-            stop.clone(),
-            notify(),
-        ),
-        crds: cache::spawn(
-            Api::all(ctx.client.clone()),
-            watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)),
-            stop.clone(),
-            notify(),
-        ),
-        bindings,
-        assignment: cache::spawn(
-            Api::namespaced(ctx.client.clone(), &ctx.namespace),
-            watcher::Config::default()
-                .fields(&format!("metadata.name={}", shard::ASSIGNMENT_CONFIGMAP)),
-            stop.clone(),
-            notify(),
-        ),
-    };
+pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken) {
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    tokio::select! {
-        _ = caches.ready() => {}
-        _ = stop.cancelled() => return,
-    }
+    let mut changes = std::pin::pin!(caches.changes());
     let mut weights = Weights::default();
     loop {
         if let Err(e) = round(&ctx, &caches, &maps, &mut weights).await {
@@ -154,101 +107,83 @@ pub async fn run(
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(ROUND) => {}
-            _ = changes.notified() => {}
-        }
-    }
-}
-
-struct Caches {
-    leases: Store<Lease>,
-    crds: Store<CustomResourceDefinition>,
-    connections: Store<Connection>,
-    bindings: BindingCaches,
-    assignment: Store<ConfigMap>,
-}
-
-impl Caches {
-    async fn ready(&self) {
-        let _ = self.leases.wait_until_ready().await;
-        let _ = self.crds.wait_until_ready().await;
-        let _ = self.connections.wait_until_ready().await;
-        self.bindings.ready().await;
-        let _ = self.assignment.wait_until_ready().await;
-    }
-
-    /// Every unit of work in priority order — each managed API (split into its namespace
-    /// buckets), then the related resources of each binding that lists some and is admitted
-    /// ([`shard::related_admission`]) — only of Connections that exist and are Ready (a binding
-    /// naming anything else adds nothing to the assignment); and how many bindings' related
-    /// resources were not admitted.
-    fn units(&self, settings: &crate::context::Settings) -> (Vec<String>, usize) {
-        let ready: BTreeSet<String> = self
-            .connections
-            .state()
-            .iter()
-            .filter(|c| shard::connection_ready(c))
-            .map(|c| c.name_any())
-            .collect();
-        let mut apis = BTreeSet::new();
-        for crd in self.crds.state() {
-            // A CRD being handed over to another Connection has no units: its syncers stop, and
-            // the binding taking it over waits for that (`Context::runs_api`).
-            if crd.metadata.deletion_timestamp.is_some()
-                || crd.annotations().contains_key(keys::HANDOVER_ANNOTATION)
-            {
-                continue;
+            _ = changes.next() => {
+                // One round for a burst: it reads the caches as they are by then.
+                while let Some(Some(_)) = changes.next().now_or_never() {}
             }
-            let Some(connection) = crd
-                .annotations()
-                .get(keys::CONNECTION_ANNOTATION)
-                .filter(|c| ready.contains(*c))
-            else {
-                continue;
-            };
-            let buckets = crd
-                .annotations()
-                .get(BUCKETS_ANNOTATION)
-                .and_then(|b| b.parse::<u32>().ok())
-                .filter(|b| (1..=MAX_BUCKETS).contains(b))
-                .unwrap_or(settings.namespace_buckets);
-            apis.extend(
-                shard::api_units(connection, &crd.name_any(), buckets)
-                    .iter()
-                    .map(ToString::to_string),
-            );
         }
-        let connection = |name: &str| {
-            self.connections
-                .get(&kube::runtime::reflector::ObjectRef::new(name))
-        };
-        let cluster_bindings = self.bindings.cluster_bindings.state();
-        let bindings = self.bindings.bindings.state();
-        let candidates: Vec<shard::RelatedBinding> = cluster_bindings
-            .iter()
-            .map(|b| (&b.metadata, &b.spec.binding))
-            .chain(bindings.iter().map(|b| (&b.metadata, &b.spec)))
-            .filter_map(|(meta, spec)| {
-                shard::RelatedBinding::of(
-                    meta,
-                    spec,
-                    connection(&spec.connection_ref.name).as_deref(),
-                )
-            })
-            .collect();
-        let admitted = shard::related_admission(
-            &candidates,
-            settings.related_resources,
-            settings.max_related_bindings_per_namespace,
-        );
-        let refused = admitted.iter().filter(|r| r.is_err()).count();
-        let mut related: Vec<String> = admitted
-            .into_iter()
-            .filter_map(Result::ok)
-            .map(|u| u.to_string())
-            .collect();
-        related.sort();
-        (apis.into_iter().chain(related).collect(), refused)
     }
+}
+
+/// Every unit of work in priority order — each managed API (split into its namespace
+/// buckets), then the related resources of each binding that lists some and is admitted
+/// ([`shard::related_admission`]) — only of Connections that exist and are Ready (a binding
+/// naming anything else adds nothing to the assignment); and how many bindings' related
+/// resources were not admitted.
+fn units(caches: &TermCaches, settings: &crate::context::Settings) -> (Vec<String>, usize) {
+    let ready: BTreeSet<String> = caches
+        .connections
+        .state()
+        .iter()
+        .filter(|c| shard::connection_ready(c))
+        .map(|c| c.name_any())
+        .collect();
+    let mut apis = BTreeSet::new();
+    for crd in caches.managed_crds() {
+        // A CRD being handed over to another Connection has no units: its syncers stop, and
+        // the binding taking it over waits for that (`Context::runs_api`).
+        if crd.metadata.deletion_timestamp.is_some()
+            || crd.annotations().contains_key(keys::HANDOVER_ANNOTATION)
+        {
+            continue;
+        }
+        let Some(connection) = crd
+            .annotations()
+            .get(keys::CONNECTION_ANNOTATION)
+            .filter(|c| ready.contains(*c))
+        else {
+            continue;
+        };
+        let buckets = crd
+            .annotations()
+            .get(BUCKETS_ANNOTATION)
+            .and_then(|b| b.parse::<u32>().ok())
+            .filter(|b| (1..=MAX_BUCKETS).contains(b))
+            .unwrap_or(settings.namespace_buckets);
+        apis.extend(
+            shard::api_units(connection, &crd.name_any(), buckets)
+                .iter()
+                .map(ToString::to_string),
+        );
+    }
+    let connection = |name: &str| {
+        caches
+            .connections
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+    };
+    let cluster_bindings = caches.cluster_bindings.state();
+    let bindings = caches.bindings.state();
+    let candidates: Vec<shard::RelatedBinding> = cluster_bindings
+        .iter()
+        .map(|b| (&b.metadata, &b.spec.binding))
+        .chain(bindings.iter().map(|b| (&b.metadata, &b.spec)))
+        .filter_map(|(meta, spec)| {
+            shard::RelatedBinding::of(meta, spec, connection(&spec.connection_ref.name).as_deref())
+        })
+        .collect();
+    let admitted = shard::related_admission(
+        &candidates,
+        settings.related_resources,
+        settings.max_related_bindings_per_namespace,
+    );
+    let refused = admitted.iter().filter(|r| r.is_err()).count();
+    let mut related: Vec<String> = admitted
+        .into_iter()
+        .filter_map(Result::ok)
+        .map(|u| u.to_string())
+        .collect();
+    related.sort();
+    (apis.into_iter().chain(related).collect(), refused)
 }
 
 /// The most namespace buckets one API may be split into.
@@ -283,12 +218,12 @@ impl Weights {
 
 async fn round(
     ctx: &Context,
-    caches: &Caches,
+    caches: &TermCaches,
     maps: &Api<ConfigMap>,
     weights: &mut Weights,
 ) -> Result<(), kube::Error> {
     let leases: Vec<Lease> = caches
-        .leases
+        .member_leases
         .state()
         .iter()
         .map(|l| l.as_ref().clone())
@@ -300,7 +235,7 @@ async fn round(
         .collect();
     let names: BTreeSet<String> = live.keys().cloned().collect();
     ctx.set_running_units(running.values().flatten().cloned().collect());
-    let (candidates, refused) = caches.units(&ctx.settings);
+    let (candidates, refused) = units(caches, &ctx.settings);
     let (units, left_out) = shard::fit(&candidates, &names);
     ctx.metrics
         .assignment_unassigned_units

@@ -16,6 +16,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::OnceCell;
 
+use crate::caches::{Cached, TermCaches};
 use crate::openapi::fetch::Documents;
 use crate::providers::Providers;
 
@@ -159,7 +160,8 @@ pub struct Context {
     /// The served related-resources Bindings of each namespace, as the last reconcile there saw
     /// them.
     related_served: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
-    binding_caches: std::sync::RwLock<Option<BindingCaches>>,
+    /// This leadership term's caches (`None` outside a term).
+    term: std::sync::RwLock<Option<TermCaches>>,
     impacts: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Affected)>>,
     /// The work units the live syncers report running, as this term's last assignment round saw
     /// them (`None` before the first round).
@@ -194,7 +196,7 @@ impl Context {
             conflict_changes: tokio::sync::broadcast::channel(256).0,
             related_changes: tokio::sync::broadcast::channel(256).0,
             related_served: Default::default(),
-            binding_caches: Default::default(),
+            term: Default::default(),
             running_units: Default::default(),
         }
     }
@@ -233,55 +235,39 @@ impl Context {
         })
     }
 
-    /// Publishes this leadership term's binding caches (listed already).
-    pub fn set_binding_caches(&self, caches: BindingCaches) {
+    /// Publishes this leadership term's caches (listed already), or forgets them (`None`: the
+    /// term ended).
+    pub fn set_term_caches(&self, caches: Option<TermCaches>) {
         *self
-            .binding_caches
+            .term
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(caches);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = caches;
+    }
+
+    /// This leadership term's caches (`None` outside a term).
+    pub fn term(&self) -> Option<TermCaches> {
+        self.term
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// kbind's managed consumer CRDs as this term's watch sees them (`None` outside a term).
-    pub fn managed_crds(&self) -> Option<Store<CustomResourceDefinition>> {
-        self.in_term(|c| c.managed_crds.clone())
+    pub fn managed_crds(&self) -> Option<Vec<std::sync::Arc<CustomResourceDefinition>>> {
+        self.term().map(|c| c.managed_crds())
     }
 
-    /// Names of managed consumer CRDs as this term's cache sees them change (`None` outside a
-    /// term).
-    pub fn crd_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
-        self.in_term(BindingCaches::crd_changes)
-    }
-
-    /// What `read` finds in this term's caches (`None` outside a term).
-    fn in_term<T>(&self, read: impl FnOnce(&BindingCaches) -> T) -> Option<T> {
-        self.binding_caches
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .map(read)
-    }
-
-    /// The ClusterBinding `name` as this term's watch shows it (`Some(None)`: it shows none;
-    /// `None` outside a term).
-    pub fn cached_cluster_binding(
-        &self,
-        name: &str,
-    ) -> Option<Option<std::sync::Arc<ClusterBinding>>> {
-        self.in_term(|c| {
+    /// The ClusterBinding `name` as this term's watch shows it.
+    pub fn cached_cluster_binding(&self, name: &str) -> Cached<std::sync::Arc<ClusterBinding>> {
+        Cached::from_term(self.term(), |c| {
             c.cluster_bindings
                 .get(&kube::runtime::reflector::ObjectRef::new(name))
         })
     }
 
-    /// Names of Connections as this term's cache sees them change (`None` outside a term).
-    pub fn connection_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
-        self.in_term(BindingCaches::connection_changes)
-    }
-
-    /// The Connection `name` as this term's watch shows it (`Some(None)`: it shows none; `None`
-    /// outside a term).
-    pub fn cached_connection(&self, name: &str) -> Option<Option<std::sync::Arc<Connection>>> {
-        self.in_term(|c| {
+    /// The Connection `name` as this term's watch shows it.
+    pub fn cached_connection(&self, name: &str) -> Cached<std::sync::Arc<Connection>> {
+        Cached::from_term(self.term(), |c| {
             c.connections
                 .get(&kube::runtime::reflector::ObjectRef::new(name))
         })
@@ -289,19 +275,13 @@ impl Context {
 
     /// The managed consumer CRD `name`, if this term's watch has it.
     pub fn cached_crd(&self, name: &str) -> Option<std::sync::Arc<CustomResourceDefinition>> {
-        self.managed_crds()?
-            .get(&kube::runtime::reflector::ObjectRef::new(name))
+        self.term()?.managed_crd(name)
     }
 
     /// Every ClusterBinding and Binding, for readers that only report: from this term's caches
     /// (no request), else (outside a term) a LIST.
     pub async fn all_bindings(&self) -> Result<AllBindings, kube::Error> {
-        let caches = self
-            .binding_caches
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        if let Some(caches) = caches {
+        if let Some(caches) = self.term() {
             return Ok((caches.cluster_bindings.state(), caches.bindings.state()));
         }
         let params = kube::api::ListParams::default();
@@ -528,116 +508,6 @@ pub type AllBindings = (
     Vec<std::sync::Arc<ClusterBinding>>,
     Vec<std::sync::Arc<Binding>>,
 );
-
-/// The ClusterBindings and Bindings as this leadership term's watches see them. Readers that only
-/// report (precedence notes, `SchemaInSync`, the assignment) use them instead of a LIST per
-/// reconcile; decisions that delete (unbind, Connection deletion) still LIST fresh.
-#[derive(Clone)]
-pub struct BindingCaches {
-    /// Every ClusterBinding.
-    pub cluster_bindings: Store<ClusterBinding>,
-    /// Every Binding.
-    pub bindings: Store<Binding>,
-    /// The consumer CRDs labelled as kbind's (`core.kbind.io/managed`), without managedFields:
-    /// what a schema check at rest reads instead of a GET per API per resync. Anything a check
-    /// would write is decided again from a fresh read ([`crate::schema::install`]).
-    pub managed_crds: Store<CustomResourceDefinition>,
-    /// The name of each managed CRD the cache above has seen change: bindings listing it are
-    /// reconciled once the cache shows the change (never from a cache older than their trigger).
-    crd_changes: tokio::sync::broadcast::Sender<String>,
-    /// Every Connection, without managedFields: the bindings' Connection gate reads it instead of
-    /// a GET per resync.
-    pub connections: Store<Connection>,
-    /// The name of each Connection the cache above has seen change: the bindings naming it are
-    /// reconciled once the cache shows the change.
-    connection_changes: tokio::sync::broadcast::Sender<String>,
-}
-
-impl BindingCaches {
-    /// Starts both watches until `stop`; `on_change` runs after every event.
-    pub fn start(
-        client: &Client,
-        stop: &tokio_util::sync::CancellationToken,
-        on_change: impl Fn() + Clone + Send + 'static,
-    ) -> Self {
-        let crd_changes = tokio::sync::broadcast::channel(256).0;
-        let changed = crd_changes.clone();
-        let connection_changes = tokio::sync::broadcast::channel(256).0;
-        let connection_changed = connection_changes.clone();
-        Self {
-            crd_changes,
-            connections: kbind_shared::cache::spawn_modified(
-                Api::all(client.clone()),
-                watcher::Config::default(),
-                stop.clone(),
-                |connection: &mut Connection| connection.metadata.managed_fields = None,
-                announce(connection_changed),
-            ),
-            connection_changes,
-            cluster_bindings: kbind_shared::cache::spawn(
-                Api::all(client.clone()),
-                watcher::Config::default(),
-                stop.clone(),
-                on_change.clone(),
-            ),
-            bindings: kbind_shared::cache::spawn(
-                Api::all(client.clone()),
-                watcher::Config::default(),
-                stop.clone(),
-                on_change,
-            ),
-            managed_crds: kbind_shared::cache::spawn_modified(
-                Api::all(client.clone()),
-                watcher::Config::default().labels(&format!(
-                    "{}={}",
-                    kbind_shared::keys::MANAGED_LABEL,
-                    kbind_shared::keys::TRUE
-                )),
-                stop.clone(),
-                |crd: &mut CustomResourceDefinition| crd.metadata.managed_fields = None,
-                announce(changed),
-            ),
-        }
-    }
-
-    /// Names of managed CRDs as their cache sees them change.
-    pub fn crd_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
-        self.crd_changes.subscribe()
-    }
-
-    /// Names of Connections as their cache sees them change.
-    pub fn connection_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
-        self.connection_changes.subscribe()
-    }
-
-    /// Waits until all have listed.
-    pub async fn ready(&self) {
-        let _ = self.cluster_bindings.wait_until_ready().await;
-        let _ = self.bindings.wait_until_ready().await;
-        let _ = self.managed_crds.wait_until_ready().await;
-        let _ = self.connections.wait_until_ready().await;
-    }
-}
-
-/// An observer for a cache of cluster-scoped objects that sends, once the cache holds it, the name
-/// of each object it shows changed — re-lists included ([`kbind_shared::cache::ChangedNames`]):
-/// a Connection or CRD that a watch gap delivers only inside a re-list still wakes its bindings.
-fn announce<K: kube::Resource>(
-    to: tokio::sync::broadcast::Sender<String>,
-) -> impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static {
-    let changes = std::sync::Mutex::new(kbind_shared::cache::ChangedNames::default());
-    move |event| {
-        if let Ok(event) = event {
-            let names = changes
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .observe(event);
-            for name in names {
-                let _ = to.send(name);
-            }
-        }
-    }
-}
 
 /// A reconcile held by kbind's cleanup finalizer: the object fresh when needed
 /// ([`fresh_unless_finalized`]), then kube-runtime's finalizer helper running `apply` or

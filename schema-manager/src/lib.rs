@@ -5,6 +5,7 @@
 
 pub mod assignment;
 pub mod binding;
+pub mod caches;
 pub mod cli;
 pub mod connection;
 pub mod consent;

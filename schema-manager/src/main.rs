@@ -64,21 +64,18 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
             // every provider client: a standby holds no provider credential in use and watches
             // no provider.
             let _forget = ForgetProviders(ctx.clone());
-            // This term's binding caches, listed before any reconcile reads them.
-            let changes = Arc::new(tokio::sync::Notify::new());
-            let bindings = context::BindingCaches::start(&ctx.client, &stop, {
-                let changes = changes.clone();
-                move || changes.notify_one()
-            });
+            // This term's caches, one watch per kind, listed before any reconcile reads them.
+            let caches =
+                kbind_schema_manager::caches::TermCaches::start(&ctx.client, &ctx.namespace, &stop);
             tokio::select! {
-                _ = bindings.ready() => {}
+                _ = caches.ready() => {}
                 _ = stop.cancelled() => return,
             }
-            ctx.set_binding_caches(bindings.clone());
+            ctx.set_term_caches(Some(caches.clone()));
             futures::future::join3(
-                connection::run(ctx.clone(), stop.clone()),
-                binding::run(ctx.clone(), stop.clone()),
-                assignment::run(ctx, bindings, changes, stop),
+                connection::run(ctx.clone(), caches.clone(), stop.clone()),
+                binding::run(ctx.clone(), caches.clone(), stop.clone()),
+                assignment::run(ctx, caches, stop),
             )
             .await;
         }
@@ -110,6 +107,7 @@ impl Drop for ForgetProviders {
         let kept = self.0.providers.len();
         self.0.providers.forget_all();
         self.0.forget_running_units();
+        self.0.set_term_caches(None);
         tracing::info!(kept, "leadership term ended; provider clients forgotten");
     }
 }

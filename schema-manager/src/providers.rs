@@ -113,7 +113,7 @@ impl ProviderSchemas {
                     if matches!(event, watcher::Event::InitDone) && !listed.swap(true, Relaxed) {
                         return;
                     }
-                    for api in changed {
+                    for api in changed.into_iter().map(|key| key.name) {
                         let connection = connection.clone();
                         let _ = changes.send(SchemaChange { connection, api });
                     }

@@ -145,62 +145,72 @@ pub fn observe<K>(
     observe_modified(writer, api, config, stop, |_| {}, observer);
 }
 
-/// Which cluster-scoped objects a watch shows changed, by name, re-lists included: an `Apply` or
-/// `Delete` names its object at once; a (re-)list names, at its `InitDone` (when the cache holds
-/// it), each object whose resourceVersion differs from the last one seen and each object the list
-/// no longer has. A reaction keyed on changes thus never misses one that a watch gap (an expired
-/// resourceVersion, an API server restart) delivered only inside a re-list.
+/// An object's namespace (`None`: cluster-scoped) and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// Its namespace, if namespaced.
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+}
+
+/// Which objects a watch shows changed, re-lists included: an `Apply` or `Delete` names its
+/// object at once; a (re-)list names, at its `InitDone` (when the cache holds it), each object
+/// whose resourceVersion differs from the last one seen and each object the list no longer has. A
+/// reaction keyed on changes thus never misses one that a watch gap (an expired resourceVersion,
+/// an API server restart) delivered only inside a re-list.
 #[derive(Debug, Default)]
 pub struct ChangedNames {
-    /// name → resourceVersion, as the cache holds them.
-    seen: std::collections::HashMap<String, String>,
+    /// key → resourceVersion, as the cache holds them.
+    seen: std::collections::HashMap<ObjectKey, String>,
     /// The (re-)list in progress, until its `InitDone`.
-    listing: Option<std::collections::HashMap<String, String>>,
+    listing: Option<std::collections::HashMap<ObjectKey, String>>,
 }
 
 impl ChangedNames {
-    /// The names `event` shows changed (sorted; empty while a list is in progress).
-    pub fn observe<K: Resource>(&mut self, event: &watcher::Event<K>) -> Vec<String> {
+    /// The objects `event` shows changed (sorted; empty while a list is in progress).
+    pub fn observe<K: Resource>(&mut self, event: &watcher::Event<K>) -> Vec<ObjectKey> {
         let entry = |o: &K| {
             let meta = o.meta();
-            (
-                meta.name.clone().unwrap_or_default(),
-                meta.resource_version.clone().unwrap_or_default(),
-            )
+            let key = ObjectKey {
+                namespace: meta.namespace.clone(),
+                name: meta.name.clone().unwrap_or_default(),
+            };
+            (key, meta.resource_version.clone().unwrap_or_default())
         };
         match event {
             watcher::Event::Apply(o) => {
-                let (name, version) = entry(o);
-                self.seen.insert(name.clone(), version);
-                vec![name]
+                let (key, version) = entry(o);
+                self.seen.insert(key.clone(), version);
+                vec![key]
             }
             watcher::Event::Delete(o) => {
-                let (name, _) = entry(o);
-                self.seen.remove(&name);
-                vec![name]
+                let (key, _) = entry(o);
+                self.seen.remove(&key);
+                vec![key]
             }
             watcher::Event::Init => {
                 self.listing = Some(Default::default());
                 Vec::new()
             }
             watcher::Event::InitApply(o) => {
-                let (name, version) = entry(o);
+                let (key, version) = entry(o);
                 self.listing
                     .get_or_insert_with(Default::default)
-                    .insert(name, version);
+                    .insert(key, version);
                 Vec::new()
             }
             watcher::Event::InitDone => {
                 let listed = self.listing.take().unwrap_or_default();
                 let old = std::mem::replace(&mut self.seen, listed);
-                let mut changed: Vec<String> = self
+                let mut changed: Vec<ObjectKey> = self
                     .seen
                     .iter()
-                    .filter(|(name, version)| old.get(*name) != Some(*version))
-                    .map(|(name, _)| name.clone())
+                    .filter(|(key, version)| old.get(*key) != Some(*version))
+                    .map(|(key, _)| key.clone())
                     .chain(
                         old.keys()
-                            .filter(|name| !self.seen.contains_key(*name))
+                            .filter(|key| !self.seen.contains_key(*key))
                             .cloned(),
                     )
                     .collect();
@@ -1037,8 +1047,46 @@ mod tests {
             (Apply(object("e", "")), &["e"]),
         ];
         for (step, (event, want)) in table.into_iter().enumerate() {
-            assert_eq!(changes.observe(&event), want, "step {step}");
+            let names: Vec<String> = changes
+                .observe(&event)
+                .into_iter()
+                .map(|k| k.name)
+                .collect();
+            assert_eq!(names, want, "step {step}");
         }
+    }
+
+    #[test]
+    fn changed_names_tell_namespaced_objects_of_one_name_apart() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use watcher::Event::{Apply, Init, InitApply, InitDone};
+        let object = |namespace: &str, version: &str| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("b".into()),
+                namespace: Some(namespace.into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        let key = |namespace: &str| ObjectKey {
+            namespace: Some(namespace.into()),
+            name: "b".into(),
+        };
+        let mut changes = ChangedNames::default();
+        for event in [Init, InitApply(object("x", "1")), InitApply(object("y", "2"))] {
+            assert_eq!(changes.observe(&event), []);
+        }
+        assert_eq!(
+            changes.observe(&InitDone::<ConfigMap>),
+            [key("x"), key("y")]
+        );
+        assert_eq!(changes.observe(&Apply(object("y", "3"))), [key("y")]);
+        // A re-list in which only y's changed (x's is as seen).
+        changes.observe(&Init::<ConfigMap>);
+        changes.observe(&InitApply(object("x", "1")));
+        changes.observe(&InitApply(object("y", "4")));
+        assert_eq!(changes.observe(&InitDone::<ConfigMap>), [key("y")]);
     }
 
     #[test]

@@ -13,17 +13,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::{Binding, ClusterBinding, Connection};
 use kbind_shared::conditions::{self, types};
 use kbind_shared::resolve::BindingObject;
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::caches::{Cached, Change, Kind, TermCaches, received};
 use crate::context::Context;
 use apis::{api_state, covered_by_cluster_bindings};
 use ledger::{Going, Left, Step};
@@ -70,11 +70,10 @@ impl Error {
     }
 }
 
-/// Runs both binding controllers until `stop`.
-pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
-    let cluster_bindings =
-        controller::<ClusterBinding>(ctx.clone(), Api::all(ctx.client.clone()), stop.clone());
-    let bindings = controller::<Binding>(ctx.clone(), Api::all(ctx.client.clone()), stop.clone());
+/// Runs both binding controllers on this term's caches until `stop`.
+pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken) {
+    let cluster_bindings = controller::<ClusterBinding>(ctx.clone(), &caches, stop.clone());
+    let bindings = controller::<Binding>(ctx.clone(), &caches, stop.clone());
     let both = futures::future::join(cluster_bindings, bindings);
     tokio::select! {
         _ = both => {}
@@ -82,20 +81,6 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             tracing::warn!("binding reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown");
         }
     }
-}
-
-/// The messages of a broadcast; `None` where a slow reader missed some (the names are lost, so
-/// the reader looks at everything they could have named).
-fn received<T: Clone + Send + 'static>(
-    receiver: tokio::sync::broadcast::Receiver<T>,
-) -> impl futures::Stream<Item = Option<T>> {
-    futures::stream::unfold(receiver, |mut receiver| async {
-        match receiver.recv().await {
-            Ok(message) => Some((Some(message), receiver)),
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some((None, receiver)),
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
-        }
-    })
 }
 
 /// The bindings in `store` that `keep` selects, or every binding (`name` is `None`: the names
@@ -121,24 +106,47 @@ fn lists<B: BindingObject>(binding: &B, name: &String) -> bool {
     binding.binding_spec().apis.iter().any(|a| &a.name == name)
 }
 
-async fn controller<B>(ctx: Arc<Context>, api: Api<B>, stop: CancellationToken)
+/// The bindings a change of another kind in the term's caches concerns: those naming a changed
+/// Connection, those listing a changed consumer CRD (the user's `core.kbind.io/adopt` opt-in,
+/// markers edited by hand, kbind's own install); every binding after missed changes.
+fn concerned<B>(store: &Store<B>, change: Option<&Change>) -> Vec<ObjectRef<B>>
+where
+    B: BindingObject + kube::Resource<DynamicType = ()>,
+{
+    match change {
+        None => selected(store, None::<String>, lists),
+        Some(Change {
+            kind: Kind::Connection,
+            key,
+        }) => selected(store, Some(&key.name), |b: &B, name: &&String| {
+            &b.binding_spec().connection_ref.name == *name
+        }),
+        Some(Change {
+            kind: Kind::Crd,
+            key,
+        }) => selected(store, Some(key.name.clone()), lists),
+        Some(_) => Vec::new(),
+    }
+}
+
+async fn controller<B>(ctx: Arc<Context>, caches: &TermCaches, stop: CancellationToken)
 where
     B: BindingObject + kube::Resource<DynamicType = ()>,
     B: Scoped,
 {
-    let controller = Controller::new(api, watcher::Config::default());
+    let store = B::store(caches);
+    let controller = Controller::for_shared_stream(caches.triggers(B::KIND, store.clone()), store);
     let store = controller.store();
+    // BIND triggers from the term's other caches (a Connection's change, once the cache the gate
+    // reads holds it; a consumer CRD's change, once the schema check's cache holds it).
+    let term_store = store.clone();
+    let term_triggers = caches
+        .changes()
+        .flat_map(move |change| futures::stream::iter(concerned(&term_store, change.as_ref())));
     // BIND-5d live: a change in which instances conflict re-counts the bindings listing the API.
     let conflict_store = store.clone();
     let conflict_triggers = received(ctx.conflict_changes())
         .flat_map(move |api| futures::stream::iter(selected(&conflict_store, api, lists)));
-    // A managed CRD's change, once the schema check's cache of them holds it (the CRD watch
-    // below may be seen first: a reconcile it starts can find the cache a moment behind).
-    let cached_crd_store = store.clone();
-    let cached_crd_triggers = futures::stream::iter(ctx.crd_changes())
-        .flat_map(received)
-        .flat_map(move |name| futures::stream::iter(selected(&cached_crd_store, name, lists)));
-    let crd_store = store.clone();
     // A namespace whose served related-resources Bindings changed: its Bindings say so at once.
     let related_store = store.clone();
     let related_triggers = received(ctx.related_changes()).flat_map(move |namespace| {
@@ -149,38 +157,20 @@ where
     });
     // A provider's exported CRD changed (its watch's cache holds the new version, so the
     // schema check reads it fresh): the bindings of that Connection listing the API, at once.
-    let schema_store = store.clone();
     let schema_triggers = received(ctx.providers.schema_changes()).flat_map(move |change| {
         futures::stream::iter(selected(
-            &schema_store,
+            &store,
             change,
             |b: &B, change: &crate::providers::SchemaChange| {
                 b.binding_spec().connection_ref.name == change.connection && lists(b, &change.api)
             },
         ))
     });
-    // BIND triggers: a Connection's change, once the term's Connection cache (which the gate
-    // reads) holds it, maps to the bindings that name the Connection.
-    let connection_triggers = futures::stream::iter(ctx.connection_changes())
-        .flat_map(received)
-        .flat_map(move |name| {
-            futures::stream::iter(selected(&store, name, |b: &B, name: &String| {
-                &b.binding_spec().connection_ref.name == name
-            }))
-        });
 
     controller
-        .reconcile_on(connection_triggers)
-        // A consumer CRD changing (the user's `core.kbind.io/adopt` opt-in, markers edited by
-        // hand) re-evaluates the bindings that list it at once; metadata only.
-        .watches(
-            Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(ctx.client.clone()),
-            watcher::Config::default(),
-            move |crd| selected(&crd_store, Some(crd.name_any()), lists),
-        )
+        .reconcile_on(term_triggers)
         .reconcile_on(conflict_triggers)
         .reconcile_on(related_triggers)
-        .reconcile_on(cached_crd_triggers)
         .reconcile_on(schema_triggers)
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile::<B>, error_policy::<B>, ctx)
@@ -193,9 +183,13 @@ where
 }
 
 /// How to reach a binding kind's API for one object.
-pub trait Scoped: BindingObject {
+pub trait Scoped: BindingObject + Sized {
     /// The controller's name in metrics.
     const CONTROLLER: &'static str;
+    /// Its kind among the term's caches.
+    const KIND: Kind;
+    /// The term's cache of this kind.
+    fn store(caches: &TermCaches) -> Store<Self>;
     /// The Api for this object's scope.
     fn api(client: &Client, object: &Self) -> Api<Self>;
     /// The namespace whose instances it covers (`None`: all).
@@ -206,6 +200,10 @@ pub trait Scoped: BindingObject {
 
 impl Scoped for Binding {
     const CONTROLLER: &'static str = "binding";
+    const KIND: Kind = Kind::Binding;
+    fn store(caches: &TermCaches) -> Store<Self> {
+        caches.bindings.clone()
+    }
     fn api(client: &Client, object: &Self) -> Api<Self> {
         Api::namespaced(client.clone(), &object.namespace().unwrap_or_default())
     }
@@ -223,6 +221,10 @@ impl Scoped for Binding {
 
 impl Scoped for ClusterBinding {
     const CONTROLLER: &'static str = "clusterbinding";
+    const KIND: Kind = Kind::ClusterBinding;
+    fn store(caches: &TermCaches) -> Store<Self> {
+        caches.cluster_bindings.clone()
+    }
     fn api(client: &Client, _: &Self) -> Api<Self> {
         Api::all(client.clone())
     }
@@ -305,8 +307,9 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
     // The Connection as this term's cache shows it (bindings are triggered only once it shows a
     // change); outside a term, read.
     let connection = match ctx.cached_connection(&connection_name) {
-        Some(cached) => cached.map(|c| Connection::clone(&c)),
-        None => Api::<Connection>::all(ctx.client.clone())
+        Cached::Present(cached) => Some(Connection::clone(&cached)),
+        Cached::Absent => None,
+        Cached::NoTerm => Api::<Connection>::all(ctx.client.clone())
             .get_opt(&connection_name)
             .await
             .map_err(Error::Consumer)?,
@@ -415,7 +418,7 @@ async fn related_not_served<B: Scoped>(
         }) {
             let named = ctx
                 .cached_connection(&other.spec.connection_ref.name)
-                .flatten();
+                .present();
             candidates.extend(RelatedBinding::of(
                 &other.metadata,
                 &other.spec,

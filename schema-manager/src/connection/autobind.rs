@@ -9,6 +9,8 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use crate::caches::Cached;
+
 const FIELD_MANAGER: &str = "kbind-schema-manager";
 
 /// AUTO-1: the ClusterBinding's fields kbind owns (server-side apply leaves the rest, such as
@@ -218,19 +220,23 @@ fn plan(
 /// missing exports in `status`. Removing the ClusterBinding never deletes a CRD or an object (see
 /// `binding::release`). Returns the APIs dropped now.
 ///
-/// `cached`: the ClusterBinding named after the Connection as a watch shows it (`Some(None)`: it
-/// shows none), when one is at hand. A plan from it that writes nothing stands; anything else is
-/// planned again from a fresh read.
+/// `cached`: the ClusterBinding named after the Connection as the term's watch shows it. A plan
+/// from it that writes nothing stands; anything else is planned again from a fresh read.
 pub async fn reconcile(
     consumer: &Client,
     connection: &Connection,
     status: &mut ConnectionStatus,
     grace: std::time::Duration,
-    cached: Option<Option<&ClusterBinding>>,
+    cached: Cached<&ClusterBinding>,
 ) -> Result<Vec<String>, String> {
-    if let Some(cached) = cached
+    let shown = match cached {
+        Cached::NoTerm => None,
+        Cached::Absent => Some(None),
+        Cached::Present(binding) => Some(Some(binding)),
+    };
+    if let Some(shown) = shown
         && let Step::Stand(missing, dropped) =
-            plan(cached, connection, status, jiff::Timestamp::now(), grace)
+            plan(shown, connection, status, jiff::Timestamp::now(), grace)
     {
         status.missing_exports = missing;
         return Ok(dropped);

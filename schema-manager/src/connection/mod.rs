@@ -20,13 +20,14 @@ use kbind_shared::conditions;
 use kbind_shared::identity::{IdentityError, cluster_identity_and_source};
 use kbind_shared::keys;
 use kube::api::PostParams;
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer;
-use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::caches::{Kind, TermCaches};
 use crate::context::Context;
 use crate::discovery;
 use crate::providers::ProviderError;
@@ -81,8 +82,8 @@ struct State {
     recorder: Recorder,
 }
 
-/// Runs the Connection controller until `stop` is cancelled.
-pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
+/// Runs the Connection controller on this term's caches until `stop` is cancelled.
+pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken) {
     let client = ctx.client.clone();
     let (trigger, triggers) = futures::channel::mpsc::unbounded();
     // Identity watches started in an earlier term reconcile through this term's controller.
@@ -93,15 +94,17 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         ctx,
     });
     let graceful = stop.clone();
-    let controller = Controller::new(Api::<Connection>::all(client), watcher::Config::default())
-        .reconcile_on(triggers)
-        .graceful_shutdown_on(async move { graceful.cancelled().await })
-        .run(reconcile, error_policy, state)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "connection reconcile");
-            }
-        });
+    let store = caches.connections.clone();
+    let controller =
+        Controller::for_shared_stream(caches.triggers(Kind::Connection, store.clone()), store)
+            .reconcile_on(triggers)
+            .graceful_shutdown_on(async move { graceful.cancelled().await })
+            .run(reconcile, error_policy, state)
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection reconcile");
+                }
+            });
     // In-flight reconciles get a bounded grace period after `stop`; then the controller is dropped.
     tokio::select! {
         _ = controller => {}
@@ -267,7 +270,6 @@ async fn expire_consent(
     };
     let name = connection.name_any();
     let served: std::collections::BTreeMap<String, String> = crds
-        .state()
         .iter()
         .filter(|c| c.annotations().get(keys::CONNECTION_ANNOTATION) == Some(&name))
         .filter_map(|c| {
@@ -438,7 +440,7 @@ async fn connect(
         connection,
         status,
         ctx.settings.autobind_grace_period,
-        cached.as_ref().map(Option::as_deref),
+        cached.as_deref(),
     )
     .await
     {

@@ -77,7 +77,7 @@ pub(super) async fn install_all(
 pub(super) async fn kept_crds(ctx: &Context, connection: &str) -> Result<Vec<String>, kube::Error> {
     // This term's watch of them, else a LIST.
     let crds: Vec<kube::api::ObjectMeta> = match ctx.managed_crds() {
-        Some(store) => store.state().iter().map(|c| c.metadata.clone()).collect(),
+        Some(crds) => crds.iter().map(|c| c.metadata.clone()).collect(),
         None => {
             let managed = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
             Api::<kube::core::PartialObjectMeta<CustomResourceDefinition>>::all(ctx.client.clone())

@@ -117,14 +117,7 @@ pub async fn http_get_with(
 pub async fn apiserver_requests(
     client: &Client,
 ) -> Result<std::collections::BTreeMap<String, u64>, String> {
-    let text = client
-        .request_text(
-            http::Request::get("/metrics")
-                .body(Vec::new())
-                .expect("static request"),
-        )
-        .await
-        .map_err(|e| format!("read API server metrics: {e}"))?;
+    let text = apiserver_metrics(client).await?;
     let mut requests = std::collections::BTreeMap::new();
     let served = counter_by(
         &text,
@@ -140,19 +133,24 @@ pub async fn apiserver_requests(
     Ok(requests)
 }
 
-/// The watches an API server holds open right now (every client's, from its own
-/// `apiserver_longrunning_requests`), by `"<group>/<resource>"` (the core group is empty).
-pub async fn apiserver_watches(
-    client: &Client,
-) -> Result<std::collections::BTreeMap<String, u64>, String> {
-    let text = client
+/// An API server's own `/metrics` text.
+pub async fn apiserver_metrics(client: &Client) -> Result<String, String> {
+    client
         .request_text(
             http::Request::get("/metrics")
                 .body(Vec::new())
                 .expect("static request"),
         )
         .await
-        .map_err(|e| format!("read API server metrics: {e}"))?;
+        .map_err(|e| format!("read API server metrics: {e}"))
+}
+
+/// The watches an API server holds open right now (every client's, from its own
+/// `apiserver_longrunning_requests`), by `"<group>/<resource>"` (the core group is empty).
+pub async fn apiserver_watches(
+    client: &Client,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let text = apiserver_metrics(client).await?;
     let mut watches = std::collections::BTreeMap::new();
     let open = counter_by(
         &text,

@@ -6,6 +6,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::apiserver_metrics;
 use kbind_e2e::wait::wait_for;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
@@ -16,8 +17,7 @@ const API: &str = "widgets.example.org";
 
 /// Writes on Widgets an API server has served (every client's), from its own `/metrics`.
 async fn widget_writes(client: &Client) -> f64 {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client.request_text(request).await.unwrap();
+    let text = apiserver_metrics(client).await.unwrap();
     ["CREATE", "UPDATE", "PATCH", "APPLY", "DELETE"]
         .iter()
         .map(|verb| {
@@ -37,8 +37,7 @@ async fn provider_applies(client: &Client) -> f64 {
 
 /// Server-side applies of Widgets an API server has answered with `code`.
 async fn provider_answers(client: &Client, code: &str) -> f64 {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client.request_text(request).await.unwrap();
+    let text = apiserver_metrics(client).await.unwrap();
     metric_sum(
         &text,
         "apiserver_request_total",

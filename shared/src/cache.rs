@@ -1074,7 +1074,11 @@ mod tests {
             name: "b".into(),
         };
         let mut changes = ChangedNames::default();
-        for event in [Init, InitApply(object("x", "1")), InitApply(object("y", "2"))] {
+        for event in [
+            Init,
+            InitApply(object("x", "1")),
+            InitApply(object("y", "2")),
+        ] {
             assert_eq!(changes.observe(&event), []);
         }
         assert_eq!(

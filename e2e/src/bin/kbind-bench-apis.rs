@@ -69,8 +69,7 @@ async fn synced(syncer: &Program) -> f64 {
 
 /// Open watches of `example.org` resources an API server serves (every client's).
 async fn example_watches(client: &Client) -> f64 {
-    let text = client
-        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+    let text = kbind_e2e::kbind::apiserver_metrics(client)
         .await
         .unwrap_or_default();
     metric_sum(

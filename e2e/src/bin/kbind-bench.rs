@@ -271,8 +271,7 @@ async fn minimal_bulk(s: &mut SyncEnv, n: usize) -> Bulk {
 }
 
 async fn apiserver_metrics(client: &kube::Client) -> String {
-    client
-        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+    kbind_e2e::kbind::apiserver_metrics(client)
         .await
         .unwrap_or_default()
 }

@@ -227,7 +227,7 @@ impl Context {
     }
 
     /// A stream that yields whenever any binding changes (SCTL-6 binding triggers).
-    pub fn binding_changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+    pub fn binding_changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static + use<> {
         let receiver = self.binding_changes.subscribe();
         // A lagged receiver missed some changes, which means "something changed" all the same.
         futures::stream::unfold(receiver, |mut receiver| async move {

@@ -8,6 +8,12 @@ use std::time::{Duration, Instant};
 
 use super::status_delay::{self, StatusDelay};
 
+/// The backlog key of an object.
+pub(super) fn key<K: kube::Resource>(object: &K) -> Key {
+    use kube::ResourceExt;
+    (object.namespace(), object.name_any())
+}
+
 /// `(namespace, name)` of a consumer object.
 pub type Key = (Option<String>, String);
 

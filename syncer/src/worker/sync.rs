@@ -15,8 +15,11 @@ use kube::runtime::controller::Action;
 use serde_json::json;
 
 use super::decide::{Copy, Facts, Rest, SpecUp, Step, decide, rest};
+use super::pending;
 use super::pending::Seen;
-use super::{Error, SyncState, Worker};
+use super::state::{Worker, WorkerSpec, object_key};
+use super::states::SyncState;
+use super::writes::{Error, result_label};
 
 /// One sync: gather the facts, [`decide`], execute the step. `seen`: when the changes it syncs
 /// were first seen, for the lag of the writes that deliver them.
@@ -79,7 +82,7 @@ pub(super) async fn sync(
             worker
                 .pending
                 .locked()
-                .give_back(super::pending_key(object.as_ref()), seen);
+                .give_back(pending::key(object.as_ref()), seen);
             return Ok(Action::await_change());
         }
         Step::Sync {
@@ -123,7 +126,7 @@ pub(super) async fn sync(
         worker
             .provider_echoes
             .locked()
-            .writing(super::pending_key(object.as_ref()));
+            .writing(pending::key(object.as_ref()));
         let applied = worker
             .provider_api(namespace.as_deref())
             .patch(
@@ -134,7 +137,7 @@ pub(super) async fn sync(
             .await;
         if applied.is_err() {
             worker.provider_echoes.locked().wrote(
-                &super::pending_key(object.as_ref()),
+                &pending::key(object.as_ref()),
                 None,
                 std::time::Instant::now(),
             );
@@ -167,14 +170,14 @@ pub(super) async fn sync(
                 }
                 delivered_at = delivery::applied_at(&applied.metadata);
                 worker.provider_echoes.locked().wrote(
-                    &super::pending_key(object.as_ref()),
+                    &pending::key(object.as_ref()),
                     applied.metadata.resource_version.as_deref(),
                     std::time::Instant::now(),
                 );
-                worker.pending.locked().spec_applied(
-                    super::pending_key(object.as_ref()),
-                    std::time::Instant::now(),
-                );
+                worker
+                    .pending
+                    .locked()
+                    .spec_applied(pending::key(object.as_ref()), std::time::Instant::now());
             }
             Err(e) if creating && kbind_shared::apply::exists(&e) => {
                 tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object appeared before the first spec-up; classifying it");
@@ -202,7 +205,7 @@ pub(super) async fn sync(
     if let Some(status) = desired_status(spec, &object, provider_status, delivered_at)
         && current != Some(&status)
     {
-        let key = super::pending_key(object.as_ref());
+        let key = pending::key(object.as_ref());
         let now = std::time::Instant::now();
         // A provider rewriting a status faster than --status-min-interval is copied at that pace;
         // the next sync copies whatever is latest then.
@@ -243,7 +246,7 @@ pub(super) async fn sync(
         }
     }
     worker.mark(&object, Some(SyncState::Synced));
-    // The backstop resync is one periodic pass over the whole cache (`super::resync_ticks`), not a
+    // The backstop resync is one periodic pass over the whole cache (`resync_ticks` in the worker), not a
     // timer per object: at rest a synced object costs no scheduler entry.
     Ok(Action::await_change())
 }
@@ -281,7 +284,7 @@ fn facts<'a>(worker: &Worker, object: &'a Instance, copy: Option<&ProviderCopy>)
 /// the CRD has one, kbind's delivery record of the spec kbind applied at `delivered_at`.
 /// `None`: the provider has none and the CRD has no record to keep.
 fn desired_status(
-    spec: &super::WorkerSpec,
+    spec: &WorkerSpec,
     object: &Instance,
     provider_status: Option<serde_json::Value>,
     delivered_at: Option<String>,
@@ -373,11 +376,11 @@ async fn status_down(
             worker
                 .pending
                 .locked()
-                .status_written(super::pending_key(object), std::time::Instant::now());
+                .status_written(pending::key(object), std::time::Instant::now());
             Ok(())
         }
         Err(e) => {
-            worker.count(op, super::result_label(&e));
+            worker.count(op, result_label(&e));
             Err(Error::Consumer(e))
         }
     }
@@ -437,7 +440,7 @@ async fn forbidden_or(
         _ => None,
     };
     let (kube::Error::Api(s), Some((result, state, reason, what))) = (&error, refusal) else {
-        worker.count("spec_up", super::result_label(&error));
+        worker.count("spec_up", result_label(&error));
         // #33.1: the provider did not take the spec (an outage, a 5xx, a timeout): the object
         // says so — Pending, with the answer — instead of keeping the last state.
         let answer = match &error {
@@ -456,7 +459,7 @@ async fn forbidden_or(
     worker.count("spec_up", result);
     record_refusal(worker, object, state, &s.message).await?;
     let news = worker.retries.is_new(
-        &super::object_key(object),
+        &object_key(object),
         &Error::Provider(error_copy(s)).to_string(),
     );
     if news {
@@ -481,7 +484,7 @@ async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
     let release = || async {
         // Read first: the object can vanish (and its watch event clear the entry) before the
         // release's answer arrives.
-        let key = super::pending_key(object);
+        let key = pending::key(object);
         let since = worker.pending.locked().deletion_started(&key);
         worker.set_finalizers(object, released.clone()).await?;
         worker.pending.locked().deleted(&key);
@@ -529,7 +532,7 @@ async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
                     Ok(_) => worker.count("delete", "ok"),
                     Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
                     Err(e) => {
-                        worker.count("delete", super::result_label(&e));
+                        worker.count("delete", result_label(&e));
                         return Err(Error::Provider(e));
                     }
                 }
@@ -541,6 +544,37 @@ async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
             worker.mark(object, None);
             Ok(Action::await_change())
         }
+    }
+}
+
+impl Worker {
+    /// Whether a sync of `object` has anything to do; when not, where it stands is recorded.
+    pub(super) fn has_work(&self, object: &Instance) -> bool {
+        if self.echoes.locked().behind(
+            &pending::key(object),
+            object.metadata.resource_version.as_deref(),
+        ) {
+            // Its echo syncs it.
+            return false;
+        }
+        let copy = self.provider_copy(object);
+        match at_rest(self, object, copy.as_deref()) {
+            Rest::Work => true,
+            Rest::Unbound => false,
+            Rest::Stands(state) => {
+                self.mark(object, Some(state));
+                false
+            }
+        }
+    }
+
+    /// The consumer objects (this worker's cache of them) whose sync has something to do.
+    pub(super) fn with_work(&self) -> Vec<Arc<Instance>> {
+        self.consumer_objects
+            .state()
+            .into_iter()
+            .filter(|o| self.has_work(o))
+            .collect()
     }
 }
 

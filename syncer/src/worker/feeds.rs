@@ -1,0 +1,205 @@
+//! A worker's two feeds: one watch of each side fills that side's cache and turns its events into
+//! syncs. A change syncs; a (re-)list is compared with the other side's cache — at a start by
+//! whichever side finishes listing second — and only the objects with work to do sync: the others
+//! are recorded where they stand and do not queue ahead of the changes (a restart at 100,000
+//! objects would otherwise sync every one of them before a change made meanwhile). Both sides list
+//! at the same time (a restart waits for the longer of the two lists, not for both).
+
+use kbind_shared::sync::Locked;
+use std::sync::Arc;
+
+use futures::channel::mpsc::{UnboundedReceiver, unbounded};
+use futures::{StreamExt, TryStreamExt};
+use kbind_shared::cache::{Instance, ProviderCopy};
+use kube::Api;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::task::JoinHandle;
+
+use super::pending;
+use super::state::{Side, Worker, Writers};
+
+/// The consumer objects to sync, as the consumer feed delivers them (the controller's own stream).
+pub(super) type ConsumerChanges = UnboundedReceiver<Result<Instance, watcher::Error>>;
+/// The consumer objects a provider change syncs.
+pub(super) type ProviderTriggers = UnboundedReceiver<ObjectRef<Instance>>;
+
+/// Both feeds' tasks; dropping them stops both watches.
+pub(super) struct Feeds([JoinHandle<()>; 2]);
+
+impl Drop for Feeds {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Starts both feeds of `worker` into the caches `writers` write.
+pub(super) fn start(
+    worker: &Arc<Worker>,
+    writers: Writers,
+) -> (Feeds, ConsumerChanges, ProviderTriggers) {
+    let (provider, triggers) = provider(worker.clone(), writers.provider);
+    let (consumer, changes) = consumer(worker.clone(), writers.consumer);
+    (Feeds([provider, consumer]), changes, triggers)
+}
+
+/// The provider side: a cache of the API's objects, each kept as the facts a sync reads
+/// (`ProviderCopy`); events on them re-sync the consumer object with the same namespace/name
+/// (drift repair, SYNC-12, and conflict re-evaluation, QRK-19). A change is recorded as waiting
+/// before the cache shows it, so that a sync that sees it in the cache also finds when it was
+/// first seen — and only for an object the consumer has (nothing else is ever synced, so nothing
+/// else may wait).
+fn provider(
+    worker: Arc<Worker>,
+    writer: reflector::store::Writer<ProviderCopy>,
+) -> (JoinHandle<()>, ProviderTriggers) {
+    let api: Api<Instance> = Api::all_with(worker.provider.clone(), &worker.dyntype);
+    let buckets = worker.spec.buckets.clone();
+    let (seen, copied) = (worker.clone(), worker.clone());
+    let events = reflector::reflector(
+        writer,
+        kbind_shared::streaming::instances(api, watcher::Config::default())
+            .filter(move |e| std::future::ready(buckets.keep(e)))
+            .inspect(move |event| {
+                // (A re-list's objects are compared once it is complete, below.)
+                if let Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) = event {
+                    let key = pending::key(o);
+                    seen.provider_echoes
+                        .locked()
+                        .saw(&key, o.metadata.resource_version.as_deref());
+                    let reference = seen.reference(key.0.as_deref(), &key.1);
+                    if seen.consumer_objects.get(&reference).is_some() {
+                        seen.pending
+                            .locked()
+                            .provider_changed(key, std::time::Instant::now());
+                    }
+                }
+            })
+            .map_ok(move |event| {
+                let (uid, max_bytes) = (&copied.spec.local_uid, copied.ctx.limits.max_status_bytes);
+                kbind_shared::cache::map_event(event, |o| {
+                    ProviderCopy::of(o, uid).bounded(max_bytes)
+                })
+            }),
+    )
+    .default_backoff();
+    let (trigger, triggers) = unbounded();
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            let object = match event {
+                // The cache holds the event now: a write's echo among those seen ends its wait.
+                Ok(watcher::Event::Apply(o)) => {
+                    let key = (
+                        o.namespace.as_deref().map(str::to_owned),
+                        o.name.to_string(),
+                    );
+                    worker.provider_echoes.locked().cached(&key);
+                    o
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    let key = (
+                        o.namespace.as_deref().map(str::to_owned),
+                        o.name.to_string(),
+                    );
+                    worker.provider_echoes.locked().forget(&key);
+                    o
+                }
+                // A (re-)list is complete and the cache holds it: only the consumer objects it
+                // leaves with work to do are synced, not every object again.
+                Ok(watcher::Event::InitDone) => {
+                    worker.provider_echoes.locked().clear();
+                    if !worker.listed(Side::Provider) {
+                        continue;
+                    }
+                    let now = std::time::Instant::now();
+                    for object in worker.with_work() {
+                        worker
+                            .pending
+                            .locked()
+                            .provider_changed(pending::key(object.as_ref()), now);
+                        let reference =
+                            ObjectRef::from_obj_with(object.as_ref(), worker.dyntype.clone());
+                        if trigger.unbounded_send(reference).is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            let reference = worker.reference(object.namespace.as_deref(), &object.name);
+            if trigger.unbounded_send(reference).is_err() {
+                break;
+            }
+        }
+    });
+    (task, triggers)
+}
+
+/// The consumer side: the cache the controller runs on, each object as slim as decisions allow.
+fn consumer(
+    worker: Arc<Worker>,
+    writer: reflector::store::Writer<Instance>,
+) -> (JoinHandle<()>, ConsumerChanges) {
+    let api: Api<Instance> = Api::all_with(worker.ctx.client.clone(), &worker.dyntype);
+    let buckets = worker.spec.buckets.clone();
+    let seen = worker.clone();
+    let events = reflector::reflector(
+        writer,
+        kbind_shared::streaming::instances(api, watcher::Config::default())
+            .filter(move |e| std::future::ready(buckets.keep(e)))
+            .modify(|o| kbind_shared::cache::consumer_metadata(&mut o.metadata))
+            .inspect(move |event| seen.saw_consumer_event(event)),
+    )
+    .default_backoff();
+    let (sender, changes) = unbounded();
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            let changed = match event {
+                Ok(watcher::Event::Apply(o)) => {
+                    worker
+                        .echoes
+                        .locked()
+                        .showed(&pending::key(&o), o.metadata.resource_version.as_deref());
+                    o
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    worker.echoes.locked().forget(&pending::key(&o));
+                    continue;
+                }
+                Ok(watcher::Event::InitDone) => {
+                    worker.echoes.locked().clear();
+                    if !worker.listed(Side::Consumer) {
+                        continue;
+                    }
+                    let now = std::time::Instant::now();
+                    for object in worker.with_work() {
+                        let deleting = object.metadata.deletion_timestamp.is_some();
+                        worker.pending.locked().consumer_changed(
+                            pending::key(object.as_ref()),
+                            now,
+                            deleting,
+                        );
+                        if sender.unbounded_send(Ok(object.as_ref().clone())).is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::debug!(api = %worker.spec.api, error = %e, "consumer watch");
+                    continue;
+                }
+            };
+            if sender.unbounded_send(Ok(changed)).is_err() {
+                return;
+            }
+        }
+    });
+    (task, changes)
+}

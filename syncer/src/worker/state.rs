@@ -1,0 +1,265 @@
+//! One worker's state: its caches of both sides, what it has seen change and written, where each
+//! object stands — and the questions asked of them (has this object work to do? what does the
+//! provider hold of it?). The feeds fill it, syncs read and write it, the report reads it.
+
+use kbind_shared::sync::Locked;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kbind_shared::cache::{Instance, InstanceType, ProviderCopy};
+use kbind_shared::kubeconfig::InlineKubeconfig;
+use kube::api::ApiResource;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+use super::buckets::Buckets;
+use super::states::{self, SyncState};
+use super::{echoes, pending};
+use crate::context::Context;
+
+/// What a worker syncs, and with which provider.
+pub struct WorkerSpec {
+    /// `<plural>.<group>`
+    pub api: String,
+    /// The storage version's resource.
+    pub resource: ApiResource,
+    /// Whether the consumer CRD has a status subresource.
+    pub has_status_subresource: bool,
+    /// Whether its status has kbind's delivery record (`status.kbindSync`).
+    pub has_delivery: bool,
+    /// The Connection.
+    pub connection: String,
+    /// The consumer's pinned identity.
+    pub local_uid: String,
+    /// Provider credentials.
+    pub kubeconfig: InlineKubeconfig,
+    /// Their digest (workers of one Connection with the same digest share one provider client).
+    pub digest: String,
+    /// Which namespaces' objects this worker syncs.
+    pub buckets: Buckets,
+}
+
+/// One worker: what it syncs, with which clients, and all it holds while it runs.
+pub(super) struct Worker {
+    pub(super) ctx: Arc<Context>,
+    pub(super) spec: WorkerSpec,
+    pub(super) provider: Client,
+    /// The API, as the caches' keys share it.
+    pub(super) dyntype: InstanceType,
+    /// The provider's objects of the API, as the facts a sync reads.
+    pub(super) provider_objects: Store<ProviderCopy>,
+    /// The consumer's objects of the API (this worker's buckets).
+    pub(super) consumer_objects: Store<Instance>,
+    pub(super) recorder: Recorder,
+    pub(super) known_namespaces: Mutex<HashSet<String>>,
+    pub(super) warned_no_status: Mutex<bool>,
+    /// Objects whose provider status is too large to copy, warned about once each.
+    pub(super) oversized: Mutex<HashSet<pending::Key>>,
+    pub(super) states: Mutex<states::States>,
+    pub(super) in_flight: std::sync::atomic::AtomicI64,
+    /// Set when the worker stops: no new sync starts.
+    pub(super) stopping: std::sync::atomic::AtomicBool,
+    /// Backoff and log-once for objects whose sync keeps failing.
+    pub(super) retries: kbind_shared::backoff::Retries,
+    /// Changes seen and not yet synced: the backlog, and what lag is measured from.
+    pub(super) pending: Mutex<pending::Pending>,
+    /// Which sides' caches have listed.
+    pub(super) listed: Mutex<Listed>,
+    /// kbind's consumer writes the cache does not show yet.
+    pub(super) echoes: Mutex<echoes::Echoes>,
+    /// kbind's provider writes the provider cache does not show yet.
+    pub(super) provider_echoes: Mutex<echoes::ProviderEchoes>,
+}
+
+/// The writers of a new worker's two caches, for its feeds.
+pub(super) struct Writers {
+    /// The provider side's.
+    pub(super) provider: reflector::store::Writer<ProviderCopy>,
+    /// The consumer side's.
+    pub(super) consumer: reflector::store::Writer<Instance>,
+}
+
+/// A side of the sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Side {
+    Consumer,
+    Provider,
+}
+
+/// Which sides' caches have listed at least once.
+#[derive(Debug, Default)]
+pub(super) struct Listed {
+    /// The consumer side's.
+    pub(super) consumer: bool,
+    /// The provider side's.
+    pub(super) provider: bool,
+}
+
+impl Listed {
+    /// `side` has (re-)listed: whether its objects are to be compared now — only once the other
+    /// side has listed too, so that at a start exactly one of the two (the second) compares.
+    pub(super) fn done(&mut self, side: Side) -> bool {
+        match side {
+            Side::Consumer => self.consumer = true,
+            Side::Provider => self.provider = true,
+        }
+        self.consumer && self.provider
+    }
+}
+
+impl Worker {
+    /// A worker for `spec` with the `provider` client: its state, empty, and the writers of its
+    /// caches.
+    pub(super) fn new(
+        ctx: Arc<Context>,
+        spec: WorkerSpec,
+        provider: Client,
+    ) -> (Arc<Self>, Writers) {
+        let dyntype: InstanceType = Arc::new(spec.resource.clone());
+        let writers = Writers {
+            provider: reflector::store::Writer::new(dyntype.clone()),
+            consumer: reflector::store::Writer::new(dyntype.clone()),
+        };
+        let worker = Arc::new(Worker {
+            recorder: Recorder::new(ctx.client.clone(), ctx.reporter.clone()),
+            pending: Mutex::new(pending::Pending::new(ctx.limits.status_min_interval)),
+            ctx,
+            spec,
+            provider,
+            dyntype,
+            provider_objects: writers.provider.as_reader(),
+            consumer_objects: writers.consumer.as_reader(),
+            known_namespaces: Mutex::default(),
+            warned_no_status: Mutex::new(false),
+            oversized: Mutex::default(),
+            states: Mutex::default(),
+            in_flight: Default::default(),
+            stopping: Default::default(),
+            retries: kbind_shared::backoff::Retries::new(
+                Duration::from_secs(1),
+                Duration::from_secs(300),
+            ),
+            listed: Mutex::default(),
+            echoes: Mutex::default(),
+            provider_echoes: Mutex::default(),
+        });
+        (worker, writers)
+    }
+
+    /// The key of the object `name` (in `namespace`) in this worker's caches.
+    pub(super) fn reference<K>(&self, namespace: Option<&str>, name: &str) -> ObjectRef<K>
+    where
+        K: kube::runtime::reflector::Lookup<DynamicType = InstanceType>,
+    {
+        let reference = ObjectRef::new_with(name, self.dyntype.clone());
+        match namespace {
+            Some(namespace) => reference.within(namespace),
+            None => reference,
+        }
+    }
+
+    /// A consumer watch event (already filtered to this worker's buckets): a change now waits.
+    pub(super) fn saw_consumer_event(
+        &self,
+        event: &Result<watcher::Event<Instance>, watcher::Error>,
+    ) {
+        let now = std::time::Instant::now();
+        match event {
+            // (A listed object waits only if the list shows it has work to do: see `run`.)
+            Ok(watcher::Event::Apply(o)) => {
+                let deleting = o.metadata.deletion_timestamp.is_some();
+                self.pending
+                    .locked()
+                    .consumer_changed(pending::key(o), now, deleting);
+            }
+            // Gone from the consumer: nothing of it is synced any more, nor waits.
+            Ok(watcher::Event::Delete(o)) => {
+                self.pending.locked().deleted(&pending::key(o));
+            }
+            _ => {}
+        }
+    }
+
+    /// `side` has (re-)listed: whether to compare the objects now ([`Listed::done`]).
+    pub(super) fn listed(&self, side: Side) -> bool {
+        self.listed.locked().done(side)
+    }
+
+    pub(super) fn provider_copy(&self, object: &Instance) -> Option<Arc<ProviderCopy>> {
+        self.provider_objects
+            .get(&self.reference(object.namespace().as_deref(), &object.name_any()))
+    }
+
+    /// Records where `object` stands (`None`: neither synced nor conflicting) and updates the
+    /// per-API gauges.
+    pub(super) fn mark(&self, object: &Instance, state: Option<SyncState>) {
+        let (synced, conflicts) = {
+            let mut states = self.states.locked();
+            states.set(
+                object.metadata.namespace.as_deref(),
+                object.metadata.name.as_deref().unwrap_or_default(),
+                state,
+            );
+            states.counts()
+        };
+        let api = self.spec.api.as_str();
+        self.ctx
+            .metrics
+            .synced_objects
+            .with_label_values(&[api])
+            .set(synced as f64);
+        self.ctx
+            .metrics
+            .conflicts
+            .with_label_values(&[api])
+            .set(conflicts as f64);
+    }
+
+    /// Stopping: no new sync starts, the ones in flight finish (at most 5 s), then the worker
+    /// is done. (kube-runtime's own graceful shutdown sometimes kept the controller alive for
+    /// seconds with nothing in flight, and a unit cannot move until its worker has stopped.)
+    pub(super) async fn drain(&self, stop: &CancellationToken) {
+        use std::sync::atomic::Ordering;
+        stop.cancelled().await;
+        self.stopping.store(true, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.in_flight.load(Ordering::SeqCst) > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(api = %self.spec.api, "in-flight syncs did not finish within 5 s; abandoning them");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// `namespace/name` (or `name`) of an object, for retries and logs.
+pub(super) fn object_key<K: kube::Resource>(object: &K) -> String {
+    match object.namespace() {
+        Some(ns) => format!("{ns}/{}", object.name_any()),
+        None => object.name_any(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_a_start_only_the_side_that_lists_second_compares_and_a_relist_always_does() {
+        for (first, second) in [
+            (Side::Consumer, Side::Provider),
+            (Side::Provider, Side::Consumer),
+        ] {
+            let mut listed = Listed::default();
+            assert!(!listed.done(first), "{first:?} first");
+            assert!(listed.done(second), "{second:?} second");
+            assert!(listed.done(first), "{first:?} re-lists");
+            assert!(listed.done(second), "{second:?} re-lists");
+        }
+    }
+}

@@ -196,16 +196,14 @@ async fn update_policy_always_follows_provider_schema_changes_and_once_does_not(
         hash(&widgets_before),
         "held until accepted"
     );
-    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
-        .patch(
-            "always",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "schema": { "acceptedChanges": [
+    merge_patch(
+        &Api::<kbind_shared::api::Connection>::all(s.consumer.clone()),
+        "always",
+        &json!({ "spec": { "schema": { "acceptedChanges": [
                 { "api": "widgets.example.org", "schemaHash": held }
-            ] } } })),
-        )
-        .await
-        .unwrap();
+            ] } } }),
+    )
+    .await;
     let widgets_after = eventually(
         "the Always CRD to follow",
         Duration::from_secs(20),
@@ -428,20 +426,7 @@ async fn pull_policy_none_stamps_a_user_crd_and_unbind_keeps_it() {
     let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
     refused_until_adopted(&s, &bindings, "widgets", "widgets.example.org").await;
     let stamped = consumer_crd(&s, "widgets.example.org").await.unwrap();
-    assert_eq!(
-        stamped
-            .labels()
-            .get("core.kbind.io/managed")
-            .map(String::as_str),
-        Some("true")
-    );
-    assert_eq!(
-        stamped
-            .annotations()
-            .get("core.kbind.io/connection")
-            .map(String::as_str),
-        Some("provider")
-    );
+    assert_managed_for(&stamped, "provider");
     assert!(
         !stamped
             .annotations()
@@ -724,9 +709,7 @@ async fn pull_policy_all_installs_every_export_without_a_binding() {
         .await
         .unwrap();
         assert_eq!(
-            crd.annotations()
-                .get("core.kbind.io/connection")
-                .map(String::as_str),
+            annotation(&crd, "core.kbind.io/connection"),
             Some("provider")
         );
     }
@@ -758,12 +741,9 @@ async fn pull_policy_all_installs_every_export_without_a_binding() {
         "gizmos installed from OpenAPI",
         Duration::from_secs(30),
         || async {
-            Ok(consumer_crd(&s, "gizmos.example.org").await.filter(|c| {
-                c.annotations()
-                    .get("core.kbind.io/connection")
-                    .map(String::as_str)
-                    == Some("openapi")
-            }))
+            Ok(consumer_crd(&s, "gizmos.example.org")
+                .await
+                .filter(|c| annotation(c, "core.kbind.io/connection") == Some("openapi")))
         },
     )
     .await
@@ -829,20 +809,7 @@ async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
     let bindings = cluster_bind(&s, "gizmos", "provider", &["gizmos.example.org"]).await;
     refused_until_adopted(&s, &bindings, "gizmos", "gizmos.example.org").await;
     let stamped = consumer_crd(&s, "gizmos.example.org").await.unwrap();
-    assert_eq!(
-        stamped
-            .labels()
-            .get("core.kbind.io/managed")
-            .map(String::as_str),
-        Some("true")
-    );
-    assert_eq!(
-        stamped
-            .annotations()
-            .get("core.kbind.io/connection")
-            .map(String::as_str),
-        Some("provider")
-    );
+    assert_managed_for(&stamped, "provider");
 
     cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
     let b = wait_binding_condition(&bindings, "widgets", "Ready", "False", Some("Pending"))
@@ -910,16 +877,9 @@ async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
     );
     // Accepted, the consumer API server still refuses it (scope is immutable): said, not lost.
     let at = message.find("sha256:").unwrap();
-    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
-        .patch(
-            "provider",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "schema": { "acceptedChanges": [
+    merge_patch(&Api::<kbind_shared::api::Connection>::all(s.consumer.clone()), "provider", &json!({ "spec": { "schema": { "acceptedChanges": [
                 { "api": "widgets.example.org", "schemaHash": &message[at..at + kbind_shared::keys::SCHEMA_HASH_LEN] }
-            ] } } })),
-        )
-        .await
-        .unwrap();
+            ] } } })).await;
     let b = wait_binding_condition(&bindings, "widgets", "Ready", "False", Some("Pending"))
         .await
         .unwrap();
@@ -971,10 +931,7 @@ async fn update_policy_once_over_an_unmarked_crd_is_reported_until_adopted_then_
     refused_until_adopted(&s, &bindings, "widgets", "widgets.example.org").await;
     let stamped = consumer_crd(&s, "widgets.example.org").await.unwrap();
     assert_eq!(
-        stamped
-            .annotations()
-            .get("core.kbind.io/connection")
-            .map(String::as_str),
+        annotation(&stamped, "core.kbind.io/connection"),
         Some("provider")
     );
     // The whole spec — schema, versions, printer columns — is the user's, unchanged; and the

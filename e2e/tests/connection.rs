@@ -773,13 +773,7 @@ async fn heartbeat_lease_is_named_labelled_and_renewed_on_the_provider() {
     })
     .await
     .unwrap();
-    assert_eq!(
-        lease
-            .labels()
-            .get("core.kbind.io/managed")
-            .map(String::as_str),
-        Some("true")
-    );
+    assert_eq!(label(&lease, "core.kbind.io/managed"), Some("true"));
     assert_eq!(
         lease
             .annotations()
@@ -787,10 +781,7 @@ async fn heartbeat_lease_is_named_labelled_and_renewed_on_the_provider() {
         Some(&local)
     );
     assert_eq!(
-        lease
-            .annotations()
-            .get("core.kbind.io/connection")
-            .map(String::as_str),
+        annotation(&lease, "core.kbind.io/connection"),
         Some("provider")
     );
     let spec = lease.spec.unwrap();
@@ -1173,13 +1164,7 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
     .unwrap();
     assert_eq!(apis(&binding), ["widgets.example.org"]);
     assert_eq!(binding.spec.connection_ref.name, "provider");
-    assert_eq!(
-        binding
-            .labels()
-            .get("core.kbind.io/managed")
-            .map(String::as_str),
-        Some("true")
-    );
+    assert_eq!(label(&binding, "core.kbind.io/managed"), Some("true"));
     let owner = &binding.owner_references()[0];
     assert_eq!(
         (Some(owner.uid.clone()), owner.controller),

@@ -8,7 +8,6 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::apiserver_metrics;
 use kbind_e2e::wait::wait_for;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -227,14 +226,7 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
     }}}))
     .unwrap();
     install_crd(&s.provider, &strict).await.unwrap();
-    consumer_widgets
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 50 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 50 } })).await;
     let refused = wait_for("w1 refused", 30, || async {
         let w = consumer_widgets
             .get("w1")
@@ -264,14 +256,7 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
     );
 
     // Fixed: delivered again.
-    consumer_widgets
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 5 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 5 } })).await;
     let fixed = wait_record(&s, "Synced", 4).await;
     assert!(fixed.get("message").is_none(), "{fixed}");
 }
@@ -374,14 +359,7 @@ async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_re
     let consumer_widgets = widgets(&s.consumer, "team-a");
     let before = widget_writes(&s.consumer).await;
     let changed = jiff::Timestamp::now();
-    let patched = consumer_widgets
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 2 } })),
-        )
-        .await
-        .unwrap();
+    let patched = merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 2 } })).await;
     assert_eq!(patched.metadata.generation, Some(2));
     // Straight after the user's write, before kbind did anything: the default columns already
     // say generation 2 is not the one the provider has.

@@ -14,7 +14,7 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::{ApiStatus, Binding, BindingStatus, ClusterBinding, ClusterBindingSpec};
-use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -120,14 +120,12 @@ async fn removing_one_of_two_apis_releases_it_and_leaves_the_other_untouched() {
         .collect();
 
     // The user drops gadgets from the ClusterBinding.
-    cluster_bindings
-        .patch(
-            "both",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "apis": [{ "name": WIDGETS }] } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &cluster_bindings,
+        "both",
+        &json!({ "spec": { "apis": [{ "name": WIDGETS }] } }),
+    )
+    .await;
 
     // Exactly like deleting a ClusterBinding that covered only gadgets: every provider copy goes,
     // and the CRD kbind created goes once its instances are released (a CRD whose instances kept
@@ -261,38 +259,30 @@ async fn moving_an_api_to_another_connection_drains_the_old_provider_before_the_
         .create(&PostParams::default(), &settings)
         .await
         .unwrap();
-    Api::<ClusterBinding>::all(s.consumer.clone())
-        .patch(
-            "widgets",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "relatedResources": [
+    merge_patch(&Api::<ClusterBinding>::all(s.consumer.clone()), "widgets", &json!({ "spec": { "relatedResources": [
                 { "resource": "configmaps", "direction": "FromConsumer", "selector": { "names": ["settings"] } }
-            ] } })),
-        )
-        .await
-        .unwrap();
+            ] } })).await;
     let config_maps = |client: &Client| {
         Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "team-a")
     };
-    wait_for("the related copy on the first provider", 60, || async {
-        config_maps(&s.provider)
-            .get_opt("settings")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    wait_object(
+        &config_maps(&s.provider),
+        "settings",
+        "the related copy on the first provider",
+        60,
+        |_| true,
+    )
     .await;
     let (on_first, first_task) = record(&s.provider);
     let (on_second, second_task) = record(&second);
 
     // The user points the ClusterBinding at the second Connection.
-    Api::<ClusterBinding>::all(s.consumer.clone())
-        .patch(
-            "widgets",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "connectionRef": { "name": "second" } } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &Api::<ClusterBinding>::all(s.consumer.clone()),
+        "widgets",
+        &json!({ "spec": { "connectionRef": { "name": "second" } } }),
+    )
+    .await;
 
     wait_names(
         &widgets(&s.provider, "team-a"),
@@ -319,9 +309,7 @@ async fn moving_an_api_to_another_connection_drains_the_old_provider_before_the_
         .await
         .unwrap();
     assert_eq!(
-        crd.annotations()
-            .get("core.kbind.io/connection")
-            .map(String::as_str),
+        annotation(&crd, "core.kbind.io/connection"),
         Some("second"),
         "the CRD kbind created moved with the API"
     );
@@ -375,12 +363,13 @@ async fn moving_an_api_to_another_connection_drains_the_old_provider_before_the_
         60,
     )
     .await;
-    wait_for("the related copy on the second provider", 60, || async {
-        config_maps(&second)
-            .get_opt("settings")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    wait_object(
+        &config_maps(&second),
+        "settings",
+        "the related copy on the second provider",
+        60,
+        |_| true,
+    )
     .await;
     resize_and_wait_upstream(
         &widgets(&s.consumer, "team-a"),

@@ -13,8 +13,8 @@ use kbind_e2e::kbind::wait_established;
 use kbind_e2e::tools::{chart_dir, run_helm};
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{Binding, ClusterBinding};
+use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use kube::{Api, ResourceExt};
 
 const RELEASE_NAMESPACE: &str = "kbind-system";
 /// The version of the test clusters.
@@ -347,20 +347,24 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
     // As the chart runs them (its default providerSecretNamespaces: the release namespace).
     let namespace_flag = format!("--namespace={RELEASE_NAMESPACE}");
     let secrets_flag = format!("--provider-secret-namespaces={RELEASE_NAMESPACE}");
-    let manager_program = start_schema_manager_as(
-        &mut env,
-        &manager_kubeconfig,
-        "schema-manager",
-        &[&namespace_flag, &secrets_flag, "--metrics-auth=true"],
-    )
-    .unwrap();
-    let syncer_program = start_syncer_as(
-        &mut env,
-        &syncer_kubeconfig,
-        "syncer-0",
-        &[&namespace_flag, &secrets_flag, "--metrics-auth=true"],
-    )
-    .unwrap();
+    let manager_program = Component::SchemaManager
+        .start_built(
+            &mut env,
+            &Build::Current,
+            &manager_kubeconfig,
+            "schema-manager",
+            &[&namespace_flag, &secrets_flag, "--metrics-auth=true"],
+        )
+        .unwrap();
+    let syncer_program = Component::Syncer
+        .start_built(
+            &mut env,
+            &Build::Current,
+            &syncer_kubeconfig,
+            "syncer-0",
+            &[&namespace_flag, &secrets_flag, "--metrics-auth=true"],
+        )
+        .unwrap();
     // `metrics.auth.enabled`: the chart's RBAC lets both review a scraper's token (#32.10).
     let consumer_cluster = env.cluster("consumer");
     let scraper = consumer_cluster
@@ -553,12 +557,7 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
         "the syncer may not delete the leader Lease: {err}"
     );
     let crd = crds.get("widgets.example.org").await.unwrap();
-    assert_eq!(
-        crd.labels()
-            .get("core.kbind.io/managed")
-            .map(String::as_str),
-        Some("true")
-    );
+    assert_eq!(label(&crd, "core.kbind.io/managed"), Some("true"));
 }
 
 #[test]

@@ -262,14 +262,15 @@ async fn programs_from_the_images_become_ready_and_sync_an_object_between_two_cl
     .unwrap();
     let cluster_ca = s.env.dir().join("cluster-ca.pem");
     std::fs::write(&cluster_ca, consumer.ca_pem()).unwrap();
-    let untrusted = start_syncer_built(
-        &mut s.env,
-        &Build::Images,
-        &no_ca,
-        "syncer-public-roots",
-        &[],
-    )
-    .unwrap();
+    let untrusted = Component::Syncer
+        .start_built(
+            &mut s.env,
+            &Build::Images,
+            &no_ca,
+            "syncer-public-roots",
+            &[],
+        )
+        .unwrap();
     wait_for(
         "an unknown-issuer error from the image's own CA bundle",
         30,

@@ -157,12 +157,13 @@ async fn failures_are_labelled_conflict_and_transient_and_the_backlog_shows_them
     kbind_e2e::webhook::unregister(&s.provider, "down")
         .await
         .unwrap();
-    wait_for("the waiting object upstream", 60, || async {
-        provider_widgets
-            .get_opt("flaky")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    wait_object(
+        &provider_widgets,
+        "flaky",
+        "the waiting object upstream",
+        60,
+        |_| true,
+    )
     .await;
     // The conflict is not a backlog: it waits for a person, not for a retry.
     consumer_widgets

@@ -15,7 +15,7 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::{apiserver_writes, new_writes};
 use kbind_e2e::wait::wait_for;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -279,14 +279,12 @@ async fn plan_shows_what_a_file_would_do_and_changes_nothing() {
         },
     }}))
     .unwrap();
-    Api::<CustomResourceDefinition>::all(s.provider.clone())
-        .patch(
-            API,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "versions": crd.spec.versions } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &Api::<CustomResourceDefinition>::all(s.provider.clone()),
+        API,
+        &json!({ "spec": { "versions": crd.spec.versions } }),
+    )
+    .await;
 
     let file = s.env.dir().join("plan.yaml");
     std::fs::write(

@@ -174,14 +174,12 @@ async fn each_refused_write_is_one_reconcile_error_of_its_reason_and_a_drain_wai
     deny(&s, &hook, "frozen-connections", "connections").await;
     deny(&s, &hook, "frozen-bindings", "clusterbindings").await;
     let provider_widgets = widgets(&s.provider, "team-a");
-    provider_widgets
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "metadata": { "finalizers": ["example.org/hold"] } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &provider_widgets,
+        "w",
+        &json!({ "metadata": { "finalizers": ["example.org/hold"] } }),
+    )
+    .await;
     let connection_before = errors(&s, "connection", None).await.unwrap();
     Api::<Connection>::all(s.consumer.clone())
         .delete("provider", &DeleteParams::default())
@@ -240,14 +238,12 @@ async fn each_refused_write_is_one_reconcile_error_of_its_reason_and_a_drain_wai
     );
 
     // 4. The provider lets its copy go: the ClusterBinding's finalizer removal is refused.
-    provider_widgets
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "metadata": { "finalizers": null } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &provider_widgets,
+        "w",
+        &json!({ "metadata": { "finalizers": null } }),
+    )
+    .await;
     wait_errors_equal_refused(&s, "clusterbinding", "finalizer", ("clusterbindings", "")).await;
     unregister(&s.consumer, "frozen-bindings").await.unwrap();
     wait_for("the ClusterBinding to go", 60, || async {
@@ -316,13 +312,15 @@ async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_r
         .unwrap();
     let kubeconfig = env.dir().join("manager.kubeconfig");
     std::fs::write(&kubeconfig, &user.kubeconfig).unwrap();
-    let manager = start_schema_manager_as(
-        &mut env,
-        &kubeconfig,
-        "schema-manager",
-        &["--leader-elect=false"],
-    )
-    .unwrap();
+    let manager = Component::SchemaManager
+        .start_built(
+            &mut env,
+            &Build::Current,
+            &kubeconfig,
+            "schema-manager",
+            &["--leader-elect=false"],
+        )
+        .unwrap();
     let provider_kubeconfig = env.cluster("provider").admin_kubeconfig();
     apply_manifest(&consumer, &one_file(&provider_kubeconfig, &[0, 1]))
         .await

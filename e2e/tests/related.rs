@@ -12,7 +12,7 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::{Binding, BindingStatus, ClusterBinding};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -56,14 +56,12 @@ fn map_value(map: &ConfigMap) -> Option<String> {
 }
 
 async fn set_cluster_binding(consumer: &Client, spec: Value) {
-    Api::<ClusterBinding>::all(consumer.clone())
-        .patch(
-            "widgets",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": spec })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &Api::<ClusterBinding>::all(consumer.clone()),
+        "widgets",
+        &json!({ "spec": spec }),
+    )
+    .await;
 }
 
 /// Secrets go to the provider only with the Connection owner's consent (`spec.access`).
@@ -233,12 +231,13 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
 
     // Copies appear on the other side (provider namespaces are created for them).
     let consumer_secrets: Api<Secret> = Api::namespaced(consumer.clone(), "team-a");
-    let copy = wait_for("the labelled Secret on the consumer", 30, || async {
-        consumer_secrets
-            .get_opt("db-creds")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    let copy = wait_object(
+        &consumer_secrets,
+        "db-creds",
+        "the labelled Secret on the consumer",
+        30,
+        |_| true,
+    )
     .await;
     assert_eq!(secret_value(&copy), Some(db_v1.as_bytes().to_vec()));
     assert_eq!(
@@ -253,9 +252,7 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
         .uid()
         .unwrap();
     assert_eq!(
-        copy.annotations()
-            .get("core.kbind.io/related-binding")
-            .map(String::as_str),
+        annotation(&copy, "core.kbind.io/related-binding"),
         Some(uid.as_str())
     );
     assert!(
@@ -278,12 +275,13 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
         ("big", big.clone()),
         ("frozen", frozen_v1.as_bytes().to_vec()),
     ] {
-        let copy = wait_for(&format!("the copy of {name}"), 30, || async {
-            consumer_secrets
-                .get_opt(name)
-                .await
-                .map_err(|e| e.to_string())
-        })
+        let copy = wait_object(
+            &consumer_secrets,
+            name,
+            &format!("the copy of {name}"),
+            30,
+            |_| true,
+        )
         .await;
         assert_eq!(secret_value(&copy).unwrap(), expected, "{name}");
     }
@@ -304,13 +302,13 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
             .is_none()
     );
     let provider_maps: Api<ConfigMap> = Api::namespaced(provider.clone(), "team-b");
-    wait_for("the ConfigMap on the provider", 30, || async {
-        Ok(provider_maps
-            .get_opt("app-settings")
-            .await
-            .map_err(|e| e.to_string())?
-            .filter(|m| map_value(m).as_deref() == Some("colour=blue")))
-    })
+    wait_object(
+        &provider_maps,
+        "app-settings",
+        "the ConfigMap on the provider",
+        30,
+        |m| map_value(m).as_deref() == Some("colour=blue"),
+    )
     .await;
     wait_for(
         "the labelled consumer Secret on the provider",
@@ -332,58 +330,52 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
 
     // A change at the source appears at the target within 2 s, in both directions.
     let started = Instant::now();
-    provider_secrets
-        .patch(
-            "db-creds",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "stringData": { "value": db_v2 } })),
-        )
-        .await
-        .unwrap();
-    wait_for("the changed Secret on the consumer", 2, || async {
-        Ok(consumer_secrets
-            .get_opt("db-creds")
-            .await
-            .map_err(|e| e.to_string())?
-            .filter(|s| secret_value(s) == Some(db_v2.as_bytes().to_vec())))
-    })
+    merge_patch(
+        &provider_secrets,
+        "db-creds",
+        &json!({ "stringData": { "value": db_v2 } }),
+    )
+    .await;
+    wait_object(
+        &consumer_secrets,
+        "db-creds",
+        "the changed Secret on the consumer",
+        2,
+        |s| secret_value(s) == Some(db_v2.as_bytes().to_vec()),
+    )
     .await;
     eprintln!("provider → consumer change took {:?}", started.elapsed());
     let started = Instant::now();
-    consumer_maps
-        .patch(
-            "app-settings",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "data": { "value": "colour=green" } })),
-        )
-        .await
-        .unwrap();
-    wait_for("the changed ConfigMap on the provider", 2, || async {
-        Ok(provider_maps
-            .get_opt("app-settings")
-            .await
-            .map_err(|e| e.to_string())?
-            .filter(|m| map_value(m).as_deref() == Some("colour=green")))
-    })
+    merge_patch(
+        &consumer_maps,
+        "app-settings",
+        &json!({ "data": { "value": "colour=green" } }),
+    )
+    .await;
+    wait_object(
+        &provider_maps,
+        "app-settings",
+        "the changed ConfigMap on the provider",
+        2,
+        |m| map_value(m).as_deref() == Some("colour=green"),
+    )
     .await;
     eprintln!("consumer → provider change took {:?}", started.elapsed());
 
     // Drift on a copy is repaired.
-    consumer_secrets
-        .patch(
-            "db-creds",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "stringData": { "value": "tampered" } })),
-        )
-        .await
-        .unwrap();
-    wait_for("the tampered copy to be restored", 10, || async {
-        Ok(consumer_secrets
-            .get_opt("db-creds")
-            .await
-            .map_err(|e| e.to_string())?
-            .filter(|s| secret_value(s) == Some(db_v2.as_bytes().to_vec())))
-    })
+    merge_patch(
+        &consumer_secrets,
+        "db-creds",
+        &json!({ "stringData": { "value": "tampered" } }),
+    )
+    .await;
+    wait_object(
+        &consumer_secrets,
+        "db-creds",
+        "the tampered copy to be restored",
+        10,
+        |s| secret_value(s) == Some(db_v2.as_bytes().to_vec()),
+    )
     .await;
 
     // An immutable source cannot change in place: it is deleted and created again with new data;
@@ -403,13 +395,13 @@ async fn related_objects_are_copied_both_ways_follow_their_sources_and_are_colle
         )
         .await
         .unwrap();
-    let replaced = wait_for("the immutable copy to be replaced", 15, || async {
-        Ok(consumer_secrets
-            .get_opt("frozen")
-            .await
-            .map_err(|e| e.to_string())?
-            .filter(|s| secret_value(s) == Some(frozen_v2.as_bytes().to_vec())))
-    })
+    let replaced = wait_object(
+        &consumer_secrets,
+        "frozen",
+        "the immutable copy to be replaced",
+        15,
+        |s| secret_value(s) == Some(frozen_v2.as_bytes().to_vec()),
+    )
     .await;
     assert_ne!(replaced.uid(), old_copy_uid);
     assert_eq!(replaced.immutable, Some(true));
@@ -614,18 +606,18 @@ async fn a_foreign_target_is_a_conflict_under_fail_and_adopt_takes_over_only_pro
         ] }),
     )
     .await;
-    wait_for("the foreign provider Secret to be adopted", 30, || async {
-        Ok(provider_secrets
-            .get_opt("outbound")
-            .await
-            .map_err(|e| e.to_string())?
-            .filter(|s| {
-                secret_value(s) == Some(outbound_value.as_bytes().to_vec())
-                    && s.annotations()
-                        .get("core.kbind.io/related-adopted")
-                        .is_some_and(|v| v == "true")
-            }))
-    })
+    wait_object(
+        &provider_secrets,
+        "outbound",
+        "the foreign provider Secret to be adopted",
+        30,
+        |s| {
+            secret_value(s) == Some(outbound_value.as_bytes().to_vec())
+                && s.annotations()
+                    .get("core.kbind.io/related-adopted")
+                    .is_some_and(|v| v == "true")
+        },
+    )
     .await;
     wait_status(
         "the consumer-side conflict stays under Adopt",
@@ -764,21 +756,22 @@ async fn a_binding_reads_and_writes_only_its_own_namespace_and_refuses_bad_selec
         .await
         .unwrap();
     let provider_a: Api<Secret> = Api::namespaced(provider.clone(), "team-a");
-    wait_for("team-a's Secret on the provider", 30, || async {
-        provider_a
-            .get_opt("team-a-secret")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    wait_object(
+        &provider_a,
+        "team-a-secret",
+        "team-a's Secret on the provider",
+        30,
+        |_| true,
+    )
     .await;
     let consumer_a_maps: Api<ConfigMap> = Api::namespaced(consumer.clone(), "team-a");
-    wait_for("team-a's ConfigMap on the consumer", 30, || async {
-        Ok(consumer_a_maps
-            .get_opt("settings")
-            .await
-            .map_err(|e| e.to_string())?
-            .filter(|m| map_value(m).as_deref() == Some("team-a")))
-    })
+    wait_object(
+        &consumer_a_maps,
+        "settings",
+        "team-a's ConfigMap on the consumer",
+        30,
+        |m| map_value(m).as_deref() == Some("team-a"),
+    )
     .await;
     let read_status = async || {
         bindings
@@ -814,19 +807,17 @@ async fn a_binding_reads_and_writes_only_its_own_namespace_and_refuses_bad_selec
     );
 
     // An invalid selector: a condition naming it; nothing copied, nothing deleted.
-    bindings
-        .patch(
-            "mine",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "relatedResources": [
+    merge_patch(
+        &bindings,
+        "mine",
+        &json!({ "spec": { "relatedResources": [
                 { "resource": "secrets", "direction": "FromConsumer" },
                 { "resource": "configmaps", "direction": "FromProvider",
                   "selector": { "labelSelector": { "matchExpressions": [
                       { "key": "kind", "operator": "In" } ] } } },
-            ] } })),
-        )
-        .await
-        .unwrap();
+            ] } }),
+    )
+    .await;
     wait_status("InvalidSelector", read_status, |s| {
         related_condition(s).is_some_and(|(status, reason, message)| {
             status == "False"

@@ -288,14 +288,12 @@ async fn a_provider_exporting_a_crd_the_consumer_owns_never_changes_it_until_the
                 .flatten()
                 .map(|c| c.name.clone())
                 .collect();
-            Ok((crd
-                .annotations()
-                .get("core.kbind.io/connection")
-                .map(String::as_str)
-                == Some("provider")
-                && !columns.iter().any(|c| c == "Issuer")
-                && columns.iter().any(|c| c == "Delivery"))
-            .then_some(()))
+            Ok(
+                (annotation(&crd, "core.kbind.io/connection") == Some("provider")
+                    && !columns.iter().any(|c| c == "Issuer")
+                    && columns.iter().any(|c| c == "Delivery"))
+                .then_some(()),
+            )
         },
     )
     .await;
@@ -379,9 +377,7 @@ async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_i
     tokio::time::sleep(Duration::from_secs(3)).await;
     let crd = get_crd(&s.consumer, "widgets.example.org").await;
     assert_eq!(
-        crd.annotations()
-            .get("core.kbind.io/connection")
-            .map(String::as_str),
+        annotation(&crd, "core.kbind.io/connection"),
         Some("provider")
     );
     let on_second = kbind_writes_on(&second).await;
@@ -450,25 +446,18 @@ async fn adopting_a_crd_another_connection_serves_drains_that_provider_before_th
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let crd = get_crd(&s.consumer, "widgets.example.org").await;
-    assert_eq!(
-        crd.annotations()
-            .get("core.kbind.io/connection")
-            .map(String::as_str),
-        Some("second")
-    );
+    assert_eq!(annotation(&crd, "core.kbind.io/connection"), Some("second"));
     assert!(!crd.annotations().contains_key("core.kbind.io/handover-to"));
     wait_binding_condition(&cluster_bindings, "second-widgets", "Ready", "True", None)
         .await
         .unwrap();
     // A change now reaches the second provider only.
-    widgets(&s.consumer, "team-a")
-        .patch(
-            "w3",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 33 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &widgets(&s.consumer, "team-a"),
+        "w3",
+        &json!({ "spec": { "size": 33 } }),
+    )
+    .await;
     wait_for("the change on the second provider", 30, || async {
         let w = widgets(&second, "team-a")
             .get("w3")
@@ -1036,12 +1025,13 @@ async fn a_connection_serves_only_the_namespaces_and_secrets_its_owner_allows() 
         json!({ "access": { "secretsToProvider": true } }),
     )
     .await;
-    wait_for("team-a's Secret on the provider", 30, || async {
-        Api::<Secret>::namespaced(s.provider.clone(), "team-a")
-            .get_opt("db")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    wait_object(
+        &Api::<Secret>::namespaced(s.provider.clone(), "team-a"),
+        "db",
+        "team-a's Secret on the provider",
+        30,
+        |_| true,
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(

@@ -99,14 +99,12 @@ async fn accept(consumer: &Client, hashes: &[&str]) {
         .iter()
         .map(|h| json!({ "api": API, "schemaHash": h }))
         .collect();
-    Api::<Connection>::all(consumer.clone())
-        .patch(
-            "provider",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "schema": { "acceptedChanges": accepted } } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &Api::<Connection>::all(consumer.clone()),
+        "provider",
+        &json!({ "spec": { "schema": { "acceptedChanges": accepted } } }),
+    )
+    .await;
 }
 
 /// How many times a `BreakingChange` Warning Event about the ClusterBinding was recorded.
@@ -314,14 +312,12 @@ async fn compatible_changes_apply_at_once_and_breaking_ones_wait_for_consent() {
     // 5. Breaking — a field removed that one object holds: that object is not rejected, but its
     // data would be pruned, and the impact says so (#33.5); w1 and w3 still hold the integer
     // sizes the type change made invalid.
-    consumer_widgets
-        .patch(
-            "w2",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": "2", "shape": "round", "color": "red" } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &consumer_widgets,
+        "w2",
+        &json!({ "spec": { "size": "2", "shape": "round", "color": "red" } }),
+    )
+    .await;
     let unshaped = json!({ "type": "object", "required": ["color"], "properties": {
         "size": { "type": "string" }, "color": { "type": "string" } } });
     provider_changes_spec(&s.provider, unshaped).await;

@@ -374,17 +374,15 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
         .create(&PostParams::default(), &published)
         .await
         .unwrap();
-    bindings
-        .patch(
-            "all",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "relatedResources": [
+    merge_patch(
+        &bindings,
+        "all",
+        &json!({ "spec": { "relatedResources": [
                 { "resource": "secrets", "direction": "FromProvider", "namespaces": ["shared"],
                   "selector": { "names": ["published"] } }
-            ] } })),
-        )
-        .await
-        .unwrap();
+            ] } }),
+    )
+    .await;
     let namespaces: Vec<String> = (0..NAMESPACES).map(|i| format!("ns-{i}")).collect();
     for namespace in &namespaces {
         ensure_namespace(&consumer, namespace).await.unwrap();
@@ -545,14 +543,12 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
         agree(&consumer, &provider, kind, &namespaces).await;
     }
     // The related Secret's unit moved with the rest and still follows its source.
-    provider_secrets
-        .patch(
-            "published",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "stringData": { "value": "v2" } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &provider_secrets,
+        "published",
+        &json!({ "stringData": { "value": "v2" } }),
+    )
+    .await;
     let copies: Api<Secret> = Api::namespaced(consumer.clone(), "shared");
     eventually(
         "the related Secret's change on the consumer",
@@ -775,14 +771,7 @@ async fn units_are_placed_by_their_objects_when_namespaces_hash_unevenly() {
     // And the moves lost nothing: a change still syncs, both sides equal.
     let first: Api<DynamicObject> =
         Api::namespaced_with(consumer.clone(), &namespaces[0], &resource("Alpha"));
-    first
-        .patch(
-            "a-0",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "value": 1000 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(&first, "a-0", &json!({ "spec": { "value": 1000 } })).await;
     agree(&consumer, &provider, "Alpha", &namespaces).await;
     drop(syncers);
 }

@@ -10,7 +10,7 @@ use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::ClusterBinding;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -25,18 +25,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
         .get("widgets.example.org")
         .await
         .unwrap();
-    assert_eq!(
-        crd.labels()
-            .get("core.kbind.io/managed")
-            .map(String::as_str),
-        Some("true")
-    );
-    assert_eq!(
-        crd.annotations()
-            .get("core.kbind.io/connection")
-            .map(String::as_str),
-        Some("provider")
-    );
+    assert_managed_for(&crd, "provider");
     assert!(crd.annotations().contains_key("core.kbind.io/schema-hash"));
     assert!(
         !crd.labels().contains_key("core.kbind.io/exported"),
@@ -55,24 +44,13 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
     let provider_widgets = widgets(&s.provider, "team-a");
 
     // Spec up, with ownership markers and nothing else from the consumer.
-    let copy = wait_for("the provider copy", 30, || async {
-        provider_widgets
-            .get_opt("w1")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    let copy = wait_object(&provider_widgets, "w1", "the provider copy", 30, |_| true).await;
     assert_eq!(copy.data["spec"], json!({ "size": 3 }));
     assert_eq!(
         copy.annotations().get("core.kbind.io/consumer-object-uid"),
         created.metadata.uid.as_ref()
     );
-    assert_eq!(
-        copy.labels()
-            .get("core.kbind.io/managed")
-            .map(String::as_str),
-        Some("true")
-    );
+    assert_eq!(label(&copy, "core.kbind.io/managed"), Some("true"));
     assert!(
         copy.managed_fields()
             .iter()
@@ -97,14 +75,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
     assert!(w.finalizers().contains(&"core.kbind.io/syncer".to_owned()));
 
     // A spec change goes up; drift on the provider is repaired.
-    consumer_widgets
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 5 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 5 } })).await;
     wait_for("the new spec upstream", 30, || async {
         Ok((provider_widgets
             .get("w1")
@@ -115,14 +86,7 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
             .then_some(()))
     })
     .await;
-    provider_widgets
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 99 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(&provider_widgets, "w1", &json!({ "spec": { "size": 99 } })).await;
     wait_for("drift to be repaired", 30, || async {
         Ok((provider_widgets
             .get("w1")
@@ -217,14 +181,12 @@ async fn foreign_provider_object_is_a_conflict_and_adopt_takes_it() {
     .await;
 
     // Adopt takes the unmarked object and the conflict clears.
-    bindings
-        .patch(
-            "widgets",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "conflictPolicy": "Adopt" } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &bindings,
+        "widgets",
+        &json!({ "spec": { "conflictPolicy": "Adopt" } }),
+    )
+    .await;
     wait_for("adoption", 30, || async {
         let copy = provider_widgets
             .get("taken")
@@ -268,13 +230,7 @@ async fn deleting_the_last_cluster_binding_removes_copies_and_the_crd_kbind_crea
         .unwrap();
     let provider_widgets = widgets(&s.provider, "team-a");
     for name in ["w1", "keep-me"] {
-        wait_for("provider copies", 30, || async {
-            provider_widgets
-                .get_opt(name)
-                .await
-                .map_err(|e| e.to_string())
-        })
-        .await;
+        wait_object(&provider_widgets, name, "provider copies", 30, |_| true).await;
     }
 
     Api::<ClusterBinding>::all(s.consumer.clone())
@@ -398,14 +354,12 @@ async fn no_writes_while_idle_or_after_a_syncer_restart_with_200_synced_objects(
 
     // A change made while no syncer runs is not taken for one at rest: the next start syncs it.
     s.env.process(s.syncer.index).kill();
-    consumer_widgets
-        .patch(
-            "w7",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 7007 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &consumer_widgets,
+        "w7",
+        &json!({ "spec": { "size": 7007 } }),
+    )
+    .await;
     s.restart_syncer("syncer-0-again", &[]).await;
     let provider_widgets = widgets(&s.provider, "team-a");
     eventually(
@@ -527,14 +481,7 @@ async fn a_provider_without_streaming_lists_is_listed_instead_and_syncs_both_way
     // A restart lists both sides again (the provider's the paged way) and syncs a change made
     // while no syncer ran.
     s.env.process(s.syncer.index).kill();
-    consumer_widgets
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 3 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 3 } })).await;
     s.restart_syncer("syncer-0-restarted", &[]).await;
     wait_status_down(&consumer_widgets, "w1", 3).await;
 }

@@ -10,7 +10,7 @@ use kbind_e2e::cluster::{User, ensure_namespace};
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::ClusterBinding;
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -62,17 +62,7 @@ async fn connection_not_ready_stops_syncing_and_ready_resumes_with_rotated_crede
     );
 
     // Syncing works first.
-    consumer_widgets
-        .create(&PostParams::default(), &widget("before", 1))
-        .await
-        .unwrap();
-    wait_for("the first object to sync", 30, || async {
-        provider_widgets
-            .get_opt("before")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    create_and_wait_copy(&consumer_widgets, &provider_widgets, "before", 1).await;
 
     // Break the credentials: the Connection goes un-Ready and the syncer disengages.
     put_secret(
@@ -114,12 +104,13 @@ async fn connection_not_ready_stops_syncing_and_ready_resumes_with_rotated_crede
     wait_condition(&s.consumer, "provider", "Ready", "True", None)
         .await
         .unwrap();
-    let copy = wait_for("the object to sync after recovery", 30, || async {
-        provider_widgets
-            .get_opt("while-down")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    let copy = wait_object(
+        &provider_widgets,
+        "while-down",
+        "the object to sync after recovery",
+        30,
+        |_| true,
+    )
     .await;
     let managers: Vec<String> = copy
         .managed_fields()
@@ -162,17 +153,7 @@ async fn revoked_credentials_give_forbidden_events_and_recover_when_granted_agai
         widgets(&s.consumer, "team-a"),
         widgets(&s.provider, "team-a"),
     );
-    consumer_widgets
-        .create(&PostParams::default(), &widget("first", 1))
-        .await
-        .unwrap();
-    wait_for("the first object to sync", 30, || async {
-        provider_widgets
-            .get_opt("first")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    create_and_wait_copy(&consumer_widgets, &provider_widgets, "first", 1).await;
 
     // Revoke the write permissions on widgets.
     let roles: Api<ClusterRole> = Api::all(s.provider.clone());
@@ -227,12 +208,13 @@ async fn revoked_credentials_give_forbidden_events_and_recover_when_granted_agai
         .replace("limited", &PostParams::default(), &granted_again)
         .await
         .unwrap();
-    wait_for("recovery after the grant", 45, || async {
-        provider_widgets
-            .get_opt("denied")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    wait_object(
+        &provider_widgets,
+        "denied",
+        "recovery after the grant",
+        45,
+        |_| true,
+    )
     .await;
 }
 
@@ -242,14 +224,12 @@ async fn ownership_markers_decide_and_adopt_never_takes_an_object_owned_by_anoth
     let s = SyncEnv::start("resilience_ownership", &[0, 1, 2], None).await;
     ready(&s).await;
     let bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    bindings
-        .patch(
-            "widgets",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "conflictPolicy": "Adopt" } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &bindings,
+        "widgets",
+        &json!({ "spec": { "conflictPolicy": "Adopt" } }),
+    )
+    .await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     ensure_namespace(&s.provider, "team-a").await.unwrap();
     let (consumer_widgets, provider_widgets) = (
@@ -287,13 +267,7 @@ async fn ownership_markers_decide_and_adopt_never_takes_an_object_owned_by_anoth
         .create(&PostParams::default(), &kept)
         .await
         .unwrap();
-    wait_for("the copy", 30, || async {
-        provider_widgets
-            .get_opt("recreated")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    wait_object(&provider_widgets, "recreated", "the copy", 30, |_| true).await;
     consumer_widgets
         .delete("recreated", &DeleteParams::default())
         .await
@@ -356,22 +330,18 @@ async fn provider_rejection_is_reported_and_other_objects_keep_syncing() {
         "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
     }}}))
     .unwrap();
-    Api::<ClusterBinding>::all(s.consumer.clone())
-        .patch(
-            "widgets",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "apis": [{ "name": "widgets.example.org" }] } })),
-        )
-        .await
-        .unwrap();
-    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
-        .patch(
-            "provider",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "schema": { "updatePolicy": "Once" } } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &Api::<ClusterBinding>::all(s.consumer.clone()),
+        "widgets",
+        &json!({ "spec": { "apis": [{ "name": "widgets.example.org" }] } }),
+    )
+    .await;
+    merge_patch(
+        &Api::<kbind_shared::api::Connection>::all(s.consumer.clone()),
+        "provider",
+        &json!({ "spec": { "schema": { "updatePolicy": "Once" } } }),
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     install_crd(&s.provider, &strict).await.unwrap();
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
@@ -383,17 +353,7 @@ async fn provider_rejection_is_reported_and_other_objects_keep_syncing() {
         .create(&PostParams::default(), &widget("too-big", 50))
         .await
         .unwrap();
-    consumer_widgets
-        .create(&PostParams::default(), &widget("fine", 5))
-        .await
-        .unwrap();
-    wait_for("the fine object to sync", 30, || async {
-        provider_widgets
-            .get_opt("fine")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    create_and_wait_copy(&consumer_widgets, &provider_widgets, "fine", 5).await;
     let warnings = wait_for("a ProviderRejected Warning", 30, || async {
         let w = warning_events(&s.consumer, Some("team-a"), "too-big").await;
         Ok(w.iter()
@@ -427,17 +387,7 @@ async fn an_unreachable_provider_loses_nothing_and_deletions_wait_until_it_is_ba
         widgets(&s.provider, "team-a"),
     );
     for name in ["a", "b"] {
-        consumer_widgets
-            .create(&PostParams::default(), &widget(name, 1))
-            .await
-            .unwrap();
-        wait_for("the copy", 30, || async {
-            provider_widgets
-                .get_opt(name)
-                .await
-                .map_err(|e| e.to_string())
-        })
-        .await;
+        create_and_wait_copy(&consumer_widgets, &provider_widgets, name, 1).await;
     }
 
     s.env.cluster("provider").signal_apiserver("STOP").unwrap();
@@ -445,14 +395,7 @@ async fn an_unreachable_provider_loses_nothing_and_deletions_wait_until_it_is_ba
         .delete("a", &DeleteParams::default())
         .await
         .unwrap();
-    consumer_widgets
-        .patch(
-            "b",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 2 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(&consumer_widgets, "b", &json!({ "spec": { "size": 2 } })).await;
     consumer_widgets
         .create(&PostParams::default(), &widget("c", 3))
         .await
@@ -520,14 +463,12 @@ async fn sigkill_of_the_syncer_during_a_burst_ends_with_both_sides_in_agreement(
         }
     }
     for i in 0..100 {
-        consumer_widgets
-            .patch(
-                &format!("w{i}"),
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": { "size": 2 } })),
-            )
-            .await
-            .unwrap();
+        merge_patch(
+            &consumer_widgets,
+            &format!("w{i}"),
+            &json!({ "spec": { "size": 2 } }),
+        )
+        .await;
         if i == 50 {
             let r = restarted.take().unwrap();
             s.env.process(r.index).kill();
@@ -590,13 +531,7 @@ async fn one_mebibyte_objects_sync() {
         .create(&PostParams::default(), &big)
         .await
         .unwrap();
-    let copy = wait_for("the large copy", 30, || async {
-        provider_widgets
-            .get_opt("big")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    let copy = wait_object(&provider_widgets, "big", "the large copy", 30, |_| true).await;
     assert_eq!(
         copy.data["spec"]["blob"].as_str().map(str::len),
         Some(blob.len())
@@ -641,12 +576,13 @@ async fn a_webhook_denial_is_rejected_not_forbidden() {
             .await
             .unwrap();
     }
-    wait_for("team-a's widget to sync", 30, || async {
-        widgets(&s.provider, "team-a")
-            .get_opt("w")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    wait_object(
+        &widgets(&s.provider, "team-a"),
+        "w",
+        "team-a's widget to sync",
+        30,
+        |_| true,
+    )
     .await;
     for namespace in ["guarded", "picky"] {
         let record = wait_for("a Rejected delivery record", 30, || async {

@@ -249,14 +249,12 @@ async fn a_bindings_adopt_takes_over_nothing_unless_the_connection_allows_it() {
 
 /// Sets the `relatedResources` of the ClusterBinding `widgets`.
 async fn set_related(consumer: &Client, entries: serde_json::Value) {
-    Api::<ClusterBinding>::all(consumer.clone())
-        .patch(
-            "widgets",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "relatedResources": entries } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &Api::<ClusterBinding>::all(consumer.clone()),
+        "widgets",
+        &json!({ "spec": { "relatedResources": entries } }),
+    )
+    .await;
 }
 
 /// Waits until the ClusterBinding `widgets` has `RelatedResourcesSynced` with `status` (and
@@ -678,14 +676,12 @@ async fn an_export_label_blip_under_auto_never_widens_the_exports() {
 
     let provider_crds: Api<CustomResourceDefinition> = Api::all(s.provider.clone());
     let label = |value: serde_json::Value| json!({ "metadata": { "labels": { "core.kbind.io/exported": value } } });
-    provider_crds
-        .patch(
-            "widgets.example.org",
-            &PatchParams::default(),
-            &Patch::Merge(&label(serde_json::Value::Null)),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &provider_crds,
+        "widgets.example.org",
+        &label(serde_json::Value::Null),
+    )
+    .await;
     let connections: Api<Connection> = Api::all(s.consumer.clone());
     let mut saw_empty = false;
     for _ in 0..20 {
@@ -713,14 +709,7 @@ async fn an_export_label_blip_under_auto_never_widens_the_exports() {
         saw_empty,
         "the blip was never discovered: the test proves nothing"
     );
-    provider_crds
-        .patch(
-            "widgets.example.org",
-            &PatchParams::default(),
-            &Patch::Merge(&label(json!("true"))),
-        )
-        .await
-        .unwrap();
+    merge_patch(&provider_crds, "widgets.example.org", &label(json!("true"))).await;
     wait_for("widgets exported again", 30, || async {
         let status = connections
             .get("auto")

@@ -176,12 +176,13 @@ async fn every_lossless_version_is_served_and_the_others_are_named(
         .create(&PostParams::default(), &gizmo)
         .await
         .unwrap();
-    let copy = wait_for("the provider copy", 30, || async {
-        gizmos(&s.provider, "v1", "team-a")
-            .get_opt("g1")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    let copy = wait_object(
+        &gizmos(&s.provider, "v1", "team-a"),
+        "g1",
+        "the provider copy",
+        30,
+        |_| true,
+    )
     .await;
     assert_eq!(copy.data["spec"], json!({ "size": 4 }));
     let as_v1 = gizmos(&s.consumer, "v1", "team-a").get("g1").await.unwrap();
@@ -204,14 +205,12 @@ async fn every_lossless_version_is_served_and_the_others_are_named(
     })
     .await;
     // A change made through v1 syncs too.
-    gizmos(&s.consumer, "v1", "team-a")
-        .patch(
-            "g1",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "size": 5 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &gizmos(&s.consumer, "v1", "team-a"),
+        "g1",
+        &json!({ "spec": { "size": 5 } }),
+    )
+    .await;
     wait_for("the change upstream", 30, || async {
         let copy = gizmos(&s.provider, "v1", "team-a")
             .get("g1")

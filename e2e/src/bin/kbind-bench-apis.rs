@@ -356,14 +356,7 @@ async fn main() {
         Api::namespaced_with(consumer.clone(), NAMESPACE, &resource(&kind(0)));
     let provider_first: Api<DynamicObject> =
         Api::namespaced_with(provider.clone(), NAMESPACE, &resource(&kind(0)));
-    first
-        .patch(
-            "o0",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "value": 2 } })),
-        )
-        .await
-        .unwrap();
+    merge_patch(&first, "o0", &json!({ "spec": { "value": 2 } })).await;
     let probes = syncer.probes.clone();
     let ready = tokio::spawn(async move {
         loop {

@@ -434,14 +434,12 @@ async fn main() {
         sent.lock()
             .unwrap()
             .insert(name.clone(), (size, Instant::now()));
-        consumer_widgets
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": { "size": size } })),
-            )
-            .await
-            .unwrap();
+        merge_patch(
+            &consumer_widgets,
+            &name,
+            &json!({ "spec": { "size": size } }),
+        )
+        .await;
         tokio::time::sleep_until((phase2 + interval * (i as u32 + 1)).into()).await;
     }
     eventually(
@@ -652,14 +650,12 @@ async fn main() {
         let started = Instant::now();
         s.restart_syncer("syncer-0-restarted", &[]).await;
         let target = 1_000_000_i64;
-        consumer_widgets
-            .patch(
-                "w0",
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": { "size": target } })),
-            )
-            .await
-            .unwrap();
+        merge_patch(
+            &consumer_widgets,
+            "w0",
+            &json!({ "spec": { "size": target } }),
+        )
+        .await;
         let probes = s.syncer.probes.clone();
         let ready = tokio::spawn(async move {
             loop {

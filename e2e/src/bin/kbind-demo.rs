@@ -183,18 +183,9 @@ async fn run(args: &Args) -> Result<(), String> {
             .first()
             .map(|v| v.name.as_str())
             .unwrap_or("?"),
-        crd.labels()
-            .get("core.kbind.io/managed")
-            .map(String::as_str)
-            .unwrap_or("?"),
-        crd.annotations()
-            .get("core.kbind.io/connection")
-            .map(String::as_str)
-            .unwrap_or("?"),
-        crd.annotations()
-            .get("core.kbind.io/schema-hash")
-            .map(String::as_str)
-            .unwrap_or("?"),
+        label(&crd, "core.kbind.io/managed").unwrap_or("?"),
+        annotation(&crd, "core.kbind.io/connection").unwrap_or("?"),
+        annotation(&crd, "core.kbind.io/schema-hash").unwrap_or("?"),
     );
 
     step(
@@ -232,10 +223,7 @@ async fn run(args: &Args) -> Result<(), String> {
     ] {
         println!(
             "        {key}: {}",
-            copy.annotations()
-                .get(key)
-                .map(String::as_str)
-                .unwrap_or("MISSING")
+            annotation(&copy, key).unwrap_or("MISSING")
         );
     }
     let back = eventually("status to be copied back", STEP_LIMIT, || async {
@@ -294,11 +282,7 @@ async fn run(args: &Args) -> Result<(), String> {
     let keys: Vec<&String> = copied.data.iter().flat_map(|d| d.keys()).collect();
     println!(
         "      consumer Secret team-a/my-widget-connection (keys {keys:?}), related-binding={}",
-        copied
-            .annotations()
-            .get("core.kbind.io/related-binding")
-            .map(String::as_str)
-            .unwrap_or("MISSING")
+        annotation(&copied, "core.kbind.io/related-binding").unwrap_or("MISSING")
     );
 
     let consumer_kubeconfig = env.cluster("consumer").admin_kubeconfig_path();

@@ -241,13 +241,7 @@ fn cache<K>(
     modify: impl FnMut(&mut K) + Send + 'static,
 ) -> Store<K>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: kbind_shared::cache::Cacheable,
 {
     kbind_shared::cache::spawn_modified(
         api,

@@ -17,6 +17,30 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+/// What a typed watch-fed cache holds: a typed Kubernetes object that can be read from the API and
+/// shared between tasks.
+pub trait Cacheable:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Cacheable for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Starts caching `api` (filtered by `config`) until `stop`; `on_change` runs after every event.
 pub fn spawn<K>(
     api: Api<K>,
@@ -25,13 +49,7 @@ pub fn spawn<K>(
     on_change: impl Fn() + Send + 'static,
 ) -> Store<K>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Cacheable,
 {
     let (reader, writer) = reflector::store();
     observe(writer, api, config, stop, move |event| {
@@ -52,13 +70,7 @@ pub fn spawn_modified<K>(
     observer: impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static,
 ) -> Store<K>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Cacheable,
 {
     let (reader, writer) = reflector::store();
     observe_modified(writer, api, config, stop, modify, observer);

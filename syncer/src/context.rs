@@ -260,13 +260,7 @@ fn access_changed(
 /// A cache of all `K` that announces each change on `changes`.
 fn changes_cache<K>(api: Api<K>, changes: broadcast::Sender<()>) -> Store<K>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: kbind_shared::cache::Cacheable,
 {
     kbind_shared::cache::spawn(
         api,

@@ -7,7 +7,7 @@ use kbind_shared::api::{ApiScope, Connection, PullPolicy, UpdatePolicy};
 use kbind_shared::keys;
 use kube::ResourceExt;
 
-use super::Scoped;
+use super::kinds::Scoped;
 use super::outcome::{ApiState, Conflicts, Held};
 use crate::context::Context;
 use crate::providers::{Provider, ProviderError};

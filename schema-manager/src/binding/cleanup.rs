@@ -11,10 +11,11 @@ use kube::api::{ApiResource, DeleteParams, ListParams};
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
 
+use super::kinds::{Error, Scoped};
 use super::ledger::{self, Left, Step};
+use super::outcome;
 use super::release::{Mode, Others, holder, release_api};
 use super::status::write_status;
-use super::{Error, Scoped, outcome};
 use crate::context::Context;
 
 /// The binding is being deleted: let go of everything it holds or lists, delete its related

@@ -13,8 +13,8 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, Pat
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
+use super::kinds::{Error, Scoped};
 use super::ledger::{Held, Left};
-use super::{Error, Scoped};
 use crate::context::Context;
 use crate::providers::Provider;
 use kbind_shared::dynamic::{instance_resource, scoped};

@@ -7,7 +7,7 @@ use kbind_shared::conditions::{self, Desired, reasons, types};
 use kube::ResourceExt;
 use kube::api::PostParams;
 
-use super::{Error, Scoped};
+use super::kinds::{Error, Scoped};
 use crate::context::Context;
 
 /// BIND-12: writes the status when anything changed.

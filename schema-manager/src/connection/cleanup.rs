@@ -13,7 +13,8 @@ use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 
-use super::{Error, State, autobind, write_status};
+use super::autobind;
+use super::status::{Error, State, write_status};
 
 /// CDEL-1 … CDEL-5.
 pub(super) async fn cleanup(connection: Arc<Connection>, state: &State) -> Result<Action, Error> {

@@ -8,6 +8,7 @@ pub mod heartbeat;
 pub mod outcome;
 mod schemas;
 mod secrets;
+mod status;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,11 +20,9 @@ use kbind_shared::api::{Connection, ConnectionStatus};
 use kbind_shared::conditions;
 use kbind_shared::identity::{IdentityError, cluster_identity_and_source};
 use kbind_shared::keys;
-use kube::api::PostParams;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::finalizer;
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
@@ -34,53 +33,14 @@ use crate::providers::ProviderError;
 use outcome::Outcome;
 use schemas::{install_all, kept_crds, schema_in_sync};
 use secrets::SecretWatches;
+pub use status::Error;
+use status::{State, write_status};
 
 /// How long a deleting Connection waits between checks for bindings that still reference it.
 const DRAIN_RECHECK: Duration = Duration::from_secs(2);
 
 /// How long in-flight reconciles may run after shutdown begins.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// Why a reconcile did not finish; the controller retries with backoff.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A request to the consumer cluster failed.
-    #[error("consumer API: {0}")]
-    Consumer(#[from] kube::Error),
-    /// The consumer's own identity could not be read (CONN-5).
-    #[error("consumer identity: {0}")]
-    LocalIdentity(#[source] IdentityError),
-    /// Bindings still reference a deleting Connection (CDEL-3): not a failure, a wait.
-    #[error("{0} binding(s) still reference this Connection")]
-    Draining(usize),
-    /// Discovery or autoBind failed; already reported in the status.
-    #[error("{0}")]
-    Provider(String),
-    /// The finalizer helper failed.
-    #[error("finalizer: {0}")]
-    Finalizer(#[from] Box<finalizer::Error<Error>>),
-}
-
-impl Error {
-    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`; `None` for a drain
-    /// wait, which is how a deletion normally proceeds, not a failed reconcile (#33.9).
-    pub fn metric_label(&self) -> Option<&'static str> {
-        Some(match self {
-            Error::Draining(_) => return None,
-            Error::Consumer(_) => "consumer",
-            Error::LocalIdentity(_) => "local_identity",
-            Error::Provider(_) => "provider",
-            Error::Finalizer(_) => "finalizer",
-        })
-    }
-}
-
-/// Per-controller state beyond the shared [`Context`].
-struct State {
-    ctx: Arc<Context>,
-    secrets: SecretWatches,
-    recorder: Recorder,
-}
 
 /// Runs the Connection controller on this term's caches until `stop` is cancelled.
 pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken) {
@@ -510,48 +470,4 @@ async fn connect(
         },
         denied,
     ))
-}
-
-/// CONN-12, without QRK-1: any status change is written (optimistically locked on the
-/// resourceVersion the reconcile read), and each condition transition becomes an Event.
-async fn write_status(
-    state: &State,
-    connection: &Connection,
-    before: &ConnectionStatus,
-    status: ConnectionStatus,
-) -> Result<(), Error> {
-    if *before == status {
-        return Ok(());
-    }
-    let transitions = outcome::transitions(&before.conditions, &status.conditions);
-    let mut updated = connection.clone();
-    updated.status = Some(status);
-    Api::<Connection>::all(state.ctx.client.clone())
-        .replace_status(&connection.name_any(), &PostParams::default(), &updated)
-        .await
-        .map_err(Error::Consumer)?;
-    let reference = connection.object_ref(&());
-    for condition in transitions {
-        let event = Event {
-            type_: if outcome::is_healthy(&condition) {
-                EventType::Normal
-            } else {
-                EventType::Warning
-            },
-            reason: condition.reason.clone(),
-            note: Some(kbind_shared::conditions::bounded(
-                &format!(
-                    "{} is {}: {}",
-                    condition.type_, condition.status, condition.message
-                ),
-                1000,
-            )),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = state.recorder.publish(&event, &reference).await {
-            tracing::debug!(error = %e, "cannot publish Event");
-        }
-    }
-    Ok(())
 }

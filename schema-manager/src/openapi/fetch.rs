@@ -9,7 +9,7 @@ use kbind_shared::api::{ApiScope, ExportedApi};
 use kbind_shared::sync::Locked;
 use serde_json::Value;
 
-use super::{DiscoveredVersion, synthesize_within};
+use super::synthesis::{Budget, DiscoveredVersion, MAX_DISCOVERY_NODES, synthesize_within};
 use crate::providers::{Provider, ProviderError};
 
 /// OAPI-3: groups that are Kubernetes' own and never exported through OpenAPI discovery.
@@ -298,7 +298,7 @@ pub async fn synthesize_from_provider(
         .await
         .map_err(|e| e.into_provider_error("reading the provider's /openapi/v3"))?;
     let mut out = Synthesized::default();
-    let budget = Arc::new(super::Budget::new(super::MAX_DISCOVERY_NODES));
+    let budget = Arc::new(Budget::new(MAX_DISCOVERY_NODES));
     for group in groups.groups.iter().filter(|g| !is_builtin_group(&g.name)) {
         let preferred = group.preferred_version.as_ref().map(|v| v.version.clone());
         let mut by_resource: BTreeMap<String, Vec<DiscoveredVersion>> = BTreeMap::new();

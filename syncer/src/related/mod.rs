@@ -8,12 +8,13 @@
 //! event leads to one pass that compares wanted and actual copies and writes only what differs.
 
 pub mod plan;
+mod state;
 mod summary;
 mod watch;
 mod writes;
 
 use kbind_shared::sync::Locked;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +23,6 @@ use kbind_shared::api::RelatedResourceKind;
 use kbind_shared::conditions::{self, Desired, reasons, types};
 use kbind_shared::identity::describe_error;
 use kbind_shared::keys;
-use kbind_shared::kubeconfig::InlineKubeconfig;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
@@ -33,8 +33,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{AnyBinding, Context};
 use plan::{Entry, Item, KindKey, Marker, Side, TargetKey};
+pub use state::RelatedSpec;
+use state::Worker;
 use summary::Outcome;
-use watch::{Role, Watched, item, occupancy, resource, source_filter};
+use watch::{Role, item, occupancy, resource, source_filter};
 
 /// The backstop when nothing happens.
 const RESYNC: Duration = Duration::from_secs(30);
@@ -43,52 +45,6 @@ const RESYNC: Duration = Duration::from_secs(30);
 const RETRY: Duration = Duration::from_secs(5);
 /// How long to gather a burst of events into one pass.
 const DEBOUNCE: Duration = Duration::from_millis(50);
-
-/// Which binding, and with which provider.
-pub struct RelatedSpec {
-    /// The Binding's namespace; `None` for a ClusterBinding.
-    pub namespace: Option<String>,
-    /// The binding's name.
-    pub name: String,
-    /// The binding's UID (the worker ends if the binding is replaced).
-    pub uid: String,
-    /// The binding's generation the worker was built for: its watches follow that spec, so a
-    /// newer spec waits for the worker to be rebuilt.
-    pub generation: i64,
-    /// The Connection.
-    pub connection: String,
-    /// The Connection's access rules (`spec.access`): whether Secrets may go to the provider, and
-    /// whether a Binding may adopt.
-    pub access: kbind_shared::api::ConnectionAccess,
-    /// The consumer's pinned identity.
-    pub local_uid: String,
-    /// Provider credentials.
-    pub kubeconfig: InlineKubeconfig,
-    /// Their digest (workers of one Connection with the same digest share one provider client).
-    pub digest: String,
-    /// A ClusterBinding with `FromProvider` entries: its bound APIs (name, consumer resource),
-    /// whose objects' namespaces are where the provider's copies may land. Empty otherwise.
-    pub bound_apis: Vec<(String, kube::api::ApiResource)>,
-}
-
-struct Worker {
-    ctx: Arc<Context>,
-    spec: RelatedSpec,
-    provider: Client,
-    watched: HashMap<(KindKey, Side, Role), Watched>,
-    /// Where the bound APIs' objects are (a ClusterBinding with `FromProvider` entries only).
-    occupancy: Vec<watch::Occupancy>,
-    recorder: Recorder,
-    known_namespaces: Mutex<HashSet<(Side, String)>>,
-    conflicts: Mutex<BTreeSet<TargetKey>>,
-    swept_unused: Mutex<bool>,
-}
-
-const KINDS: [RelatedResourceKind; 2] = [
-    RelatedResourceKind::Secrets,
-    RelatedResourceKind::Configmaps,
-];
-const SIDES: [Side; 2] = [Side::Consumer, Side::Provider];
 
 /// Runs until `stop`, or until the binding is gone or replaced.
 pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) {

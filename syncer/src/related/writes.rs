@@ -9,9 +9,9 @@ use kbind_shared::sync::Locked;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, Preconditions};
 
 use super::plan::{self, Entry, Item, Marker, Side, Step, TargetKey, Wanted};
+use super::state::{KINDS, SIDES, Worker};
 use super::summary::Outcome;
 use super::watch::{item, resource};
-use super::{KINDS, SIDES, Worker};
 use crate::namespaces;
 
 impl Worker {

@@ -1,0 +1,100 @@
+//! What the Connection controller's parts share: its state, why a reconcile did not finish, and
+//! the status write (with an Event per condition transition).
+
+use std::sync::Arc;
+
+use kbind_shared::api::{Connection, ConnectionStatus};
+use kbind_shared::identity::IdentityError;
+use kube::api::PostParams;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer;
+use kube::{Api, Resource, ResourceExt};
+
+use super::outcome;
+use super::secrets::SecretWatches;
+use crate::context::Context;
+
+/// Why a reconcile did not finish; the controller retries with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request to the consumer cluster failed.
+    #[error("consumer API: {0}")]
+    Consumer(#[from] kube::Error),
+    /// The consumer's own identity could not be read (CONN-5).
+    #[error("consumer identity: {0}")]
+    LocalIdentity(#[source] IdentityError),
+    /// Bindings still reference a deleting Connection (CDEL-3): not a failure, a wait.
+    #[error("{0} binding(s) still reference this Connection")]
+    Draining(usize),
+    /// Discovery or autoBind failed; already reported in the status.
+    #[error("{0}")]
+    Provider(String),
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[from] Box<finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`; `None` for a drain
+    /// wait, which is how a deletion normally proceeds, not a failed reconcile (#33.9).
+    pub fn metric_label(&self) -> Option<&'static str> {
+        Some(match self {
+            Error::Draining(_) => return None,
+            Error::Consumer(_) => "consumer",
+            Error::LocalIdentity(_) => "local_identity",
+            Error::Provider(_) => "provider",
+            Error::Finalizer(_) => "finalizer",
+        })
+    }
+}
+
+/// Per-controller state beyond the shared [`Context`].
+pub(super) struct State {
+    pub(super) ctx: Arc<Context>,
+    pub(super) secrets: SecretWatches,
+    pub(super) recorder: Recorder,
+}
+
+/// CONN-12, without QRK-1: any status change is written (optimistically locked on the
+/// resourceVersion the reconcile read), and each condition transition becomes an Event.
+pub(super) async fn write_status(
+    state: &State,
+    connection: &Connection,
+    before: &ConnectionStatus,
+    status: ConnectionStatus,
+) -> Result<(), Error> {
+    if *before == status {
+        return Ok(());
+    }
+    let transitions = outcome::transitions(&before.conditions, &status.conditions);
+    let mut updated = connection.clone();
+    updated.status = Some(status);
+    Api::<Connection>::all(state.ctx.client.clone())
+        .replace_status(&connection.name_any(), &PostParams::default(), &updated)
+        .await
+        .map_err(Error::Consumer)?;
+    let reference = connection.object_ref(&());
+    for condition in transitions {
+        let event = Event {
+            type_: if outcome::is_healthy(&condition) {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            },
+            reason: condition.reason.clone(),
+            note: Some(kbind_shared::conditions::bounded(
+                &format!(
+                    "{} is {}: {}",
+                    condition.type_, condition.status, condition.message
+                ),
+                1000,
+            )),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = state.recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %e, "cannot publish Event");
+        }
+    }
+    Ok(())
+}

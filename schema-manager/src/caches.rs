@@ -24,8 +24,10 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-/// Changes a receiver may fall behind by before it is told it missed some (a message is a kind
-/// and a key: well under 1 MiB buffered).
+/// Changes of one kind a receiver may fall behind by before it is told it missed some (a message
+/// is a kind and a key: well under 1 MiB buffered per kind). Each kind has its own channel, so a
+/// flood of one kind (a namespace user's Bindings) never makes a receiver of another kind (the
+/// Connection controller) miss changes and re-read everything.
 const CHANGES_CAPACITY: usize = 4096;
 
 /// The kinds the term caches.
@@ -44,6 +46,23 @@ pub enum Kind {
     MemberLease,
     /// The work assignment ConfigMap.
     Assignment,
+}
+
+impl Kind {
+    /// Every kind, each at the index of its change channel.
+    pub const ALL: [Kind; 6] = [
+        Kind::Connection,
+        Kind::ClusterBinding,
+        Kind::Binding,
+        Kind::Crd,
+        Kind::MemberLease,
+        Kind::Assignment,
+    ];
+
+    /// Its change channel's index.
+    fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// One object of one kind changed, and the term's cache of that kind holds the change.
@@ -118,32 +137,38 @@ pub struct TermCaches {
     pub member_leases: Store<Lease>,
     /// The work assignment ConfigMap (in kbind's namespace).
     pub assignment: Store<ConfigMap>,
-    changes: broadcast::Sender<Change>,
+    /// One change channel per kind ([`Kind::index`]).
+    changes: [broadcast::Sender<Change>; 6],
 }
 
 impl TermCaches {
     /// Starts one watch per kind until `stop`; `namespace` is kbind's own.
     pub fn start(client: &Client, namespace: &str, stop: &CancellationToken) -> Self {
-        let changes = broadcast::channel(CHANGES_CAPACITY).0;
+        let changes: [broadcast::Sender<Change>; 6] =
+            std::array::from_fn(|_| broadcast::channel(CHANGES_CAPACITY).0);
         let all = watcher::Config::default;
         let connections = cache(
             (Api::all(client.clone()), all()),
-            (Kind::Connection, &changes, stop),
+            (Kind::Connection, &changes[Kind::Connection.index()], stop),
             |connection: &mut Connection| connection.metadata.managed_fields = None,
         );
         let cluster_bindings = cache(
             (Api::all(client.clone()), all()),
-            (Kind::ClusterBinding, &changes, stop),
+            (
+                Kind::ClusterBinding,
+                &changes[Kind::ClusterBinding.index()],
+                stop,
+            ),
             |_: &mut ClusterBinding| {},
         );
         let bindings = cache(
             (Api::all(client.clone()), all()),
-            (Kind::Binding, &changes, stop),
+            (Kind::Binding, &changes[Kind::Binding.index()], stop),
             |_: &mut Binding| {},
         );
         let crds = cache(
             (Api::all(client.clone()), all()),
-            (Kind::Crd, &changes, stop),
+            (Kind::Crd, &changes[Kind::Crd.index()], stop),
             compact_crd,
         );
         let members = format!("{}={}", keys::SYNCER_MEMBER_LABEL, keys::TRUE);
@@ -152,7 +177,7 @@ impl TermCaches {
                 Api::namespaced(client.clone(), namespace),
                 all().labels(&members),
             ),
-            (Kind::MemberLease, &changes, stop),
+            (Kind::MemberLease, &changes[Kind::MemberLease.index()], stop),
             |_: &mut Lease| {},
         );
         let assignment_name = format!(
@@ -164,7 +189,7 @@ impl TermCaches {
                 Api::namespaced(client.clone(), namespace),
                 all().fields(&assignment_name),
             ),
-            (Kind::Assignment, &changes, stop),
+            (Kind::Assignment, &changes[Kind::Assignment.index()], stop),
             |_: &mut ConfigMap| {},
         );
         Self {
@@ -188,10 +213,17 @@ impl TermCaches {
         let _ = self.assignment.wait_until_ready().await;
     }
 
-    /// Every change from now on, as the caches hold it; `None`: some were missed (the receiver
-    /// fell behind), react as to a change of everything.
-    pub fn changes(&self) -> impl Stream<Item = Option<Change>> + Send + 'static + use<> {
-        received(self.changes.subscribe())
+    /// Every change of `kinds` from now on, as the caches hold it; `None`: some of those were
+    /// missed (the receiver fell behind), react as to a change of everything of those kinds.
+    pub fn changes(
+        &self,
+        kinds: &[Kind],
+    ) -> impl Stream<Item = Option<Change>> + Send + 'static + use<> {
+        futures::stream::select_all(
+            kinds
+                .iter()
+                .map(|kind| received(self.changes[kind.index()].subscribe()).boxed()),
+        )
     }
 
     /// The objects of `kind` in `store` to reconcile: every one at first, then each one a change
@@ -206,12 +238,11 @@ impl TermCaches {
         K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     {
         // Subscribed before the first snapshot: nothing falls between the two.
-        let changes = self.changes();
+        let changes = self.changes(&[kind]);
         let first = futures::stream::iter(store.state());
         first.chain(changes.flat_map(move |change| {
             let objects = match change {
                 None => store.state(),
-                Some(Change { kind: k, .. }) if k != kind => Vec::new(),
                 Some(Change { key, .. }) => store.get(&object_ref(&key)).into_iter().collect(),
             };
             futures::stream::iter(objects)
@@ -385,6 +416,41 @@ mod tests {
         };
         let reference: ObjectRef<Connection> = object_ref(&cluster);
         assert_eq!(reference, ObjectRef::new("c"));
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_one_kind_never_makes_a_receiver_of_another_miss_changes() {
+        let caches = TermCaches {
+            connections: kube::runtime::reflector::store().0,
+            cluster_bindings: kube::runtime::reflector::store().0,
+            bindings: kube::runtime::reflector::store().0,
+            crds: kube::runtime::reflector::store().0,
+            member_leases: kube::runtime::reflector::store().0,
+            assignment: kube::runtime::reflector::store().0,
+            changes: std::array::from_fn(|_| broadcast::channel(CHANGES_CAPACITY).0),
+        };
+        let change = |kind, name: &str| Change {
+            kind,
+            key: ObjectKey {
+                namespace: None,
+                name: name.into(),
+            },
+        };
+        let connections = caches.changes(&[Kind::Connection]);
+        let everything = caches.changes(&Kind::ALL);
+        // A namespace user's flood of Bindings, past a channel's capacity, then one Connection.
+        for n in 0..CHANGES_CAPACITY + 10 {
+            let _ =
+                caches.changes[Kind::Binding.index()].send(change(Kind::Binding, &n.to_string()));
+        }
+        let _ = caches.changes[Kind::Connection.index()].send(change(Kind::Connection, "c"));
+        drop(caches);
+        let got: Vec<Option<Change>> = connections.collect().await;
+        assert_eq!(got, [Some(change(Kind::Connection, "c"))]);
+        // A receiver of every kind missed Bindings, and says so; the Connection still arrives.
+        let got: Vec<Option<Change>> = everything.collect().await;
+        assert!(got.contains(&None), "told it missed some");
+        assert!(got.contains(&Some(change(Kind::Connection, "c"))));
     }
 
     #[tokio::test]

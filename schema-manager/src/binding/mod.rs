@@ -105,7 +105,7 @@ where
     // reads holds it; a consumer CRD's change, once the schema check's cache holds it).
     let term_store = store.clone();
     let term_triggers = caches
-        .changes()
+        .changes(&[Kind::Connection, Kind::Crd])
         .flat_map(move |change| futures::stream::iter(concerned(&term_store, change.as_ref())));
     // BIND-5d live: a change in which instances conflict re-counts the bindings listing the API.
     let conflict_store = store.clone();

@@ -98,7 +98,7 @@ pub const BUCKETS_ANNOTATION: &str = "core.kbind.io/sync-buckets";
 /// at least every [`ROUND`] (Lease expiry is a matter of time, not of events).
 pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken) {
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let mut changes = std::pin::pin!(caches.changes(&crate::caches::Kind::ALL));
+    let mut changes = std::pin::pin!(ctx.changes.subscribe(&crate::changes::Topic::cached()));
     let mut weights = Weights::default();
     loop {
         if let Err(e) = round(&ctx, &caches, &maps, &mut weights).await {

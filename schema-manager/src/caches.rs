@@ -1,15 +1,15 @@
 //! The leadership term's caches: exactly one reflector per kind the leader reads (Connections,
-//! ClusterBindings, Bindings, consumer CRDs, syncer member Leases, the assignment ConfigMap), and
-//! one change API every trigger uses. The controllers run on these stores
+//! ClusterBindings, Bindings, consumer CRDs, syncer member Leases, the assignment ConfigMap), each
+//! announcing its changes into the one change hub ([`crate::changes`]). The controllers run on these stores
 //! (`Controller::for_shared_stream`), so no controller opens a watch of its own; readers that only
 //! report read them instead of a request per reconcile; decisions that delete still read fresh.
 //!
 //! A change is announced once the cache holds it (never from a cache older than the trigger),
-//! re-lists included ([`ChangedNames`]); a receiver that fell behind is told that it missed some,
-//! and reacts to all.
+//! re-lists included ([`ChangedNames`]).
 
 use std::sync::Arc;
 
+use crate::changes::{Change, Changes, Kind, Topic};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -21,58 +21,7 @@ use kbind_shared::sync::Locked;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
-
-/// Changes of one kind a receiver may fall behind by before it is told it missed some (a message
-/// is a kind and a key: well under 1 MiB buffered per kind). Each kind has its own channel, so a
-/// flood of one kind (a namespace user's Bindings) never makes a receiver of another kind (the
-/// Connection controller) miss changes and re-read everything.
-const CHANGES_CAPACITY: usize = 4096;
-
-/// The kinds the term caches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    /// `Connection`.
-    Connection,
-    /// `ClusterBinding`.
-    ClusterBinding,
-    /// `Binding`.
-    Binding,
-    /// A consumer `CustomResourceDefinition`, managed by kbind or not (a user's
-    /// `core.kbind.io/adopt` on a foreign one matters too).
-    Crd,
-    /// A syncer's membership Lease.
-    MemberLease,
-    /// The work assignment ConfigMap.
-    Assignment,
-}
-
-impl Kind {
-    /// Every kind, each at the index of its change channel.
-    pub const ALL: [Kind; 6] = [
-        Kind::Connection,
-        Kind::ClusterBinding,
-        Kind::Binding,
-        Kind::Crd,
-        Kind::MemberLease,
-        Kind::Assignment,
-    ];
-
-    /// Its change channel's index.
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// One object of one kind changed, and the term's cache of that kind holds the change.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
-    /// Its kind.
-    pub kind: Kind,
-    /// Which object.
-    pub key: ObjectKey,
-}
 
 /// What the term's cache shows of one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,38 +86,38 @@ pub struct TermCaches {
     pub member_leases: Store<Lease>,
     /// The work assignment ConfigMap (in kbind's namespace).
     pub assignment: Store<ConfigMap>,
-    /// One change channel per kind ([`Kind::index`]).
-    changes: [broadcast::Sender<Change>; 6],
+    /// Where the caches announce their changes.
+    changes: Changes,
 }
 
 impl TermCaches {
-    /// Starts one watch per kind until `stop`; `namespace` is kbind's own.
-    pub fn start(client: &Client, namespace: &str, stop: &CancellationToken) -> Self {
-        let changes: [broadcast::Sender<Change>; 6] =
-            std::array::from_fn(|_| broadcast::channel(CHANGES_CAPACITY).0);
+    /// Starts one watch per kind until `stop`, announcing into `changes`; `namespace` is kbind's
+    /// own.
+    pub fn start(
+        client: &Client,
+        namespace: &str,
+        changes: &Changes,
+        stop: &CancellationToken,
+    ) -> Self {
         let all = watcher::Config::default;
         let connections = cache(
             (Api::all(client.clone()), all()),
-            (Kind::Connection, &changes[Kind::Connection.index()], stop),
+            (Kind::Connection, changes, stop),
             |connection: &mut Connection| connection.metadata.managed_fields = None,
         );
         let cluster_bindings = cache(
             (Api::all(client.clone()), all()),
-            (
-                Kind::ClusterBinding,
-                &changes[Kind::ClusterBinding.index()],
-                stop,
-            ),
+            (Kind::ClusterBinding, changes, stop),
             |_: &mut ClusterBinding| {},
         );
         let bindings = cache(
             (Api::all(client.clone()), all()),
-            (Kind::Binding, &changes[Kind::Binding.index()], stop),
+            (Kind::Binding, changes, stop),
             |_: &mut Binding| {},
         );
         let crds = cache(
             (Api::all(client.clone()), all()),
-            (Kind::Crd, &changes[Kind::Crd.index()], stop),
+            (Kind::Crd, changes, stop),
             compact_crd,
         );
         let members = format!("{}={}", keys::SYNCER_MEMBER_LABEL, keys::TRUE);
@@ -177,7 +126,7 @@ impl TermCaches {
                 Api::namespaced(client.clone(), namespace),
                 all().labels(&members),
             ),
-            (Kind::MemberLease, &changes[Kind::MemberLease.index()], stop),
+            (Kind::MemberLease, changes, stop),
             |_: &mut Lease| {},
         );
         let assignment_name = format!(
@@ -189,7 +138,7 @@ impl TermCaches {
                 Api::namespaced(client.clone(), namespace),
                 all().fields(&assignment_name),
             ),
-            (Kind::Assignment, &changes[Kind::Assignment.index()], stop),
+            (Kind::Assignment, changes, stop),
             |_: &mut ConfigMap| {},
         );
         Self {
@@ -199,7 +148,7 @@ impl TermCaches {
             crds,
             member_leases,
             assignment,
-            changes,
+            changes: changes.clone(),
         }
     }
 
@@ -211,19 +160,6 @@ impl TermCaches {
         let _ = self.crds.wait_until_ready().await;
         let _ = self.member_leases.wait_until_ready().await;
         let _ = self.assignment.wait_until_ready().await;
-    }
-
-    /// Every change of `kinds` from now on, as the caches hold it; `None`: some of those were
-    /// missed (the receiver fell behind), react as to a change of everything of those kinds.
-    pub fn changes(
-        &self,
-        kinds: &[Kind],
-    ) -> impl Stream<Item = Option<Change>> + Send + 'static + use<> {
-        futures::stream::select_all(
-            kinds
-                .iter()
-                .map(|kind| received(self.changes[kind.index()].subscribe()).boxed()),
-        )
     }
 
     /// The objects of `kind` in `store` to reconcile: every one at first, then each one a change
@@ -238,12 +174,13 @@ impl TermCaches {
         K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     {
         // Subscribed before the first snapshot: nothing falls between the two.
-        let changes = self.changes(&[kind]);
+        let changes = self.changes.subscribe(&[Topic::Cached(kind)]);
         let first = futures::stream::iter(store.state());
         first.chain(changes.flat_map(move |change| {
             let objects = match change {
                 None => store.state(),
-                Some(Change { key, .. }) => store.get(&object_ref(&key)).into_iter().collect(),
+                Some(Change::Cached(_, key)) => store.get(&object_ref(&key)).into_iter().collect(),
+                Some(_) => Vec::new(),
             };
             futures::stream::iter(objects)
         }))
@@ -268,7 +205,7 @@ impl TermCaches {
 /// it, announcing each change as `kind` once the cache holds it.
 fn cache<K>(
     (api, config): (Api<K>, watcher::Config),
-    (kind, changes, stop): (Kind, &broadcast::Sender<Change>, &CancellationToken),
+    (kind, changes, stop): (Kind, &Changes, &CancellationToken),
     modify: impl FnMut(&mut K) + Send + 'static,
 ) -> Store<K>
 where
@@ -321,29 +258,16 @@ fn compact_crd(crd: &mut CustomResourceDefinition) {
 /// An observer for one cache that sends, once the cache holds it, each object it shows changed.
 fn announce<K: Resource>(
     kind: Kind,
-    to: broadcast::Sender<Change>,
+    to: Changes,
 ) -> impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static {
     let changes = std::sync::Mutex::new(ChangedNames::default());
     move |event| {
         if let Ok(event) = event {
             for key in changes.locked().observe(event) {
-                let _ = to.send(Change { kind, key });
+                to.announce(Change::Cached(kind, key));
             }
         }
     }
-}
-
-/// The messages of `receiver`; `None` for those it missed by falling behind.
-pub fn received<T: Clone + Send + 'static>(
-    receiver: broadcast::Receiver<T>,
-) -> impl Stream<Item = Option<T>> + Send + 'static {
-    futures::stream::unfold(receiver, |mut receiver| async {
-        match receiver.recv().await {
-            Ok(message) => Some((Some(message), receiver)),
-            Err(broadcast::error::RecvError::Lagged(_)) => Some((None, receiver)),
-            Err(broadcast::error::RecvError::Closed) => None,
-        }
-    })
 }
 
 #[cfg(test)]
@@ -416,51 +340,5 @@ mod tests {
         };
         let reference: ObjectRef<Connection> = object_ref(&cluster);
         assert_eq!(reference, ObjectRef::new("c"));
-    }
-
-    #[tokio::test]
-    async fn a_flood_of_one_kind_never_makes_a_receiver_of_another_miss_changes() {
-        let caches = TermCaches {
-            connections: kube::runtime::reflector::store().0,
-            cluster_bindings: kube::runtime::reflector::store().0,
-            bindings: kube::runtime::reflector::store().0,
-            crds: kube::runtime::reflector::store().0,
-            member_leases: kube::runtime::reflector::store().0,
-            assignment: kube::runtime::reflector::store().0,
-            changes: std::array::from_fn(|_| broadcast::channel(CHANGES_CAPACITY).0),
-        };
-        let change = |kind, name: &str| Change {
-            kind,
-            key: ObjectKey {
-                namespace: None,
-                name: name.into(),
-            },
-        };
-        let connections = caches.changes(&[Kind::Connection]);
-        let everything = caches.changes(&Kind::ALL);
-        // A namespace user's flood of Bindings, past a channel's capacity, then one Connection.
-        for n in 0..CHANGES_CAPACITY + 10 {
-            let _ =
-                caches.changes[Kind::Binding.index()].send(change(Kind::Binding, &n.to_string()));
-        }
-        let _ = caches.changes[Kind::Connection.index()].send(change(Kind::Connection, "c"));
-        drop(caches);
-        let got: Vec<Option<Change>> = connections.collect().await;
-        assert_eq!(got, [Some(change(Kind::Connection, "c"))]);
-        // A receiver of every kind missed Bindings, and says so; the Connection still arrives.
-        let got: Vec<Option<Change>> = everything.collect().await;
-        assert!(got.contains(&None), "told it missed some");
-        assert!(got.contains(&Some(change(Kind::Connection, "c"))));
-    }
-
-    #[tokio::test]
-    async fn a_receiver_that_fell_behind_is_told_it_missed_changes() {
-        let (sender, receiver) = broadcast::channel(2);
-        for n in 0..3 {
-            sender.send(n).unwrap();
-        }
-        drop(sender);
-        let got: Vec<Option<i32>> = received(receiver).collect().await;
-        assert_eq!(got, [None, Some(1), Some(2)]);
     }
 }

@@ -17,6 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::OnceCell;
 
 use crate::caches::{Cached, TermCaches};
+use crate::changes::{Change, Changes};
 use crate::openapi::fetch::Documents;
 use crate::providers::Providers;
 
@@ -146,6 +147,8 @@ pub struct Context {
     pub namespace: String,
     /// One provider client per Connection, shared by the reconcilers.
     pub providers: Providers,
+    /// The one way to wake a reconciler: every trigger announces here.
+    pub changes: Changes,
     /// Providers' OpenAPI documents, by server and URL.
     pub documents: Documents,
     /// Backoff and log-once for failing Connections and bindings (by kind/namespace/name).
@@ -154,9 +157,6 @@ pub struct Context {
     pub heartbeats: crate::connection::heartbeat::Acquired,
     local_uid: OnceCell<String>,
     instance_metadata: std::sync::Mutex<std::collections::HashMap<String, MetadataCache>>,
-    conflict_changes: tokio::sync::broadcast::Sender<String>,
-    /// Namespaces whose set of served related-resources Bindings changed.
-    related_changes: tokio::sync::broadcast::Sender<String>,
     /// The served related-resources Bindings of each namespace, as the last reconcile there saw
     /// them.
     related_served: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
@@ -177,6 +177,7 @@ impl Context {
         settings: Settings,
         namespace: String,
     ) -> Self {
+        let changes = Changes::default();
         Self {
             client,
             metrics,
@@ -188,13 +189,12 @@ impl Context {
             ),
             settings,
             namespace,
-            providers: Providers::default(),
+            providers: Providers::new(changes.clone()),
+            changes,
             heartbeats: Default::default(),
             local_uid: OnceCell::new(),
             instance_metadata: Default::default(),
             impacts: Default::default(),
-            conflict_changes: tokio::sync::broadcast::channel(256).0,
-            related_changes: tokio::sync::broadcast::channel(256).0,
             related_served: Default::default(),
             term: Default::default(),
             running_units: Default::default(),
@@ -305,12 +305,6 @@ impl Context {
         ))
     }
 
-    /// Namespaces whose served related-resources Bindings changed: every Binding there is
-    /// evaluated again (one pushed past the per-namespace cap, or let in, says so at once).
-    pub fn related_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
-        self.related_changes.subscribe()
-    }
-
     /// Records which related-resources Bindings of `namespace` are served; when that differs from
     /// what the last reconcile there saw, the namespace's Bindings are evaluated again.
     pub fn related_served(&self, namespace: &str, served: Vec<String>) {
@@ -322,19 +316,15 @@ impl Context {
             seen.insert(namespace.to_owned(), served.clone()) != Some(served)
         };
         if changed {
-            let _ = self.related_changes.send(namespace.to_owned());
+            self.changes
+                .announce(Change::RelatedServed(namespace.to_owned()));
         }
     }
 
     /// A Binding of `namespace` went away: the others there are evaluated again.
     pub fn related_left(&self, namespace: &str) {
-        let _ = self.related_changes.send(namespace.to_owned());
-    }
-
-    /// The APIs (`<plural>.<group>`) whose set of conflicting instances just changed, as the
-    /// instance metadata caches see it: bindings re-count at once instead of at their next resync.
-    pub fn conflict_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
-        self.conflict_changes.subscribe()
+        self.changes
+            .announce(Change::RelatedServed(namespace.to_owned()));
     }
 
     /// How many existing consumer objects of `desired`'s API its storage version's schema would
@@ -444,7 +434,7 @@ impl Context {
             .default_backoff();
             let mut conflicting = ConflictingSet::default();
             let (changes, api_name) = (
-                self.conflict_changes.clone(),
+                self.changes.clone(),
                 format!("{}.{}", resource.plural, resource.group),
             );
             let task = tokio::spawn(async move {
@@ -453,7 +443,7 @@ impl Context {
                         if let Ok(event) = event
                             && conflicting.observe(&event)
                         {
-                            let _ = changes.send(api_name.clone());
+                            changes.announce(Change::Conflicts(api_name.clone()));
                         }
                         async {}
                     })

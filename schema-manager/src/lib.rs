@@ -6,6 +6,7 @@
 pub mod assignment;
 pub mod binding;
 pub mod caches;
+pub mod changes;
 pub mod cli;
 pub mod connection;
 pub mod consent;

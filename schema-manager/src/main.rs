@@ -65,8 +65,12 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
             // no provider.
             let _forget = ForgetProviders(ctx.clone());
             // This term's caches, one watch per kind, listed before any reconcile reads them.
-            let caches =
-                kbind_schema_manager::caches::TermCaches::start(&ctx.client, &ctx.namespace, &stop);
+            let caches = kbind_schema_manager::caches::TermCaches::start(
+                &ctx.client,
+                &ctx.namespace,
+                &ctx.changes,
+                &stop,
+            );
             tokio::select! {
                 _ = caches.ready() => {}
                 _ = stop.cancelled() => return,

@@ -1,6 +1,7 @@
 //! Provider credentials: reading the Connection's Secret (CONN-3) and keeping one verified
 //! provider client per Connection, replaced when a rotated credential is verified (LIM-1).
 
+use crate::changes::{Change, Changes};
 use kbind_shared::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -80,13 +81,9 @@ pub struct ProviderSchemas {
 
 impl ProviderSchemas {
     /// Watches the exported CRDs `client` reaches, keeping only names and `resourceVersion`s;
-    /// sends each CRD the watch shows changed to `changes`, once the cache holds it (a re-list
+    /// announces each CRD the watch shows changed, once the cache holds it (a re-list
     /// names only what differs from what was seen: nothing at rest).
-    fn watched(
-        client: &Client,
-        connection: &str,
-        changes: tokio::sync::broadcast::Sender<SchemaChange>,
-    ) -> Self {
+    fn watched(client: &Client, connection: &str, changes: Changes) -> Self {
         let stop = CancellationToken::new();
         let connection = connection.to_owned();
         let names = Mutex::new(kbind_shared::cache::ChangedNames::default());
@@ -109,13 +106,13 @@ impl ProviderSchemas {
                     let changed = names.locked().observe(event);
                     // The first list names every export, and none changed: the bindings read a
                     // new client's schemas anyway. Announcing them would wake every binding of
-                    // the Connection at once (and, past the broadcast's capacity, every binding).
+                    // the Connection at once (and, past the topic's capacity, every binding).
                     if matches!(event, watcher::Event::InitDone) && !listed.swap(true, Relaxed) {
                         return;
                     }
                     for api in changed.into_iter().map(|key| key.name) {
                         let connection = connection.clone();
-                        let _ = changes.send(SchemaChange { connection, api });
+                        changes.announce(Change::ProviderSchema { connection, api });
                     }
                 }
             },
@@ -277,55 +274,22 @@ pub async fn read_credential_cached(
 /// it checked the identity, puts a client here.
 pub struct Providers {
     by_connection: Mutex<HashMap<String, Provider>>,
-    /// Where identity watches send the Connection whose provider they see change: the current
-    /// leadership term's Connection controller (a watch outlives the term that started it).
-    identity_trigger: Arc<std::sync::RwLock<Option<IdentityTrigger>>>,
-    /// Exported CRDs each provider's schema watch shows changed, once its cache holds the change.
-    schema_changes: tokio::sync::broadcast::Sender<SchemaChange>,
+    /// Where identity watches announce the Connection whose provider they see change, and schema
+    /// watches the exported CRDs they see change (a watch outlives the term that started it).
+    changes: Changes,
 }
-
-impl Default for Providers {
-    fn default() -> Self {
-        Self {
-            by_connection: Default::default(),
-            identity_trigger: Default::default(),
-            schema_changes: tokio::sync::broadcast::channel(256).0,
-        }
-    }
-}
-
-/// An exported CRD of a Connection's provider that changed (or appeared, or went).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SchemaChange {
-    /// The Connection.
-    pub connection: String,
-    /// The CRD's name, `<plural>.<group>`: the API's name in bindings.
-    pub api: String,
-}
-
-/// Reconciles a Connection at once.
-pub type IdentityTrigger = futures::channel::mpsc::UnboundedSender<
-    kube::runtime::reflector::ObjectRef<kbind_shared::api::Connection>,
->;
 
 impl Providers {
-    /// Exported CRDs of the providers as their schema watches see them change: the bindings of
-    /// that Connection listing the API check its schema at once, not at their next resync.
-    pub fn schema_changes(&self) -> tokio::sync::broadcast::Receiver<SchemaChange> {
-        self.schema_changes.subscribe()
-    }
-
-    /// Sends identity watches' triggers to `trigger` from now on (each term's Connection
-    /// controller).
-    pub fn set_identity_trigger(&self, trigger: IdentityTrigger) {
-        *self
-            .identity_trigger
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(trigger);
+    /// No clients yet; their watches will announce into `changes`.
+    pub fn new(changes: Changes) -> Self {
+        Self {
+            by_connection: Default::default(),
+            changes,
+        }
     }
 
     /// Starts `provider`'s identity watch of the object `source` names, unless one runs; a change
-    /// it shows reconciles `connection` through the current term's trigger.
+    /// it shows announces `connection`'s input changed.
     pub fn watch_identity(
         &self,
         provider: &Provider,
@@ -336,22 +300,14 @@ impl Providers {
         provider.watch_identity(source, &name, self.reconciles(connection));
     }
 
-    /// Reconciles `connection` through the trigger current when it is called.
+    /// Announces that what `connection` reads from its provider changed.
     fn reconciles(
         &self,
         connection: &kbind_shared::api::Connection,
     ) -> impl Fn() + Send + Sync + 'static {
-        let trigger = self.identity_trigger.clone();
-        let reference = kube::runtime::reflector::ObjectRef::from_obj(connection);
-        move || {
-            if let Some(trigger) = trigger
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .as_ref()
-            {
-                let _ = trigger.unbounded_send(reference.clone());
-            }
-        }
+        let changes = self.changes.clone();
+        let name = kube::ResourceExt::name_any(connection);
+        move || changes.announce(Change::ConnectionInput(name.clone()))
     }
 
     /// A client for `credential`: the verified one if it was built from the same credential,
@@ -392,8 +348,7 @@ impl Providers {
             return;
         }
         let mut kept = provider.clone();
-        kept.schemas =
-            ProviderSchemas::watched(&kept.client, connection, self.schema_changes.clone());
+        kept.schemas = ProviderSchemas::watched(&kept.client, connection, self.changes.clone());
         let previous = by_connection.insert(connection.to_owned(), kept);
         if previous.is_some_and(|p| p.digest != provider.digest) {
             tracing::info!(
@@ -455,6 +410,8 @@ impl Providers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::changes::Topic;
+    use futures::StreamExt;
     use kube::runtime::reflector::store::Writer;
 
     fn version(name: &str, resource_version: &str) -> PartialObjectMeta<CustomResourceDefinition> {
@@ -532,26 +489,27 @@ mod tests {
         assert_eq!(schemas.exports(), None, "a new export");
     }
 
-    #[test]
-    fn identity_watches_reconcile_through_the_current_terms_trigger() {
-        let providers = Providers::default();
+    #[tokio::test]
+    async fn identity_watches_announce_their_connection_to_whichever_term_listens() {
+        let changes = Changes::default();
+        let providers = Providers::new(changes.clone());
         let connection = kbind_shared::api::Connection::new(
             "c",
             kbind_shared::api::ConnectionSpec::for_secret("kbind", "p"),
         );
         let reconcile = providers.reconciles(&connection);
-        reconcile(); // no term yet: nowhere to send, nothing breaks
-        let (first, mut first_received) = futures::channel::mpsc::unbounded();
-        providers.set_identity_trigger(first);
+        reconcile(); // no term yet: nobody listens, nothing breaks
+        let first = changes.subscribe(&[Topic::ConnectionInput]);
         reconcile();
-        let sent = first_received.try_recv().ok();
-        assert_eq!(sent.map(|r| r.name), Some("c".to_owned()));
-        // A new term: the same watch's changes go to its controller.
-        let (second, mut second_received) = futures::channel::mpsc::unbounded();
-        providers.set_identity_trigger(second);
+        // A new term: the same watch's changes reach its controller too.
+        let second = changes.subscribe(&[Topic::ConnectionInput]);
         reconcile();
-        assert!(second_received.try_recv().ok().is_some());
-        assert!(first_received.try_recv().ok().is_none());
+        drop((providers, reconcile, changes));
+        let first: Vec<_> = first.collect().await;
+        let second: Vec<_> = second.collect().await;
+        let announced = Some(Change::ConnectionInput("c".into()));
+        assert_eq!(first, [announced.clone(), announced.clone()]);
+        assert_eq!(second, [announced]);
     }
 
     #[test]

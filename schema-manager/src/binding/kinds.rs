@@ -7,7 +7,8 @@ use kube::runtime::finalizer;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 
-use crate::caches::{Kind, TermCaches};
+use crate::caches::TermCaches;
+use crate::changes::Kind;
 
 /// Why a binding reconcile did not finish.
 #[derive(Debug, thiserror::Error)]

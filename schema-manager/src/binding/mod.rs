@@ -23,7 +23,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::caches::{Cached, Change, Kind, TermCaches, received};
+use crate::caches::{Cached, TermCaches};
+use crate::changes::{Change, Kind, Topic};
 use crate::context::Context;
 use apis::{api_state, covered_by_cluster_bindings};
 pub use kinds::{Error, Scoped};
@@ -47,50 +48,51 @@ pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken)
     }
 }
 
-/// The bindings in `store` that `keep` selects, or every binding (`name` is `None`: the names
-/// were missed).
-fn selected<B, N>(
-    store: &Store<B>,
-    name: Option<N>,
-    keep: impl Fn(&B, &N) -> bool,
-) -> Vec<ObjectRef<B>>
+/// Whether a change the binding controllers hear concerns `binding`: its Connection changed, a
+/// consumer CRD it lists changed (the user's `core.kbind.io/adopt` opt-in, markers edited by hand,
+/// kbind's own install), its provider's exported CRD of an API it lists changed (the schema check
+/// reads it fresh at once), the set of conflicting instances of an API it lists changed (BIND-5d
+/// live), or its namespace's served related-resources Bindings changed (a Binding pushed past the
+/// per-namespace cap, or let in, says so at once). A change of its own kind is the controller's
+/// own trigger.
+fn concerns<B: BindingObject>(binding: &B, change: &Change) -> bool {
+    let spec = binding.binding_spec();
+    let lists = |api: &str| spec.apis.iter().any(|a| a.name == api);
+    match change {
+        Change::Cached(Kind::Connection, key) => spec.connection_ref.name == key.name,
+        Change::Cached(Kind::Crd, key) => lists(&key.name),
+        Change::ProviderSchema { connection, api } => {
+            &spec.connection_ref.name == connection && lists(api)
+        }
+        Change::Conflicts(api) => lists(api),
+        Change::RelatedServed(namespace) => {
+            binding.meta().namespace.as_ref() == Some(namespace)
+                && !spec.related_resources.is_empty()
+        }
+        Change::Cached(..) | Change::ConnectionInput(_) => false,
+    }
+}
+
+/// The topics [`concerns`] reads.
+const TOPICS: [Topic; 5] = [
+    Topic::Cached(Kind::Connection),
+    Topic::Cached(Kind::Crd),
+    Topic::ProviderSchema,
+    Topic::Conflicts,
+    Topic::RelatedServed,
+];
+
+/// The bindings in `store` a change concerns; every binding after missed changes.
+fn concerned<B>(store: &Store<B>, change: Option<&Change>) -> Vec<ObjectRef<B>>
 where
     B: BindingObject + kube::Resource<DynamicType = ()>,
 {
     store
         .state()
         .into_iter()
-        .filter(|b| name.as_ref().is_none_or(|n| keep(b, n)))
+        .filter(|b| change.is_none_or(|c| concerns(b.as_ref(), c)))
         .map(|b| ObjectRef::from_obj(b.as_ref()))
         .collect()
-}
-
-/// Whether `binding` lists the API `name`.
-fn lists<B: BindingObject>(binding: &B, name: &String) -> bool {
-    binding.binding_spec().apis.iter().any(|a| &a.name == name)
-}
-
-/// The bindings a change of another kind in the term's caches concerns: those naming a changed
-/// Connection, those listing a changed consumer CRD (the user's `core.kbind.io/adopt` opt-in,
-/// markers edited by hand, kbind's own install); every binding after missed changes.
-fn concerned<B>(store: &Store<B>, change: Option<&Change>) -> Vec<ObjectRef<B>>
-where
-    B: BindingObject + kube::Resource<DynamicType = ()>,
-{
-    match change {
-        None => selected(store, None::<String>, lists),
-        Some(Change {
-            kind: Kind::Connection,
-            key,
-        }) => selected(store, Some(&key.name), |b: &B, name: &&String| {
-            &b.binding_spec().connection_ref.name == *name
-        }),
-        Some(Change {
-            kind: Kind::Crd,
-            key,
-        }) => selected(store, Some(key.name.clone()), lists),
-        Some(_) => Vec::new(),
-    }
 }
 
 async fn controller<B>(ctx: Arc<Context>, caches: &TermCaches, stop: CancellationToken)
@@ -101,41 +103,14 @@ where
     let store = B::store(caches);
     let controller = Controller::for_shared_stream(caches.triggers(B::KIND, store.clone()), store);
     let store = controller.store();
-    // BIND triggers from the term's other caches (a Connection's change, once the cache the gate
-    // reads holds it; a consumer CRD's change, once the schema check's cache holds it).
-    let term_store = store.clone();
-    let term_triggers = caches
-        .changes(&[Kind::Connection, Kind::Crd])
-        .flat_map(move |change| futures::stream::iter(concerned(&term_store, change.as_ref())));
-    // BIND-5d live: a change in which instances conflict re-counts the bindings listing the API.
-    let conflict_store = store.clone();
-    let conflict_triggers = received(ctx.conflict_changes())
-        .flat_map(move |api| futures::stream::iter(selected(&conflict_store, api, lists)));
-    // A namespace whose served related-resources Bindings changed: its Bindings say so at once.
-    let related_store = store.clone();
-    let related_triggers = received(ctx.related_changes()).flat_map(move |namespace| {
-        futures::stream::iter(selected(&related_store, namespace, |b: &B, ns: &String| {
-            b.meta().namespace.as_ref() == Some(ns)
-                && !b.binding_spec().related_resources.is_empty()
-        }))
-    });
-    // A provider's exported CRD changed (its watch's cache holds the new version, so the
-    // schema check reads it fresh): the bindings of that Connection listing the API, at once.
-    let schema_triggers = received(ctx.providers.schema_changes()).flat_map(move |change| {
-        futures::stream::iter(selected(
-            &store,
-            change,
-            |b: &B, change: &crate::providers::SchemaChange| {
-                b.binding_spec().connection_ref.name == change.connection && lists(b, &change.api)
-            },
-        ))
-    });
-
+    // Every other trigger: a change of another kind, once the cache a reconcile reads holds it,
+    // or a signal another reconciler computed.
+    let triggers = ctx
+        .changes
+        .subscribe(&TOPICS)
+        .flat_map(move |change| futures::stream::iter(concerned(&store, change.as_ref())));
     controller
-        .reconcile_on(term_triggers)
-        .reconcile_on(conflict_triggers)
-        .reconcile_on(related_triggers)
-        .reconcile_on(schema_triggers)
+        .reconcile_on(triggers)
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile::<B>, error_policy::<B>, ctx)
         .for_each(|result| async move {
@@ -415,4 +390,101 @@ async fn let_go<B: Scoped>(
         }
     }
     Ok(going)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kbind_shared::api::{BindingSpec, ClusterBindingSpec, RelatedResource};
+    use kbind_shared::cache::ObjectKey;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey {
+            namespace: None,
+            name: name.into(),
+        }
+    }
+
+    fn spec(related: bool) -> BindingSpec {
+        let mut spec = BindingSpec::new("p", &["widgets.example.org"]);
+        if related {
+            spec.related_resources = vec![
+                serde_json::from_value::<RelatedResource>(serde_json::json!({
+                    "resource": "secrets",
+                    "direction": "FromProvider",
+                }))
+                .unwrap(),
+            ];
+        }
+        spec
+    }
+
+    #[test]
+    fn a_change_concerns_exactly_the_bindings_it_can_alter() {
+        let widgets = "widgets.example.org";
+        let schema = |connection: &str, api: &str| Change::ProviderSchema {
+            connection: connection.into(),
+            api: api.into(),
+        };
+        // (change, concerns the ClusterBinding, the Binding in team-a, the one with related
+        // resources in team-a)
+        let table = [
+            (Change::Cached(Kind::Connection, key("p")), true, true, true),
+            (
+                Change::Cached(Kind::Connection, key("q")),
+                false,
+                false,
+                false,
+            ),
+            (Change::Cached(Kind::Crd, key(widgets)), true, true, true),
+            (
+                Change::Cached(Kind::Crd, key("gadgets.example.org")),
+                false,
+                false,
+                false,
+            ),
+            (schema("p", widgets), true, true, true),
+            (schema("q", widgets), false, false, false),
+            (schema("p", "gadgets.example.org"), false, false, false),
+            (Change::Conflicts(widgets.into()), true, true, true),
+            (
+                Change::Conflicts("gadgets.example.org".into()),
+                false,
+                false,
+                false,
+            ),
+            (Change::RelatedServed("team-a".into()), false, false, true),
+            (Change::RelatedServed("team-b".into()), false, false, false),
+            // Its own kind is the controller's own trigger; a Connection's inputs are the
+            // Connection controller's.
+            (
+                Change::Cached(Kind::ClusterBinding, key("c")),
+                false,
+                false,
+                false,
+            ),
+            (
+                Change::Cached(Kind::MemberLease, key("s")),
+                false,
+                false,
+                false,
+            ),
+            (Change::ConnectionInput("p".into()), false, false, false),
+        ];
+        let cluster = ClusterBinding::new(
+            "c",
+            ClusterBindingSpec {
+                binding: spec(false),
+            },
+        );
+        let mut binding = Binding::new("b", spec(false));
+        binding.metadata.namespace = Some("team-a".into());
+        let mut related = Binding::new("r", spec(true));
+        related.metadata.namespace = Some("team-a".into());
+        for (change, c, b, r) in table {
+            assert_eq!(concerns(&cluster, &change), c, "ClusterBinding: {change:?}");
+            assert_eq!(concerns(&binding, &change), b, "Binding: {change:?}");
+            assert_eq!(concerns(&related, &change), r, "related: {change:?}");
+        }
+    }
 }

@@ -23,10 +23,12 @@ use kbind_shared::keys;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::caches::{Kind, TermCaches};
+use crate::caches::TermCaches;
+use crate::changes::{Change, Kind, Topic};
 use crate::context::Context;
 use crate::discovery;
 use crate::providers::ProviderError;
@@ -45,11 +47,25 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Runs the Connection controller on this term's caches until `stop` is cancelled.
 pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken) {
     let client = ctx.client.clone();
-    let (trigger, triggers) = futures::channel::mpsc::unbounded();
-    // Identity watches started in an earlier term reconcile through this term's controller.
-    ctx.providers.set_identity_trigger(trigger.clone());
+    // A Connection's kubeconfig Secret or its provider's identity changed (identity watches
+    // started in an earlier term announce too); every Connection after missed changes.
+    let store = caches.connections.clone();
+    let inputs = ctx
+        .changes
+        .subscribe(&[Topic::ConnectionInput])
+        .flat_map(move |change| {
+            futures::stream::iter(match change {
+                Some(Change::ConnectionInput(name)) => vec![ObjectRef::new(&name)],
+                Some(_) => Vec::new(),
+                None => store
+                    .state()
+                    .iter()
+                    .map(|c| ObjectRef::from_obj(c.as_ref()))
+                    .collect(),
+            })
+        });
     let state = Arc::new(State {
-        secrets: SecretWatches::new(client.clone(), trigger.clone()),
+        secrets: SecretWatches::new(client.clone(), ctx.changes.clone()),
         recorder: Recorder::new(client.clone(), ctx.reporter.clone()),
         ctx,
     });
@@ -57,7 +73,7 @@ pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken)
     let store = caches.connections.clone();
     let controller =
         Controller::for_shared_stream(caches.triggers(Kind::Connection, store.clone()), store)
-            .reconcile_on(triggers)
+            .reconcile_on(inputs)
             .graceful_shutdown_on(async move { graceful.cancelled().await })
             .run(reconcile, error_policy, state)
             .for_each(|result| async move {

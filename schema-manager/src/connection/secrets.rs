@@ -2,14 +2,13 @@
 //! Secret): one name-scoped watch per referenced Secret, feeding the Connection controller, and
 //! caching the Secret so that a reconcile reads it without a request (at rest, nothing is read).
 
+use crate::changes::{Change, Changes};
 use kbind_shared::sync::Locked;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use futures::channel::mpsc::UnboundedSender;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
-use kbind_shared::api::Connection;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -24,16 +23,16 @@ struct Watch {
 /// The set of watched Secrets and which Connections each one triggers.
 pub struct SecretWatches {
     client: Client,
-    trigger: UnboundedSender<ObjectRef<Connection>>,
+    changes: Changes,
     watches: std::sync::Arc<Mutex<HashMap<(String, String), Watch>>>,
 }
 
 impl SecretWatches {
-    /// Watches send the Connections to reconcile into `trigger`.
-    pub fn new(client: Client, trigger: UnboundedSender<ObjectRef<Connection>>) -> Self {
+    /// Watches announce the Connections whose Secret changed into `changes`.
+    pub fn new(client: Client, changes: Changes) -> Self {
         Self {
             client,
-            trigger,
+            changes,
             watches: Default::default(),
         }
     }
@@ -48,13 +47,13 @@ impl SecretWatches {
         }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let trigger = self.trigger.clone();
+        let changes = self.changes.clone();
         let registry = self.watches.clone();
         let watched = key.clone();
         let (store, writer) = reflector::store();
         let task = tokio::spawn(async move {
             // Backoff on errors (a Secret kbind may not read must not become a hot loop). The
-            // cache is updated before the Connections are triggered.
+            // cache is updated before the Connections hear of it.
             let mut events = reflector::reflector(writer, watcher(api, config))
                 .default_backoff()
                 .boxed();
@@ -71,7 +70,7 @@ impl SecretWatches {
                             .map(|w| w.connections.clone())
                             .unwrap_or_default();
                         for connection in connections {
-                            let _ = trigger.unbounded_send(ObjectRef::new(&connection));
+                            changes.announce(Change::ConnectionInput(connection));
                         }
                     }
                     Ok(_) => {}

@@ -2,7 +2,6 @@
 //! and cached outside the repository (see `e2e/controlplane/build.sh`).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 /// Paths of the control plane binaries.
@@ -47,24 +46,7 @@ pub fn binaries() -> Result<Binaries, String> {
 
 fn build() -> Result<Binaries, String> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("controlplane/build.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{} failed ({}); its output is above",
-            script.display(),
-            output.status
-        ));
-    }
-    let dir = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .to_owned();
+    let dir = crate::tools::run_build_script(&script)?;
     let binaries = Binaries::in_dir(Path::new(&dir));
     for path in [
         &binaries.etcd,

@@ -237,7 +237,7 @@ impl TestEnv {
 
     /// Starts any program as one of this environment's processes, logging to `<dir>/<name>.log`;
     /// `group`: in a process group of its own, all of which is killed (see
-    /// [`ChildProcess::start_group`]). Returns its index for [`TestEnv::process`].
+    /// [`ChildProcess::start_with`]). Returns its index for [`TestEnv::process`].
     pub fn start_process(
         &mut self,
         name: &str,
@@ -247,11 +247,7 @@ impl TestEnv {
         group: bool,
     ) -> Result<usize, String> {
         let log = self.dir.join(format!("{name}.log"));
-        let process = if group {
-            ChildProcess::start_group(name, program, args, envs, &log)?
-        } else {
-            ChildProcess::start(name, program, args, envs, &log)?
-        };
+        let process = ChildProcess::start_with(name, program, args, envs, &log, group)?;
         self.processes.push(process);
         Ok(self.processes.len() - 1)
     }

@@ -42,19 +42,10 @@ impl ChildProcess {
         Self::start_with(name, program, args, envs, log, false)
     }
 
-    /// [`ChildProcess::start`] in a process group of its own: every signal, and the final kill,
-    /// reach all of the group — for launchers that run the real program as a grandchild.
-    pub fn start_group(
-        name: &str,
-        program: &Path,
-        args: &[String],
-        envs: &[(&str, &str)],
-        log: &Path,
-    ) -> Result<Self, String> {
-        Self::start_with(name, program, args, envs, log, true)
-    }
-
-    fn start_with(
+    /// [`ChildProcess::start`], and with `group` in a process group of its own: every signal, and
+    /// the final kill, reach all of the group — for launchers that run the real program as a
+    /// grandchild.
+    pub fn start_with(
         name: &str,
         program: &Path,
         args: &[String],

@@ -10,17 +10,26 @@ fn cached_build(script: &str) -> Result<PathBuf, String> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tools")
         .join(script);
+    run_build_script(&script).map(PathBuf::from)
+}
+
+/// Runs the bash script `script` (its stderr shown as it goes) and returns the last line it
+/// printed: where it left what it built.
+pub fn run_build_script(script: &std::path::Path) -> Result<String, String> {
     let output = Command::new("bash")
-        .arg(&script)
+        .arg(script)
         .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
     if !output.status.success() {
-        return Err(format!("{} failed ({})", script.display(), output.status));
+        return Err(format!(
+            "{} failed ({}); its output is above",
+            script.display(),
+            output.status
+        ));
     }
-    Ok(PathBuf::from(
-        String::from_utf8_lossy(&output.stdout).trim(),
-    ))
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    Ok(stdout.trim().lines().last().unwrap_or_default().to_owned())
 }
 
 /// The Helm binary, built by `e2e/tools/build-helm.sh` the first time.

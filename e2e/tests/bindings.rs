@@ -5,49 +5,34 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
-use kbind_e2e::kbind::{apiserver_requests, grown, install_crds};
+use kbind_e2e::kbind::{apiserver_requests, grown};
 use kbind_e2e::wait::wait_gone;
-use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{
     Binding, ClusterBinding, ClusterBindingSpec, Connection, PullPolicy, SchemaSource, UpdatePolicy,
 };
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
-struct Setup {
-    env: TestEnv,
-    consumer: Client,
-    provider: Client,
-}
+type Setup = Pair;
 
 async fn setup(test: &str, with_syncer: bool) -> Setup {
-    let mut env = TestEnv::start(test, &["consumer", "provider"])
-        .await
-        .expect("clusters start");
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_crds(&consumer).await.unwrap();
-    start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false"],
-    )
-    .await
-    .unwrap();
+    let mut s = Pair::start(test, &[]).await;
+    start_lone_schema_manager(&mut s.env, &[]).await;
     if with_syncer {
-        start_syncer(&mut env, "consumer", "syncer-0", &[])
+        start_syncer(&mut s.env, "consumer", "syncer-0", &[])
             .await
             .unwrap();
     }
-    put_kubeconfig(&consumer, "p", &env.cluster("provider").admin_kubeconfig()).await;
-    Setup {
-        env,
-        consumer,
-        provider,
-    }
+    put_kubeconfig(
+        &s.consumer,
+        "p",
+        &s.env.cluster("provider").admin_kubeconfig(),
+    )
+    .await;
+    s
 }
 
 async fn connect(s: &Setup, name: &str, pull: PullPolicy, update: UpdatePolicy) {
@@ -55,9 +40,7 @@ async fn connect(s: &Setup, name: &str, pull: PullPolicy, update: UpdatePolicy) 
     c.spec.schema.pull_policy = pull;
     c.spec.schema.update_policy = update;
     create_connection(&s.consumer, &c).await.unwrap();
-    wait_condition(&s.consumer, name, "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, name, "Ready=True").await;
 }
 
 async fn cluster_bind(
@@ -114,13 +97,9 @@ async fn refused_until_adopted(
     binding: &str,
     crd: &str,
 ) {
-    wait_binding_condition(bindings, binding, "Ready", "False", Some("SchemaConflict"))
-        .await
-        .unwrap();
+    wait_binding(bindings, binding, "Ready=False/SchemaConflict").await;
     adopt_crd(&s.consumer, crd, "provider").await.unwrap();
-    wait_binding_condition(bindings, binding, "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(bindings, binding, "Ready=True").await;
 }
 
 async fn consumer_crd(s: &Setup, name: &str) -> Option<CustomResourceDefinition> {
@@ -144,12 +123,8 @@ async fn update_policy_always_follows_provider_schema_changes_and_once_does_not(
     connect(&s, "once", PullPolicy::Bound, UpdatePolicy::Once).await;
     let bindings = cluster_bind(&s, "widgets", "always", &["widgets.example.org"]).await;
     cluster_bind(&s, "gadgets", "once", &["gadgets.example.org"]).await;
-    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
-    wait_binding_condition(&bindings, "gadgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&bindings, "widgets", "Ready=True").await;
+    wait_binding(&bindings, "gadgets", "Ready=True").await;
     let hash =
         |crd: &CustomResourceDefinition| crd.annotations()["core.kbind.io/schema-hash"].clone();
     let (widgets_before, gadgets_before) = (
@@ -228,17 +203,13 @@ async fn update_policy_always_follows_provider_schema_changes_and_once_does_not(
         "an enum violation is rejected locally"
     );
 
-    wait_binding_condition(&bindings, "gadgets", "SchemaInSync", "False", None)
-        .await
-        .unwrap();
+    wait_binding(&bindings, "gadgets", "SchemaInSync=False").await;
     assert_eq!(
         hash(&consumer_crd(&s, "gadgets.example.org").await.unwrap()),
         hash(&gadgets_before),
         "Once never updates"
     );
-    wait_binding_condition(&bindings, "widgets", "SchemaInSync", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&bindings, "widgets", "SchemaInSync=True").await;
 }
 
 #[tokio::test]
@@ -258,16 +229,9 @@ async fn multi_version_provider_crd_arrives_in_every_identical_version_with_conv
     install_crd(&s.provider, &multi).await.unwrap();
     connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Always).await;
     let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
-    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&bindings, "widgets", "Ready=True").await;
     let crd = consumer_crd(&s, "widgets.example.org").await.unwrap();
-    let versions: Vec<(&str, bool, bool)> = crd
-        .spec
-        .versions
-        .iter()
-        .map(|v| (v.name.as_str(), v.served, v.storage))
-        .collect();
+    let versions = kbind_shared::dynamic::version_flags(&crd.spec.versions);
     assert_eq!(versions, [("v1alpha1", true, false), ("v1", true, true)]);
     assert_eq!(crd.spec.conversion.as_ref().unwrap().strategy, "None");
     assert!(!crd.labels().contains_key("core.kbind.io/exported"));
@@ -321,9 +285,7 @@ async fn bad_binding_input_is_reported_per_api_and_nothing_is_deleted() {
         &["clusterthings.example.org"],
     )
     .await;
-    let b = wait_binding_condition(&bindings, "things", "Ready", "False", Some("Pending"))
-        .await
-        .unwrap();
+    let b = wait_binding(&bindings, "things", "Ready=False/Pending").await;
     assert!(
         b.status
             .unwrap()
@@ -334,15 +296,7 @@ async fn bad_binding_input_is_reported_per_api_and_nothing_is_deleted() {
 
     connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Always).await;
     // A cluster-scoped API in a namespaced Binding is refused, not silently accepted.
-    let b = wait_binding_condition(
-        &bindings,
-        "things",
-        "Ready",
-        "False",
-        Some("ClusterScopedAPI"),
-    )
-    .await
-    .unwrap();
+    let b = wait_binding(&bindings, "things", "Ready=False/ClusterScopedAPI").await;
     assert!(b.status.unwrap().bound_apis.is_empty());
     assert!(
         consumer_crd(&s, "clusterthings.example.org")
@@ -359,9 +313,7 @@ async fn bad_binding_input_is_reported_per_api_and_nothing_is_deleted() {
         &["widgets.example.org", "missing.example.org"],
     )
     .await;
-    wait_binding_condition(&others, "others", "Ready", "False", Some("APINotExported"))
-        .await
-        .unwrap();
+    wait_binding(&others, "others", "Ready=False/APINotExported").await;
     // The exported API is bound once its CRD is established (a moment later).
     let b = eventually(
         "the exported API bound next to the missing one",
@@ -401,9 +353,7 @@ async fn bad_binding_input_is_reported_per_api_and_nothing_is_deleted() {
     .await
     .unwrap();
     let cb = cluster_bind(&s, "all-widgets", "provider", &["widgets.example.org"]).await;
-    wait_binding_condition(&cb, "all-widgets", "Ready", "False", Some("APINotExported"))
-        .await
-        .unwrap();
+    wait_binding(&cb, "all-widgets", "Ready=False/APINotExported").await;
     assert!(consumer_crd(&s, "widgets.example.org").await.is_some());
 }
 
@@ -434,9 +384,7 @@ async fn pull_policy_none_stamps_a_user_crd_and_unbind_keeps_it() {
     );
 
     cluster_bind(&s, "gadgets", "provider", &["gadgets.example.org"]).await;
-    let b = wait_binding_condition(&bindings, "gadgets", "Ready", "False", Some("Pending"))
-        .await
-        .unwrap();
+    let b = wait_binding(&bindings, "gadgets", "Ready=False/Pending").await;
     assert!(
         b.status
             .unwrap()
@@ -487,9 +435,7 @@ async fn deleting_a_binding_removes_only_the_copies_no_remaining_binding_covers(
     )
     .await;
     for (api, name) in [(&a, "widgets"), (&b, "widgets"), (&extra, "widgets-too")] {
-        wait_binding_condition(api, name, "Ready", "True", None)
-            .await
-            .unwrap();
+        wait_binding(api, name, "Ready=True").await;
     }
     for ns in ["team-a", "team-b"] {
         widgets(&s.consumer, ns)
@@ -514,20 +460,8 @@ async fn deleting_a_binding_removes_only_the_copies_no_remaining_binding_covers(
     a.delete("widgets", &DeleteParams::default()).await.unwrap();
     let provider_a = widgets(&s.provider, "team-a");
     wait_gone(&provider_a, "w", "team-a's copy to go", 20).await;
-    eventually("both Bindings to go", Duration::from_secs(20), || async {
-        let gone = a
-            .get_opt("widgets")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            && b.get_opt("widgets")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none();
-        Ok(gone.then_some(()))
-    })
-    .await
-    .unwrap();
+    wait_gone(&a, "widgets", "team-a's Binding to go", 20).await;
+    wait_gone(&b, "widgets", "team-b's Binding to go", 20).await;
     assert!(
         widgets(&s.provider, "team-b")
             .get_opt("w")
@@ -591,13 +525,9 @@ async fn openapi_synthesized_crd_enforces_the_provider_schema_and_follows_change
     let mut c = connection("provider", "p", SchemaSource::OpenApi);
     c.spec.schema.pull_policy = PullPolicy::Bound;
     create_connection(&s.consumer, &c).await.unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     let bindings = cluster_bind(&s, "gizmos", "provider", &["gizmos.example.org"]).await;
-    wait_binding_condition(&bindings, "gizmos", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&bindings, "gizmos", "Ready=True").await;
 
     let crd = consumer_crd(&s, "gizmos.example.org").await.unwrap();
     assert_eq!(crd.spec.names.short_names, Some(vec!["gz".to_owned()]));
@@ -761,9 +691,7 @@ async fn a_binding_shadowed_by_a_cluster_binding_says_so() {
     connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Always).await;
     let cluster_bindings =
         cluster_bind(&s, "everything", "provider", &["widgets.example.org"]).await;
-    wait_binding_condition(&cluster_bindings, "everything", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&cluster_bindings, "everything", "Ready=True").await;
     let bindings = bind(&s, "team-a", "mine", "provider", &["widgets.example.org"]).await;
     let b = eventually(
         "the Binding to name the ClusterBinding",
@@ -800,9 +728,7 @@ async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
     let mut c = connection("provider", "p", SchemaSource::OpenApi);
     c.spec.schema.pull_policy = PullPolicy::None;
     create_connection(&s.consumer, &c).await.unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     install_crd(&s.consumer, &gizmo_crd(None)).await.unwrap();
 
     // Safe by default: a CRD kbind did not create is stamped only after the user opts in.
@@ -812,9 +738,7 @@ async fn openapi_pull_none_stamps_a_user_crd_and_waits_for_an_absent_one() {
     assert_managed_for(&stamped, "provider");
 
     cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
-    let b = wait_binding_condition(&bindings, "widgets", "Ready", "False", Some("Pending"))
-        .await
-        .unwrap();
+    let b = wait_binding(&bindings, "widgets", "Ready=False/Pending").await;
     assert!(
         b.status
             .unwrap()
@@ -838,9 +762,7 @@ async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
         .unwrap();
     connect(&s, "provider", PullPolicy::Bound, UpdatePolicy::Always).await;
     let bindings = cluster_bind(&s, "widgets", "provider", &["widgets.example.org"]).await;
-    wait_binding_condition(&bindings, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&bindings, "widgets", "Ready=True").await;
     // A provider may recreate its CRD with another scope.
     let provider_crds: Api<CustomResourceDefinition> = Api::all(s.provider.clone());
     provider_crds
@@ -858,15 +780,7 @@ async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
     cluster_scoped.spec.scope = "Cluster".into();
     install_crd(&s.provider, &cluster_scoped).await.unwrap();
     // A scope change is breaking: held, and named.
-    let held = wait_binding_condition(
-        &bindings,
-        "widgets",
-        "SchemaInSync",
-        "False",
-        Some("BreakingChange"),
-    )
-    .await
-    .unwrap();
+    let held = wait_binding(&bindings, "widgets", "SchemaInSync=False/BreakingChange").await;
     let message = kbind_shared::conditions::find(&held.status.unwrap().conditions, "SchemaInSync")
         .unwrap()
         .message
@@ -880,9 +794,7 @@ async fn a_provider_crd_changing_scope_is_surfaced_not_applied() {
     merge_patch(&Api::<kbind_shared::api::Connection>::all(s.consumer.clone()), "provider", &json!({ "spec": { "schema": { "acceptedChanges": [
                 { "api": "widgets.example.org", "schemaHash": &message[at..at + kbind_shared::keys::SCHEMA_HASH_LEN] }
             ] } } })).await;
-    let b = wait_binding_condition(&bindings, "widgets", "Ready", "False", Some("Pending"))
-        .await
-        .unwrap();
+    let b = wait_binding(&bindings, "widgets", "Ready=False/Pending").await;
     let messages: Vec<String> = b
         .status
         .unwrap()

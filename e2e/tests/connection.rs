@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
 use kbind_e2e::cluster::{User, ensure_namespace};
 use kbind_e2e::fixtures::*;
 use kbind_e2e::forward::{Forward, port_of};
-use kbind_e2e::kbind::{apiserver_requests, grown, install_crds};
+use kbind_e2e::kbind::{apiserver_requests, grown};
 use kbind_e2e::wait::wait_gone;
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{
@@ -31,17 +31,12 @@ async fn setup(test: &str, extra_clusters: &[&str]) -> Setup {
 }
 
 async fn setup_with(test: &str, extra_clusters: &[&str], manager_args: &[&str]) -> Setup {
-    let mut names = vec!["consumer", "provider"];
-    names.extend_from_slice(extra_clusters);
-    let mut env = TestEnv::start(test, &names).await.expect("clusters start");
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_crds(&consumer).await.unwrap();
-    let mut args = vec!["--leader-elect=false"];
-    args.extend_from_slice(manager_args);
-    let manager = start_schema_manager(&mut env, "consumer", "schema-manager", &args)
-        .await
-        .unwrap();
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start(test, extra_clusters).await;
+    let manager = start_lone_schema_manager(&mut env, manager_args).await;
     Setup {
         env,
         consumer,
@@ -63,9 +58,7 @@ async fn admin_secret(s: &Setup, cluster: &str) {
 async fn connect_ready(s: &Setup, connection: &Connection) -> Connection {
     admin_secret(s, "provider").await;
     create_connection(&s.consumer, connection).await.unwrap();
-    wait_condition(&s.consumer, &connection.name_any(), "Ready", "True", None)
-        .await
-        .unwrap()
+    wait_connection(&s.consumer, &connection.name_any(), "Ready=True").await
 }
 
 async fn granted_user(env: &TestEnv, name: &str) -> User {
@@ -114,15 +107,7 @@ async fn connection_before_its_secret_becomes_ready_and_pins_both_identities() {
     )
     .await
     .unwrap();
-    let c = wait_condition(
-        &s.consumer,
-        "provider",
-        "SecretValid",
-        "False",
-        Some("SecretNotFound"),
-    )
-    .await
-    .unwrap();
+    let c = wait_connection(&s.consumer, "provider", "SecretValid=False/SecretNotFound").await;
     let ready = kbind_shared::conditions::find(&c.status.as_ref().unwrap().conditions, "Ready")
         .unwrap()
         .clone();
@@ -147,9 +132,7 @@ async fn connection_before_its_secret_becomes_ready_and_pins_both_identities() {
     )
     .await
     .unwrap();
-    let c = wait_condition(&s.consumer, "provider", "Ready", "True", Some("AsExpected"))
-        .await
-        .unwrap();
+    let c = wait_connection(&s.consumer, "provider", "Ready=True/AsExpected").await;
     let status = c.status.unwrap();
     assert_eq!(
         status.remote_cluster_uid,
@@ -332,15 +315,7 @@ async fn restricted_credentials_report_permission_denied() {
     create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
         .await
         .unwrap();
-    let c = wait_condition(
-        &s.consumer,
-        "provider",
-        "PermissionDenied",
-        "True",
-        Some("Forbidden"),
-    )
-    .await
-    .unwrap();
+    let c = wait_connection(&s.consumer, "provider", "PermissionDenied=True/Forbidden").await;
     let conds = c.status.unwrap().conditions;
     let connected = kbind_shared::conditions::find(&conds, "Connected").unwrap();
     assert_eq!(
@@ -358,9 +333,7 @@ async fn restricted_credentials_report_permission_denied() {
         .grant(&user, "identity-only", identity_rules())
         .await
         .unwrap();
-    let c = wait_condition(&s.consumer, "provider", "Connected", "True", None)
-        .await
-        .unwrap();
+    let c = wait_connection(&s.consumer, "provider", "Connected=True").await;
     let conds = c.status.unwrap().conditions;
     let ready = kbind_shared::conditions::find(&conds, "Ready").unwrap();
     assert_eq!(
@@ -382,12 +355,8 @@ async fn restricted_credentials_report_permission_denied() {
         .grant(&user, "the-rest", connection_rules())
         .await
         .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
-    wait_condition(&s.consumer, "provider", "PermissionDenied", "False", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    wait_connection(&s.consumer, "provider", "PermissionDenied=False").await;
 }
 
 /// CONN-6: the Connection reports the identity of the cluster `other` against the pin it keeps,
@@ -397,15 +366,12 @@ async fn reports_identity_changed_and_writes_nothing(
     pinned: &kbind_shared::api::ConnectionStatus,
     other: &str,
 ) {
-    let c = wait_condition(
+    let c = wait_connection(
         &s.consumer,
         "provider",
-        "Connected",
-        "False",
-        Some("ClusterIdentityChanged"),
+        "Connected=False/ClusterIdentityChanged",
     )
-    .await
-    .unwrap();
+    .await;
     let status = c.status.unwrap();
     assert_eq!(status.remote_cluster_uid, pinned.remote_cluster_uid);
     assert_eq!(status.local_cluster_uid, pinned.local_cluster_uid);
@@ -472,9 +438,8 @@ async fn another_cluster_behind_the_same_address_and_credential_is_noticed_by_th
     create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
         .await
         .unwrap();
-    let pinned = wait_condition(&s.consumer, "provider", "Ready", "True", None)
+    let pinned = wait_connection(&s.consumer, "provider", "Ready=True")
         .await
-        .unwrap()
         .status
         .unwrap();
     assert_eq!(
@@ -490,9 +455,7 @@ async fn another_cluster_behind_the_same_address_and_credential_is_noticed_by_th
 
     // Back to the pinned cluster: Ready again, without any edit.
     forward.switch(port_of(s.env.cluster("provider").server()).unwrap());
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
 }
 
 #[tokio::test]
@@ -520,18 +483,14 @@ async fn a_credential_that_may_only_read_the_identity_connects_and_checks_it_by_
     create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
         .await
         .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     let reads =
         identity_reads_during(&s.provider, tokio::time::sleep(Duration::from_secs(4))).await;
     assert!(
         reads.keys().any(|k| k.starts_with("GET /namespaces ")),
         "the identity is read at each check: {reads:?}"
     );
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     let log = std::fs::read_to_string(s.env.process_ref(s.manager.index).log()).unwrap();
     assert!(
         log.contains("watching the provider's identity is not allowed"),
@@ -550,9 +509,7 @@ async fn rotated_credentials_are_used_without_restart_and_the_old_token_can_be_r
     create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
         .await
         .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
 
     let new = granted_user(&s.env, "new-credential").await;
     put_secret(&s.consumer, "p", "kubeconfig", new.kubeconfig.as_bytes())
@@ -584,9 +541,7 @@ async fn rotated_credentials_are_used_without_restart_and_the_old_token_can_be_r
     )
     .await
     .unwrap();
-    let c = wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    let c = wait_connection(&s.consumer, "provider", "Ready=True").await;
     assert!(kbind_shared::conditions::is_true(
         &c.status.unwrap().conditions,
         "Connected"
@@ -681,9 +636,8 @@ async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_other
         .await
         .unwrap();
 
-    let auto = wait_condition(&s.consumer, "auto", "Ready", "True", None)
+    let auto = wait_connection(&s.consumer, "auto", "Ready=True")
         .await
-        .unwrap()
         .status
         .unwrap();
     assert_eq!(auto.active_schema_source, Some(ActiveSchemaSource::OpenApi));
@@ -692,9 +646,8 @@ async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_other
     // unlabelled gadgets and every other non-built-in API).
     assert!(names.is_empty(), "OpenAPI exports unmarked APIs: {names:?}");
 
-    let crd_only = wait_condition(&s.consumer, "crd-only", "Ready", "True", None)
+    let crd_only = wait_connection(&s.consumer, "crd-only", "Ready=True")
         .await
-        .unwrap()
         .status
         .unwrap();
     assert_eq!(crd_only.active_schema_source, Some(ActiveSchemaSource::Crd));
@@ -728,12 +681,7 @@ async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_other
                     .map_err(|e| e.to_string())?
                     .status
                     .unwrap_or_default();
-                let names: Vec<&str> = status
-                    .exported_apis
-                    .iter()
-                    .map(|a| a.name.as_str())
-                    .collect();
-                let shows = names == ["widgets.example.org"];
+                let shows = status.exported_names() == ["widgets.example.org"];
                 Ok((status.active_schema_source == Some(source) && shows).then_some(()))
             },
         )
@@ -761,9 +709,7 @@ async fn heartbeat_lease_is_named_labelled_and_renewed_on_the_provider() {
     create_connection(&s.consumer, &connection("provider", "p", SchemaSource::Crd))
         .await
         .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
 
     let local = uid_of_kube_system(&s.consumer).await;
     let leases: Api<Lease> = Api::namespaced(s.provider.clone(), "team-a");
@@ -847,15 +793,7 @@ async fn deleting_a_connection_drains_bindings_then_releases_finalizers_and_keep
         .delete("provider", &DeleteParams::default())
         .await
         .unwrap();
-    let c = wait_condition(
-        &s.consumer,
-        "provider",
-        "Ready",
-        "False",
-        Some("DrainingBindings"),
-    )
-    .await
-    .unwrap();
+    let c = wait_connection(&s.consumer, "provider", "Ready=False/DrainingBindings").await;
     let message = kbind_shared::conditions::find(&c.status.unwrap().conditions, "Ready")
         .unwrap()
         .message
@@ -1258,9 +1196,7 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
     )
     .await
     .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = bindings.get("provider").await.unwrap();
     assert_eq!(

@@ -87,9 +87,7 @@ async fn removing_one_of_two_apis_releases_it_and_leaves_the_other_untouched() {
         )
         .await
         .unwrap();
-    wait_binding_condition(&cluster_bindings, "both", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&cluster_bindings, "both", "Ready=True").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let all: BTreeSet<String> = (0..20).map(|i| format!("o{i:02}")).collect();
     for name in &all {
@@ -400,15 +398,7 @@ async fn a_binding_listing_a_cluster_scoped_api_still_syncs_its_namespaced_one()
         .await
         .unwrap();
     // The binding as a whole is not Ready, and says why …
-    wait_binding_condition(
-        &bindings,
-        "mixed",
-        "Ready",
-        "False",
-        Some("ClusterScopedAPI"),
-    )
-    .await
-    .unwrap();
+    wait_binding(&bindings, "mixed", "Ready=False/ClusterScopedAPI").await;
     // … but each API is judged on its own: widgets is bound and syncs.
     let status = wait_for("the widgets entry bound", 30, || async {
         let b = bindings.get("mixed").await.map_err(|e| e.to_string())?;

@@ -25,8 +25,17 @@ fn helm_ok(args: &[&str]) -> String {
 }
 
 /// `helm template` of the chart as release `kbind` in [`RELEASE_NAMESPACE`], with `extra`
-/// arguments.
+/// arguments: its output.
 fn template(extra: &[&str]) -> String {
+    template_with(extra, helm_ok)
+}
+
+/// The same, which must fail: its error output.
+fn template_err(extra: &[&str]) -> String {
+    template_with(extra, helm_err)
+}
+
+fn template_with(extra: &[&str], run: fn(&[&str]) -> String) -> String {
     let chart = chart_dir().display().to_string();
     let mut args = vec![
         "template",
@@ -38,7 +47,7 @@ fn template(extra: &[&str]) -> String {
         RELEASE_NAMESPACE,
     ];
     args.extend_from_slice(extra);
-    helm_ok(&args)
+    run(&args)
 }
 
 fn helm_err(args: &[&str]) -> String {
@@ -115,15 +124,7 @@ fn chart_lints_clean_and_its_schema_rejects_bad_values() {
         ),
         ("sizing.nodes=3", "nodes"),
     ] {
-        let err = helm_err(&[
-            "template",
-            "kbind",
-            &chart,
-            "--kube-version",
-            KUBE_VERSION,
-            "--set",
-            bad,
-        ]);
+        let err = template_err(&["--set", bad]);
         assert!(err.contains("schema") && err.contains(why), "{bad}: {err}");
     }
 }
@@ -413,15 +414,12 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
         &format!("namespace: {RELEASE_NAMESPACE}"),
     );
     apply_manifest(&consumer, &manifest).await.unwrap();
-    wait_binding_condition(
+    wait_binding(
         &Api::<ClusterBinding>::all(consumer.clone()),
         "widgets",
-        "Ready",
-        "True",
-        None,
+        "Ready=True",
     )
-    .await
-    .unwrap();
+    .await;
     ensure_namespace(&consumer, "team-a").await.unwrap();
     widgets(&consumer, "team-a")
         .create(&PostParams::default(), &widget("w", 4))
@@ -474,25 +472,9 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
         .delete("related", &DeleteParams::default())
         .await
         .unwrap();
-    eventually(
-        "the copy deleted with its Binding through the chart's RBAC",
-        Duration::from_secs(45),
-        || async {
-            let gone = team_secrets
-                .get_opt("db")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none()
-                && team_bindings
-                    .get_opt("related")
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .is_none();
-            Ok(gone.then_some(()))
-        },
-    )
-    .await
-    .unwrap();
+    let what = "the copy deleted with its Binding through the chart's RBAC";
+    kbind_e2e::wait::wait_gone(&team_secrets, "db", what, 45).await;
+    kbind_e2e::wait::wait_gone(&team_bindings, "related", what, 45).await;
 
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(consumer.clone(), RELEASE_NAMESPACE);
@@ -774,13 +756,7 @@ fn chart_renders_scrape_configs_and_the_dashboard_on_request() {
         assert!(!selects(monitor, &pod_of(another)["metadata"]["labels"]));
     }
     // Both at once would scrape every pod twice.
-    let chart = chart_dir().display().to_string();
-    let err = helm_err(&[
-        "template",
-        "kbind",
-        &chart,
-        "--kube-version",
-        KUBE_VERSION,
+    let err = template_err(&[
         "--set",
         "metrics.serviceMonitor.enabled=true",
         "--set",

@@ -55,22 +55,14 @@ async fn api_entry(
 
 #[tokio::test]
 async fn an_oversized_openapi_document_is_reported_on_its_api_and_the_others_sync() {
-    let mut env = TestEnv::start("hostile_openapi_size", &["consumer", "provider"])
-        .await
-        .expect("clusters start");
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_crds(&consumer).await.unwrap();
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start("hostile_openapi_size", &[]).await;
     install_crd(&provider, &widget_crd()).await.unwrap();
     install_crd(&provider, &huge_crd()).await.unwrap();
-    let manager = start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false", "--openapi-document-limit=256Ki"],
-    )
-    .await
-    .unwrap();
+    let manager = start_lone_schema_manager(&mut env, &["--openapi-document-limit=256Ki"]).await;
     start_syncer(&mut env, "consumer", "syncer-0", &[])
         .await
         .unwrap();
@@ -81,9 +73,7 @@ async fn an_oversized_openapi_document_is_reported_on_its_api_and_the_others_syn
     // The oversized API is still an export: binding it says why it cannot be installed. (The
     // provider publishes a new CRD's OpenAPI document a moment after the CRD is established, so
     // the first discovery may see only Widgets; the next one, a second later, sees both.)
-    wait_condition(&consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&consumer, "provider", "Ready=True").await;
     wait_for("both APIs exported", 30, || async {
         let connection = Api::<kbind_shared::api::Connection>::all(consumer.clone())
             .get("provider")

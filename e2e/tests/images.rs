@@ -154,12 +154,13 @@ async fn host_names_resolve_inside_the_images() {
     .into();
     let (launcher, launch) = container.run_command(&args, &[(&kubeconfig, &kubeconfig)], &[]);
     let log = dir.join("syncer.log");
-    let mut process = kbind_e2e::ChildProcess::start_group(
+    let mut process = kbind_e2e::ChildProcess::start_with(
         "resolver",
         &launcher,
         &launch,
         images::buildah_env(),
         &log,
+        true,
     )
     .unwrap();
     let text = wait_for("the syncer's first connection attempt", 30, || {

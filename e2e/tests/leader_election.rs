@@ -4,9 +4,9 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
+use kbind_e2e::eventually;
 use kbind_e2e::fixtures::*;
-use kbind_e2e::kbind::{http_get, install_crds};
-use kbind_e2e::{TestEnv, eventually};
+use kbind_e2e::kbind::http_get;
 use kbind_shared::api::SchemaSource;
 use kube::Api;
 
@@ -34,20 +34,23 @@ fn writes(text: &str, cluster: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_lease_duration() {
-    let mut env = TestEnv::start("leader_election", &["consumer", "provider"])
-        .await
-        .expect("clusters start");
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    install_crds(&consumer).await.unwrap();
+/// A schema manager competing for leadership with a short Lease.
+async fn candidate(env: &mut kbind_e2e::TestEnv, name: &str) -> Program {
     let duration = format!(
         "--leader-election-lease-duration={}s",
         LEASE_DURATION.as_secs()
     );
-    let a = start_schema_manager(&mut env, "consumer", "manager-a", &[&duration])
+    start_schema_manager(env, "consumer", name, &[&duration])
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_lease_duration() {
+    let Pair {
+        mut env, consumer, ..
+    } = Pair::start("leader_election", &[]).await;
+    let a = candidate(&mut env, "manager-a").await;
 
     let leases: Api<Lease> = Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
     let holder = |lease: Lease| {
@@ -67,9 +70,7 @@ async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_l
     .unwrap();
     // The second starts once the first leads. (Two started at once race to create the Lease; the
     // loser's refused create, a 409 and no write, would count as a write attempt below.)
-    let b = start_schema_manager(&mut env, "consumer", "manager-b", &[&duration])
-        .await
-        .unwrap();
+    let b = candidate(&mut env, "manager-b").await;
     let (leader, standby) = if first == "manager-a" {
         (&a, &b)
     } else {
@@ -90,9 +91,7 @@ async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_l
     create_connection(&consumer, &connection("first", "p", SchemaSource::Crd))
         .await
         .unwrap();
-    wait_condition(&consumer, "first", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&consumer, "first", "Ready=True").await;
 
     let leader_metrics = leader.metrics().await.unwrap();
     let standby_metrics = standby.metrics().await.unwrap();
@@ -147,9 +146,7 @@ async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_l
     create_connection(&consumer, &connection("second", "p", SchemaSource::Crd))
         .await
         .unwrap();
-    wait_condition(&consumer, "second", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&consumer, "second", "Ready=True").await;
     assert_eq!(
         metric(&standby.metrics().await.unwrap(), "kbind_leader "),
         Some(1.0)
@@ -175,18 +172,10 @@ async fn only_the_leader_reconciles_and_a_killed_leader_is_replaced_within_one_l
 async fn a_leader_that_loses_its_lease_forgets_its_provider_clients() {
     // #32.10: a replica that stops leading keeps no provider client (its credential and identity
     // watch): only the current leader talks to providers.
-    let mut env = TestEnv::start("leader_demoted", &["consumer", "provider"])
-        .await
-        .expect("clusters start");
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    install_crds(&consumer).await.unwrap();
-    let duration = format!(
-        "--leader-election-lease-duration={}s",
-        LEASE_DURATION.as_secs()
-    );
-    let a = start_schema_manager(&mut env, "consumer", "manager-a", &[&duration])
-        .await
-        .unwrap();
+    let Pair {
+        mut env, consumer, ..
+    } = Pair::start("leader_demoted", &[]).await;
+    let a = candidate(&mut env, "manager-a").await;
     let leases: Api<Lease> = Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
     let holds = |name: &'static str| {
         let leases = leases.clone();
@@ -211,12 +200,8 @@ async fn a_leader_that_loses_its_lease_forgets_its_provider_clients() {
     create_connection(&consumer, &connection("first", "p", SchemaSource::Crd))
         .await
         .unwrap();
-    wait_condition(&consumer, "first", "Ready", "True", None)
-        .await
-        .unwrap();
-    let b = start_schema_manager(&mut env, "consumer", "manager-b", &[&duration])
-        .await
-        .unwrap();
+    wait_connection(&consumer, "first", "Ready=True").await;
+    let b = candidate(&mut env, "manager-b").await;
 
     // manager-a freezes past its Lease; manager-b takes over; manager-a wakes up demoted.
     let process = env.process(a.index);
@@ -260,9 +245,7 @@ async fn a_leader_that_loses_its_lease_forgets_its_provider_clients() {
         Some(0.0)
     );
     // The new leader serves the Connection with a client of its own.
-    wait_condition(&consumer, "first", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&consumer, "first", "Ready=True").await;
     assert_eq!(
         metric(&b.metrics().await.unwrap(), "kbind_leader "),
         Some(1.0)

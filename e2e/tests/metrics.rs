@@ -185,14 +185,7 @@ async fn with_metrics_auth_only_a_token_allowed_to_get_metrics_is_served() {
         .unwrap();
     let consumer = env.cluster("consumer").admin_client().await.unwrap();
     kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
-    let manager = start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false", "--metrics-auth=true"],
-    )
-    .await
-    .unwrap();
+    let manager = start_lone_schema_manager(&mut env, &["--metrics-auth=true"]).await;
     // The endpoints bind once the program reached its API server: wait for them.
     manager.wait_ready("schema manager", 30).await;
     let cluster = env.cluster("consumer");

@@ -157,9 +157,7 @@ impl NodeSetup {
         )
         .await
         .unwrap();
-        wait_condition(&self.consumer, "provider", "Ready", "True", None)
-            .await
-            .unwrap();
+        wait_connection(&self.consumer, "provider", "Ready=True").await;
         kbind_e2e::kbind::wait_established(&Api::all(self.consumer.clone()), "widgets.example.org")
             .await
             .unwrap();

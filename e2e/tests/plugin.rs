@@ -237,9 +237,7 @@ async fn quiet_writes(
 async fn plan_shows_what_a_file_would_do_and_changes_nothing() {
     // A Connection and a Binding for team-a only: team-b's Widgets exist but do not sync.
     let mut s = SyncEnv::start("plugin-plan", &[0, 1], None).await;
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     ensure_namespace(&s.consumer, "team-b").await.unwrap();
     apply_manifest(
@@ -249,9 +247,7 @@ async fn plan_shows_what_a_file_would_do_and_changes_nothing() {
     .await
     .unwrap();
     let team_a: Api<kbind_shared::api::Binding> = Api::namespaced(s.consumer.clone(), "team-a");
-    wait_binding_condition(&team_a, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&team_a, "widgets", "Ready=True").await;
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "a1", 1).await;
     for name in ["b1", "b2"] {
         widgets(&s.consumer, "team-b")
@@ -428,9 +424,7 @@ spec: { connectionRef: { name: second }, apis: [ { name: widgets.example.org } ]
 #[tokio::test]
 async fn doctor_finds_what_the_credential_lacks_and_its_rbac_fixes_it() {
     let s = SyncEnv::start("plugin-doctor", &[0, 1, 2], None).await;
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     // The credential becomes alice's: same provider, but only what a Connection needs — no
     // Widgets.
     let cluster = s.env.cluster("provider");
@@ -517,21 +511,13 @@ async fn one_doctor_run_on_a_credential_with_nothing_prints_exactly_what_it_need
     // the doctor prints everything needed — identity included, the bound API taken from the
     // binding (discovery is forbidden too). That snippet without the Widgets rule leaves the
     // object unsynced; the whole snippet makes the Connection Ready and the object sync.
-    let mut env = kbind_e2e::TestEnv::start("plugin-doctor-nothing", &["consumer", "provider"])
-        .await
-        .unwrap();
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start("plugin-doctor-nothing", &[]).await;
     install_crd(&provider, &widget_crd()).await.unwrap();
-    start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false"],
-    )
-    .await
-    .unwrap();
+    start_lone_schema_manager(&mut env, &[]).await;
     start_syncer(&mut env, "consumer", "syncer-0", &[])
         .await
         .unwrap();
@@ -588,9 +574,7 @@ async fn one_doctor_run_on_a_credential_with_nothing_prints_exactly_what_it_need
         .map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap()))
         .collect();
     apply_manifest(&provider, &fewer).await.unwrap();
-    wait_condition(&consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&consumer, "provider", "Ready=True").await;
     // The binding installs the Widget CRD once the Connection can read the provider's: Ready
     // says nothing of it (creating a Widget before the CRD is served is a 404).
     kbind_e2e::kbind::wait_established(&Api::all(consumer.clone()), API)

@@ -78,28 +78,12 @@ async fn wait_errors_equal_refused(
 
 /// Waits until the Connection `provider` says it waits for its bindings to go.
 async fn wait_draining_bindings(s: &SyncEnv) {
-    wait_condition(
-        &s.consumer,
-        "provider",
-        "Ready",
-        "False",
-        Some("DrainingBindings"),
-    )
-    .await
-    .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=False/DrainingBindings").await;
 }
 
 /// Waits until the ClusterBinding `widgets` says it waits for provider copies to go.
 async fn wait_draining_objects(cluster_bindings: &Api<ClusterBinding>) {
-    wait_binding_condition(
-        cluster_bindings,
-        "widgets",
-        "Ready",
-        "False",
-        Some("DrainingObjects"),
-    )
-    .await
-    .unwrap();
+    wait_binding(cluster_bindings, "widgets", "Ready=False/DrainingObjects").await;
 }
 
 /// Registers a webhook `name` that `hook` answers, denying updates of `resource` of kbind's group;
@@ -282,12 +266,11 @@ async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_r
     // Namespace's UID; the README's RBAC grants both gets). Each refused read is one
     // `local_identity` failure of the Connection; granted the reads, the Connection becomes
     // Ready and the count stops.
-    let mut env = kbind_e2e::TestEnv::start("reconcile_errors_identity", &["consumer", "provider"])
-        .await
-        .unwrap();
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start("reconcile_errors_identity", &[]).await;
     install_crd(&provider, &widget_crd()).await.unwrap();
     for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE] {
         ensure_namespace(&consumer, namespace).await.unwrap();
@@ -371,9 +354,7 @@ async fn an_unreadable_consumer_identity_is_a_local_identity_error_per_refused_r
         .grant(&user, "manager-identity", identity_rules())
         .await
         .unwrap();
-    wait_condition(&consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&consumer, "provider", "Ready=True").await;
     let after = settled().await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(

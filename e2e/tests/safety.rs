@@ -112,15 +112,12 @@ async fn a_secret_swapped_to_another_cluster_is_never_written_to_and_swapping_ba
     )
     .await
     .unwrap();
-    wait_condition(
+    wait_connection(
         &s.consumer,
         "provider",
-        "Ready",
-        "False",
-        Some("ClusterIdentityChanged"),
+        "Ready=False/ClusterIdentityChanged",
     )
-    .await
-    .unwrap();
+    .await;
     // Keep churning for a while with the wrong credential in place.
     tokio::time::sleep(Duration::from_secs(4)).await;
     churn.abort();
@@ -139,9 +136,7 @@ async fn a_secret_swapped_to_another_cluster_is_never_written_to_and_swapping_ba
     )
     .await
     .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "w7", 777).await;
     let written = kbind_writes_on(&other).await;
     assert!(written.is_empty(), "{written:?}");
@@ -219,15 +214,7 @@ async fn a_provider_exporting_a_crd_the_consumer_owns_never_changes_it_until_the
         )
         .await
         .unwrap();
-    let b = wait_binding_condition(
-        &cluster_bindings,
-        "takeover",
-        "Ready",
-        "False",
-        Some("SchemaConflict"),
-    )
-    .await
-    .unwrap();
+    let b = wait_binding(&cluster_bindings, "takeover", "Ready=False/SchemaConflict").await;
     let ready = b
         .status
         .as_ref()
@@ -252,15 +239,7 @@ async fn a_provider_exporting_a_crd_the_consumer_owns_never_changes_it_until_the
 
     // autoBind lists every export: the same refusal.
     patch_connection(&s.consumer, "provider", json!({ "autoBind": true })).await;
-    wait_binding_condition(
-        &cluster_bindings,
-        "provider",
-        "Ready",
-        "False",
-        Some("SchemaConflict"),
-    )
-    .await
-    .unwrap();
+    wait_binding(&cluster_bindings, "provider", "Ready=False/SchemaConflict").await;
     // Several binding resyncs later, both consumer CRDs are unchanged.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
@@ -327,15 +306,12 @@ async fn second_connection_binds_widgets(s: &SyncEnv) -> ClusterBinding {
         )
         .await
         .unwrap();
-    wait_binding_condition(
+    wait_binding(
         &cluster_bindings,
         "second-widgets",
-        "Ready",
-        "False",
-        Some("SchemaConflict"),
+        "Ready=False/SchemaConflict",
     )
     .await
-    .unwrap()
 }
 
 #[tokio::test]
@@ -346,9 +322,7 @@ async fn a_second_connection_serving_the_same_api_is_refused_and_never_re_pins_i
     let second = s.env.cluster("second").admin_client().await.unwrap();
     install_crd(&second, &widget_crd()).await.unwrap();
     let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    wait_binding_condition(&cluster_bindings, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&cluster_bindings, "widgets", "Ready=True").await;
 
     let b = second_connection_binds_widgets(&s).await;
     let status = b.status.unwrap();
@@ -397,9 +371,7 @@ async fn adopting_a_crd_another_connection_serves_drains_that_provider_before_th
     let second = s.env.cluster("second").admin_client().await.unwrap();
     install_crd(&second, &widget_crd()).await.unwrap();
     let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    wait_binding_condition(&cluster_bindings, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&cluster_bindings, "widgets", "Ready=True").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     for i in 0..10 {
         widgets(&s.consumer, "team-a")
@@ -448,9 +420,7 @@ async fn adopting_a_crd_another_connection_serves_drains_that_provider_before_th
     let crd = get_crd(&s.consumer, "widgets.example.org").await;
     assert_eq!(annotation(&crd, "core.kbind.io/connection"), Some("second"));
     assert!(!crd.annotations().contains_key("core.kbind.io/handover-to"));
-    wait_binding_condition(&cluster_bindings, "second-widgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&cluster_bindings, "second-widgets", "Ready=True").await;
     // A change now reaches the second provider only.
     merge_patch(
         &widgets(&s.consumer, "team-a"),
@@ -648,19 +618,10 @@ async fn consumer_requests(programs: &[&Program]) -> f64 {
 async fn a_secret_outside_the_allowed_namespaces_is_refused_without_a_hot_loop() {
     // Guarantee 6: --provider-secret-namespaces is enforced by kbind itself (not only by RBAC),
     // with a clear condition, and nothing retries in a hot loop.
-    let mut env = kbind_e2e::TestEnv::start("safety_secret_namespace", &["consumer", "provider"])
-        .await
-        .unwrap();
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
-    let manager = start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false"],
-    )
-    .await
-    .unwrap();
+    let Pair {
+        mut env, consumer, ..
+    } = Pair::start("safety_secret_namespace", &[]).await;
+    let manager = start_lone_schema_manager(&mut env, &[]).await;
     let syncer = start_syncer(&mut env, "consumer", "syncer-0", &[])
         .await
         .unwrap();
@@ -697,9 +658,7 @@ async fn a_secret_outside_the_allowed_namespaces_is_refused_without_a_hot_loop()
     let mut refused = connection("outside", "p", SchemaSource::Crd);
     refused.spec.kubeconfig_secret_ref.namespace = "elsewhere".into();
     create_connection(&consumer, &refused).await.unwrap();
-    let c = wait_condition(&consumer, "outside", "SecretValid", "False", None)
-        .await
-        .unwrap();
+    let c = wait_connection(&consumer, "outside", "SecretValid=False").await;
     let message = kbind_shared::conditions::find(&c.status.unwrap().conditions, "SecretValid")
         .unwrap()
         .message
@@ -756,13 +715,9 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
     )
     .await;
     let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     set_auto_bind(&s.consumer, true).await;
-    wait_binding_condition(&cluster_bindings, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&cluster_bindings, "provider", "Ready=True").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let consumer_widgets = widgets(&s.consumer, "team-a");
     let provider_widgets = widgets(&s.provider, "team-a");
@@ -816,15 +771,7 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
         .then_some(()))
     })
     .await;
-    wait_condition(
-        &s.consumer,
-        "provider",
-        "Unbound",
-        "True",
-        Some("ExportsMissing"),
-    )
-    .await
-    .unwrap();
+    wait_connection(&s.consumer, "provider", "Unbound=True/ExportsMissing").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         cluster_bindings
@@ -875,9 +822,7 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
         events.iter().any(|e| e.starts_with("AutoBindDropped")),
         "{events:?}"
     );
-    let c = wait_condition(&s.consumer, "provider", "Unbound", "True", Some("CRDsKept"))
-        .await
-        .unwrap();
+    let c = wait_connection(&s.consumer, "provider", "Unbound=True/CRDsKept").await;
     let kept = kbind_shared::conditions::find(&c.status.unwrap().conditions, "Unbound")
         .unwrap()
         .message
@@ -886,9 +831,7 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
 
     // Exported again: bound again, the mark comes off, objects sync again.
     exported(true).await;
-    wait_binding_condition(&cluster_bindings, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&cluster_bindings, "provider", "Ready=True").await;
     wait_for("the unbound mark removed", 30, || async {
         let crd = crds
             .get("widgets.example.org")
@@ -912,9 +855,7 @@ async fn no_automatic_event_deletes_a_crd_or_an_object() {
 
     // The Connection deleted (autoBind on again): the same.
     set_auto_bind(&s.consumer, true).await;
-    wait_binding_condition(&cluster_bindings, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&cluster_bindings, "provider", "Ready=True").await;
     delete_connection(&s.consumer, "provider").await;
     let crd = intact().await;
     assert!(crd.annotations().contains_key("core.kbind.io/unbound"));
@@ -925,9 +866,7 @@ async fn a_connection_serves_only_the_namespaces_and_secrets_its_owner_allows() 
     // Guarantee 5: a Binding outside spec.access.bindingNamespaces gets a clear condition and
     // nothing syncs; a FromConsumer Secret entry needs spec.access.secretsToProvider.
     let s = SyncEnv::start("safety_access", &[0, 1], None).await;
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     patch_connection(
         &s.consumer,
         "provider",
@@ -958,9 +897,7 @@ async fn a_connection_serves_only_the_namespaces_and_secrets_its_owner_allows() 
     in_b.create(&PostParams::default(), &binding("team-b"))
         .await
         .unwrap();
-    let b = wait_binding_condition(&in_b, "widgets", "Ready", "False", Some("NotAllowed"))
-        .await
-        .unwrap();
+    let b = wait_binding(&in_b, "widgets", "Ready=False/NotAllowed").await;
     let message = &kbind_shared::conditions::find(&b.status.as_ref().unwrap().conditions, "Ready")
         .unwrap()
         .message;
@@ -982,18 +919,8 @@ async fn a_connection_serves_only_the_namespaces_and_secrets_its_owner_allows() 
     in_a.create(&PostParams::default(), &binding("team-a"))
         .await
         .unwrap();
-    wait_binding_condition(&in_a, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
-    let b = wait_binding_condition(
-        &in_a,
-        "widgets",
-        "RelatedResourcesSynced",
-        "False",
-        Some("NotAllowed"),
-    )
-    .await
-    .unwrap();
+    wait_binding(&in_a, "widgets", "Ready=True").await;
+    let b = wait_binding(&in_a, "widgets", "RelatedResourcesSynced=False/NotAllowed").await;
     let related = kbind_shared::conditions::find(
         &b.status.as_ref().unwrap().conditions,
         "RelatedResourcesSynced",

@@ -159,9 +159,7 @@ async fn compatible_changes_apply_at_once_and_breaking_ones_wait_for_consent() {
         )
     })
     .await;
-    wait_binding_condition(&bindings, "widgets", "SchemaInSync", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&bindings, "widgets", "SchemaInSync=True").await;
 
     // 2. Breaking — a narrowed bound that one object (size 3) violates: held.
     let bounded = json!({ "type": "object", "properties": { "size": { "type": "integer", "maximum": 2 }, "shape": { "type": "string" } } });
@@ -196,9 +194,7 @@ async fn compatible_changes_apply_at_once_and_breaking_ones_wait_for_consent() {
         Ok((consumer_spec_schema(&s.consumer).await == normal(&bounded)).then_some(()))
     })
     .await;
-    let binding = wait_binding_condition(&bindings, "widgets", "SchemaInSync", "True", None)
-        .await
-        .unwrap();
+    let binding = wait_binding(&bindings, "widgets", "SchemaInSync=True").await;
     let crd = Api::<CustomResourceDefinition>::all(s.consumer.clone())
         .get(API)
         .await
@@ -298,9 +294,7 @@ async fn compatible_changes_apply_at_once_and_breaking_ones_wait_for_consent() {
         Ok((consumer_spec_schema(&s.consumer).await == normal(&retyped)).then_some(()))
     })
     .await;
-    wait_binding_condition(&bindings, "widgets", "SchemaInSync", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&bindings, "widgets", "SchemaInSync=True").await;
     // Nothing was lost on the way: every consumer object is still there.
     for name in ["w1", "w2", "w3"] {
         assert!(

@@ -11,7 +11,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
-use kbind_e2e::kbind::install_crds;
 use kbind_e2e::kbind::metric_sum;
 use kbind_e2e::sharding::{
     assignment_generation, assignment_quiet, connect_and_bind_all, export_kinds, object, owners,
@@ -84,21 +83,13 @@ impl OverlapSampler {
 
 #[tokio::test]
 async fn units_have_one_owner_and_move_safely_when_a_syncer_dies_or_leaves() {
-    let mut env = TestEnv::start("sharding", &["consumer", "provider"])
-        .await
-        .expect("clusters start");
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_crds(&consumer).await.unwrap();
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start("sharding", &[]).await;
     export_kinds(&provider, &KINDS).await;
-    let manager = start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false"],
-    )
-    .await
-    .unwrap();
+    let manager = start_lone_schema_manager(&mut env, &[]).await;
     let names: Vec<String> = ["syncer-a", "syncer-b", "syncer-c"]
         .map(String::from)
         .into();
@@ -328,12 +319,11 @@ async fn buckets_spread_one_large_api_and_scaling_1_3_1_with_a_leader_change_kee
     const NAMESPACES: usize = 8;
     const PER_NAMESPACE: usize = 10;
     const BUCKETS: usize = 4;
-    let mut env = TestEnv::start("sharding_scale", &["consumer", "provider"])
-        .await
-        .expect("clusters start");
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_crds(&consumer).await.unwrap();
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start("sharding_scale", &[]).await;
     let kinds = ["Alpha", "Bravo"];
     export_kinds(&provider, &kinds).await;
     // Two leader-elected schema managers, each API split into 4 namespace buckets.
@@ -647,21 +637,13 @@ async fn units_are_placed_by_their_objects_when_namespaces_hash_unevenly() {
     // another with 100; each syncer reports its units' objects on its membership Lease, and the
     // leader swaps units until the three hold about the same — then nothing moves any more.
     const BUCKETS: u32 = 6;
-    let mut env = TestEnv::start("sharding_weights", &["consumer", "provider"])
-        .await
-        .expect("clusters start");
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_crds(&consumer).await.unwrap();
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start("sharding_weights", &[]).await;
     export_kinds(&provider, &["Alpha"]).await;
-    let _manager = start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false", "--namespace-buckets=6"],
-    )
-    .await
-    .unwrap();
+    let _manager = start_lone_schema_manager(&mut env, &["--namespace-buckets=6"]).await;
     let members: BTreeSet<String> = (0..3).map(|i| format!("syncer-{i}")).collect();
     let syncers = start_syncers(&mut env, &members).await;
     connect_and_bind_all(&env, &consumer, &["Alpha"]).await;

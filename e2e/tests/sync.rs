@@ -75,28 +75,9 @@ async fn one_file_in_any_order_converges_and_instances_sync_both_ways() {
     assert!(w.finalizers().contains(&"core.kbind.io/syncer".to_owned()));
 
     // A spec change goes up; drift on the provider is repaired.
-    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 5 } })).await;
-    wait_for("the new spec upstream", 30, || async {
-        Ok((provider_widgets
-            .get("w1")
-            .await
-            .map_err(|e| e.to_string())?
-            .data["spec"]["size"]
-            == 5)
-            .then_some(()))
-    })
-    .await;
+    resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "w1", 5).await;
     merge_patch(&provider_widgets, "w1", &json!({ "spec": { "size": 99 } })).await;
-    wait_for("drift to be repaired", 30, || async {
-        Ok((provider_widgets
-            .get("w1")
-            .await
-            .map_err(|e| e.to_string())?
-            .data["spec"]["size"]
-            == 5)
-            .then_some(()))
-    })
-    .await;
+    wait_size(&provider_widgets, "w1", 5, "drift to be repaired").await;
 
     // A provider-side delete of our copy is repaired: it is recreated (SYNC-12, after QRK-13's wait).
     provider_widgets

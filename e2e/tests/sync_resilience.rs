@@ -15,15 +15,12 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 async fn ready(s: &SyncEnv) {
-    wait_binding_condition(
+    wait_binding(
         &Api::<ClusterBinding>::all(s.consumer.clone()),
         "widgets",
-        "Ready",
-        "True",
-        None,
+        "Ready=True",
     )
-    .await
-    .unwrap();
+    .await;
 }
 
 async fn granted(provider: &kbind_e2e::Cluster, name: &str) -> User {
@@ -73,9 +70,7 @@ async fn connection_not_ready_stops_syncing_and_ready_resumes_with_rotated_crede
     )
     .await
     .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "False", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=False").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     consumer_widgets
         .create(&PostParams::default(), &widget("while-down", 1))
@@ -101,9 +96,7 @@ async fn connection_not_ready_stops_syncing_and_ready_resumes_with_rotated_crede
     )
     .await
     .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     let copy = wait_object(
         &provider_widgets,
         "while-down",
@@ -302,15 +295,7 @@ async fn ownership_markers_decide_and_adopt_never_takes_an_object_owned_by_anoth
         reasons.iter().any(|r| r.starts_with("OwnedByAnother")),
         "{reasons:?}"
     );
-    wait_binding_condition(
-        &bindings,
-        "widgets",
-        "Conflicts",
-        "True",
-        Some("OwnedByAnother"),
-    )
-    .await
-    .unwrap();
+    wait_binding(&bindings, "widgets", "Conflicts=True/OwnedByAnother").await;
     let metrics = s.syncer.metrics().await.unwrap();
     assert!(
         metrics.contains("kbind_conflicts{api=\"widgets.example.org\"} 2"),
@@ -642,9 +627,7 @@ async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_acce
     let user = switch_to_granted(&s, "revocable").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w", 1).await;
-    wait_condition(&s.consumer, "provider", "PermissionDenied", "False", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "PermissionDenied=False").await;
 
     // #33.9: `kbind_reconcile_errors_total{controller="connection"}` against what the provider's
     // API server answered: a reconcile fails for `provider` only after a request of it was
@@ -676,15 +659,8 @@ async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_acce
         .await
         .unwrap();
     let revoked_at = std::time::Instant::now();
-    let connection = wait_condition(
-        &s.consumer,
-        "provider",
-        "PermissionDenied",
-        "True",
-        Some("Forbidden"),
-    )
-    .await
-    .unwrap();
+    let connection =
+        wait_connection(&s.consumer, "provider", "PermissionDenied=True/Forbidden").await;
     eprintln!("PermissionDenied after {:?}", revoked_at.elapsed());
     let conditions = connection.status.unwrap_or_default().conditions;
     let message = &kbind_shared::conditions::find(&conditions, "PermissionDenied")
@@ -721,10 +697,6 @@ async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_acce
     role.metadata.name = Some("revocable".into());
     role.rules = Some(provider_rules(true));
     roles.create(&PostParams::default(), &role).await.unwrap();
-    wait_condition(&s.consumer, "provider", "PermissionDenied", "False", None)
-        .await
-        .unwrap();
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "PermissionDenied=False").await;
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
 }

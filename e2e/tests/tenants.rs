@@ -66,15 +66,12 @@ async fn deleting_a_refused_binding_touches_nothing_another_connection_serves() 
         )
         .await
         .unwrap();
-    wait_binding_condition(
+    wait_binding(
         &cluster_bindings,
         "second-widgets",
-        "Ready",
-        "False",
-        Some("SchemaConflict"),
+        "Ready=False/SchemaConflict",
     )
-    .await
-    .unwrap();
+    .await;
     let copies = widget_uids(&s.provider, "team-a").await;
 
     cluster_bindings
@@ -127,9 +124,7 @@ async fn a_forged_binding_status_syncs_nothing_the_connection_forbids() {
     // nothing corrects it). The syncer checks the Connection's rules itself: team-b's Widget gets
     // no finalizer and no provider copy, while team-a's syncs.
     let mut s = SyncEnv::start("tenants_forged_status", &[0, 1], None).await;
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     patch_connection(
         &s.consumer,
         "provider",
@@ -145,12 +140,8 @@ async fn a_forged_binding_status_syncs_nothing_the_connection_forbids() {
     }
     let in_a: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-a");
     let in_b: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-b");
-    wait_binding_condition(&in_a, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
-    wait_binding_condition(&in_b, "widgets", "Ready", "False", Some("NotAllowed"))
-        .await
-        .unwrap();
+    wait_binding(&in_a, "widgets", "Ready=True").await;
+    wait_binding(&in_b, "widgets", "Ready=False/NotAllowed").await;
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w0", 1).await;
 
     s.env.process(s.manager.index).signal("STOP").unwrap();
@@ -194,9 +185,7 @@ async fn a_bindings_adopt_takes_over_nothing_unless_the_connection_allows_it() {
     // #32.6: a namespace user's Binding asks for Adopt; an unmarked provider object of the same
     // name is a conflict, never overwritten, until the Connection's owner sets bindingsMayAdopt.
     let s = SyncEnv::start("tenants_adopt", &[0, 1], None).await;
-    wait_condition(&s.consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
     for client in [&s.consumer, &s.provider] {
         ensure_namespace(client, "team-a").await.unwrap();
     }
@@ -209,9 +198,7 @@ async fn a_bindings_adopt_takes_over_nothing_unless_the_connection_allows_it() {
     in_a.create(&PostParams::default(), &team_binding("team-a", "Adopt"))
         .await
         .unwrap();
-    wait_binding_condition(&in_a, "widgets", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&in_a, "widgets", "Ready=True").await;
     let consumer_widgets = widgets(&s.consumer, "team-a");
     consumer_widgets
         .create(&PostParams::default(), &widget("theirs", 1))
@@ -473,15 +460,12 @@ async fn a_flood_of_bindings_from_one_namespace_is_capped_reported_and_stops_nob
         flood.create(&PostParams::default(), &b).await.unwrap();
     }
     for i in 3..24 {
-        let b = wait_binding_condition(
+        let b = wait_binding(
             &flood,
             &name(i),
-            "RelatedResourcesSynced",
-            "False",
-            Some("TooManyBindings"),
+            "RelatedResourcesSynced=False/TooManyBindings",
         )
-        .await
-        .unwrap();
+        .await;
         let status = b.status.unwrap_or_default();
         let message = &kbind_shared::conditions::find(&status.conditions, "RelatedResourcesSynced")
             .unwrap()
@@ -509,9 +493,7 @@ async fn a_flood_of_bindings_from_one_namespace_is_capped_reported_and_stops_nob
     .await;
     for i in 0..3 {
         // Served: the syncer reports on them (their selector matches nothing yet).
-        wait_binding_condition(&flood, &name(i), "RelatedResourcesSynced", "True", None)
-            .await
-            .unwrap();
+        wait_binding(&flood, &name(i), "RelatedResourcesSynced=True").await;
     }
     let metrics = s.manager.metrics().await.unwrap();
     assert_eq!(
@@ -530,22 +512,17 @@ async fn a_flood_of_bindings_from_one_namespace_is_capped_reported_and_stops_nob
     ]))
     .unwrap();
     flood.create(&PostParams::default(), &first).await.unwrap();
-    wait_binding_condition(
+    wait_binding(
         &flood,
         &name(2),
-        "RelatedResourcesSynced",
-        "False",
-        Some("TooManyBindings"),
+        "RelatedResourcesSynced=False/TooManyBindings",
     )
-    .await
-    .unwrap();
+    .await;
     flood
         .delete("a-first", &DeleteParams::default())
         .await
         .unwrap();
-    wait_binding_condition(&flood, &name(2), "RelatedResourcesSynced", "True", None)
-        .await
-        .unwrap();
+    wait_binding(&flood, &name(2), "RelatedResourcesSynced=True").await;
 }
 
 /// `kbind_sync_operations_total` of the syncer's consumer status writes (status, or the record).
@@ -660,9 +637,8 @@ async fn an_export_label_blip_under_auto_never_widens_the_exports() {
     let mut auto = connection("auto", "provider-kubeconfig", SchemaSource::Auto);
     auto.spec.auto_bind = true;
     create_connection(&s.consumer, &auto).await.unwrap();
-    let status = wait_condition(&s.consumer, "auto", "Ready", "True", None)
+    let status = wait_connection(&s.consumer, "auto", "Ready=True")
         .await
-        .unwrap()
         .status
         .unwrap_or_default();
     assert_eq!(status.active_schema_source, Some(ActiveSchemaSource::Crd));
@@ -691,11 +667,7 @@ async fn an_export_label_blip_under_auto_never_widens_the_exports() {
             .unwrap()
             .status
             .unwrap_or_default();
-        let names: Vec<&str> = status
-            .exported_apis
-            .iter()
-            .map(|a| a.name.as_str())
-            .collect();
+        let names = status.exported_names();
         assert!(!names.contains(&"gadgets.example.org"), "{names:?}");
         assert_eq!(status.active_schema_source, Some(ActiveSchemaSource::Crd));
         saw_empty |= names.is_empty();
@@ -755,15 +727,8 @@ async fn under_pull_policy_all_one_export_that_cannot_be_installed_stops_nothing
             .map_err(|e| e.to_string())
     })
     .await;
-    let connection = wait_condition(
-        &s.consumer,
-        "provider",
-        "SchemaInSync",
-        "False",
-        Some("InstallFailed"),
-    )
-    .await
-    .unwrap();
+    let connection =
+        wait_connection(&s.consumer, "provider", "SchemaInSync=False/InstallFailed").await;
     let conditions = connection.status.unwrap_or_default().conditions;
     let ready = kbind_shared::conditions::find(&conditions, "Ready").unwrap();
     assert_eq!(ready.status, "True", "{}", ready.message);

@@ -5,7 +5,6 @@
 //! both schema sources.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kbind_e2e::TestEnv;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::wait_for;
@@ -50,28 +49,16 @@ fn gizmos(client: &Client, version: &str, namespace: &str) -> Api<DynamicObject>
     Api::namespaced_with(client.clone(), namespace, &resource)
 }
 
-struct Setup {
-    env: TestEnv,
-    consumer: Client,
-    provider: Client,
-}
+type Setup = Pair;
 
 async fn setup(test: &str, source: SchemaSource) -> Setup {
-    let mut env = TestEnv::start(test, &["consumer", "provider"])
-        .await
-        .unwrap();
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start(test, &[]).await;
     install_crd(&provider, &gizmo_versions()).await.unwrap();
-    start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false"],
-    )
-    .await
-    .unwrap();
+    start_lone_schema_manager(&mut env, &[]).await;
     start_syncer(&mut env, "consumer", "syncer-0", &[])
         .await
         .unwrap();
@@ -79,9 +66,7 @@ async fn setup(test: &str, source: SchemaSource) -> Setup {
     let mut c = connection("provider", "p", source);
     c.spec.schema.pull_policy = PullPolicy::Bound;
     create_connection(&consumer, &c).await.unwrap();
-    wait_condition(&consumer, "provider", "Ready", "True", None)
-        .await
-        .unwrap();
+    wait_connection(&consumer, "provider", "Ready=True").await;
     let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
     bindings
         .create(
@@ -93,10 +78,8 @@ async fn setup(test: &str, source: SchemaSource) -> Setup {
         )
         .await
         .unwrap();
-    wait_binding_condition(&bindings, "gizmos", "Ready", "True", None)
-        .await
-        .unwrap();
-    Setup {
+    wait_binding(&bindings, "gizmos", "Ready=True").await;
+    Pair {
         env,
         consumer,
         provider,
@@ -114,12 +97,7 @@ async fn every_lossless_version_is_served_and_the_others_are_named(
         .get("gizmos.example.org")
         .await
         .unwrap();
-    let versions: Vec<(&str, bool, bool)> = crd
-        .spec
-        .versions
-        .iter()
-        .map(|v| (v.name.as_str(), v.served, v.storage))
-        .collect();
+    let versions = kbind_shared::dynamic::version_flags(&crd.spec.versions);
     assert_eq!(versions, expected);
     assert_eq!(crd.spec.conversion.as_ref().unwrap().strategy, "None");
 

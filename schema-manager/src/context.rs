@@ -468,6 +468,40 @@ impl Context {
     }
 }
 
+/// Why a reconcile did not finish, as every controller counts and logs it.
+pub trait ReconcileError: std::fmt::Display {
+    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`; `None` for a drain
+    /// wait, which is how a deletion normally proceeds, not a failed reconcile (#33.9).
+    fn metric_label(&self) -> Option<&'static str>;
+}
+
+impl Context {
+    /// Counts a reconcile of `controller` that did not finish in `kbind_reconcile_errors_total`
+    /// (a drain wait is not counted).
+    pub fn count_error(&self, controller: &str, error: &impl ReconcileError) {
+        if let Some(reason) = error.metric_label() {
+            self.metrics
+                .reconcile_errors_total
+                .with_label_values(&[controller, reason])
+                .inc();
+        }
+    }
+
+    /// When to retry the reconcile of `object` (e.g. `Connection c`) that failed with `error`:
+    /// after a backoff that grows with the streak; logged as a warning once per new message.
+    pub fn retry_after(&self, object: &str, error: &impl ReconcileError) -> Duration {
+        let message = error.to_string();
+        let retry = self.retries.failed(object, &message);
+        let shown = kbind_shared::redact::remote(&message);
+        if retry.log {
+            tracing::warn!(%object, error = %shown, kind = error.metric_label(), retry_in = ?retry.after, "reconcile failed");
+        } else {
+            tracing::debug!(%object, error = %shown, retry_in = ?retry.after, "reconcile failed again");
+        }
+        retry.after
+    }
+}
+
 /// The object to hand to kube-runtime's finalizer helper. Reconciles are also triggered from other
 /// watches (a Connection's Secret, a binding's Connection or CRD), and then the cached object can
 /// predate the finalizer this program just added: the helper's JSON-patch `test` would fail with
@@ -509,14 +543,7 @@ pub async fn finalized<K, E, A, AF, C, CF>(
     cleanup: C,
 ) -> Result<kube::runtime::controller::Action, E>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::Serialize
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: kbind_shared::cache::Cacheable + serde::Serialize,
     E: std::error::Error + Send + 'static,
     E: From<kube::Error> + From<Box<kube::runtime::finalizer::Error<E>>>,
     A: FnOnce(std::sync::Arc<K>) -> AF,

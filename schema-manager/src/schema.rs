@@ -583,17 +583,10 @@ mod tests {
 
     use super::*;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-        CustomResourceDefinitionSpec, CustomResourceDefinitionVersion, WebhookConversion,
+        CustomResourceDefinitionSpec, WebhookConversion,
     };
 
-    fn version(name: &str, served: bool, storage: bool) -> CustomResourceDefinitionVersion {
-        CustomResourceDefinitionVersion {
-            name: name.into(),
-            served,
-            storage,
-            ..Default::default()
-        }
-    }
+    use kbind_shared::dynamic::bare_version as version;
 
     fn provider_crd() -> CustomResourceDefinition {
         let mut crd = CustomResourceDefinition {
@@ -721,12 +714,7 @@ mod tests {
     fn serves_every_lossless_version_with_the_providers_storage_and_conversion_none() {
         // Identical schemas (here: none at all): every served version, v1 stored.
         let (crd, omitted) = desired_crd(&provider_crd(), "provider").unwrap();
-        let versions: Vec<(&str, bool, bool)> = crd
-            .spec
-            .versions
-            .iter()
-            .map(|v| (v.name.as_str(), v.served, v.storage))
-            .collect();
+        let versions = kbind_shared::dynamic::version_flags(&crd.spec.versions);
         assert_eq!(
             versions,
             [

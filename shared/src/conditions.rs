@@ -100,6 +100,17 @@ pub struct Desired<'a> {
 }
 
 impl<'a> Desired<'a> {
+    /// `SchemaInSync`: true when nothing is `behind`, else `Pending`: `differ` followed by what is
+    /// behind.
+    pub fn schema_in_sync(differ: &str, behind: &[impl AsRef<str>]) -> Self {
+        if behind.is_empty() {
+            return Desired::new(types::SCHEMA_IN_SYNC, true, reasons::AS_EXPECTED, "");
+        }
+        let behind: Vec<&str> = behind.iter().map(AsRef::as_ref).collect();
+        let message = format!("{differ}{}", behind.join(", "));
+        Desired::new(types::SCHEMA_IN_SYNC, false, reasons::PENDING, message)
+    }
+
     /// A condition with the given status, reason and message.
     pub fn new(
         type_: &'a str,

@@ -41,18 +41,31 @@ pub fn scoped(
     }
 }
 
+/// A CRD version with only its name and flags set (no schema): how tests and hand-written CRDs
+/// name versions.
+pub fn bare_version(name: &str, served: bool, storage: bool) -> CustomResourceDefinitionVersion {
+    CustomResourceDefinitionVersion {
+        name: name.into(),
+        served,
+        storage,
+        ..Default::default()
+    }
+}
+
+/// Each version's name and whether it is served and stored, in order: how a CRD's versions are
+/// compared and reported.
+pub fn version_flags(versions: &[CustomResourceDefinitionVersion]) -> Vec<(&str, bool, bool)> {
+    versions
+        .iter()
+        .map(|v| (v.name.as_str(), v.served, v.storage))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn version(name: &str, served: bool, storage: bool) -> CustomResourceDefinitionVersion {
-        CustomResourceDefinitionVersion {
-            name: name.into(),
-            served,
-            storage,
-            ..Default::default()
-        }
-    }
+    use bare_version as version;
 
     #[test]
     fn the_storage_version_else_the_first_served_one() {

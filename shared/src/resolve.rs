@@ -10,16 +10,7 @@ use crate::api::{
 use crate::conditions::{self, types};
 
 /// What both binding kinds offer to resolution and reconciliation.
-pub trait BindingObject:
-    kube::Resource<DynamicType = ()>
-    + Clone
-    + std::fmt::Debug
-    + serde::Serialize
-    + serde::de::DeserializeOwned
-    + Send
-    + Sync
-    + 'static
-{
+pub trait BindingObject: crate::cache::Cacheable + serde::Serialize {
     /// Whether the kind is namespaced (Binding) or cluster-scoped (ClusterBinding).
     const NAMESPACED: bool;
     /// The shared spec.

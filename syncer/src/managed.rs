@@ -145,14 +145,14 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             }
         }
         let (mine, generation) = my_units(&ctx, &assignment);
-        let mut wanted = desired_workers(&crds, &connections, &credentials, &mine);
-        wanted.extend(desired_related(
-            &ctx,
-            &crds,
-            &connections,
-            &credentials,
-            &mine,
-        ));
+        let inputs = Inputs {
+            crds: &crds,
+            connections: &connections,
+            credentials: &credentials,
+            mine: &mine,
+        };
+        let mut wanted = desired_workers(&inputs);
+        wanted.extend(desired_related(&ctx, &inputs));
         credentials.retain(connections.state().iter().map(|c| c.as_ref()));
         // A Connection no wanted worker uses any more (deleted, not Ready, assigned elsewhere)
         // keeps no provider client here; a worker started later builds one again.
@@ -327,15 +327,24 @@ fn verified_credential(
     }
 }
 
+/// What decides which workers run: the managed CRDs, the Connections and their credentials, and
+/// the units assigned to this replica.
+struct Inputs<'a> {
+    crds: &'a Store<CustomResourceDefinition>,
+    connections: &'a Store<Connection>,
+    credentials: &'a SecretCredentials,
+    mine: &'a BTreeSet<Unit>,
+}
+
 /// The related-resources workers that should run: one per assigned binding unit whose binding
 /// lists related resources and whose Connection is engaged.
-fn desired_related(
-    ctx: &Context,
-    crds: &Store<CustomResourceDefinition>,
-    connections: &Store<Connection>,
-    credentials: &SecretCredentials,
-    mine: &BTreeSet<Unit>,
-) -> HashMap<String, (Key, Work)> {
+fn desired_related(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work)> {
+    let Inputs {
+        crds,
+        connections,
+        credentials,
+        mine,
+    } = *inputs;
     let mut wanted = HashMap::new();
     for unit in mine {
         let Unit::Related {
@@ -442,14 +451,9 @@ fn bound_resources(
 
 /// SCTL-2 … SCTL-5: the API workers that should run (for the assigned units only), keyed by CRD
 /// name.
-fn desired_workers(
-    crds: &Store<CustomResourceDefinition>,
-    connections: &Store<Connection>,
-    credentials: &SecretCredentials,
-    mine: &BTreeSet<Unit>,
-) -> HashMap<String, (Key, Work)> {
+fn desired_workers(inputs: &Inputs) -> HashMap<String, (Key, Work)> {
     let mut wanted = HashMap::new();
-    for crd in crds.state() {
+    for crd in inputs.crds.state() {
         let name = crd.name_any();
         if crd.metadata.deletion_timestamp.is_some() {
             continue;
@@ -464,7 +468,8 @@ fn desired_workers(
             tracing::warn!(crd = %name, "managed CRD has no {} annotation; not syncing it", keys::CONNECTION_ANNOTATION);
             continue;
         };
-        let units: Vec<&Unit> = mine
+        let units: Vec<&Unit> = inputs
+            .mine
             .iter()
             .filter(|u| matches!(u, Unit::Api { connection, api, .. } if *connection == connection_name && *api == name))
             .collect();
@@ -475,8 +480,8 @@ fn desired_workers(
             tracing::warn!(crd = %name, "managed CRD has no served version; not syncing it");
             continue;
         };
-        let Some((_, local_uid, credential)) = usable(connections, credentials, &connection_name)
-        else {
+        let usable = usable(inputs.connections, inputs.credentials, &connection_name);
+        let Some((_, local_uid, credential)) = usable else {
             continue;
         };
         let ProviderCredential {

@@ -127,14 +127,7 @@ async fn main() {
     install_crds(&consumer).await.unwrap();
     export_kinds(&provider, kinds).await;
     let buckets = format!("--namespace-buckets={}", args.buckets);
-    let manager = start_schema_manager(
-        &mut env,
-        "consumer",
-        "schema-manager",
-        &["--leader-elect=false", &buckets],
-    )
-    .await
-    .unwrap();
+    let manager = start_lone_schema_manager(&mut env, &[&buckets]).await;
     let apis = connect_and_bind_all(&env, &consumer, kinds).await;
     let namespaces: Vec<String> = (0..args.namespaces).map(|i| format!("ns-{i}")).collect();
     for namespace in &namespaces {

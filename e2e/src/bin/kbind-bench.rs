@@ -326,15 +326,12 @@ async fn main() {
             .await;
         s.syncer.wait_ready("the syncer", 60).await;
     }
-    wait_binding_condition(
+    wait_binding(
         &Api::<ClusterBinding>::all(s.consumer.clone()),
         "widgets",
-        "Ready",
-        "True",
-        None,
+        "Ready=True",
     )
-    .await
-    .unwrap();
+    .await;
     if let Some(path) = &args.prometheus_targets {
         std::fs::write(path, prometheus_targets(&s).to_string()).expect("write the target list");
     }

@@ -122,12 +122,7 @@ where
 }
 
 fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) -> Action {
-    if let Some(reason) = error.metric_label() {
-        ctx.metrics
-            .reconcile_errors_total
-            .with_label_values(&[B::CONTROLLER, reason])
-            .inc();
-    }
+    ctx.count_error(B::CONTROLLER, error);
     match error {
         Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
         // A write raced with another (a status write from a cache a moment old): the fresh object
@@ -136,15 +131,7 @@ fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) ->
             tracing::debug!(binding = %binding.describe(), "write conflict; retrying");
             Action::requeue(Duration::from_millis(200))
         }
-        e => {
-            let retry = ctx.retries.failed(&binding.describe(), &e.to_string());
-            if retry.log {
-                tracing::warn!(binding = %binding.describe(), error = %kbind_shared::redact::remote(&e.to_string()), kind = e.metric_label(), retry_in = ?retry.after, "binding reconcile failed");
-            } else {
-                tracing::debug!(binding = %binding.describe(), error = %kbind_shared::redact::remote(&e.to_string()), retry_in = ?retry.after, "binding reconcile failed again");
-            }
-            Action::requeue(retry.after)
-        }
+        e => Action::requeue(ctx.retry_after(&binding.describe(), e)),
     }
 }
 

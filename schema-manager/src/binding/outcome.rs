@@ -255,18 +255,9 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
                 kbind_shared::conditions::MAX_MESSAGE,
             ),
         )
-    } else if out_of_sync.is_empty() {
-        Desired::new(types::SCHEMA_IN_SYNC, true, reasons::AS_EXPECTED, "")
     } else {
-        Desired::new(
-            types::SCHEMA_IN_SYNC,
-            false,
-            reasons::PENDING,
-            format!(
-                "installed CRDs differ from the provider (updatePolicy Once): {}",
-                out_of_sync.join(", ")
-            ),
-        )
+        let differ = "installed CRDs differ from the provider (updatePolicy Once): ";
+        Desired::schema_in_sync(differ, &out_of_sync)
     });
     out.push(match (conflicts.foreign, conflicts.owned_by_another) {
         (0, 0) => Desired::new(types::CONFLICTS, false, reasons::AS_EXPECTED, ""),

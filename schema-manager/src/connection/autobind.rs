@@ -192,9 +192,9 @@ fn plan(
         return Step::LeaveTheirs;
     }
     let exports: Vec<String> = status
-        .exported_apis
-        .iter()
-        .map(|a| a.name.clone())
+        .exported_names()
+        .into_iter()
+        .map(str::to_owned)
         .collect();
     let listed: Vec<String> = ours
         .map(|b| b.spec.apis.iter().map(|a| a.name.clone()).collect())

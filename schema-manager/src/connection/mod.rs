@@ -91,14 +91,7 @@ pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken)
 }
 
 fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -> Action {
-    if let Some(reason) = error.metric_label() {
-        state
-            .ctx
-            .metrics
-            .reconcile_errors_total
-            .with_label_values(&["connection", reason])
-            .inc();
-    }
+    state.ctx.count_error("connection", error);
     match error {
         Error::Draining(_) => Action::requeue(DRAIN_RECHECK),
         // A provider failure (discovery, a denied heartbeat) is retried with exponential backoff,
@@ -118,13 +111,7 @@ fn error_policy(connection: Arc<Connection>, error: &Error, state: Arc<State>) -
         }
         e => {
             let key = format!("Connection {}", connection.name_any());
-            let retry = state.ctx.retries.failed(&key, &e.to_string());
-            if retry.log {
-                tracing::warn!(connection = %connection.name_any(), error = %kbind_shared::redact::remote(&e.to_string()), kind = e.metric_label(), retry_in = ?retry.after, "Connection reconcile failed");
-            } else {
-                tracing::debug!(connection = %connection.name_any(), error = %kbind_shared::redact::remote(&e.to_string()), retry_in = ?retry.after, "Connection reconcile failed again");
-            }
-            Action::requeue(retry.after)
+            Action::requeue(state.ctx.retry_after(&key, e))
         }
     }
 }

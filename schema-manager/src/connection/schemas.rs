@@ -3,7 +3,7 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kbind_shared::api::{Connection, ConnectionStatus};
-use kbind_shared::conditions::{self, Desired, reasons, types};
+use kbind_shared::conditions::{self, Desired, types};
 use kbind_shared::keys;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -134,17 +134,6 @@ pub(super) async fn schema_in_sync(
                 )
             }),
     );
-    Ok(if behind.is_empty() {
-        Desired::new(types::SCHEMA_IN_SYNC, true, reasons::AS_EXPECTED, "")
-    } else {
-        Desired::new(
-            types::SCHEMA_IN_SYNC,
-            false,
-            reasons::PENDING,
-            format!(
-                "installed schemas differ from the provider's for {}",
-                behind.join(", ")
-            ),
-        )
-    })
+    let differ = "installed schemas differ from the provider's for ";
+    Ok(Desired::schema_in_sync(differ, &behind))
 }

@@ -34,10 +34,8 @@ pub enum Error {
     Finalizer(#[from] Box<finalizer::Error<Error>>),
 }
 
-impl Error {
-    /// A low-cardinality label for logs and `kbind_reconcile_errors_total`; `None` for a drain
-    /// wait, which is how a deletion normally proceeds, not a failed reconcile (#33.9).
-    pub fn metric_label(&self) -> Option<&'static str> {
+impl crate::context::ReconcileError for Error {
+    fn metric_label(&self) -> Option<&'static str> {
         Some(match self {
             Error::Draining(_) => return None,
             Error::Consumer(_) => "consumer",

@@ -281,6 +281,13 @@ pub struct ConnectionStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl ConnectionStatus {
+    /// The names (`<plural>.<group>`) of the exported APIs, in status order.
+    pub fn exported_names(&self) -> Vec<&str> {
+        self.exported_apis.iter().map(|a| a.name.as_str()).collect()
+    }
+}
+
 /// An accepted breaking change that is served.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

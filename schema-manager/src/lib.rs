@@ -14,6 +14,7 @@ pub mod context;
 pub mod discovery;
 pub mod evolution;
 pub mod identity_watch;
+pub mod instances;
 pub mod leader;
 pub mod openapi;
 pub mod providers;

@@ -120,6 +120,7 @@ pub(super) async fn api_state<B: Scoped>(
     let held = match installed.plan {
         schema::Plan::Hold { changes, more } => Some(Held {
             affected: ctx
+                .instances
                 .affected_objects(&desired, &hash, binding.covered_namespace().as_deref())
                 .await,
             hash: hash.clone(),
@@ -152,7 +153,7 @@ async fn count_conflicts(
         return Conflicts::default();
     };
     let mut conflicts = Conflicts::default();
-    for item in ctx.instance_metadata(&resource).state() {
+    for item in ctx.instances.conflicting(&resource).state() {
         if namespace.is_some() && item.metadata.namespace.as_deref() != namespace {
             continue;
         }

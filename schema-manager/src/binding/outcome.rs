@@ -5,7 +5,7 @@ use kbind_shared::api::{ApiStatus, BoundApi};
 use kbind_shared::conditions::{Desired, Status, reasons, types};
 
 use super::ledger::{Going, Left};
-use crate::context::Affected;
+use crate::instances::Affected;
 
 /// Reason for an API listed in a namespaced Binding that is cluster-scoped (BIND-14, PGAP-6).
 pub const CLUSTER_SCOPED_API: &str = "ClusterScopedAPI";

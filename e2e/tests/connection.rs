@@ -11,9 +11,7 @@ use kbind_e2e::forward::{Forward, port_of};
 use kbind_e2e::kbind::{apiserver_requests, grown};
 use kbind_e2e::wait::wait_gone;
 use kbind_e2e::{TestEnv, eventually};
-use kbind_shared::api::{
-    ActiveSchemaSource, Binding, BindingSpec, Connection, ConnectionRef, SchemaSource,
-};
+use kbind_shared::api::{ActiveSchemaSource, Binding, BindingSpec, Connection, SchemaSource};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -770,16 +768,7 @@ async fn deleting_a_connection_drains_bindings_then_releases_finalizers_and_keep
 
     let mut binding = Binding::new(
         "widgets",
-        BindingSpec {
-            connection_ref: ConnectionRef {
-                name: "provider".into(),
-            },
-            apis: vec![kbind_shared::api::ApiRef {
-                name: "widgets.example.org".into(),
-            }],
-            conflict_policy: Default::default(),
-            related_resources: Vec::new(),
-        },
+        BindingSpec::new("provider", &["widgets.example.org"]),
     );
     binding.metadata.namespace = Some("default".into());
     let bindings: Api<Binding> = Api::namespaced(s.consumer.clone(), "default");

@@ -9,7 +9,7 @@ use kbind_e2e::cluster::{client_for, free_port};
 use kbind_e2e::kbind::{http_get, install_crds};
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::{
-    ApiRef, Binding, BindingSpec, Connection, ConnectionSpec, ConnectionStatus, KubeconfigSecretRef,
+    Binding, BindingSpec, Connection, ConnectionSpec, ConnectionStatus, KubeconfigSecretRef,
 };
 use kbind_shared::identity::{IdentityError, cluster_identity};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -33,17 +33,7 @@ fn connection(name: &str, secret: &str) -> Connection {
 }
 
 fn binding(name: &str, apis: &[&str]) -> Binding {
-    let mut b = Binding::new(
-        name,
-        BindingSpec {
-            connection_ref: kbind_shared::api::ConnectionRef {
-                name: "provider".into(),
-            },
-            apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
-            conflict_policy: Default::default(),
-            related_resources: Vec::new(),
-        },
-    );
+    let mut b = Binding::new(name, BindingSpec::new("provider", apis));
     b.metadata.namespace = Some("default".into());
     b
 }

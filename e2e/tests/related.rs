@@ -888,3 +888,77 @@ async fn a_provider_credential_without_secret_permissions_is_reported_on_the_bin
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_suspended_binding_copies_and_deletes_no_related_object_until_resumed() {
+    // #39.1: `spec.suspend` pauses everything the binding covers, its related Secrets too.
+    let s = SyncEnv::start("related_suspended", &[0, 1, 2], None).await;
+    let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
+    for client in [&consumer, &provider] {
+        ensure_namespace(client, "team-a").await.unwrap();
+    }
+    let provider_secrets: Api<Secret> = Api::namespaced(provider.clone(), "team-a");
+    let consumer_secrets: Api<Secret> = Api::namespaced(consumer.clone(), "team-a");
+    let (v1, v2) = (random_token("v1"), random_token("v2"));
+    let db = secret("team-a", "db", &[("app", "db")], v1.as_bytes());
+    provider_secrets
+        .create(&PostParams::default(), &db)
+        .await
+        .unwrap();
+    let entries = json!([
+        { "resource": "secrets", "direction": "FromProvider", "namespaces": ["team-a"],
+          "selector": { "labelSelector": { "matchLabels": { "app": "db" } } } },
+    ]);
+    set_cluster_binding(&consumer, json!({ "relatedResources": entries })).await;
+    wait_object(&consumer_secrets, "db", "the copy", 30, |_| true).await;
+
+    set_cluster_binding(&consumer, json!({ "suspend": true })).await;
+    wait_status(
+        "the related resources to say they are paused",
+        async || cluster_binding_status(&consumer).await,
+        |s| {
+            related_condition(s).is_some_and(|(status, reason, _)| {
+                (status.as_str(), reason.as_str()) == ("False", "Paused")
+            })
+        },
+    )
+    .await;
+    // A changed source and a new one: nothing follows while suspended.
+    merge_patch(
+        &provider_secrets,
+        "db",
+        &json!({ "stringData": { "value": v2 } }),
+    )
+    .await;
+    let more = secret("team-a", "more", &[("app", "db")], v1.as_bytes());
+    provider_secrets
+        .create(&PostParams::default(), &more)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let copy = consumer_secrets.get("db").await.unwrap();
+    assert_eq!(
+        secret_value(&copy),
+        Some(v1.as_bytes().to_vec()),
+        "not updated"
+    );
+    assert!(
+        consumer_secrets.get_opt("more").await.unwrap().is_none(),
+        "not copied"
+    );
+
+    // Resumed: everything follows again.
+    set_cluster_binding(&consumer, json!({ "suspend": false })).await;
+    wait_object(&consumer_secrets, "db", "the new value", 30, |copy| {
+        secret_value(copy) == Some(v2.as_bytes().to_vec())
+    })
+    .await;
+    wait_object(
+        &consumer_secrets,
+        "more",
+        "the new source's copy",
+        30,
+        |_| true,
+    )
+    .await;
+}

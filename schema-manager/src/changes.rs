@@ -1,7 +1,8 @@
 //! The one way to wake a reconciler: every trigger in the schema manager is a [`Change`] announced
 //! here and received through [`Changes::subscribe`], whether a term cache saw an object change or
-//! a reconciler computed a signal (a provider's schema, the set of conflicting instances, the
-//! related-resources Bindings a namespace serves, a Connection's Secret or provider identity).
+//! a reconciler computed a signal (a provider's schema, the marked instances of an API and how
+//! many there are, the related-resources Bindings a namespace serves, a Connection's Secret or
+//! provider identity).
 //!
 //! Each [`Topic`] has its own bounded channel, so a flood of one topic (a namespace user's
 //! Bindings) never makes a receiver of another (the Connection controller) miss changes; a
@@ -57,15 +58,17 @@ pub enum Topic {
     ConnectionInput,
     /// Providers' exported CRDs.
     ProviderSchema,
-    /// Which instances of an API conflict.
-    Conflicts,
+    /// Which instances of an API carry a mark (a conflict, a pause).
+    Marked,
+    /// How many instances of an API there are.
+    Instances,
     /// Which related-resources Bindings a namespace serves.
     RelatedServed,
 }
 
 impl Topic {
     /// How many topics there are.
-    const COUNT: usize = Kind::ALL.len() + 4;
+    const COUNT: usize = Kind::ALL.len() + 5;
 
     /// Its channel's index.
     fn index(self) -> usize {
@@ -73,8 +76,9 @@ impl Topic {
             Topic::Cached(kind) => kind as usize,
             Topic::ConnectionInput => Kind::ALL.len(),
             Topic::ProviderSchema => Kind::ALL.len() + 1,
-            Topic::Conflicts => Kind::ALL.len() + 2,
-            Topic::RelatedServed => Kind::ALL.len() + 3,
+            Topic::Marked => Kind::ALL.len() + 2,
+            Topic::Instances => Kind::ALL.len() + 3,
+            Topic::RelatedServed => Kind::ALL.len() + 4,
         }
     }
 
@@ -99,8 +103,11 @@ pub enum Change {
         /// The CRD's name, `<plural>.<group>`: the API's name in bindings.
         api: String,
     },
-    /// The set of conflicting instances of API `0` (`<plural>.<group>`) changed.
-    Conflicts(String),
+    /// The instances of API `0` (`<plural>.<group>`) that carry a mark (a conflict annotation,
+    /// a pause), or their marks, changed.
+    Marked(String),
+    /// How many instances API `0` has changed (announced at most once a second per API).
+    Instances(String),
     /// The set of related-resources Bindings namespace `0` serves changed.
     RelatedServed(String),
 }
@@ -112,7 +119,8 @@ impl Change {
             Change::Cached(kind, _) => Topic::Cached(*kind),
             Change::ConnectionInput(_) => Topic::ConnectionInput,
             Change::ProviderSchema { .. } => Topic::ProviderSchema,
-            Change::Conflicts(_) => Topic::Conflicts,
+            Change::Marked(_) => Topic::Marked,
+            Change::Instances(_) => Topic::Instances,
             Change::RelatedServed(_) => Topic::RelatedServed,
         }
     }
@@ -185,7 +193,8 @@ mod tests {
         topics.extend([
             Topic::ConnectionInput,
             Topic::ProviderSchema,
-            Topic::Conflicts,
+            Topic::Marked,
+            Topic::Instances,
             Topic::RelatedServed,
         ]);
         let mut indexes: Vec<usize> = topics.iter().map(|t| t.index()).collect();

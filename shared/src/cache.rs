@@ -383,14 +383,15 @@ impl Resource for Instance {
 }
 
 /// The consumer annotations a sync reads: the conflict it recorded and the deletion policy.
-const CONSUMER_ANNOTATIONS: [&str; 2] = [
+const CONSUMER_ANNOTATIONS: [&str; 3] = [
     crate::keys::CONFLICT_ANNOTATION,
     crate::keys::DELETION_POLICY_ANNOTATION,
+    crate::keys::PAUSED_ANNOTATION,
 ];
 
 /// What the syncer's consumer cache keeps of an instance's metadata: identity (name, namespace,
 /// UID), the resourceVersion a finalizer patch is guarded by, generation (the delivery record),
-/// deletion, finalizers, and kbind's two annotations ([`CONSUMER_ANNOTATIONS`]). Gone: labels,
+/// deletion, finalizers, and kbind's three annotations ([`CONSUMER_ANNOTATIONS`]). Gone: labels,
 /// every other annotation (kubectl's last-applied copy can be as large as the object),
 /// `managedFields`, owner references, timestamps.
 pub fn consumer_metadata(meta: &mut ObjectMeta) {
@@ -627,36 +628,41 @@ pub fn map_event<A, B>(event: watcher::Event<A>, f: impl FnOnce(A) -> B) -> watc
     }
 }
 
-/// What the schema manager's conflict counts keep of an instance's metadata: its name, namespace
-/// and conflict annotation — nothing else.
-pub fn conflict_metadata(meta: &mut ObjectMeta) {
-    let conflict = meta
-        .annotations
-        .as_mut()
-        .and_then(|a| a.remove(crate::keys::CONFLICT_ANNOTATION));
+/// Whether an instance carries a mark the schema manager counts per binding: a conflict
+/// annotation, or `core.kbind.io/paused: "true"`.
+pub fn marked(meta: &ObjectMeta) -> bool {
+    meta.annotations.as_ref().is_some_and(|a| {
+        a.contains_key(crate::keys::CONFLICT_ANNOTATION)
+            || a.get(crate::keys::PAUSED_ANNOTATION).map(String::as_str) == Some(crate::keys::TRUE)
+    })
+}
+
+/// What the schema manager's counts keep of an instance's metadata: its name, namespace, conflict
+/// annotation and pause mark — nothing else.
+pub fn marked_metadata(meta: &mut ObjectMeta) {
+    let mut annotations = meta.annotations.take().unwrap_or_default();
+    let kept: std::collections::BTreeMap<String, String> = [
+        crate::keys::CONFLICT_ANNOTATION,
+        crate::keys::PAUSED_ANNOTATION,
+    ]
+    .into_iter()
+    .filter_map(|key| annotations.remove_entry(key))
+    .filter(|(key, value)| key != crate::keys::PAUSED_ANNOTATION || value == crate::keys::TRUE)
+    .collect();
     *meta = ObjectMeta {
         name: meta.name.take(),
         namespace: meta.namespace.take(),
-        annotations: conflict.map(|c| {
-            std::collections::BTreeMap::from([(crate::keys::CONFLICT_ANNOTATION.to_owned(), c)])
-        }),
+        annotations: (!kept.is_empty()).then_some(kept),
         ..Default::default()
     };
 }
 
-/// Keeps a conflict cache down to the instances that carry a conflict annotation (most carry
-/// none): a listed instance without one is not cached, and one that loses it is removed as if
-/// deleted.
-pub fn only_conflicting<K: Resource>(event: watcher::Event<K>) -> Option<watcher::Event<K>> {
-    let conflicting = |o: &K| {
-        o.meta()
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(crate::keys::CONFLICT_ANNOTATION))
-    };
+/// Keeps a marks cache down to the instances that carry a mark ([`marked`]; most carry none): a
+/// listed instance without one is not cached, and one that loses it is removed as if deleted.
+pub fn only_marked<K: Resource>(event: watcher::Event<K>) -> Option<watcher::Event<K>> {
     match event {
-        watcher::Event::InitApply(o) if !conflicting(&o) => None,
-        watcher::Event::Apply(o) if !conflicting(&o) => Some(watcher::Event::Delete(o)),
+        watcher::Event::InitApply(o) if !marked(o.meta()) => None,
+        watcher::Event::Apply(o) if !marked(o.meta()) => Some(watcher::Event::Delete(o)),
         event => Some(event),
     }
 }
@@ -778,6 +784,20 @@ mod tests {
         plain.finalizers = Some(vec![]);
         consumer_metadata(&mut plain);
         assert_eq!((plain.annotations, plain.finalizers), (None, None));
+        // The user's pause is a decision's fact too.
+        let mut paused = meta();
+        paused.annotations = Some(
+            [
+                (keys::PAUSED_ANNOTATION.to_owned(), "true".to_owned()),
+                ("a".to_owned(), "b".to_owned()),
+            ]
+            .into(),
+        );
+        consumer_metadata(&mut paused);
+        assert_eq!(
+            paused.annotations,
+            Some([(keys::PAUSED_ANNOTATION.to_owned(), "true".to_owned())].into())
+        );
         // No spec or status: none, and a null one is none too.
         let bare: Instance =
             serde_json::from_value(json!({ "metadata": { "name": "w" }, "status": null })).unwrap();
@@ -1106,22 +1126,19 @@ mod tests {
     }
 
     #[test]
-    fn a_conflict_cache_holds_only_conflicting_instances() {
+    fn a_marks_cache_holds_only_conflicting_or_paused_instances() {
         use k8s_openapi::api::core::v1::ConfigMap;
-        let object = |conflict: bool| ConfigMap {
+        let object = |annotation: Option<(&str, &str)>| ConfigMap {
             metadata: ObjectMeta {
                 name: Some("w".into()),
-                annotations: conflict.then(|| {
-                    [(
-                        keys::CONFLICT_ANNOTATION.to_owned(),
-                        keys::CONFLICT_FOREIGN.to_owned(),
-                    )]
-                    .into()
-                }),
+                annotations: annotation.map(|(k, v)| [(k.to_owned(), v.to_owned())].into()),
                 ..Default::default()
             },
             ..Default::default()
         };
+        let conflict = Some((keys::CONFLICT_ANNOTATION, keys::CONFLICT_FOREIGN));
+        let paused = Some((keys::PAUSED_ANNOTATION, "true"));
+        let not_paused = Some((keys::PAUSED_ANNOTATION, "false"));
         let kind = |e: Option<watcher::Event<ConfigMap>>| match e {
             None => "dropped",
             Some(watcher::Event::Apply(_)) => "apply",
@@ -1131,39 +1148,54 @@ mod tests {
             Some(watcher::Event::InitDone) => "init-done",
         };
         let cases = [
-            (watcher::Event::InitApply(object(true)), "init-apply"),
-            (watcher::Event::InitApply(object(false)), "dropped"),
-            (watcher::Event::Apply(object(true)), "apply"),
-            // Resolved: removed from the cache (a no-op when it was never there).
-            (watcher::Event::Apply(object(false)), "delete"),
-            (watcher::Event::Delete(object(false)), "delete"),
-            (watcher::Event::Delete(object(true)), "delete"),
+            (watcher::Event::InitApply(object(conflict)), "init-apply"),
+            (watcher::Event::InitApply(object(paused)), "init-apply"),
+            (watcher::Event::InitApply(object(not_paused)), "dropped"),
+            (watcher::Event::InitApply(object(None)), "dropped"),
+            (watcher::Event::Apply(object(conflict)), "apply"),
+            (watcher::Event::Apply(object(paused)), "apply"),
+            // Resolved or resumed: removed from the cache (a no-op when it was never there).
+            (watcher::Event::Apply(object(None)), "delete"),
+            (watcher::Event::Apply(object(not_paused)), "delete"),
+            (watcher::Event::Delete(object(None)), "delete"),
+            (watcher::Event::Delete(object(conflict)), "delete"),
             (watcher::Event::Init, "init"),
             (watcher::Event::InitDone, "init-done"),
         ];
         for (event, want) in cases {
-            assert_eq!(kind(only_conflicting(event)), want);
+            assert_eq!(kind(only_marked(event)), want);
         }
     }
 
     #[test]
-    fn conflict_metadata_keeps_the_key_and_the_conflict() {
+    fn marked_metadata_keeps_the_key_and_the_marks() {
         let mut slim = meta();
-        conflict_metadata(&mut slim);
+        slim.annotations
+            .get_or_insert_default()
+            .insert(keys::PAUSED_ANNOTATION.to_owned(), "true".to_owned());
+        marked_metadata(&mut slim);
         assert_eq!(
             serde_json::to_value(&slim).unwrap(),
             json!({
                 "name": "w1",
                 "namespace": "team-a",
-                "annotations": { keys::CONFLICT_ANNOTATION: keys::CONFLICT_FOREIGN },
+                "annotations": {
+                    keys::CONFLICT_ANNOTATION: keys::CONFLICT_FOREIGN,
+                    keys::PAUSED_ANNOTATION: "true",
+                },
             })
         );
         let mut none = meta();
         none.annotations = None;
-        conflict_metadata(&mut none);
+        marked_metadata(&mut none);
         assert_eq!(
             serde_json::to_value(&none).unwrap(),
             json!({ "name": "w1", "namespace": "team-a" })
         );
+        // A pause annotation that does not pause is not a mark.
+        let mut other = meta();
+        other.annotations = Some([(keys::PAUSED_ANNOTATION.to_owned(), "no".to_owned())].into());
+        marked_metadata(&mut other);
+        assert_eq!(other.annotations, None);
     }
 }

@@ -33,6 +33,8 @@ pub mod reasons {
     pub const AS_EXPECTED: &str = "AsExpected";
     /// Waiting for a dependency.
     pub const PENDING: &str = "Pending";
+    /// The user paused it (a suspended binding; an object's `core.kbind.io/paused`).
+    pub const PAUSED: &str = "Paused";
     /// The kubeconfig Secret is missing or unusable.
     pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
     /// The provider's identity differs from the pinned one.

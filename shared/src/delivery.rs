@@ -18,6 +18,9 @@ pub const FORBIDDEN: &str = "Forbidden";
 /// The current spec has not reached the provider yet and kbind is retrying (`message` says why:
 /// the provider did not answer, answered with an error, or still holds a terminating copy).
 pub const PENDING: &str = "Pending";
+/// The user paused the object (its `core.kbind.io/paused` annotation, or its binding's
+/// `spec.suspend`): kbind writes neither its spec nor its status (`message` says which).
+pub const PAUSED: &str = "Paused";
 /// Why a provider refused a write, from its API server's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -108,18 +111,33 @@ pub fn delivered(generation: Option<i64>, time: Option<String>) -> Value {
 /// or [`PENDING`] — with why, and `since` when the change was made; the last delivered
 /// generation and time kept.
 pub fn refused(current: Option<&Value>, state: &str, message: &str, since: Option<&Time>) -> Value {
-    let keep = |key: &str| {
-        current
-            .and_then(|c| c.get(key))
-            .cloned()
-            .unwrap_or(Value::Null)
-    };
+    let keep = |key: &str| kept(current, key);
     json!({
         "state": state,
         "generation": keep("generation"),
         "time": keep("time"),
         "message": crate::conditions::bounded(&crate::redact::remote(message), MAX_MESSAGE),
         "since": since.map(|t| t.0.to_string()),
+    })
+}
+
+/// `key` of the record `current`, if it has one: what a new record keeps of the last delivery.
+fn kept(current: Option<&Value>, key: &str) -> Value {
+    current
+        .and_then(|c| c.get(key))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// The record of a paused object: why (`message`), with the last delivered generation and time
+/// kept — and no `since`: nothing waits for delivery, the user stopped it.
+pub fn paused(current: Option<&Value>, message: &str) -> Value {
+    let keep = |key: &str| kept(current, key);
+    json!({
+        "state": PAUSED,
+        "generation": keep("generation"),
+        "time": keep("time"),
+        "message": crate::conditions::bounded(message, MAX_MESSAGE),
     })
 }
 
@@ -204,6 +222,8 @@ pub enum State {
     Rejected,
     /// [`FORBIDDEN`].
     Forbidden,
+    /// [`PAUSED`].
+    Paused,
     /// Anything else (written by someone else).
     Other,
 }
@@ -216,6 +236,7 @@ pub fn summary(status: Option<&Value>) -> Option<Summary> {
         Some(PENDING) => State::Pending,
         Some(REJECTED) => State::Rejected,
         Some(FORBIDDEN) => State::Forbidden,
+        Some(PAUSED) => State::Paused,
         _ => State::Other,
     };
     Some(Summary {
@@ -425,6 +446,7 @@ mod tests {
         for (state, want) in [
             (REJECTED, State::Rejected),
             (FORBIDDEN, State::Forbidden),
+            (PAUSED, State::Paused),
             ("Paused?", State::Other),
         ] {
             let record = with_record(None, &refused(None, state, "x", None));
@@ -474,6 +496,29 @@ mod tests {
         assert_eq!(
             refused(None, FORBIDDEN, "no", None)["generation"],
             Value::Null
+        );
+    }
+
+    #[test]
+    fn a_pause_keeps_the_last_delivery_and_waits_for_nothing() {
+        let current = delivered(Some(4), Some("2026-12-01T00:00:00Z".into()));
+        let record = paused(Some(&current), "held by the user");
+        let status = with_record(Some(&json!({ "phase": "Ready" })), &record);
+        assert_eq!(
+            status,
+            json!({ "phase": "Ready", "kbindSync": {
+                "state": "Paused",
+                "generation": 4,
+                "time": "2026-12-01T00:00:00Z",
+                "message": "held by the user",
+            } })
+        );
+        let summary = summary(Some(&status)).unwrap();
+        assert_eq!((summary.state, summary.since), (State::Paused, None));
+        // Never delivered: nothing to keep.
+        assert_eq!(
+            with_record(None, &paused(None, "x")),
+            json!({ "kbindSync": { "state": "Paused", "message": "x" } })
         );
     }
 

@@ -24,6 +24,10 @@ pub const RELATED_BINDING_ANNOTATION: &str = "core.kbind.io/related-binding";
 pub const CONFLICT_ANNOTATION: &str = "core.kbind.io/conflict";
 /// KEY-8: annotation set by the user: keep the provider copy on delete or unbind.
 pub const DELETION_POLICY_ANNOTATION: &str = "core.kbind.io/deletion-policy";
+/// Annotation set by the user on a consumer instance: [`TRUE`] pauses it — kbind neither writes
+/// its spec to the provider nor copies the provider's status back until it is removed (its
+/// deletion still runs: a delete is the user's explicit action).
+pub const PAUSED_ANNOTATION: &str = "core.kbind.io/paused";
 /// The length of a schema hash as kbind writes it: `sha256:` and 64 hex digits.
 pub const SCHEMA_HASH_LEN: usize = 71;
 /// KEY-9: annotation on a consumer CRD: `sha256:<64 hex>` of the desired CRD spec (the reference
@@ -131,6 +135,7 @@ mod tests {
             RELATED_BINDING_ANNOTATION,
             CONFLICT_ANNOTATION,
             DELETION_POLICY_ANNOTATION,
+            PAUSED_ANNOTATION,
             SCHEMA_HASH_ANNOTATION,
             SYNCER_FINALIZER,
             CLEANUP_FINALIZER,

@@ -66,6 +66,8 @@ pub struct Metrics {
     pub synced_objects: GaugeVec,
     /// `kbind_conflicts{api}`
     pub conflicts: GaugeVec,
+    /// `kbind_paused_objects{api}`
+    pub paused_objects: GaugeVec,
     /// `kbind_sync_operations_total{api,op,result}`
     pub sync_operations_total: IntCounterVec,
     /// `kbind_sync_latency_seconds{op}`
@@ -216,6 +218,12 @@ impl Metrics {
                 &registry,
                 "kbind_conflicts",
                 "Objects with a recorded conflict",
+                &["api"],
+            ),
+            paused_objects: gauge_vec(
+                &registry,
+                "kbind_paused_objects",
+                "Objects kbind leaves alone: paused by their annotation or a suspended binding",
                 &["api"],
             ),
             sync_operations_total: counter_vec(
@@ -547,6 +555,9 @@ mod tests {
         m.conflicts
             .with_label_values(&["widgets.example.org"])
             .set(0.0);
+        m.paused_objects
+            .with_label_values(&["widgets.example.org"])
+            .set(0.0);
         m.sync_operations_total
             .with_label_values(&["widgets.example.org", "spec_up", "ok"])
             .inc();
@@ -568,6 +579,7 @@ mod tests {
             "kbind_binding_ready",
             "kbind_synced_objects",
             "kbind_conflicts",
+            "kbind_paused_objects",
             "kbind_sync_operations_total",
             "kbind_sync_latency_seconds_bucket",
             "kbind_work_queue_depth",

@@ -57,6 +57,8 @@ pub struct Resolution {
     pub connection: String,
     /// Its conflict policy.
     pub conflict_policy: ConflictPolicy,
+    /// It is suspended (`spec.suspend`): everything it covers is paused.
+    pub suspended: bool,
 }
 
 impl Resolution {
@@ -93,6 +95,7 @@ fn resolution<B: BindingObject>(binding: &B, api: &str) -> Resolution {
         ready: api_bound(binding, api),
         connection: spec.connection_ref.name.clone(),
         conflict_policy: spec.conflict_policy,
+        suspended: spec.suspend,
     }
 }
 
@@ -399,6 +402,7 @@ mod tests {
                 ready,
                 connection: "p".into(),
                 conflict_policy: asked,
+                suspended: false,
             };
             let r = within_access(r, access);
             assert_eq!((r.is_bound(), r.conflict_policy), (bound, policy), "{case}");

@@ -8,7 +8,7 @@ use kbind_shared::keys;
 use kube::ResourceExt;
 
 use super::kinds::Scoped;
-use super::outcome::{ApiState, Conflicts, Held};
+use super::outcome::{ApiState, Held, Marks};
 use crate::context::Context;
 use crate::providers::{Provider, ProviderError};
 use crate::schema;
@@ -116,7 +116,12 @@ pub(super) async fn api_state<B: Scoped>(
     if !installed.established {
         return ApiState::Pending(format!("the consumer CRD {api} is not established yet"));
     }
-    let conflicts = count_conflicts(ctx, &desired, binding.covered_namespace().as_deref()).await;
+    let marks = count_marks(
+        ctx,
+        &desired,
+        binding.covered_namespace().as_deref(),
+        binding.binding_spec().suspend,
+    );
     let held = match installed.plan {
         schema::Plan::Hold { changes, more } => Some(Held {
             affected: ctx
@@ -133,7 +138,7 @@ pub(super) async fn api_state<B: Scoped>(
     ApiState::Bound {
         hash,
         in_sync: installed.in_sync,
-        conflicts,
+        marks,
         held,
         omitted: omitted
             .iter()
@@ -142,30 +147,39 @@ pub(super) async fn api_state<B: Scoped>(
     }
 }
 
-/// BIND-5d: instances in scope with a conflict annotation, from a metadata-only watch cache
-/// (LIM-16: no LIST of every instance per resync). A cache that has not listed yet counts 0.
-async fn count_conflicts(
+/// BIND-5d: instances in scope with a conflict annotation, and those paused — by their
+/// annotation, or all of them while `suspended` — from a metadata-only watch cache (LIM-16: no
+/// LIST of every instance per resync). A cache that has not listed yet counts 0.
+fn count_marks(
     ctx: &Context,
     crd: &CustomResourceDefinition,
     namespace: Option<&str>,
-) -> Conflicts {
+    suspended: bool,
+) -> Marks {
     let Some(resource) = kbind_shared::dynamic::instance_resource(crd) else {
-        return Conflicts::default();
+        return Marks::default();
     };
-    let mut conflicts = Conflicts::default();
-    for item in ctx.instances.conflicting(&resource).state() {
+    let marked = ctx.instances.marked(&resource);
+    let mut marks = Marks::default();
+    for item in marked.store.state() {
         if namespace.is_some() && item.metadata.namespace.as_deref() != namespace {
             continue;
         }
-        match item
-            .annotations()
+        let annotations = item.annotations();
+        match annotations
             .get(keys::CONFLICT_ANNOTATION)
             .map(String::as_str)
         {
-            Some(keys::CONFLICT_FOREIGN) => conflicts.foreign += 1,
-            Some(v) if !v.is_empty() => conflicts.owned_by_another += 1,
+            Some(keys::CONFLICT_FOREIGN) => marks.foreign += 1,
+            Some(v) if !v.is_empty() => marks.owned_by_another += 1,
             _ => {}
         }
+        if annotations.get(keys::PAUSED_ANNOTATION).map(String::as_str) == Some(keys::TRUE) {
+            marks.paused += 1;
+        }
     }
-    conflicts
+    if suspended {
+        marks.paused = i32::try_from(marked.total(namespace)).unwrap_or(i32::MAX);
+    }
+    marks
 }

@@ -51,8 +51,9 @@ pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken)
 /// Whether a change the binding controllers hear concerns `binding`: its Connection changed, a
 /// consumer CRD it lists changed (the user's `core.kbind.io/adopt` opt-in, markers edited by hand,
 /// kbind's own install), its provider's exported CRD of an API it lists changed (the schema check
-/// reads it fresh at once), the set of conflicting instances of an API it lists changed (BIND-5d
-/// live), or its namespace's served related-resources Bindings changed (a Binding pushed past the
+/// reads it fresh at once), the marked instances of an API it lists changed (conflicts, BIND-5d
+/// live; pauses), how many instances an API it lists has changed while it is suspended (all of
+/// them are paused), or its namespace's served related-resources Bindings changed (a Binding pushed past the
 /// per-namespace cap, or let in, says so at once). A change of its own kind is the controller's
 /// own trigger.
 fn concerns<B: BindingObject>(binding: &B, change: &Change) -> bool {
@@ -64,7 +65,8 @@ fn concerns<B: BindingObject>(binding: &B, change: &Change) -> bool {
         Change::ProviderSchema { connection, api } => {
             &spec.connection_ref.name == connection && lists(api)
         }
-        Change::Conflicts(api) => lists(api),
+        Change::Marked(api) => lists(api),
+        Change::Instances(api) => spec.suspend && lists(api),
         Change::RelatedServed(namespace) => {
             binding.meta().namespace.as_ref() == Some(namespace)
                 && !spec.related_resources.is_empty()
@@ -74,11 +76,12 @@ fn concerns<B: BindingObject>(binding: &B, change: &Change) -> bool {
 }
 
 /// The topics [`concerns`] reads.
-const TOPICS: [Topic; 5] = [
+const TOPICS: [Topic; 6] = [
     Topic::Cached(Kind::Connection),
     Topic::Cached(Kind::Crd),
     Topic::ProviderSchema,
-    Topic::Conflicts,
+    Topic::Marked,
+    Topic::Instances,
     Topic::RelatedServed,
 ];
 
@@ -233,7 +236,7 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
                 };
                 states.push((api.name.clone(), state));
             }
-            let (mut desired, bound) = outcome::evaluate(&states);
+            let (mut desired, bound) = outcome::evaluate(&states, spec.suspend);
             if B::NAMESPACED {
                 let covered = covered_by_cluster_bindings(ctx, spec).await;
                 outcome::note_precedence(&mut desired, &covered);
@@ -413,8 +416,8 @@ mod tests {
             connection: connection.into(),
             api: api.into(),
         };
-        // (change, concerns the ClusterBinding, the Binding in team-a, the one with related
-        // resources in team-a)
+        // (change, concerns the ClusterBinding, the Binding in team-a, the suspended one with
+        // related resources in team-a)
         let table = [
             (Change::Cached(Kind::Connection, key("p")), true, true, true),
             (
@@ -433,13 +436,15 @@ mod tests {
             (schema("p", widgets), true, true, true),
             (schema("q", widgets), false, false, false),
             (schema("p", "gadgets.example.org"), false, false, false),
-            (Change::Conflicts(widgets.into()), true, true, true),
+            (Change::Marked(widgets.into()), true, true, true),
             (
-                Change::Conflicts("gadgets.example.org".into()),
+                Change::Marked("gadgets.example.org".into()),
                 false,
                 false,
                 false,
             ),
+            // Counts matter only to a suspended binding (the related one here).
+            (Change::Instances(widgets.into()), false, false, true),
             (Change::RelatedServed("team-a".into()), false, false, true),
             (Change::RelatedServed("team-b".into()), false, false, false),
             // Its own kind is the controller's own trigger; a Connection's inputs are the
@@ -467,6 +472,7 @@ mod tests {
         let mut binding = Binding::new("b", spec(false));
         binding.metadata.namespace = Some("team-a".into());
         let mut related = Binding::new("r", spec(true));
+        related.spec.suspend = true;
         related.metadata.namespace = Some("team-a".into());
         for (change, c, b, r) in table {
             assert_eq!(concerns(&cluster, &change), c, "ClusterBinding: {change:?}");

@@ -62,17 +62,20 @@ impl Held {
     }
 }
 
-/// Instances of one API that carry a conflict annotation, by kind.
+/// Instances of one API in a binding's scope that carry a mark: a conflict annotation, by kind,
+/// or a pause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Conflicts {
+pub struct Marks {
     /// `ForeignObjectExists`
     pub foreign: i32,
     /// `OwnedByAnother`
     pub owned_by_another: i32,
+    /// Paused: by their annotation, or all of them while the binding is suspended.
+    pub paused: i32,
 }
 
-impl Conflicts {
-    /// Both kinds together.
+impl Marks {
+    /// Both kinds of conflict together.
     pub fn total(&self) -> i32 {
         self.foreign + self.owned_by_another
     }
@@ -113,8 +116,8 @@ pub enum ApiState {
         hash: String,
         /// Whether the installed CRD carries that hash.
         in_sync: bool,
-        /// Conflicting instances.
-        conflicts: Conflicts,
+        /// Conflicting and paused instances.
+        marks: Marks,
         /// A breaking change waiting for consent (then not in sync).
         held: Option<Held>,
         /// Provider versions the consumer does not serve, each `name (why)`.
@@ -122,8 +125,12 @@ pub enum ApiState {
     },
 }
 
-/// Conditions (in setting order) and `boundAPIs` for a binding whose APIs are in `states`.
-pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<BoundApi>) {
+/// Conditions (in setting order) and `boundAPIs` for a binding whose APIs are in `states`;
+/// `suspended`: its `spec.suspend` (everything it covers is paused).
+pub fn evaluate(
+    states: &[(String, ApiState)],
+    suspended: bool,
+) -> (Vec<Desired<'static>>, Vec<BoundApi>) {
     let names = |pick: fn(&ApiState) -> bool| -> Vec<&str> {
         states
             .iter()
@@ -166,13 +173,13 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
     });
 
     let mut bound: Vec<BoundApi> = Vec::new();
-    let (mut conflicts, mut out_of_sync) = (Conflicts::default(), Vec::new());
+    let (mut conflicts, mut out_of_sync) = (Marks::default(), Vec::new());
     let mut breaking: Vec<String> = Vec::new();
     for (name, state) in states {
         if let ApiState::Bound {
             hash,
             in_sync,
-            conflicts: c,
+            marks: c,
             held,
             ..
         } = state
@@ -181,6 +188,7 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
                 name: name.clone(),
                 crd_hash: hash.clone(),
                 conflict_count: c.total(),
+                paused_count: c.paused,
             });
             conflicts.foreign += c.foreign;
             conflicts.owned_by_another += c.owned_by_another;
@@ -236,6 +244,17 @@ pub fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<Bo
                 false,
                 reason,
                 format!("{} of {total} APIs installed; {message}", bound.len()),
+            ));
+        }
+        None if suspended => {
+            let paused: i32 = bound.iter().map(|b| b.paused_count).sum();
+            out.push(Desired::new(
+                types::SYNCED,
+                false,
+                reasons::PAUSED,
+                format!(
+                    "suspended (spec.suspend): {paused} object(s) paused, nothing is written for them until it is resumed; all APIs installed"
+                ),
             ));
         }
         None => out.push(Desired::new(
@@ -484,20 +503,61 @@ mod tests {
 
     #[test]
     fn the_conflict_count_adds_both_kinds() {
-        let conflicts = |foreign, owned_by_another| Conflicts {
+        let conflicts = |foreign, owned_by_another| Marks {
             foreign,
             owned_by_another,
+            paused: 7,
         };
         assert_eq!(conflicts(2, 3).total(), 5);
         assert_eq!(conflicts(0, 4).total(), 4);
         assert_eq!(conflicts(0, 0).total(), 0);
     }
 
-    fn bound(conflicts: Conflicts) -> ApiState {
+    /// A binding that is not suspended.
+    fn evaluate(states: &[(String, ApiState)]) -> (Vec<Desired<'static>>, Vec<BoundApi>) {
+        super::evaluate(states, false)
+    }
+
+    #[test]
+    fn a_suspended_binding_is_not_synced_and_counts_what_it_pauses() {
+        let paused = |paused| {
+            bound(Marks {
+                paused,
+                ..Marks::default()
+            })
+        };
+        let states = [("a.x".into(), paused(3)), ("b.x".into(), paused(4))];
+        let (out, bound) = super::evaluate(&states, true);
+        let synced = get(&out, "Synced");
+        assert_eq!((synced.status, synced.reason), (Status::False, "Paused"));
+        assert!(
+            synced.message.contains("7 object(s) paused"),
+            "{}",
+            synced.message
+        );
+        assert_eq!(bound[0].paused_count, 3);
+        assert_eq!(
+            get(&out, "Ready").status,
+            Status::True,
+            "suspending is not a fault"
+        );
+        // A problem says more than the pause; not suspended, the same counts are just counts.
+        let problem = [
+            ("a.x".into(), ApiState::NotExported),
+            ("b.x".into(), paused(4)),
+        ];
+        let (out, _) = super::evaluate(&problem, true);
+        assert_eq!(get(&out, "Synced").reason, "APINotExported");
+        let (out, bound) = evaluate(&states);
+        assert_eq!(get(&out, "Synced").status, Status::True);
+        assert_eq!(bound[1].paused_count, 4);
+    }
+
+    fn bound(marks: Marks) -> ApiState {
         ApiState::Bound {
             hash: "sha256:1".into(),
             in_sync: true,
-            conflicts,
+            marks,
             held: None,
             omitted: Vec::new(),
         }
@@ -512,7 +572,7 @@ mod tests {
         let drifted = ApiState::Bound {
             hash: "sha256:2".into(),
             in_sync: false,
-            conflicts: Conflicts::default(),
+            marks: Marks::default(),
             held: None,
             omitted: Vec::new(),
         };
@@ -532,7 +592,7 @@ mod tests {
             (
                 vec![
                     ("a.x", ApiState::Pending("waiting".into())),
-                    ("b.x", bound(Conflicts::default())),
+                    ("b.x", bound(Marks::default())),
                 ],
                 "Pending",
                 "a.x: waiting",
@@ -550,16 +610,18 @@ mod tests {
                 vec![
                     (
                         "a.x",
-                        bound(Conflicts {
+                        bound(Marks {
                             foreign: 2,
                             owned_by_another: 0,
+                            paused: 0,
                         }),
                     ),
                     (
                         "b.x",
-                        bound(Conflicts {
+                        bound(Marks {
                             foreign: 3,
                             owned_by_another: 0,
+                            paused: 0,
                         }),
                     ),
                 ],
@@ -572,16 +634,18 @@ mod tests {
                 vec![
                     (
                         "a.x",
-                        bound(Conflicts {
+                        bound(Marks {
                             foreign: 0,
                             owned_by_another: 1,
+                            paused: 0,
                         }),
                     ),
                     (
                         "b.x",
-                        bound(Conflicts {
+                        bound(Marks {
                             foreign: 0,
                             owned_by_another: 4,
+                            paused: 0,
                         }),
                     ),
                 ],
@@ -591,7 +655,7 @@ mod tests {
                 "5 object(s) conflict with provider objects owned by another consumer",
             ),
             (
-                vec![("a.x", drifted), ("b.x", bound(Conflicts::default()))],
+                vec![("a.x", drifted), ("b.x", bound(Marks::default()))],
                 reasons::AS_EXPECTED,
                 "",
                 Status::False,
@@ -625,8 +689,8 @@ mod tests {
     #[test]
     fn all_bound_is_ready_and_sorted() {
         let (out, bound) = evaluate(&[
-            ("widgets.example.org".into(), bound(Conflicts::default())),
-            ("gadgets.example.org".into(), bound(Conflicts::default())),
+            ("widgets.example.org".into(), bound(Marks::default())),
+            ("gadgets.example.org".into(), bound(Marks::default())),
         ]);
         assert_eq!(get(&out, "Ready").status, Status::True);
         assert_eq!(get(&out, "Synced").status, Status::True);
@@ -640,7 +704,7 @@ mod tests {
         // BIND-6, BIND-7
         let (out, bound) = evaluate(&[
             ("a.x".into(), ApiState::NotExported),
-            ("b.x".into(), bound(Conflicts::default())),
+            ("b.x".into(), bound(Marks::default())),
         ]);
         let ready = get(&out, "Ready");
         assert_eq!(
@@ -656,7 +720,7 @@ mod tests {
         // QRK-17 fixed
         let (out, bound) = evaluate(&[
             ("a.x".into(), ApiState::Forbidden("denied".into())),
-            ("b.x".into(), bound(Conflicts::default())),
+            ("b.x".into(), bound(Marks::default())),
         ]);
         assert_eq!(get(&out, "PermissionDenied").status, Status::True);
         assert_eq!(get(&out, "Ready").reason, "Forbidden");
@@ -676,7 +740,7 @@ mod tests {
         };
         let huge = ApiState::Pending("x".repeat(10_000));
         let states = vec![
-            ("ok.x".to_owned(), bound(Conflicts::default())),
+            ("ok.x".to_owned(), bound(Marks::default())),
             ("cs.x".to_owned(), ApiState::ClusterScopedInBinding),
             ("ne.x".to_owned(), ApiState::NotExported),
             ("mv.x".to_owned(), moving),
@@ -791,7 +855,7 @@ mod tests {
                     "the consumer CRD certificates.cert-manager.io was not created by kbind".into(),
                 ),
             ),
-            ("b.x".into(), bound(Conflicts::default())),
+            ("b.x".into(), bound(Marks::default())),
         ]);
         let ready = get(&out, "Ready");
         assert_eq!(
@@ -824,16 +888,17 @@ mod tests {
     #[test]
     fn conflict_reason_matches_the_kind_and_does_not_unready() {
         // BIND-10 without QRK-4, BIND-11
-        let foreign = Conflicts {
+        let foreign = Marks {
             foreign: 2,
             owned_by_another: 0,
+            paused: 0,
         };
         let (out, bound) = evaluate(&[(
             "a.x".into(),
             ApiState::Bound {
                 hash: "h".into(),
                 in_sync: true,
-                conflicts: foreign,
+                marks: foreign,
                 held: None,
                 omitted: Vec::new(),
             },
@@ -841,16 +906,17 @@ mod tests {
         assert_eq!(get(&out, "Conflicts").reason, "ForeignObjectExists");
         assert_eq!(get(&out, "Ready").status, Status::True);
         assert_eq!(bound[0].conflict_count, 2);
-        let other = Conflicts {
+        let other = Marks {
             foreign: 0,
             owned_by_another: 1,
+            paused: 0,
         };
         let (out, _) = evaluate(&[(
             "a.x".into(),
             ApiState::Bound {
                 hash: "h".into(),
                 in_sync: true,
-                conflicts: other,
+                marks: other,
                 held: None,
                 omitted: Vec::new(),
             },
@@ -860,7 +926,7 @@ mod tests {
 
     #[test]
     fn apis_a_cluster_binding_covers_are_named() {
-        let (mut out, _) = evaluate(&[("a.x".into(), bound(Conflicts::default()))]);
+        let (mut out, _) = evaluate(&[("a.x".into(), bound(Marks::default()))]);
         note_precedence(&mut out, &[("a.x".into(), "everything".into())]);
         let ready = get(&out, "Ready");
         assert_eq!(ready.status, Status::True);
@@ -881,7 +947,7 @@ mod tests {
         for other in ["PermissionDenied", "SchemaInSync", "Conflicts"] {
             assert_eq!(get(&out, other).message, "", "{other}");
         }
-        let (mut untouched, _) = evaluate(&[("a.x".into(), bound(Conflicts::default()))]);
+        let (mut untouched, _) = evaluate(&[("a.x".into(), bound(Marks::default()))]);
         note_precedence(&mut untouched, &[]);
         assert_eq!(get(&untouched, "Ready").message, "");
     }
@@ -891,7 +957,7 @@ mod tests {
         let state = |in_sync: bool, omitted: &[&str]| ApiState::Bound {
             hash: "sha256:1".into(),
             in_sync,
-            conflicts: Conflicts::default(),
+            marks: Marks::default(),
             held: None,
             omitted: omitted.iter().map(|o| (*o).to_owned()).collect(),
         };
@@ -956,7 +1022,7 @@ mod tests {
         let held = |changes: Vec<String>| ApiState::Bound {
             hash: "sha256:00000000000000000000000000000000000000000000000000000000000000aa".into(),
             in_sync: false,
-            conflicts: Conflicts::default(),
+            marks: Marks::default(),
             held: Some(Held {
                 hash: "sha256:00000000000000000000000000000000000000000000000000000000000000aa"
                     .into(),
@@ -982,7 +1048,7 @@ mod tests {
             })
             .collect();
         let states = vec![
-            ("ok.x".to_owned(), bound(Conflicts::default())),
+            ("ok.x".to_owned(), bound(Marks::default())),
             ("w.x".to_owned(), held(long)),
         ];
         let (conds, bound_apis) = evaluate(&states);
@@ -1024,7 +1090,7 @@ mod tests {
             ApiState::Bound {
                 hash: "h".into(),
                 in_sync: false,
-                conflicts: Conflicts::default(),
+                marks: Marks::default(),
                 held: None,
                 omitted: Vec::new(),
             },

@@ -57,6 +57,13 @@ pub struct BindingSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), transform = schema::atomic_list)]
     pub related_resources: Vec<RelatedResource>,
+
+    /// `true` pauses everything the binding covers — its objects and their related Secrets and
+    /// ConfigMaps: kbind writes nothing for them on either cluster until it is `false` again
+    /// (deleting an object still runs its deletion). Each object's delivery record says
+    /// `Paused`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
 }
 
 impl BindingSpec {
@@ -75,6 +82,7 @@ impl BindingSpec {
                 .collect(),
             conflict_policy: ConflictPolicy::default(),
             related_resources: Vec::new(),
+            suspend: false,
         }
     }
 }
@@ -244,6 +252,10 @@ pub struct BoundApi {
     /// Instances with a recorded conflict.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub conflict_count: i32,
+    /// Instances kbind leaves alone: those with the `core.kbind.io/paused` annotation, or every
+    /// one the binding covers while it is suspended.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub paused_count: i32,
 }
 
 /// The state of one API of a binding.

@@ -192,6 +192,22 @@ impl Worker {
             return RESYNC;
         };
         let spec = binding.spec();
+        // Suspended: nothing copied, nothing deleted, until it is resumed.
+        if spec.suspend {
+            let message = "the binding is suspended (spec.suspend): no related copy is written or deleted until it is resumed";
+            self.report(
+                &binding,
+                Desired::new(
+                    types::RELATED_RESOURCES_SYNCED,
+                    false,
+                    reasons::PAUSED,
+                    message,
+                ),
+                0,
+            )
+            .await;
+            return RESYNC;
+        }
         let entries: Result<Vec<Entry>, String> = spec
             .related_resources
             .iter()

@@ -88,6 +88,8 @@ pub fn waiting(f: &Facts<'_>) -> Option<(Waiting, Option<Seconds>)> {
             State::Rejected => Some((Waiting::Rejected, since(r))),
             State::Forbidden => Some((Waiting::Forbidden, since(r))),
             State::Pending => Some((Waiting::Pending, since(r))),
+            // The user holds it: not waiting on kbind.
+            State::Paused => None,
             State::Synced | State::Other
                 if r.generation.map(std::num::NonZeroI64::get) != f.generation =>
             {
@@ -169,12 +171,21 @@ mod tests {
         let rejected = record(State::Rejected, 2, Some(800));
         let forbidden = record(State::Forbidden, 2, None);
         let foreign = record(State::Other, 3, None);
+        let paused = record(State::Paused, 2, None);
         type Want = Option<(Waiting, Option<Seconds>)>;
         let cases: Vec<(&str, Facts, Want)> = vec![
             (
                 "delivered",
                 Facts {
                     record: Some(&synced),
+                    ..base
+                },
+                None,
+            ),
+            (
+                "paused, a newer generation held back: not waiting on kbind",
+                Facts {
+                    record: Some(&paused),
                     ..base
                 },
                 None,

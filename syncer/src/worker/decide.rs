@@ -31,6 +31,15 @@ pub struct Facts<'a> {
     pub has_finalizer: bool,
     /// The conflict annotation the consumer object carries.
     pub conflict: Option<&'a str>,
+    /// The user paused the object (its annotation, or its binding's `spec.suspend`).
+    pub paused: Option<Paused>,
+}
+
+/// A paused object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paused {
+    /// Its delivery record says so already (or its CRD keeps no record): nothing to write.
+    pub recorded: bool,
 }
 
 /// How the spec goes up.
@@ -59,6 +68,8 @@ pub enum Step {
         /// The annotation did not say so yet.
         announce: bool,
     },
+    /// The user paused it: no write on either side but the delivery record saying so, once.
+    Paused(Paused),
     /// QRK-13: the copy is terminating; look again once it is gone.
     WaitForTerminatingCopy,
     /// KEY-10: the finalizer goes on before the first provider write.
@@ -81,6 +92,11 @@ pub fn decide(facts: &Facts<'_>) -> Step {
     let Some(policy) = facts.bound else {
         return Step::Idle;
     };
+    // Paused wins over everything but a deletion: no finalizer, no conflict annotation, no
+    // provider write while the user holds it.
+    if let Some(paused) = facts.paused {
+        return Step::Paused(paused);
+    }
     if let Some(copy) = facts.copy {
         if let Decision::Conflict(reason) = ownership::decide(copy.owner, policy) {
             return Step::Conflict {
@@ -128,6 +144,7 @@ pub fn rest(step: Step, status_current: impl FnOnce() -> bool) -> Rest {
         Step::Conflict {
             announce: false, ..
         } => Rest::Stands(SyncState::Conflict),
+        Step::Paused(Paused { recorded: true }) => Rest::Stands(SyncState::Paused),
         Step::Sync {
             clear_conflict: false,
             spec_up: None,
@@ -165,6 +182,14 @@ mod tests {
             copy,
             has_finalizer,
             conflict,
+            paused: None,
+        }
+    }
+
+    fn paused(facts: Facts<'_>, recorded: bool) -> Facts<'_> {
+        Facts {
+            paused: Some(Paused { recorded }),
+            ..facts
         }
     }
 
@@ -277,6 +302,40 @@ mod tests {
                 conflict(CONFLICT_OWNED_BY_ANOTHER, Owner::Another, true),
             ),
             (
+                "paused: nothing but the record, however far the sync got",
+                paused(facts(false, FAIL, ours(false), true, None), false),
+                Step::Paused(Paused { recorded: false }),
+            ),
+            (
+                "paused before the finalizer: none is added",
+                paused(facts(false, FAIL, None, false, None), true),
+                Step::Paused(Paused { recorded: true }),
+            ),
+            (
+                "paused over a conflict: the annotation stays as it is",
+                paused(
+                    facts(
+                        false,
+                        FAIL,
+                        copy(Owner::Unmarked, false, false),
+                        false,
+                        Some(CONFLICT_OWNED_BY_ANOTHER),
+                    ),
+                    true,
+                ),
+                Step::Paused(Paused { recorded: true }),
+            ),
+            (
+                "paused and deleted: the deletion runs",
+                paused(facts(true, FAIL, ours(true), true, None), true),
+                Step::Delete,
+            ),
+            (
+                "paused but not bound: idle",
+                paused(facts(false, None, ours(true), true, None), false),
+                Step::Idle,
+            ),
+            (
                 "our copy terminating: wait",
                 facts(false, FAIL, copy(Owner::Ours, true, false), true, None),
                 Step::WaitForTerminatingCopy,
@@ -323,6 +382,18 @@ mod tests {
                 Rest::Work,
             ),
             ("no finalizer", Step::AddFinalizer, true, Rest::Work),
+            (
+                "paused, recorded",
+                Step::Paused(Paused { recorded: true }),
+                false,
+                Rest::Stands(SyncState::Paused),
+            ),
+            (
+                "paused, not recorded yet",
+                Step::Paused(Paused { recorded: false }),
+                false,
+                Rest::Work,
+            ),
             (
                 "create",
                 sync(false, Some(SpecUp::Create)),

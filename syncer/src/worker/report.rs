@@ -69,6 +69,7 @@ pub(super) fn forget(worker: &Worker) {
     for gauge in [
         &ctx.metrics.synced_objects,
         &ctx.metrics.conflicts,
+        &ctx.metrics.paused_objects,
         &ctx.metrics.work_queue_depth,
     ] {
         let _ = gauge.remove_label_values(&[api]);

@@ -197,7 +197,7 @@ impl Worker {
     /// Records where `object` stands (`None`: neither synced nor conflicting) and updates the
     /// per-API gauges.
     pub(super) fn mark(&self, object: &Instance, state: Option<SyncState>) {
-        let (synced, conflicts) = {
+        let counts = {
             let mut states = self.states.locked();
             states.set(
                 object.metadata.namespace.as_deref(),
@@ -207,16 +207,14 @@ impl Worker {
             states.counts()
         };
         let api = self.spec.api.as_str();
-        self.ctx
-            .metrics
-            .synced_objects
-            .with_label_values(&[api])
-            .set(synced as f64);
-        self.ctx
-            .metrics
-            .conflicts
-            .with_label_values(&[api])
-            .set(conflicts as f64);
+        let metrics = &self.ctx.metrics;
+        for (gauge, count) in [
+            (&metrics.synced_objects, counts.synced),
+            (&metrics.conflicts, counts.conflicts),
+            (&metrics.paused_objects, counts.paused),
+        ] {
+            gauge.with_label_values(&[api]).set(count as f64);
+        }
     }
 
     /// Stopping: no new sync starts, the ones in flight finish (at most 5 s), then the worker

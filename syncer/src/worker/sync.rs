@@ -14,7 +14,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use serde_json::json;
 
-use super::decide::{Copy, Facts, Rest, SpecUp, Step, decide, rest};
+use super::decide::{Copy, Facts, Paused, Rest, SpecUp, Step, decide, rest};
 use super::pending;
 use super::pending::Seen;
 use super::state::{Worker, WorkerSpec, object_key};
@@ -59,6 +59,14 @@ pub(super) async fn sync(
                 worker.count("spec_up", "conflict");
             }
             worker.mark(&object, Some(SyncState::Conflict));
+            return Ok(Action::await_change());
+        }
+        Step::Paused(_) => {
+            // The one write a pause costs: the record saying so (none once it does).
+            if let Some(status) = paused_status(&worker, &object) {
+                status_down(&worker, &object, status, "record").await?;
+            }
+            worker.mark(&object, Some(SyncState::Paused));
             return Ok(Action::await_change());
         }
         Step::WaitForTerminatingCopy => {
@@ -254,15 +262,18 @@ pub(super) async fn sync(
 /// The facts a sync of `object` decides from, with `copy` the provider copy the cache holds.
 fn facts<'a>(worker: &Worker, object: &'a Instance, copy: Option<&ProviderCopy>) -> Facts<'a> {
     // SYNC-14: cluster-scoped instances sync only under a ClusterBinding (the resolver ensures it).
-    let bound = worker
+    let resolution = worker
         .ctx
         .resolve(
             &worker.spec.connection,
             &worker.spec.api,
             object.metadata.namespace.as_deref(),
         )
-        .filter(|r| r.is_bound())
-        .map(|r| r.conflict_policy);
+        .filter(|r| r.is_bound());
+    let bound = resolution.as_ref().map(|r| r.conflict_policy);
+    let paused = pause_message(object, resolution.as_ref()).map(|message| Paused {
+        recorded: paused_record(worker, object, &message).is_none(),
+    });
     let object_uid = object.metadata.uid.as_deref().unwrap_or_default();
     Facts {
         deleting: object.metadata.deletion_timestamp.is_some(),
@@ -277,7 +288,57 @@ fn facts<'a>(worker: &Worker, object: &'a Instance, copy: Option<&ProviderCopy>)
             .annotations()
             .get(keys::CONFLICT_ANNOTATION)
             .map(String::as_str),
+        paused,
     }
+}
+
+/// Why the user paused `object`, if they did: its own `core.kbind.io/paused: "true"`, else its
+/// binding's `spec.suspend`.
+fn pause_message(
+    object: &Instance,
+    resolution: Option<&kbind_shared::resolve::Resolution>,
+) -> Option<String> {
+    let annotated = object
+        .annotations()
+        .get(keys::PAUSED_ANNOTATION)
+        .map(String::as_str);
+    if annotated == Some(keys::TRUE) {
+        return Some(format!(
+            "paused by its {} annotation: kbind neither writes its spec to the provider nor copies the provider's status until the annotation is removed",
+            keys::PAUSED_ANNOTATION
+        ));
+    }
+    let binding = resolution.filter(|r| r.suspended)?;
+    let described = match &binding.namespace {
+        Some(namespace) => format!("Binding {namespace}/{}", binding.name),
+        None => format!("ClusterBinding {}", binding.name),
+    };
+    Some(format!(
+        "{described} is suspended (spec.suspend): kbind writes nothing for the objects it covers until it is resumed"
+    ))
+}
+
+/// The status that records `object` as paused, when it does not say so already (`None`: nothing
+/// to write — the record says so, or its CRD keeps no record).
+fn paused_record(worker: &Worker, object: &Instance, message: &str) -> Option<serde_json::Value> {
+    if !worker.spec.has_delivery || !worker.spec.has_status_subresource {
+        return None;
+    }
+    let current = object.status.as_ref().map(Json::value);
+    let record = delivery::paused(delivery::record_of(current.as_ref()), message);
+    let status = delivery::with_record(current.as_ref(), &record);
+    (current.as_ref() != Some(&status)).then_some(status)
+}
+
+/// [`paused_record`] with the message of why `object` is paused now.
+fn paused_status(worker: &Worker, object: &Instance) -> Option<serde_json::Value> {
+    let resolution = worker.ctx.resolve(
+        &worker.spec.connection,
+        &worker.spec.api,
+        object.metadata.namespace.as_deref(),
+    );
+    let message = pause_message(object, resolution.as_ref())?;
+    paused_record(worker, object, &message)
 }
 
 /// The status a sync leaves on `object` (SYNC-9): the provider's `provider_status` with, where

@@ -88,6 +88,8 @@ pub struct ApiRow {
     pub conflicts: u64,
     pub rejected: u64,
     pub forbidden: u64,
+    /// Held by the user: their annotation, or a suspended binding (not waiting on kbind).
+    pub paused: u64,
     /// In no binding's scope (e.g. a namespace no Binding covers): not kbind's to sync.
     pub not_bound: u64,
     /// How long the oldest change not delivered yet has waited.
@@ -113,6 +115,8 @@ pub enum Delivery {
     Rejected,
     /// kbind's credential may not write it.
     Forbidden,
+    /// The user paused it (its record says so).
+    Paused,
     /// No binding covers it.
     NotBound,
 }
@@ -152,6 +156,8 @@ pub fn object_view(object: &DynamicObject, bound: bool, now: jiff::Timestamp) ->
         Delivery::Rejected
     } else if state == delivery::FORBIDDEN {
         Delivery::Forbidden
+    } else if state == delivery::PAUSED {
+        Delivery::Paused
     } else if state == delivery::SYNCED
         && delivered.is_some()
         && delivered >= object.metadata.generation
@@ -169,9 +175,12 @@ pub fn object_view(object: &DynamicObject, bound: bool, now: jiff::Timestamp) ->
     };
     ObjectView {
         delivery,
-        waiting: (!matches!(delivery, Delivery::Synced | Delivery::NotBound))
-            .then_some(since_change)
-            .flatten(),
+        waiting: (!matches!(
+            delivery,
+            Delivery::Synced | Delivery::NotBound | Delivery::Paused
+        ))
+        .then_some(since_change)
+        .flatten(),
         lag,
     }
 }
@@ -185,6 +194,7 @@ pub fn count(row: &mut ApiRow, lags: &mut Vec<u64>, object: ObjectView) {
         Delivery::Conflict => row.conflicts += 1,
         Delivery::Rejected => row.rejected += 1,
         Delivery::Forbidden => row.forbidden += 1,
+        Delivery::Paused => row.paused += 1,
         Delivery::NotBound => row.not_bound += 1,
     }
     if object.delivery == Delivery::Pending {
@@ -462,6 +472,7 @@ pub fn render(report: &Report) -> String {
                     a.conflicts.to_string(),
                     a.rejected.to_string(),
                     a.forbidden.to_string(),
+                    a.paused.to_string(),
                     a.not_bound.to_string(),
                     view::maybe_age(a.oldest_pending_seconds),
                     view::maybe_age(a.lag_p50_seconds),
@@ -481,6 +492,7 @@ pub fn render(report: &Report) -> String {
             "CONFLICTS",
             "REJECTED",
             "FORBIDDEN",
+            "PAUSED",
             "NOT-BOUND",
             "OLDEST-PENDING",
             "LAG-P50",
@@ -577,6 +589,13 @@ mod tests {
                 false,
                 (Delivery::NotBound, None, None),
             ),
+            (
+                3,
+                json!({"state": "Paused", "generation": 2, "message": "held"}),
+                none.clone(),
+                true,
+                (Delivery::Paused, None, None),
+            ),
         ] {
             let seen = object_view(&object(generation, record.clone(), annotations), bound, now);
             assert_eq!(
@@ -614,6 +633,7 @@ mod tests {
             view(Delivery::Rejected, Some(7), None),
             view(Delivery::Forbidden, Some(7), None),
             view(Delivery::NotBound, None, None),
+            view(Delivery::Paused, None, None),
         ] {
             count(&mut row, &mut lags, object);
         }
@@ -621,12 +641,13 @@ mod tests {
         assert_eq!(
             row,
             ApiRow {
-                objects: 9,
+                objects: 10,
                 synced: 3,
                 pending: 2,
                 conflicts: 1,
                 rejected: 1,
                 forbidden: 1,
+                paused: 1,
                 not_bound: 1,
                 oldest_pending_seconds: Some(90),
                 lag_p50_seconds: Some(2),

@@ -127,10 +127,17 @@ async fn revoked_credentials_give_forbidden_events_and_recover_when_granted_agai
     // SYNC-10, bad input: credentials revoked mid-run.
     let s = SyncEnv::start("resilience_forbidden", &[0, 1, 2], None).await;
     ready(&s).await;
+    // The worker runs with the admin's credential first (a Ready binding does not say the syncer
+    // started it yet: switched before, the first worker would already use the new one).
+    let log = s.env.dir().join("syncer-0.log");
+    wait_for("the first sync worker", 30, || async {
+        let text = std::fs::read_to_string(&log).map_err(|e| e.to_string())?;
+        Ok(text.contains("starting sync worker").then_some(()))
+    })
+    .await;
     // The Secret holds a restricted user that may do everything kbind needs.
     switch_to_granted(&s, "limited").await;
     // The syncer picks up new credentials (it watches the Secret) by rebuilding its worker.
-    let log = s.env.dir().join("syncer-0.log");
     wait_for(
         "the worker to be rebuilt with the new credential",
         30,

@@ -246,8 +246,15 @@ impl Context {
 /// Why a reconcile did not finish, as every controller counts and logs it.
 pub trait ReconcileError: std::fmt::Display {
     /// A low-cardinality label for logs and `kbind_reconcile_errors_total`; `None` for a drain
-    /// wait, which is how a deletion normally proceeds, not a failed reconcile (#33.9).
+    /// wait, which is how a deletion normally proceeds, and for a write that [`raced`] another,
+    /// which is retried at once: neither is a failed reconcile (#33.9).
     fn metric_label(&self) -> Option<&'static str>;
+}
+
+/// Whether a consumer write failed only because it raced with another (409: the object changed
+/// since it was read); the controllers retry it at once.
+pub fn raced(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.is_conflict())
 }
 
 impl Context {
@@ -344,4 +351,26 @@ where
         finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
         e => E::from(Box::new(e)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_a_conflict_is_a_race() {
+        let answer = |code: u16, reason: &str| {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("", reason).with_code(code),
+            ))
+        };
+        assert!(super::raced(&answer(409, "Conflict")));
+        for (code, reason) in [
+            (409, "AlreadyExists"),
+            (403, "Forbidden"),
+            (404, "NotFound"),
+            (422, "Invalid"),
+            (500, "InternalError"),
+        ] {
+            assert!(!super::raced(&answer(code, reason)), "{code} {reason}");
+        }
+    }
 }

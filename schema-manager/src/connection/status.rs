@@ -38,6 +38,7 @@ impl crate::context::ReconcileError for Error {
     fn metric_label(&self) -> Option<&'static str> {
         Some(match self {
             Error::Draining(_) => return None,
+            Error::Consumer(e) if crate::context::raced(e) => return None,
             Error::Consumer(_) => "consumer",
             Error::LocalIdentity(_) => "local_identity",
             Error::Provider(_) => "provider",

@@ -5,7 +5,9 @@
 //! - `plan` says which CRDs a file would create or change (breaking or not), which objects would
 //!   start syncing and which conflict — and both API servers serve no write while it runs;
 //! - `doctor` finds what a restricted provider credential lacks and prints RBAC that, applied,
-//!   fixes it.
+//!   fixes it;
+//! - `diff` compares one object with its provider copy — in sync, refused, fixed, then changed
+//!   while kbind is stopped — and both API servers serve no write while it runs.
 
 use std::path::Path;
 use std::time::Duration;
@@ -610,4 +612,226 @@ async fn one_doctor_run_on_a_credential_with_nothing_prints_exactly_what_it_need
     .await;
     let fixed = plugin(&kubeconfig, &["doctor", "provider"]).await;
     assert_eq!(fixed.code, 0, "{fixed}");
+}
+
+/// Waits until team-a's Widget `name` on the consumer has a delivery record in `state` for
+/// `generation`.
+async fn wait_record(consumer: &Client, name: &str, state: &str, generation: i64) {
+    wait_object(
+        &widgets(consumer, "team-a"),
+        name,
+        &format!("{name}'s record to say {state} for generation {generation}"),
+        30,
+        |w| {
+            let record = &w.data["status"]["kbindSync"];
+            record["state"] == state && record["generation"] == generation
+        },
+    )
+    .await;
+}
+
+/// The field owners of one side of a diff report with `field` among their fields.
+fn owners_of(side: &Value, field: &str) -> Vec<String> {
+    side["owners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["fields"].as_array().unwrap().iter().any(|f| f == field))
+        .map(|o| o["manager"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn diff_shows_an_object_against_its_provider_copy_and_changes_nothing() {
+    let mut s = SyncEnv::start("plugin-diff", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
+    wait_record(&s.consumer, "w1", "Synced", 1).await;
+    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+    let diff = |args: &'static [&'static str]| {
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            let mut all = vec!["diff", "widget/w1", "-n", "team-a"];
+            all.extend_from_slice(args);
+            plugin(&kubeconfig, &all).await
+        }
+    };
+
+    // In sync: the same fields on both sides, each copy's identity as the API servers hold it.
+    let run = diff(&["-o", "json"]).await;
+    assert_eq!(run.code, 0, "{run}");
+    let report = run.json();
+    let consumer_w1 = widgets(&s.consumer, "team-a").get("w1").await.unwrap();
+    let provider_w1 = widgets(&s.provider, "team-a").get("w1").await.unwrap();
+    let connection = Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .get("provider")
+        .await
+        .unwrap();
+    let pinned = connection.status.unwrap().remote_cluster_uid;
+    assert_eq!(report["identical"], true, "{report:#}");
+    assert_eq!(report["diff"], "", "{report:#}");
+    assert_eq!(report["api"], API);
+    assert_eq!(report["connection"], "provider");
+    assert_eq!(report["consumer"]["uid"], json!(consumer_w1.metadata.uid));
+    assert_eq!(report["consumer"]["generation"], 1);
+    let copy = &report["provider"]["copy"];
+    assert_eq!(copy["uid"], json!(provider_w1.metadata.uid), "{report:#}");
+    assert_eq!(
+        copy["resourceVersion"],
+        json!(provider_w1.metadata.resource_version)
+    );
+    assert_eq!(copy["ownership"], "Ours");
+    assert_eq!(report["provider"]["pin"]["verdict"], "matches");
+    assert_eq!(report["provider"]["cluster"], json!(pinned));
+    assert_eq!(report["provider"]["pinnedCluster"], json!(pinned));
+    assert_eq!(
+        copy["appliedAt"],
+        json!(kbind_shared::delivery::applied_at(&provider_w1.metadata))
+    );
+    assert_eq!(report["delivery"]["state"], "Synced");
+    assert_eq!(report["delivery"]["generation"], 1);
+    assert_eq!(report["lastRefusal"], Value::Null, "{report:#}");
+    // Who owns what: kbind the provider copy's size, the test's own client the consumer's size,
+    // kbind's syncer the consumer's finalizer and delivery record.
+    assert_eq!(
+        owners_of(copy, ".spec.size"),
+        ["kbind-konnector"],
+        "{report:#}"
+    );
+    let consumer_size = owners_of(&report["consumer"], ".spec.size");
+    assert_eq!(consumer_size.len(), 1, "{report:#}");
+    assert_ne!(consumer_size[0], "kbind-konnector");
+    assert_eq!(
+        owners_of(
+            &report["consumer"],
+            ".metadata.finalizers[=\"core.kbind.io/syncer\"]"
+        ),
+        ["kbind-konnector"],
+        "{report:#}"
+    );
+    assert_eq!(
+        owners_of(&report["consumer"], ".status.kbindSync.state"),
+        ["kbind-konnector"],
+        "{report:#}"
+    );
+    let text = diff(&[]).await;
+    assert_eq!(text.code, 0, "{text}");
+    assert!(
+        text.stdout
+            .contains("no differences in the fields kbind syncs"),
+        "{text}"
+    );
+
+    // Refused: the provider's schema caps the size at 10, the consumer asks for 50.
+    let mut strict = widget_crd();
+    strict.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": { "type": "object", "properties": {
+        "spec": { "type": "object", "properties": { "size": { "type": "integer", "maximum": 10 } } },
+        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+    }}}))
+    .unwrap();
+    install_crd(&s.provider, &strict).await.unwrap();
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 50 } })).await;
+    wait_record(&s.consumer, "w1", "Rejected", 1).await;
+    let run = diff(&["-o", "json"]).await;
+    assert_eq!(run.code, 1, "a copy that differs asks for attention: {run}");
+    let report = run.json();
+    assert_eq!(report["identical"], false);
+    let lines: Vec<&str> = report["diff"].as_str().unwrap().lines().collect();
+    for line in [
+        "--- provider Widget team-a/w1",
+        "+++ consumer Widget team-a/w1",
+        "-  size: 1",
+        "+  size: 50",
+    ] {
+        assert!(lines.contains(&line), "{line:?} in {report:#}");
+    }
+    assert_eq!(report["consumer"]["generation"], 2);
+    assert_eq!(report["delivery"]["generation"], 1);
+    let refusal = &report["lastRefusal"];
+    assert_eq!(
+        (&refusal["state"], &refusal["source"]),
+        (&json!("Rejected"), &json!("record")),
+        "{report:#}"
+    );
+    assert!(
+        refusal["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("less than or equal to 10")),
+        "{report:#}"
+    );
+
+    // Fixed: in sync again; the refusal is now known from kbind's Warning Event.
+    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 5 } })).await;
+    wait_record(&s.consumer, "w1", "Synced", 3).await;
+    let run = diff(&["-o", "json"]).await;
+    assert_eq!(run.code, 0, "{run}");
+    let report = run.json();
+    assert_eq!(report["identical"], true, "{report:#}");
+    let refusal = &report["lastRefusal"];
+    assert_eq!(
+        (&refusal["state"], &refusal["source"]),
+        (&json!("Rejected"), &json!("event")),
+        "{report:#}"
+    );
+    assert!(
+        refusal["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("less than or equal to 10")),
+        "{report:#}"
+    );
+
+    // kbind stopped, the consumer changed: the diff shows the change and writes nothing.
+    let (manager, syncer) = (s.manager.index, s.syncer.index);
+    s.env.process(manager).kill();
+    s.env.process(syncer).kill();
+    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 7 } })).await;
+    let before = quiet_writes(&s.consumer, &s.provider).await;
+    let json_run = diff(&["-o", "json"]).await;
+    let text = diff(&[]).await;
+    let missing = plugin(&kubeconfig, &["diff", "widget/nope", "-n", "team-a"]).await;
+    let unknown = plugin(&kubeconfig, &["diff", "pods/x"]).await;
+    let after = (
+        apiserver_writes(&s.consumer).await.unwrap(),
+        apiserver_writes(&s.provider).await.unwrap(),
+    );
+    assert_eq!(
+        (
+            new_writes(&before.0, &after.0),
+            new_writes(&before.1, &after.1)
+        ),
+        (Vec::new(), Vec::new()),
+        "writes during the diffs (consumer, provider)"
+    );
+    assert_eq!(json_run.code, 1, "{json_run}");
+    assert_eq!(json_run.json()["consumer"]["generation"], 4);
+    assert_eq!(text.code, 1, "{text}");
+    for line in ["-  size: 5", "+  size: 7"] {
+        assert!(text.stdout.lines().any(|l| l == line), "{line:?} in {text}");
+    }
+    assert!(
+        text.stdout
+            .lines()
+            .any(|l| l.starts_with("SIDE ") && l.contains("MANAGER") && l.contains("FIELDS")),
+        "{text}"
+    );
+    assert!(
+        text.stdout.lines().any(|l| l.starts_with("provider ")
+            && l.contains("kbind-konnector")
+            && l.contains(".spec.size")),
+        "{text}"
+    );
+    assert_eq!(missing.code, 2, "{missing}");
+    assert!(
+        missing.stderr.contains("Widget team-a/nope does not exist"),
+        "{missing}"
+    );
+    assert_eq!(unknown.code, 2, "{unknown}");
+    assert!(
+        unknown
+            .stderr
+            .contains("no API kbind serves here is called \"pods\""),
+        "{unknown}"
+    );
 }

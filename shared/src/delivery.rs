@@ -38,6 +38,18 @@ impl Refusal {
             Refusal::Rejected => REJECTED,
         }
     }
+
+    /// The reason of the Warning Event the syncer records on the consumer object for it (once
+    /// per refusal): what `kubectl kbind diff` looks for as the last refusal.
+    pub fn event_reason(self) -> &'static str {
+        match self {
+            Refusal::Forbidden => "Forbidden",
+            Refusal::Rejected => "ProviderRejected",
+        }
+    }
+
+    /// Every refusal.
+    pub const ALL: [Refusal; 2] = [Refusal::Forbidden, Refusal::Rejected];
 }
 
 /// Tells an API server's refusal apart by what it says, not by its code alone: admission

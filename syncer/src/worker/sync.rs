@@ -426,7 +426,7 @@ async fn status_down(
         .consumer_api(object.namespace().as_deref())
         .patch_status(
             &object.name_any(),
-            &PatchParams::default(),
+            &super::writes::consumer_patch(),
             &Patch::Merge(&patch),
         )
         .await
@@ -485,7 +485,7 @@ async fn forbidden_or(
             Some(delivery::Refusal::Forbidden) => Some((
                 "forbidden",
                 delivery::FORBIDDEN,
-                "Forbidden",
+                delivery::Refusal::Forbidden.event_reason(),
                 format!("cannot {operation}"),
             )),
             // The provider's validation or admission said no: tell the user why; other objects
@@ -493,7 +493,7 @@ async fn forbidden_or(
             Some(delivery::Refusal::Rejected) => Some((
                 "rejected",
                 delivery::REJECTED,
-                "ProviderRejected",
+                delivery::Refusal::Rejected.event_reason(),
                 "the provider rejected the object".to_owned(),
             )),
             None => None,

@@ -64,6 +64,16 @@ pub fn result_label(error: &kube::Error) -> &'static str {
     }
 }
 
+/// The parameters of kbind's merge patches of consumer objects (finalizer, conflict annotation,
+/// status): its own field manager, so that `managedFields` — and `kubectl kbind diff` — tell
+/// kbind's fields apart from those of the user's clients.
+pub(super) fn consumer_patch() -> PatchParams {
+    PatchParams {
+        field_manager: Some(keys::FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
 impl Worker {
     /// Records, for the write of `op` that just delivered a change, the delay from the change to
     /// now in `kbind_sync_lag_seconds` and `kbind_sync_latency_seconds`: one observation per
@@ -144,11 +154,7 @@ impl Worker {
         self.fence()?;
         match self
             .consumer_api(object.namespace().as_deref())
-            .patch(
-                &object.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+            .patch(&object.name_any(), &consumer_patch(), &Patch::Merge(&patch))
             .await
         {
             Ok(written) => {
@@ -175,11 +181,7 @@ impl Worker {
         let patch = json!({ "metadata": { "annotations": { keys::CONFLICT_ANNOTATION: reason } } });
         self.fence()?;
         self.consumer_api(object.namespace().as_deref())
-            .patch(
-                &object.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+            .patch(&object.name_any(), &consumer_patch(), &Patch::Merge(&patch))
             .await
             .map(|written| self.wrote(object, &written))
             .map_err(Error::Consumer)

@@ -7,13 +7,16 @@
 //!   (breaking or not), consumer objects that would start syncing, conflicts waiting on the
 //!   provider — computed with the schema manager's own decisions and only reads on both clusters;
 //! - `doctor <connection>`: the provider credential checked against everything kbind needs, per
-//!   verb and resource, and what is missing as RBAC ready to apply.
+//!   verb and resource, and what is missing as RBAC ready to apply;
+//! - `diff <kind>/<name>`: one synced object against its provider copy — a unified diff of the
+//!   fields kbind syncs, who owns which field on each side, delivery, the last refusal.
 //!
 //! kubectl runs it with the user's environment, so it talks to the cluster `KUBECONFIG` (or
 //! `--kubeconfig`, `--context`) names: the consumer. Everything read from a cluster is printed
 //! through [`view::cell`] (control characters removed, length bounded).
 #![forbid(unsafe_code)]
 
+mod diff;
 mod doctor;
 mod plan;
 mod status;
@@ -71,6 +74,17 @@ enum Command {
     Doctor {
         /// The Connection's name.
         connection: String,
+    },
+    /// One synced object against its provider copy: a unified diff of the fields kbind syncs
+    /// (`-` the provider's, `+` what kbind would write), the field owners on both sides, the
+    /// delivered generation, the last refusal. Exits 1 when they differ. Changes nothing.
+    Diff {
+        /// `<kind>/<name>`: the kind as its plural, singular, kind or short name, optionally
+        /// with `.<group>`.
+        target: String,
+        /// The object's namespace (default: the kubeconfig context's).
+        #[arg(short, long)]
+        namespace: Option<String>,
     },
 }
 
@@ -138,6 +152,15 @@ async fn run(args: &Args) -> Result<Verdict, String> {
                 Verdict::Fine
             } else {
                 Verdict::Attention
+            })
+        }
+        Command::Diff { target, namespace } => {
+            let report = diff::gather(&consumer, target, namespace.as_deref(), transport).await?;
+            view::print(json, &report, diff::render)?;
+            Ok(if report.differs() {
+                Verdict::Attention
+            } else {
+                Verdict::Fine
             })
         }
     }

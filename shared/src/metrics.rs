@@ -70,6 +70,8 @@ pub struct Metrics {
     pub paused_objects: GaugeVec,
     /// `kbind_sync_operations_total{api,op,result}`
     pub sync_operations_total: IntCounterVec,
+    /// `kbind_provider_events_total{api,result}`
+    pub provider_events_total: IntCounterVec,
     /// `kbind_sync_latency_seconds{op}`
     pub sync_latency_seconds: HistogramVec,
     /// `kbind_work_queue_depth{api}`
@@ -231,6 +233,12 @@ impl Metrics {
                 "kbind_sync_operations_total",
                 "Writes by operation and outcome",
                 &["api", "op", "result"],
+            ),
+            provider_events_total: counter_vec(
+                &registry,
+                "kbind_provider_events_total",
+                "Provider Events about synced objects' copies that a binding asked for, by what kbind did with them",
+                &["api", "result"],
             ),
             sync_latency_seconds,
             work_queue_depth: gauge_vec(
@@ -561,6 +569,9 @@ mod tests {
         m.sync_operations_total
             .with_label_values(&["widgets.example.org", "spec_up", "ok"])
             .inc();
+        m.provider_events_total
+            .with_label_values(&["widgets.example.org", "mirrored"])
+            .inc();
         m.sync_latency_seconds
             .with_label_values(&["spec_up"])
             .observe(0.1);
@@ -581,6 +592,7 @@ mod tests {
             "kbind_conflicts",
             "kbind_paused_objects",
             "kbind_sync_operations_total",
+            "kbind_provider_events_total",
             "kbind_sync_latency_seconds_bucket",
             "kbind_work_queue_depth",
             "kbind_api_requests_total",

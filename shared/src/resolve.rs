@@ -59,6 +59,8 @@ pub struct Resolution {
     pub conflict_policy: ConflictPolicy,
     /// It is suspended (`spec.suspend`): everything it covers is paused.
     pub suspended: bool,
+    /// Which provider Events it wants copied onto the objects it covers (`spec.providerEvents`).
+    pub provider_events: Option<crate::api::ProviderEvents>,
 }
 
 impl Resolution {
@@ -96,6 +98,7 @@ fn resolution<B: BindingObject>(binding: &B, api: &str) -> Resolution {
         connection: spec.connection_ref.name.clone(),
         conflict_policy: spec.conflict_policy,
         suspended: spec.suspend,
+        provider_events: spec.provider_events.clone(),
     }
 }
 
@@ -172,6 +175,25 @@ pub fn within_access(mut resolution: Resolution, access: Option<&ConnectionAcces
     resolution.conflict_policy =
         access.conflict_policy(resolution.namespace.is_some(), resolution.conflict_policy);
     resolution
+}
+
+/// Whether any binding that names `connection` and lists `api` (and is not being deleted) asks
+/// for provider Events: only then does the syncer watch the provider's Events for the API.
+pub fn wants_provider_events<'a>(
+    connection: &str,
+    api: &str,
+    cluster_bindings: impl IntoIterator<Item = &'a ClusterBinding>,
+    bindings: impl IntoIterator<Item = &'a Binding>,
+) -> bool {
+    fn wants<B: BindingObject>(binding: &B, connection: &str, api: &str) -> bool {
+        covers(binding, api)
+            && binding.binding_spec().connection_ref.name == connection
+            && binding.binding_spec().provider_events.is_some()
+    }
+    cluster_bindings
+        .into_iter()
+        .any(|b| wants(b, connection, api))
+        || bindings.into_iter().any(|b| wants(b, connection, api))
 }
 
 #[cfg(test)]
@@ -403,9 +425,61 @@ mod tests {
                 connection: "p".into(),
                 conflict_policy: asked,
                 suspended: false,
+                provider_events: None,
             };
             let r = within_access(r, access);
             assert_eq!((r.is_bound(), r.conflict_policy), (bound, policy), "{case}");
         }
+    }
+
+    #[test]
+    fn provider_events_are_watched_only_while_a_binding_of_the_api_asks_for_them() {
+        let events = Some(crate::api::ProviderEvents {
+            types: vec![crate::api::ProviderEventType::Warning],
+            reasons: Vec::new(),
+        });
+        let cluster = |connection: &str, apis: &[&str], wants: bool| {
+            let mut spec = spec(connection, apis);
+            spec.provider_events = if wants { events.clone() } else { None };
+            ClusterBinding::new("c", ClusterBindingSpec::from(spec))
+        };
+        let namespaced = |connection: &str, apis: &[&str], wants: bool| {
+            let mut spec = spec(connection, apis);
+            spec.provider_events = if wants { events.clone() } else { None };
+            let mut b = Binding::new("b", spec);
+            b.metadata.namespace = Some("team-a".into());
+            b
+        };
+        let api = "widgets.example.org";
+        for (cluster_bindings, bindings, want) in [
+            (vec![], vec![], false),
+            (
+                vec![cluster("p", &[api], false)],
+                vec![namespaced("p", &[api], false)],
+                false,
+            ),
+            (vec![cluster("p", &[api], true)], vec![], true),
+            (vec![], vec![namespaced("p", &[api], true)], true),
+            // Another API, another Connection.
+            (
+                vec![cluster("p", &["gadgets.example.org"], true)],
+                vec![],
+                false,
+            ),
+            (
+                vec![cluster("q", &[api], true)],
+                vec![namespaced("q", &[api], true)],
+                false,
+            ),
+        ] {
+            assert_eq!(
+                wants_provider_events("p", api, &cluster_bindings, &bindings),
+                want,
+                "{cluster_bindings:?} {bindings:?}"
+            );
+        }
+        let mut deleting = cluster("p", &[api], true);
+        deleting.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        assert!(!wants_provider_events("p", api, [&deleting], []));
     }
 }

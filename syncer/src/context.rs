@@ -197,6 +197,19 @@ impl Context {
         ))
     }
 
+    /// Whether a binding asks for the provider's Events about `api`'s objects served through
+    /// `connection` ([`resolve::wants_provider_events`]).
+    pub fn wants_provider_events(&self, connection: &str, api: &str) -> bool {
+        let cluster_bindings = self.cluster_bindings.state();
+        let bindings = self.bindings.state();
+        resolve::wants_provider_events(
+            connection,
+            api,
+            cluster_bindings.iter().map(|b| b.as_ref()),
+            bindings.iter().map(|b| b.as_ref()),
+        )
+    }
+
     /// The Connection `name`, from the cache.
     pub fn connection(&self, name: &str) -> Option<Arc<Connection>> {
         self.connections.get(&ObjectRef::new(name))

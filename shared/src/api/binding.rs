@@ -64,6 +64,58 @@ pub struct BindingSpec {
     /// `Paused`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+
+    /// Which Events the provider records about an object's provider copy kbind copies onto the
+    /// consumer object (`kubectl describe` shows them). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_events: Option<ProviderEvents>,
+}
+
+/// Provider Events copied onto consumer objects: the types and reasons wanted. Each is copied
+/// once with its reason, its message capped, its source naming the Connection; a chatty
+/// provider is rate-limited per object.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderEvents {
+    /// The Event types to copy (default: `Warning` only).
+    #[serde(default = "ProviderEvents::warnings")]
+    #[schemars(length(min = 1, max = 2), transform = schema::atomic_list)]
+    pub types: Vec<ProviderEventType>,
+    /// Copy only Events with one of these reasons (exact, case-sensitive); empty: any reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 128)), transform = schema::atomic_list)]
+    pub reasons: Vec<String>,
+}
+
+impl ProviderEvents {
+    fn warnings() -> Vec<ProviderEventType> {
+        vec![ProviderEventType::Warning]
+    }
+
+    /// Whether an Event of `type_` with `reason` is wanted.
+    pub fn wants(&self, type_: &str, reason: &str) -> bool {
+        self.types.iter().any(|t| t.as_str() == type_)
+            && (self.reasons.is_empty() || self.reasons.iter().any(|r| r == reason))
+    }
+}
+
+/// An Event type.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ProviderEventType {
+    /// Something went wrong.
+    Warning,
+    /// Informational.
+    Normal,
+}
+
+impl ProviderEventType {
+    /// As an Event's `type` says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderEventType::Warning => "Warning",
+            ProviderEventType::Normal => "Normal",
+        }
+    }
 }
 
 impl BindingSpec {
@@ -83,6 +135,7 @@ impl BindingSpec {
             conflict_policy: ConflictPolicy::default(),
             related_resources: Vec::new(),
             suspend: false,
+            provider_events: None,
         }
     }
 }

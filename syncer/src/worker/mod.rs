@@ -5,7 +5,8 @@
 //! Its parts: [`state`] (the caches and what the worker has seen and written), [`feeds`] (the
 //! two watches that fill the caches and start syncs), [`sync`] (one object's sync: facts,
 //! [`decide`], the step's writes), [`writes`] (each write and what it leaves behind), [`report`]
-//! (the backlog gauges and objects per unit).
+//! (the backlog gauges and objects per unit), [`events`] (provider Events copied onto consumer
+//! objects, for the bindings that ask).
 
 use kbind_shared::sync::Locked;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ mod backlog;
 mod buckets;
 mod decide;
 mod echoes;
+mod events;
 mod feeds;
 mod pending;
 mod report;
@@ -81,6 +83,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         _ = controller => {}
         _ = worker.drain(&stop) => {}
         _ = report::gauges(&worker) => {}
+        _ = events::mirror(worker.clone()) => {}
     }
     report::forget(&worker);
 }

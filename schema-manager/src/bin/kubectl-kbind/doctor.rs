@@ -70,13 +70,15 @@ pub struct RelatedUse {
 /// the APIs the Connection's bindings list (`apis`: group and resource — taken from the bindings,
 /// so a failed discovery leaves nothing out), and read or write related Secrets/ConfigMaps where
 /// the bindings' entries use them (read where the provider is the source, write where it is the
-/// target; in a Binding's namespace, a ClusterBinding entry's listed namespaces, or everywhere).
+/// target; in a Binding's namespace, a ClusterBinding entry's listed namespaces, or everywhere),
+/// and — when a binding asks for them (`provider_events`) — watch the provider's Events.
 pub fn needs(
     source: SchemaSource,
     active: Option<ActiveSchemaSource>,
     lease_namespace: &str,
     apis: &[(String, String)],
     related: &[RelatedUse],
+    provider_events: bool,
 ) -> Vec<Need> {
     let mut out = vec![
         need(
@@ -202,6 +204,15 @@ pub fn needs(
             resource,
             namespace.as_deref(),
             &verbs,
+        ));
+    }
+    if provider_events {
+        out.push(need(
+            "copy provider Events onto consumer objects (spec.providerEvents)",
+            "",
+            "events",
+            None,
+            &["list", "watch"],
         ));
     }
     out
@@ -430,6 +441,11 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
             ),
         name,
     );
+    let provider_events = cluster_bindings
+        .iter()
+        .map(|b| &b.spec.binding)
+        .chain(bindings.iter().map(|b| &b.spec))
+        .any(|spec| spec.connection_ref.name == name && spec.provider_events.is_some());
     let lease_namespace = heartbeat::lease_namespace(provider.provider.kubeconfig.namespace());
     let user = Api::<SelfSubjectReview>::all(client.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
@@ -444,6 +460,7 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
         lease_namespace,
         &apis,
         &related,
+        provider_events,
     ) {
         let (mut allowed, mut missing) = (Vec::new(), Vec::new());
         for verb in &need.verbs {
@@ -675,11 +692,18 @@ mod tests {
             ),
         ];
         for (source, active, apis, uses, extra) in cases {
-            let got = kinds(&needs(source, active, "kbind", &apis, &uses));
+            let got = kinds(&needs(source, active, "kbind", &apis, &uses, false));
             let mut want: Vec<String> = base.iter().map(|s| (*s).to_owned()).collect();
             want.extend(extra);
             assert_eq!(got, want, "{source:?} {active:?}");
         }
+        // A binding asking for provider Events: list and watch them everywhere.
+        let got = kinds(&needs(SchemaSource::Crd, None, "kbind", &[], &[], true));
+        assert_eq!(
+            got.last().map(String::as_str),
+            Some("/events None list,watch")
+        );
+        assert_eq!(got.len(), base.len() + 2, "{got:?}");
     }
 
     fn check(need: Need, missing: &[&str]) -> Check {
@@ -704,6 +728,7 @@ mod tests {
             "kbind",
             &[("example.org".to_owned(), "widgets".to_owned())],
             &[],
+            false,
         );
         let nothing: Vec<Check> = all.iter().cloned().map(|n| check(n, &[])).collect();
         assert_eq!(missing_rbac("c", "alice", &nothing), None);

@@ -3,13 +3,15 @@
 //! synced object's copy is copied once onto the consumer object — its reason kept, its note naming
 //! the Connection and capped, the copy's UID checked — and a chatty provider controller is
 //! rate-limited per object without slowing another object's. What the metric says is compared
-//! with the Events the consumer's API server holds.
+//! with the Events the consumer's API server holds. A Binding asking for them has them watched
+//! in its namespace only (the provider's request metrics show no cluster-wide read).
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Event;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::{apiserver_metrics, counter_by};
 use kbind_e2e::wait::wait_for;
 use kbind_shared::api::ClusterBinding;
 use kube::api::{ListParams, PostParams};
@@ -20,12 +22,24 @@ const API: &str = "widgets.example.org";
 
 /// The provider's controller records an Event about the provider copy `name` in team-a.
 async fn provider_event(s: &SyncEnv, name: &str, type_: &str, reason: &str, message: &str) {
-    let copy = widgets(&s.provider, "team-a").get(name).await.unwrap();
+    provider_event_in(s, "team-a", name, type_, reason, message).await;
+}
+
+/// [`provider_event`] in `namespace`.
+async fn provider_event_in(
+    s: &SyncEnv,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+    reason: &str,
+    message: &str,
+) {
+    let copy = widgets(&s.provider, namespace).get(name).await.unwrap();
     let event: Event = serde_json::from_value(json!({
         "metadata": { "generateName": format!("{name}.") },
         "involvedObject": {
             "apiVersion": "example.org/v1", "kind": "Widget",
-            "name": name, "namespace": "team-a", "uid": copy.uid(),
+            "name": name, "namespace": namespace, "uid": copy.uid(),
         },
         "type": type_,
         "reason": reason,
@@ -38,7 +52,7 @@ async fn provider_event(s: &SyncEnv, name: &str, type_: &str, reason: &str, mess
         "count": 1,
     }))
     .unwrap();
-    Api::<Event>::namespaced(s.provider.clone(), "team-a")
+    Api::<Event>::namespaced(s.provider.clone(), namespace)
         .create(&PostParams::default(), &event)
         .await
         .unwrap();
@@ -47,13 +61,18 @@ async fn provider_event(s: &SyncEnv, name: &str, type_: &str, reason: &str, mess
 /// kbind's copies of provider Events on the consumer Widget `name` (what `kubectl describe`
 /// lists), oldest first.
 async fn copies(consumer: &Client, name: &str) -> Vec<Event> {
-    let uid = widgets(consumer, "team-a")
+    copies_in(consumer, "team-a", name).await
+}
+
+/// [`copies`] in `namespace`.
+async fn copies_in(consumer: &Client, namespace: &str, name: &str) -> Vec<Event> {
+    let uid = widgets(consumer, namespace)
         .get(name)
         .await
         .unwrap()
         .uid()
         .unwrap();
-    let mut events: Vec<Event> = Api::<Event>::namespaced(consumer.clone(), "team-a")
+    let mut events: Vec<Event> = Api::<Event>::namespaced(consumer.clone(), namespace)
         .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
         .await
         .unwrap()
@@ -209,4 +228,69 @@ async fn provider_events_are_mirrored_once_when_asked_capped_and_rate_limited() 
     provider_event(&s, "w1", "Warning", "QuotaExceeded", "after turning it off").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(copies(&s.consumer, "w1").await.len(), 2);
+}
+
+/// The provider's LISTs of Events so far and its open WATCHes of Events, by scope (`cluster`,
+/// `namespace`): a watch is counted in `apiserver_request_total` only once it ends, so open ones
+/// are read from `apiserver_longrunning_requests`.
+async fn event_reads_by_scope(
+    provider: &Client,
+) -> std::collections::BTreeMap<(&'static str, String), f64> {
+    let text = apiserver_metrics(provider).await.unwrap();
+    let mut by_scope = std::collections::BTreeMap::new();
+    for (verb, metric) in [
+        ("LIST", "apiserver_request_total"),
+        ("WATCH", "apiserver_longrunning_requests"),
+    ] {
+        for ([read, resource, scope], n) in
+            counter_by(&text, metric, &["verb", "resource", "scope"])
+        {
+            if resource == "events" && read == verb {
+                *by_scope.entry((verb, scope)).or_default() += n;
+            }
+        }
+    }
+    by_scope
+}
+
+#[tokio::test]
+async fn a_binding_asks_for_provider_events_in_its_namespace_only() {
+    // No ClusterBinding: team-a's Binding asks for Events, team-b's does not.
+    let s = SyncEnv::start("provider-events-ns", &[0, 1], None).await;
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    let before = event_reads_by_scope(&s.provider).await;
+    for (namespace, events) in [("team-a", true), ("team-b", false)] {
+        ensure_namespace(&s.consumer, namespace).await.unwrap();
+        let asks = if events { ", providerEvents: {}" } else { "" };
+        apply_manifest(
+            &s.consumer,
+            &format!("apiVersion: core.kbind.io/v1alpha1\nkind: Binding\nmetadata: {{ name: widgets, namespace: {namespace} }}\nspec: {{ connectionRef: {{ name: provider }}, apis: [ {{ name: {API} }} ]{asks} }}\n"),
+        )
+        .await
+        .unwrap();
+        let bindings: Api<kbind_shared::api::Binding> =
+            Api::namespaced(s.consumer.clone(), namespace);
+        wait_binding(&bindings, "widgets", "Ready=True").await;
+    }
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "a1", 1).await;
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-b", "b1", 1).await;
+    provider_event_in(&s, "team-b", "b1", "Warning", "QuotaExceeded", "for b1").await;
+    provider_event_in(&s, "team-a", "a1", "Warning", "QuotaExceeded", "for a1").await;
+    let copied = wait_copies(&s.consumer, "a1", 1).await;
+    assert_eq!(
+        copied[0].message.as_deref(),
+        Some("from the provider of Connection provider (db-operator): for a1")
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(copies_in(&s.consumer, "team-b", "b1").await.is_empty());
+    // Read in team-a's namespace only: never a cluster-wide LIST or WATCH of Events.
+    let after = event_reads_by_scope(&s.provider).await;
+    let grew = |verb: &'static str, scope: &str| {
+        let key = (verb, scope.to_owned());
+        after.get(&key).copied().unwrap_or_default() - before.get(&key).copied().unwrap_or_default()
+    };
+    assert_eq!(grew("LIST", "cluster"), 0.0, "{before:?} → {after:?}");
+    assert_eq!(grew("WATCH", "cluster"), 0.0, "{before:?} → {after:?}");
+    assert!(grew("LIST", "namespace") >= 1.0, "{before:?} → {after:?}");
+    assert!(grew("WATCH", "namespace") >= 1.0, "{before:?} → {after:?}");
 }

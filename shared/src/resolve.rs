@@ -177,23 +177,48 @@ pub fn within_access(mut resolution: Resolution, access: Option<&ConnectionAcces
     resolution
 }
 
-/// Whether any binding that names `connection` and lists `api` (and is not being deleted) asks
-/// for provider Events: only then does the syncer watch the provider's Events for the API.
-pub fn wants_provider_events<'a>(
+/// Where the provider's Events about an API's objects are wanted: nowhere, in some namespaces
+/// (only Bindings ask), or everywhere (a ClusterBinding asks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventsScope {
+    /// No binding asks: no watch at all.
+    Nowhere,
+    /// Only these namespaces' Bindings ask: one watch per namespace (a credential limited to
+    /// them suffices).
+    Namespaces(std::collections::BTreeSet<String>),
+    /// A ClusterBinding asks: one cluster-wide watch.
+    Everywhere,
+}
+
+/// [`EventsScope`] of the bindings that name `connection` and list `api` (and are not being
+/// deleted) and ask for provider Events: the syncer watches the provider's Events only there.
+pub fn provider_events_scope<'a>(
     connection: &str,
     api: &str,
     cluster_bindings: impl IntoIterator<Item = &'a ClusterBinding>,
     bindings: impl IntoIterator<Item = &'a Binding>,
-) -> bool {
+) -> EventsScope {
     fn wants<B: BindingObject>(binding: &B, connection: &str, api: &str) -> bool {
         covers(binding, api)
             && binding.binding_spec().connection_ref.name == connection
             && binding.binding_spec().provider_events.is_some()
     }
-    cluster_bindings
+    if cluster_bindings
         .into_iter()
         .any(|b| wants(b, connection, api))
-        || bindings.into_iter().any(|b| wants(b, connection, api))
+    {
+        return EventsScope::Everywhere;
+    }
+    let namespaces: std::collections::BTreeSet<String> = bindings
+        .into_iter()
+        .filter(|b| wants(*b, connection, api))
+        .filter_map(|b| b.namespace())
+        .collect();
+    if namespaces.is_empty() {
+        EventsScope::Nowhere
+    } else {
+        EventsScope::Namespaces(namespaces)
+    }
 }
 
 #[cfg(test)]
@@ -433,7 +458,7 @@ mod tests {
     }
 
     #[test]
-    fn provider_events_are_watched_only_while_a_binding_of_the_api_asks_for_them() {
+    fn provider_events_are_watched_only_where_a_binding_of_the_api_asks_for_them() {
         let events = Some(crate::api::ProviderEvents {
             types: vec![crate::api::ProviderEventType::Warning],
             reasons: Vec::new(),
@@ -443,43 +468,66 @@ mod tests {
             spec.provider_events = if wants { events.clone() } else { None };
             ClusterBinding::new("c", ClusterBindingSpec::from(spec))
         };
-        let namespaced = |connection: &str, apis: &[&str], wants: bool| {
+        let namespaced = |namespace: &str, connection: &str, apis: &[&str], wants: bool| {
             let mut spec = spec(connection, apis);
             spec.provider_events = if wants { events.clone() } else { None };
             let mut b = Binding::new("b", spec);
-            b.metadata.namespace = Some("team-a".into());
+            b.metadata.namespace = Some(namespace.into());
             b
         };
         let api = "widgets.example.org";
+        let only = |names: &[&str]| {
+            EventsScope::Namespaces(names.iter().map(|n| (*n).to_owned()).collect())
+        };
         for (cluster_bindings, bindings, want) in [
-            (vec![], vec![], false),
+            (vec![], vec![], EventsScope::Nowhere),
             (
                 vec![cluster("p", &[api], false)],
-                vec![namespaced("p", &[api], false)],
-                false,
+                vec![namespaced("team-a", "p", &[api], false)],
+                EventsScope::Nowhere,
             ),
-            (vec![cluster("p", &[api], true)], vec![], true),
-            (vec![], vec![namespaced("p", &[api], true)], true),
+            (
+                vec![cluster("p", &[api], true)],
+                vec![],
+                EventsScope::Everywhere,
+            ),
+            (
+                vec![cluster("p", &[api], true)],
+                vec![namespaced("team-a", "p", &[api], true)],
+                EventsScope::Everywhere,
+            ),
+            (
+                vec![],
+                vec![
+                    namespaced("team-b", "p", &[api], true),
+                    namespaced("team-a", "p", &[api], true),
+                    namespaced("team-c", "p", &[api], false),
+                ],
+                only(&["team-a", "team-b"]),
+            ),
             // Another API, another Connection.
             (
                 vec![cluster("p", &["gadgets.example.org"], true)],
-                vec![],
-                false,
+                vec![namespaced("team-a", "p", &["gadgets.example.org"], true)],
+                EventsScope::Nowhere,
             ),
             (
                 vec![cluster("q", &[api], true)],
-                vec![namespaced("q", &[api], true)],
-                false,
+                vec![namespaced("team-a", "q", &[api], true)],
+                EventsScope::Nowhere,
             ),
         ] {
             assert_eq!(
-                wants_provider_events("p", api, &cluster_bindings, &bindings),
+                provider_events_scope("p", api, &cluster_bindings, &bindings),
                 want,
                 "{cluster_bindings:?} {bindings:?}"
             );
         }
         let mut deleting = cluster("p", &[api], true);
         deleting.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
-        assert!(!wants_provider_events("p", api, [&deleting], []));
+        assert_eq!(
+            provider_events_scope("p", api, [&deleting], []),
+            EventsScope::Nowhere
+        );
     }
 }

@@ -197,12 +197,12 @@ impl Context {
         ))
     }
 
-    /// Whether a binding asks for the provider's Events about `api`'s objects served through
-    /// `connection` ([`resolve::wants_provider_events`]).
-    pub fn wants_provider_events(&self, connection: &str, api: &str) -> bool {
+    /// Where bindings ask for the provider's Events about `api`'s objects served through
+    /// `connection` ([`resolve::provider_events_scope`]).
+    pub fn provider_events_scope(&self, connection: &str, api: &str) -> resolve::EventsScope {
         let cluster_bindings = self.cluster_bindings.state();
         let bindings = self.bindings.state();
-        resolve::wants_provider_events(
+        resolve::provider_events_scope(
             connection,
             api,
             cluster_bindings.iter().map(|b| b.as_ref()),

@@ -2,7 +2,7 @@
 //! (`spec.providerEvents`: types, a reasons allowlist; default off).
 //!
 //! While a binding of the API asks, the worker watches the provider's Events about the API's
-//! kind. An Event is copied when it regards a provider copy this worker syncs, marked as its
+//! kind — everywhere for a ClusterBinding, else only in the asking Bindings' namespaces. An Event is copied when it regards a provider copy this worker syncs, marked as its
 //! consumer object's (the copy's consumer-object UID), whose UID is the one the Event names (read
 //! fresh), of a type and reason the object's binding wants, and the object is not paused. The
 //! copy keeps the reason, names the Connection as its source, caps its message; it carries no
@@ -23,6 +23,7 @@ use kbind_shared::api::ProviderEvents;
 use kbind_shared::cache::Instance;
 use kbind_shared::keys;
 use kbind_shared::ownership::Owner;
+use kbind_shared::resolve::EventsScope;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -224,29 +225,25 @@ pub(super) fn event_name(object: &str, event_uid: &str) -> String {
     format!("{prefix}.kbind-{hex}")
 }
 
-/// Runs while the worker runs: watches the provider's Events while a binding of the API asks
-/// for them, and copies what [`copy_of`] and the [`Throttle`] let through.
+/// Runs while the worker runs: watches the provider's Events where a binding of the API asks
+/// for them — cluster-wide for a ClusterBinding, else in each asking Binding's namespace only —
+/// and copies what [`copy_of`] and the [`Throttle`] let through. The watches follow the bindings.
 pub(super) async fn mirror(worker: Arc<Worker>) {
     let mut bindings = worker.ctx.binding_changes().boxed();
     let mut throttle = Throttle::new(Instant::now());
-    loop {
-        if !worker
+    let scope = || {
+        worker
             .ctx
-            .wants_provider_events(&worker.spec.connection, &worker.spec.api)
-        {
+            .provider_events_scope(&worker.spec.connection, &worker.spec.api)
+    };
+    loop {
+        let watching = scope();
+        let Some(mut events) = watch(&worker, &watching) else {
             if bindings.next().await.is_none() {
                 return futures::future::pending().await;
             }
             continue;
-        }
-        let config = watcher::Config::default().fields(&format!(
-            "involvedObject.kind={}",
-            worker.spec.resource.kind
-        ));
-        let mut events = watcher(Api::<ProviderEvent>::all(worker.provider.clone()), config)
-            .default_backoff()
-            .applied_objects()
-            .boxed();
+        };
         loop {
             tokio::select! {
                 event = events.next() => match event {
@@ -261,12 +258,41 @@ pub(super) async fn mirror(worker: Arc<Worker>) {
                     if change.is_none() {
                         return futures::future::pending().await;
                     }
-                    if !worker.ctx.wants_provider_events(&worker.spec.connection, &worker.spec.api) {
+                    if scope() != watching {
                         break;
                     }
                 }
             }
         }
+    }
+}
+
+/// The provider's Events about the API's kind in `scope`, as one stream; `None` for nowhere.
+fn watch(
+    worker: &Worker,
+    scope: &EventsScope,
+) -> Option<futures::stream::BoxStream<'static, Result<ProviderEvent, watcher::Error>>> {
+    let config = watcher::Config::default().fields(&format!(
+        "involvedObject.kind={}",
+        worker.spec.resource.kind
+    ));
+    let of = |api: Api<ProviderEvent>| {
+        watcher(api, config.clone())
+            .default_backoff()
+            .applied_objects()
+            .boxed()
+    };
+    match scope {
+        EventsScope::Nowhere => None,
+        EventsScope::Everywhere => Some(of(Api::all(worker.provider.clone()))),
+        EventsScope::Namespaces(namespaces) => Some(
+            futures::stream::select_all(
+                namespaces
+                    .iter()
+                    .map(|ns| of(Api::namespaced(worker.provider.clone(), ns))),
+            )
+            .boxed(),
+        ),
     }
 }
 

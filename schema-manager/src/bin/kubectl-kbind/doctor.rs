@@ -15,6 +15,7 @@ use kbind_shared::api::{
     RelatedResourceKind, SchemaSource,
 };
 use kbind_shared::kubeconfig::Transport;
+use kbind_shared::resolve::EventsScope;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use serde::Serialize;
@@ -71,14 +72,14 @@ pub struct RelatedUse {
 /// so a failed discovery leaves nothing out), and read or write related Secrets/ConfigMaps where
 /// the bindings' entries use them (read where the provider is the source, write where it is the
 /// target; in a Binding's namespace, a ClusterBinding entry's listed namespaces, or everywhere),
-/// and — when a binding asks for them (`provider_events`) — watch the provider's Events.
+/// and — where bindings ask for them (`provider_events`) — watch the provider's Events.
 pub fn needs(
     source: SchemaSource,
     active: Option<ActiveSchemaSource>,
     lease_namespace: &str,
     apis: &[(String, String)],
     related: &[RelatedUse],
-    provider_events: bool,
+    provider_events: &EventsScope,
 ) -> Vec<Need> {
     let mut out = vec![
         need(
@@ -206,16 +207,50 @@ pub fn needs(
             &verbs,
         ));
     }
-    if provider_events {
-        out.push(need(
-            "copy provider Events onto consumer objects (spec.providerEvents)",
-            "",
-            "events",
-            None,
-            &["list", "watch"],
-        ));
+    let why = "copy provider Events onto consumer objects (spec.providerEvents)";
+    match provider_events {
+        EventsScope::Nowhere => {}
+        EventsScope::Everywhere => out.push(need(why, "", "events", None, &["list", "watch"])),
+        EventsScope::Namespaces(namespaces) => {
+            for namespace in namespaces {
+                out.push(need(why, "", "events", Some(namespace), &["list", "watch"]));
+            }
+        }
     }
     out
+}
+
+/// Where the Connection `connection`'s bindings ask for provider Events, over all the APIs they
+/// list: everywhere when any ClusterBinding does, else the asking Bindings' namespaces.
+fn events_scope(
+    cluster_bindings: &[ClusterBinding],
+    bindings: &[Binding],
+    connection: &str,
+) -> EventsScope {
+    let apis: std::collections::BTreeSet<&str> = cluster_bindings
+        .iter()
+        .map(|b| &b.spec.binding)
+        .chain(bindings.iter().map(|b| &b.spec))
+        .flat_map(|spec| spec.apis.iter().map(|a| a.name.as_str()))
+        .collect();
+    let mut namespaces = std::collections::BTreeSet::new();
+    for api in apis {
+        match kbind_shared::resolve::provider_events_scope(
+            connection,
+            api,
+            cluster_bindings,
+            bindings,
+        ) {
+            EventsScope::Everywhere => return EventsScope::Everywhere,
+            EventsScope::Namespaces(some) => namespaces.extend(some),
+            EventsScope::Nowhere => {}
+        }
+    }
+    if namespaces.is_empty() {
+        EventsScope::Nowhere
+    } else {
+        EventsScope::Namespaces(namespaces)
+    }
 }
 
 /// The APIs the Connection's bindings list, as (group, resource).
@@ -441,11 +476,7 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
             ),
         name,
     );
-    let provider_events = cluster_bindings
-        .iter()
-        .map(|b| &b.spec.binding)
-        .chain(bindings.iter().map(|b| &b.spec))
-        .any(|spec| spec.connection_ref.name == name && spec.provider_events.is_some());
+    let provider_events = events_scope(&cluster_bindings, &bindings, name);
     let lease_namespace = heartbeat::lease_namespace(provider.provider.kubeconfig.namespace());
     let user = Api::<SelfSubjectReview>::all(client.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
@@ -460,7 +491,7 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
         lease_namespace,
         &apis,
         &related,
-        provider_events,
+        &provider_events,
     ) {
         let (mut allowed, mut missing) = (Vec::new(), Vec::new());
         for verb in &need.verbs {
@@ -692,18 +723,42 @@ mod tests {
             ),
         ];
         for (source, active, apis, uses, extra) in cases {
-            let got = kinds(&needs(source, active, "kbind", &apis, &uses, false));
+            let got = kinds(&needs(
+                source,
+                active,
+                "kbind",
+                &apis,
+                &uses,
+                &EventsScope::Nowhere,
+            ));
             let mut want: Vec<String> = base.iter().map(|s| (*s).to_owned()).collect();
             want.extend(extra);
             assert_eq!(got, want, "{source:?} {active:?}");
         }
-        // A binding asking for provider Events: list and watch them everywhere.
-        let got = kinds(&needs(SchemaSource::Crd, None, "kbind", &[], &[], true));
+        // Bindings asking for provider Events: list and watch them where they ask.
+        let everywhere = &EventsScope::Everywhere;
+        let got = kinds(&needs(
+            SchemaSource::Crd,
+            None,
+            "kbind",
+            &[],
+            &[],
+            everywhere,
+        ));
         assert_eq!(
             got.last().map(String::as_str),
             Some("/events None list,watch")
         );
         assert_eq!(got.len(), base.len() + 2, "{got:?}");
+        let two = EventsScope::Namespaces(["team-a".to_owned(), "team-b".to_owned()].into());
+        let some = kinds(&needs(SchemaSource::Crd, None, "kbind", &[], &[], &two));
+        assert_eq!(
+            some[base.len() + 1..],
+            [
+                "/events Some(\"team-a\") list,watch".to_owned(),
+                "/events Some(\"team-b\") list,watch".to_owned()
+            ]
+        );
     }
 
     fn check(need: Need, missing: &[&str]) -> Check {
@@ -728,7 +783,7 @@ mod tests {
             "kbind",
             &[("example.org".to_owned(), "widgets".to_owned())],
             &[],
-            false,
+            &EventsScope::Nowhere,
         );
         let nothing: Vec<Check> = all.iter().cloned().map(|n| check(n, &[])).collect();
         assert_eq!(missing_rbac("c", "alice", &nothing), None);

@@ -209,12 +209,7 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
 
     // Refused: the provider's schema now caps size at 10 (a breaking change the consumer holds,
     // so the consumer still accepts 50). The record says why; the delivered generation stays.
-    let mut strict = widget_crd();
-    strict.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": { "type": "object", "properties": {
-        "spec": { "type": "object", "properties": { "size": { "type": "integer", "maximum": 10 } } },
-        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
-    }}}))
-    .unwrap();
+    let strict = widget_crd_with_max_size(10);
     install_crd(&s.provider, &strict).await.unwrap();
     merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 50 } })).await;
     let refused = wait_for("w1 refused", 30, || async {

@@ -630,6 +630,23 @@ async fn wait_record(consumer: &Client, name: &str, state: &str, generation: i64
     .await;
 }
 
+/// Asserts that a diff report's last refusal is the provider's rejection of a size over 10, as
+/// `source` (`record` or `event`) tells it.
+fn assert_rejected_for_size(report: &Value, source: &str) {
+    let refusal = &report["lastRefusal"];
+    assert_eq!(
+        (&refusal["state"], &refusal["source"]),
+        (&json!("Rejected"), &json!(source)),
+        "{report:#}"
+    );
+    assert!(
+        refusal["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("less than or equal to 10")),
+        "{report:#}"
+    );
+}
+
 /// The field owners of one side of a diff report with `field` among their fields.
 fn owners_of(side: &Value, field: &str) -> Vec<String> {
     side["owners"]
@@ -724,12 +741,7 @@ async fn diff_shows_an_object_against_its_provider_copy_and_changes_nothing() {
     );
 
     // Refused: the provider's schema caps the size at 10, the consumer asks for 50.
-    let mut strict = widget_crd();
-    strict.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": { "type": "object", "properties": {
-        "spec": { "type": "object", "properties": { "size": { "type": "integer", "maximum": 10 } } },
-        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
-    }}}))
-    .unwrap();
+    let strict = widget_crd_with_max_size(10);
     install_crd(&s.provider, &strict).await.unwrap();
     let consumer_widgets = widgets(&s.consumer, "team-a");
     merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 50 } })).await;
@@ -749,18 +761,7 @@ async fn diff_shows_an_object_against_its_provider_copy_and_changes_nothing() {
     }
     assert_eq!(report["consumer"]["generation"], 2);
     assert_eq!(report["delivery"]["generation"], 1);
-    let refusal = &report["lastRefusal"];
-    assert_eq!(
-        (&refusal["state"], &refusal["source"]),
-        (&json!("Rejected"), &json!("record")),
-        "{report:#}"
-    );
-    assert!(
-        refusal["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("less than or equal to 10")),
-        "{report:#}"
-    );
+    assert_rejected_for_size(&report, "record");
 
     // Fixed: in sync again; the refusal is now known from kbind's Warning Event.
     merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 5 } })).await;
@@ -769,18 +770,7 @@ async fn diff_shows_an_object_against_its_provider_copy_and_changes_nothing() {
     assert_eq!(run.code, 0, "{run}");
     let report = run.json();
     assert_eq!(report["identical"], true, "{report:#}");
-    let refusal = &report["lastRefusal"];
-    assert_eq!(
-        (&refusal["state"], &refusal["source"]),
-        (&json!("Rejected"), &json!("event")),
-        "{report:#}"
-    );
-    assert!(
-        refusal["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("less than or equal to 10")),
-        "{report:#}"
-    );
+    assert_rejected_for_size(&report, "event");
 
     // kbind stopped, the consumer changed: the diff shows the change and writes nothing.
     let (manager, syncer) = (s.manager.index, s.syncer.index);

@@ -316,12 +316,7 @@ async fn provider_rejection_is_reported_and_other_objects_keep_syncing() {
     let s = SyncEnv::start("resilience_rejected", &[0, 1, 2], None).await;
     ready(&s).await;
     // The provider tightens its schema; the consumer keeps the old one (Once would too).
-    let mut strict = widget_crd();
-    strict.spec.versions[0].schema = serde_json::from_value(json!({ "openAPIV3Schema": { "type": "object", "properties": {
-        "spec": { "type": "object", "properties": { "size": { "type": "integer", "maximum": 10 } } },
-        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
-    }}}))
-    .unwrap();
+    let strict = widget_crd_with_max_size(10);
     merge_patch(
         &Api::<ClusterBinding>::all(s.consumer.clone()),
         "widgets",

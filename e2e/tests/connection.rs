@@ -348,6 +348,58 @@ async fn restricted_credentials_report_permission_denied() {
         "PermissionDenied"
     ));
 
+    // #38: the heartbeat is renewed as soon as the identity is verified, whether or not discovery
+    // succeeds — with Lease rights alone (CRDs still denied), the Lease appears and is renewed.
+    provider
+        .grant(
+            &user,
+            "heartbeat-only",
+            vec![
+                rule("", &["namespaces"], &["create"]),
+                rule(
+                    "coordination.k8s.io",
+                    &["leases"],
+                    &["get", "create", "update", "patch"],
+                ),
+            ],
+        )
+        .await
+        .unwrap();
+    let local = uid_of_kube_system(&s.consumer).await;
+    let leases: Api<Lease> = Api::namespaced(s.provider.clone(), "kbind");
+    let lease_name = format!("provider-{}", &local[..10]);
+    let renewed = |lease: Option<Lease>| lease.and_then(|l| l.spec?.renew_time).map(|t| t.0);
+    let first = eventually("the heartbeat Lease", Duration::from_secs(15), || async {
+        Ok(renewed(
+            leases
+                .get_opt(&lease_name)
+                .await
+                .map_err(|e| e.to_string())?,
+        ))
+    })
+    .await
+    .unwrap();
+    eventually(
+        "the heartbeat renewed while discovery is denied",
+        Duration::from_secs(15),
+        || async {
+            let now = renewed(
+                leases
+                    .get_opt(&lease_name)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+            Ok(now.filter(|t| *t > first))
+        },
+    )
+    .await
+    .unwrap();
+    let c = wait_connection(&s.consumer, "provider", "Ready=False/Forbidden").await;
+    assert!(kbind_shared::conditions::is_true(
+        &c.status.unwrap().conditions,
+        "PermissionDenied"
+    ));
+
     // With the full set of rules it becomes Ready and PermissionDenied clears.
     provider
         .grant(&user, "the-rest", connection_rules())
@@ -798,11 +850,34 @@ async fn deleting_a_connection_drains_bindings_then_releases_finalizers_and_keep
             .contains(&"core.kbind.io/cleanup".to_owned())
     );
 
+    // The heartbeat Lease says how often it is renewed (the schema manager's
+    // --discovery-interval=1s here).
+    let local = uid_of_kube_system(&s.consumer).await;
+    let leases: Api<Lease> = Api::namespaced(s.provider.clone(), "kbind");
+    let lease_name = format!("provider-{}", &local[..10]);
+    let lease = leases.get(&lease_name).await.unwrap();
+    assert_eq!(
+        annotation(&lease, "core.kbind.io/heartbeat-interval-seconds"),
+        Some("1")
+    );
+    assert_eq!(annotation(&lease, "core.kbind.io/disconnected"), None);
+
     bindings
         .delete("widgets", &DeleteParams::default())
         .await
         .unwrap();
     wait_gone(&connections, "provider", "the Connection to be gone", 20).await;
+    // #38: it left cleanly — the Lease says so, after its last renewal.
+    let lease = leases.get(&lease_name).await.unwrap();
+    let disconnected: jiff::Timestamp = annotation(&lease, "core.kbind.io/disconnected")
+        .expect("the Lease is marked disconnected")
+        .parse()
+        .unwrap();
+    let last_renewal = lease.spec.unwrap().renew_time.unwrap().0;
+    assert!(
+        disconnected >= last_renewal,
+        "{disconnected} < {last_renewal}"
+    );
     let secret = secrets.get("p").await.expect("the Secret is never deleted");
     assert!(
         !secret

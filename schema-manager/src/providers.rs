@@ -385,6 +385,11 @@ impl Providers {
         Ok(provider)
     }
 
+    /// The client kept for a Connection (verified when it was kept), if any: nothing is built.
+    pub fn kept(&self, connection: &str) -> Option<Provider> {
+        self.by_connection.locked().get(connection).cloned()
+    }
+
     /// Forgets the client of a deleted Connection.
     pub fn forget(&self, connection: &str) {
         self.by_connection.locked().remove(connection);

@@ -86,6 +86,13 @@ pub const RELATED_ENTRIES_ANNOTATION: &str = "core.kbind.io/related-entries";
 pub const RELATED_ADOPTED_ANNOTATION: &str = "core.kbind.io/related-adopted";
 /// SSA field manager of the syncer's related-resources condition on a binding's status.
 pub const RELATED_STATUS_FIELD_MANAGER: &str = "kbind-syncer-related";
+/// Annotation on the heartbeat Lease: how often kbind renews it, in whole seconds — so that a
+/// reader on the provider can tell a late renewal from a consumer that is gone.
+pub const HEARTBEAT_INTERVAL_ANNOTATION: &str = "core.kbind.io/heartbeat-interval-seconds";
+/// Annotation on the heartbeat Lease: when (RFC 3339) its Connection was deleted in an orderly
+/// way, after its bindings drained — the consumer left, it did not die. A renewal after that time
+/// (the Connection created again) supersedes it.
+pub const DISCONNECTED_ANNOTATION: &str = "core.kbind.io/disconnected";
 /// Default Lease name of the schema manager's leader election.
 pub const DEFAULT_LEADER_ELECTION_ID: &str = "kbind-schema-manager";
 /// kbind's own namespace when neither `--namespace` nor `$POD_NAMESPACE` names one.
@@ -142,6 +149,8 @@ mod tests {
             CREATED_BY_ANNOTATION,
             SYNCER_MEMBER_LABEL,
             RELATED_ENTRIES_ANNOTATION,
+            HEARTBEAT_INTERVAL_ANNOTATION,
+            DISCONNECTED_ANNOTATION,
         ] {
             let (prefix, name) = key.split_once('/').expect("qualified key");
             assert_eq!(prefix, GROUP, "{key}");

@@ -1,6 +1,7 @@
 //! Deleting a Connection (REFERENCE-BEHAVIOUR CDEL-1 … CDEL-5): only the ClusterBinding autoBind
-//! made for it goes, kbind waits for every other binding that references it, then the heartbeat
-//! Lease and the Secret's finalizer are released.
+//! made for it goes, kbind waits for every other binding that references it, then marks the
+//! heartbeat Lease as disconnected (the consumer left, it did not die — #38) and releases the
+//! Secret's finalizer.
 
 use std::sync::Arc;
 
@@ -66,6 +67,8 @@ pub(super) async fn cleanup(connection: Arc<Connection>, state: &State) -> Resul
         return Err(Error::Draining(count));
     }
 
+    mark_disconnected(state, &connection).await;
+
     // CDEL-4: release the Secret unless another live Connection still uses it.
     let reference = &connection.spec.kubeconfig_secret_ref;
     let others = Api::<Connection>::all(client.clone())
@@ -86,6 +89,43 @@ pub(super) async fn cleanup(connection: Arc<Connection>, state: &State) -> Resul
     state.ctx.metrics.forget_connection(&name);
     // CDEL-5: the finalizer helper removes the Connection's own finalizer.
     Ok(Action::await_change())
+}
+
+/// Marks the Connection's heartbeat Lease as disconnected, through the client kept for it and
+/// only while that client reaches the pinned provider (its identity as watched, else read now).
+/// Best effort: a provider that cannot be reached or written never holds up the deletion (its
+/// Lease then simply stops being renewed).
+async fn mark_disconnected(state: &State, connection: &Connection) {
+    let name = connection.name_any();
+    let Some(status) = connection.status.as_ref() else {
+        return;
+    };
+    let Some(provider) = state.ctx.providers.kept(&name) else {
+        return;
+    };
+    let identity = match provider.watched_identity() {
+        Some(identity) => Some(identity),
+        None => kbind_shared::identity::cluster_identity(&provider.client)
+            .await
+            .ok(),
+    };
+    if status.remote_cluster_uid.is_empty()
+        || identity.as_deref() != Some(&status.remote_cluster_uid)
+    {
+        tracing::info!(connection = %name, "the heartbeat Lease is not marked disconnected: the provider's identity is not the pinned one now");
+        return;
+    }
+    let namespace = super::heartbeat::lease_namespace(provider.kubeconfig.namespace());
+    if let Err(e) = super::heartbeat::disconnect(
+        &provider.client,
+        namespace,
+        &name,
+        &status.local_cluster_uid,
+    )
+    .await
+    {
+        tracing::info!(connection = %name, error = %kbind_shared::redact::remote(&e.to_string()), "the heartbeat Lease is not marked disconnected");
+    }
 }
 
 async fn remove_secret_finalizer(state: &State, connection: &Connection) -> Result<(), Error> {

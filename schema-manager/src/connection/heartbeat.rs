@@ -41,6 +41,16 @@ impl Acquired {
     }
 }
 
+/// How a heartbeat Lease is written: its duration and how often kbind renews it.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// `leaseDurationSeconds`.
+    pub duration: Duration,
+    /// The renew interval (the Connection's re-discovery period), in the Lease's
+    /// [`keys::HEARTBEAT_INTERVAL_ANNOTATION`].
+    pub interval: Duration,
+}
+
 /// Renews (creating if needed) the heartbeat Lease on the provider at `server`. Errors are for
 /// logging only (HB-4).
 pub async fn renew(
@@ -49,7 +59,7 @@ pub async fn renew(
     namespace: &str,
     connection: &str,
     local_uid: &str,
-    duration: Duration,
+    timing: Timing,
     acquired_times: &Acquired,
 ) -> Result<(), RenewError> {
     let leases: Api<Lease> = Api::namespaced(provider.clone(), namespace);
@@ -75,11 +85,12 @@ pub async fn renew(
             "annotations": {
                 keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
                 keys::CONNECTION_ANNOTATION: connection,
+                keys::HEARTBEAT_INTERVAL_ANNOTATION: timing.interval.as_secs().max(1).to_string(),
             },
         },
         "spec": {
             "holderIdentity": local_uid,
-            "leaseDurationSeconds": duration.as_secs().max(1),
+            "leaseDurationSeconds": timing.duration.as_secs().max(1),
             "acquireTime": acquired,
             "renewTime": now,
         },
@@ -124,6 +135,30 @@ pub async fn renew(
             acquired_times.set(key, acquired);
             Ok(())
         }
+        Err(e) => Err(renew_error(namespace, &name, &e)),
+    }
+}
+
+/// Marks the heartbeat Lease of a Connection deleted in an orderly way (its bindings drained) with
+/// [`keys::DISCONNECTED_ANNOTATION`]: the consumer left. A merge patch of that one annotation
+/// (the renewals' own fields stay as they are); a Lease that is not there is left absent.
+pub async fn disconnect(
+    provider: &Client,
+    namespace: &str,
+    connection: &str,
+    local_uid: &str,
+) -> Result<(), RenewError> {
+    let leases: Api<Lease> = Api::namespaced(provider.clone(), namespace);
+    let name = lease_name(connection, local_uid);
+    let now = jiff::Timestamp::now().to_string();
+    let patch = json!({ "metadata": { "annotations": { keys::DISCONNECTED_ANNOTATION: now } } });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match leases.patch(&name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
         Err(e) => Err(renew_error(namespace, &name, &e)),
     }
 }

@@ -1,5 +1,5 @@
 //! The Connection reconciler (REFERENCE-BEHAVIOUR §4 CONN, §5 ID, §6 DISC, §7 AUTO, §8 CDEL,
-//! §11 HB): credentials → provider identity → pinning → discovery → autoBind → heartbeat →
+//! §11 HB): credentials → provider identity → pinning → heartbeat → discovery → autoBind →
 //! status, with every status change persisted (QRK-1) and an Event per condition transition.
 
 mod autobind;
@@ -31,7 +31,7 @@ use crate::caches::TermCaches;
 use crate::changes::{Change, Kind, Topic};
 use crate::context::Context;
 use crate::discovery;
-use crate::providers::ProviderError;
+use crate::providers::{Provider, ProviderError};
 use outcome::Outcome;
 use schemas::{install_all, kept_crds, schema_in_sync};
 use secrets::SecretWatches;
@@ -363,6 +363,12 @@ async fn connect(
         ctx.providers.watch_identity(&provider, source, connection);
     }
 
+    // CONN-10: the heartbeat, renewed as soon as the provider's identity is verified — before
+    // discovery, so that a failing discovery or autoBind never makes a live consumer look dead to
+    // whoever reads the Lease on the provider (#38; the reference renews only after a fully
+    // successful reconcile, HB-1).
+    let denied = renew_heartbeat(ctx, &provider, &name, &status.local_cluster_uid).await;
+
     // CONN-7: discovery.
     let exports = match discovery::discover(
         &provider,
@@ -435,34 +441,6 @@ async fn connect(
         }
     }
 
-    // CONN-10: heartbeat. A failure is logged (HB-4); one RBAC denies is reported as
-    // `PermissionDenied` (the watches that serve discovery stay open after a credential's RBAC is
-    // revoked, so this renewal is what notices it) and retried with backoff (#33.8).
-    let namespace = heartbeat::lease_namespace(provider.kubeconfig.namespace());
-    let mut denied = None;
-    if let Err(e) = heartbeat::renew(
-        &provider.client,
-        provider.kubeconfig.server(),
-        namespace,
-        &name,
-        &status.local_cluster_uid,
-        ctx.settings.heartbeat_lease_duration,
-        &ctx.heartbeats,
-    )
-    .await
-    {
-        if e.forbidden {
-            denied = Some(format!(
-                "the provider credential may not get/create/update leases (coordination.k8s.io) in namespace {namespace}: {}",
-                kbind_shared::conditions::bounded(&e.message, 300)
-            ));
-        } else {
-            tracing::info!(connection = %name, error = %kbind_shared::redact::remote(&e.to_string()), "heartbeat not renewed");
-        }
-    } else {
-        ctx.metrics.heartbeat_renewed(&name);
-    }
-
     let server = provider.kubeconfig.server().to_owned();
     Ok((
         Outcome::Ready {
@@ -473,4 +451,45 @@ async fn connect(
         },
         denied,
     ))
+}
+
+/// CONN-10: renews the Connection's heartbeat Lease. A failure is logged (HB-4); one RBAC denies
+/// is returned as the `PermissionDenied` message (the watches that serve discovery stay open
+/// after a credential's RBAC is revoked, so this renewal is what notices it) and retried with
+/// backoff (#33.8).
+async fn renew_heartbeat(
+    ctx: &Context,
+    provider: &Provider,
+    name: &str,
+    local_uid: &str,
+) -> Option<String> {
+    let namespace = heartbeat::lease_namespace(provider.kubeconfig.namespace());
+    let timing = heartbeat::Timing {
+        duration: ctx.settings.heartbeat_lease_duration,
+        interval: ctx.settings.discovery_interval,
+    };
+    match heartbeat::renew(
+        &provider.client,
+        provider.kubeconfig.server(),
+        namespace,
+        name,
+        local_uid,
+        timing,
+        &ctx.heartbeats,
+    )
+    .await
+    {
+        Ok(()) => {
+            ctx.metrics.heartbeat_renewed(name);
+            None
+        }
+        Err(e) if e.forbidden => Some(format!(
+            "the provider credential may not get/create/update leases (coordination.k8s.io) in namespace {namespace}: {}",
+            kbind_shared::conditions::bounded(&e.message, 300)
+        )),
+        Err(e) => {
+            tracing::info!(connection = %name, error = %kbind_shared::redact::remote(&e.to_string()), "heartbeat not renewed");
+            None
+        }
+    }
 }

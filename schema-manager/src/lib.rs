@@ -18,4 +18,5 @@ pub mod instances;
 pub mod leader;
 pub mod openapi;
 pub mod providers;
+pub mod reaper;
 pub mod schema;

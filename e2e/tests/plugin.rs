@@ -235,6 +235,31 @@ async fn quiet_writes(
     .await
 }
 
+/// Asserts that neither API server served a write since the counters `before` ([`quiet_writes`])
+/// were read, while `what` ran.
+async fn assert_no_writes_since(
+    before: &(
+        std::collections::BTreeMap<String, u64>,
+        std::collections::BTreeMap<String, u64>,
+    ),
+    consumer: &Client,
+    provider: &Client,
+    what: &str,
+) {
+    let after = (
+        apiserver_writes(consumer).await.unwrap(),
+        apiserver_writes(provider).await.unwrap(),
+    );
+    assert_eq!(
+        (
+            new_writes(&before.0, &after.0),
+            new_writes(&before.1, &after.1)
+        ),
+        (Vec::new(), Vec::new()),
+        "writes during {what} (consumer, provider)"
+    );
+}
+
 #[tokio::test]
 async fn plan_shows_what_a_file_would_do_and_changes_nothing() {
     // A Connection and a Binding for team-a only: team-b's Widgets exist but do not sync.
@@ -316,19 +341,8 @@ spec: { connectionRef: { name: second }, apis: [ { name: widgets.example.org } ]
     let before = quiet_writes(&s.consumer, &s.provider).await;
     let run = plugin(&kubeconfig, &["plan", file.to_str().unwrap(), "-o", "json"]).await;
     let text = plugin(&kubeconfig, &["plan", file.to_str().unwrap()]).await;
-    let after = (
-        apiserver_writes(&s.consumer).await.unwrap(),
-        apiserver_writes(&s.provider).await.unwrap(),
-    );
     // Proof that planning changes nothing: neither API server served a write.
-    assert_eq!(
-        (
-            new_writes(&before.0, &after.0),
-            new_writes(&before.1, &after.1)
-        ),
-        (Vec::new(), Vec::new()),
-        "writes during the plan (consumer, provider)"
-    );
+    assert_no_writes_since(&before, &s.consumer, &s.provider, "the plan").await;
     // The counters do see writes: one ConfigMap created on each side shows up.
     for client in [&s.consumer, &s.provider] {
         let before = apiserver_writes(client).await.unwrap();
@@ -782,18 +796,7 @@ async fn diff_shows_an_object_against_its_provider_copy_and_changes_nothing() {
     let text = diff(&[]).await;
     let missing = plugin(&kubeconfig, &["diff", "widget/nope", "-n", "team-a"]).await;
     let unknown = plugin(&kubeconfig, &["diff", "pods/x"]).await;
-    let after = (
-        apiserver_writes(&s.consumer).await.unwrap(),
-        apiserver_writes(&s.provider).await.unwrap(),
-    );
-    assert_eq!(
-        (
-            new_writes(&before.0, &after.0),
-            new_writes(&before.1, &after.1)
-        ),
-        (Vec::new(), Vec::new()),
-        "writes during the diffs (consumer, provider)"
-    );
+    assert_no_writes_since(&before, &s.consumer, &s.provider, "the diffs").await;
     assert_eq!(json_run.code, 1, "{json_run}");
     assert_eq!(json_run.json()["consumer"]["generation"], 4);
     assert_eq!(text.code, 1, "{text}");

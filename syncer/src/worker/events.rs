@@ -229,7 +229,8 @@ pub(super) fn event_name(object: &str, event_uid: &str) -> String {
 /// for them — cluster-wide for a ClusterBinding, else in each asking Binding's namespace only —
 /// and copies what [`copy_of`] and the [`Throttle`] let through. The watches follow the bindings.
 pub(super) async fn mirror(worker: Arc<Worker>) {
-    let mut bindings = worker.ctx.binding_changes().boxed();
+    // A burst of binding changes (a namespace user's flood of Bindings) is one look at the scope.
+    let mut bindings = worker.ctx.binding_changes().ready_chunks(1024).boxed();
     let mut throttle = Throttle::new(Instant::now());
     let scope = || {
         worker

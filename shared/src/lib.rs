@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod metrics_auth;
 pub mod ownership;
 pub mod process;
+pub mod rate;
 pub mod redact;
 pub mod resolve;
 pub mod shard;

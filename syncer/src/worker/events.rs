@@ -23,6 +23,7 @@ use kbind_shared::api::ProviderEvents;
 use kbind_shared::cache::Instance;
 use kbind_shared::keys;
 use kbind_shared::ownership::Owner;
+use kbind_shared::rate::Bucket;
 use kbind_shared::resolve::EventsScope;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
@@ -65,35 +66,6 @@ impl Admit {
             Admit::Copy => "mirrored",
             Admit::Duplicate => "duplicate",
             Admit::RateLimited => "rate_limited",
-        }
-    }
-}
-
-/// A token bucket.
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn full(burst: f64, now: Instant) -> Self {
-        Bucket {
-            tokens: burst,
-            at: now,
-        }
-    }
-
-    /// Refills for the time since it was last used, then takes a token if there is one.
-    fn take(&mut self, now: Instant, burst: f64, per_second: f64) -> bool {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * per_second).min(burst);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
         }
     }
 }
@@ -149,7 +121,7 @@ impl Throttle {
         if self.objects.len() >= REMEMBERED {
             let refilled = Duration::from_secs_f64(OBJECT_BURST * OBJECT_REFILL_SECONDS);
             self.objects
-                .retain(|_, b| now.saturating_duration_since(b.at) < refilled);
+                .retain(|_, b| now.saturating_duration_since(b.last_used()) < refilled);
         }
     }
 }

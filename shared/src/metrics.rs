@@ -110,6 +110,15 @@ pub struct Metrics {
     /// `kbind_connection_heartbeat_age_seconds{connection}`: since the heartbeat Lease on the
     /// provider was last renewed (computed when scraped)
     pub connection_heartbeat_age_seconds: GaugeVec,
+    /// `kbind_reaper_consumers{policy,state}` (kbind-reaper, on a provider): consumers by state
+    /// at the last sweep
+    pub reaper_consumers: GaugeVec,
+    /// `kbind_reaper_objects_total{policy,api,action}` (kbind-reaper): objects it deleted or
+    /// orphaned (the API server accepted the write)
+    pub reaper_objects_total: IntCounterVec,
+    /// `kbind_reaper_last_sweep_timestamp_seconds{policy}` (kbind-reaper): the provider API
+    /// server's time of the last complete sweep
+    pub reaper_last_sweep_timestamp_seconds: GaugeVec,
     heartbeats:
         std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
 }
@@ -294,6 +303,24 @@ impl Metrics {
                 "kbind_connection_heartbeat_age_seconds",
                 "Seconds since the heartbeat Lease on the Connection's provider was last renewed",
                 &["connection"],
+            ),
+            reaper_consumers: gauge_vec(
+                &registry,
+                "kbind_reaper_consumers",
+                "Consumers of this provider by state at the reaper's last sweep",
+                &["policy", "state"],
+            ),
+            reaper_objects_total: counter_vec(
+                &registry,
+                "kbind_reaper_objects_total",
+                "Objects of dead consumers the reaper deleted or orphaned, by API and action",
+                &["policy", "api", "action"],
+            ),
+            reaper_last_sweep_timestamp_seconds: gauge_vec(
+                &registry,
+                "kbind_reaper_last_sweep_timestamp_seconds",
+                "The provider API server's time of the reaper's last complete sweep",
+                &["policy"],
             ),
             heartbeats: Default::default(),
             sync_lag_seconds,

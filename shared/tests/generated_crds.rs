@@ -4,20 +4,18 @@ use std::path::PathBuf;
 
 #[test]
 fn checked_in_crds_match_the_api_types() {
-    for dir in kbind_shared::api::CRD_DIRS {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    for (dir, file, crd) in kbind_shared::api::checked_in_crds() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("..")
-            .join(dir);
-        for (file, crd) in kbind_shared::api::crds() {
-            let path = dir.join(file);
-            let checked_in = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert!(
-                checked_in == kbind_shared::api::crd_yaml(&crd),
-                "{} is stale: run `cargo run -p kbind-shared --bin kbind-crdgen` and commit the result",
-                path.display()
-            );
-        }
+            .join(dir)
+            .join(file);
+        let checked_in =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            checked_in == kbind_shared::api::crd_yaml(&crd),
+            "{} is stale: run `cargo run -p kbind-shared --bin kbind-crdgen` and commit the result",
+            path.display()
+        );
     }
 }
 
@@ -32,6 +30,22 @@ fn crds_have_status_subresource_category_and_no_short_names() {
         assert!(crd.spec.names.short_names.is_none());
         let version = &crd.spec.versions[0];
         assert_eq!(version.name, "v1alpha1");
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+    }
+}
+
+#[test]
+fn the_reapers_crd_is_cluster_scoped_in_its_own_group() {
+    for (_, crd) in kbind_shared::api::reaper_crds() {
+        assert_eq!(crd.spec.group, kbind_shared::api::reaper::REAPER_GROUP);
+        assert_eq!(crd.spec.scope, "Cluster");
+        let version = &crd.spec.versions[0];
         assert!(
             version
                 .subresources

@@ -4,6 +4,7 @@
 
 mod binding;
 mod connection;
+pub mod reaper;
 pub mod schema;
 
 pub use binding::*;
@@ -23,6 +24,31 @@ pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
         ("core.kbind.io_clusterbindings.yaml", ClusterBinding::crd()),
         ("core.kbind.io_bindings.yaml", Binding::crd()),
     ]
+}
+
+/// Where the reaper's CRD is checked in: its own chart, installed on a provider (#38).
+pub const REAPER_CRD_DIR: &str = "deploy/charts/kbind-reaper/crds";
+
+/// The reaper's CRD (`reaper.kbind.io`), with its file name under [`REAPER_CRD_DIR`].
+pub fn reaper_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
+    vec![(
+        "reaper.kbind.io_reaperpolicies.yaml",
+        reaper::ReaperPolicy::crd(),
+    )]
+}
+
+/// Every checked-in CRD: (directory, file, CRD).
+pub fn checked_in_crds() -> Vec<(&'static str, &'static str, CustomResourceDefinition)> {
+    let mut all = Vec::new();
+    for dir in CRD_DIRS {
+        all.extend(crds().into_iter().map(|(file, crd)| (dir, file, crd)));
+    }
+    all.extend(
+        reaper_crds()
+            .into_iter()
+            .map(|(file, crd)| (REAPER_CRD_DIR, file, crd)),
+    );
+    all
 }
 
 /// A CRD as the YAML document checked in under `deploy/crds/`.

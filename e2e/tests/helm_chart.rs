@@ -832,3 +832,108 @@ fn chart_renders_scrape_configs_and_the_dashboard_on_request() {
         "the data source is a choice, not a fixed UID"
     );
 }
+
+/// `helm template` of the reaper's chart (installed on a provider) with `extra`: its output, or
+/// its error.
+fn reaper_template(extra: &[&str]) -> Result<String, String> {
+    let chart = chart_dir()
+        .with_file_name("kbind-reaper")
+        .display()
+        .to_string();
+    let mut args = vec![
+        "template",
+        "r",
+        &chart,
+        "--kube-version",
+        KUBE_VERSION,
+        "-n",
+        "kbind-reaper",
+    ];
+    args.extend_from_slice(extra);
+    let output = run_helm(&args).unwrap();
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+#[test]
+fn the_reaper_chart_grants_only_what_its_action_needs() {
+    let chart = chart_dir()
+        .with_file_name("kbind-reaper")
+        .display()
+        .to_string();
+    let widgets = [
+        "--set",
+        "apis[0].group=example.org",
+        "--set",
+        "apis[0].resources[0]=widgets",
+    ];
+    let mut lint = vec![
+        "lint",
+        "--strict",
+        chart.as_str(),
+        "--kube-version",
+        KUBE_VERSION,
+    ];
+    lint.extend_from_slice(&widgets);
+    assert!(helm_ok(&lint).contains("0 chart(s) failed"));
+    // Nothing to look at, nothing granted: refused with the reason.
+    let error = reaper_template(&[]).unwrap_err();
+    assert!(error.contains("set apis"), "{error}");
+    let error = reaper_template(&[&widgets[..], &["--set", "action=Purge"]].concat()).unwrap_err();
+    assert!(error.contains("Report, Orphan or Delete"), "{error}");
+    // The verbs on the consumers' objects follow the action; Secrets, ConfigMaps and Namespaces
+    // only when included.
+    for (action, verbs) in [
+        ("Report", serde_json::json!(["list"])),
+        ("Orphan", serde_json::json!(["list", "patch"])),
+        ("Delete", serde_json::json!(["list", "delete"])),
+    ] {
+        let action_flag = format!("action={action}");
+        for include in [false, true] {
+            let related = format!("includeRelated={include}");
+            let extra = [&widgets[..], &["--set", &action_flag, "--set", &related]].concat();
+            let docs = yaml_documents(&reaper_template(&extra).unwrap()).unwrap();
+            let role = docs
+                .iter()
+                .find(|d| d["kind"] == "ClusterRole")
+                .expect("a ClusterRole");
+            let rules = role["rules"].as_array().unwrap();
+            let widget_rule = rules
+                .iter()
+                .find(|r| r["apiGroups"] == serde_json::json!(["example.org"]))
+                .unwrap();
+            assert_eq!(widget_rule["verbs"], verbs, "{action}");
+            assert_eq!(
+                rules
+                    .iter()
+                    .any(|r| r["resources"] == serde_json::json!(["secrets", "configmaps"])),
+                include,
+                "{action}, includeRelated={include}"
+            );
+            assert!(
+                !rules
+                    .iter()
+                    .any(|r| r["resources"] == serde_json::json!(["namespaces"])),
+                "namespaces only with includeNamespaces"
+            );
+            let policy = docs
+                .iter()
+                .find(|d| d["kind"] == "ReaperPolicy")
+                .expect("the policy");
+            assert_eq!(policy["spec"]["action"], action);
+            assert_eq!(
+                policy["spec"]["apis"],
+                serde_json::json!(["widgets.example.org"])
+            );
+            // Heartbeat Leases: list only, in the Lease namespaces.
+            let heartbeats = docs
+                .iter()
+                .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "kbind")
+                .expect("a Role in the Lease namespace");
+            assert_eq!(heartbeats["rules"][0]["verbs"], serde_json::json!(["list"]));
+        }
+    }
+}

@@ -52,6 +52,33 @@ impl Term {
     }
 }
 
+/// Runs `lead` under leader election when `election` is given, else at once as the only leader,
+/// until `shutdown`; `/readyz` says ready meanwhile (a standby is ready: healthy and waiting).
+pub async fn lead_or_run<F, Fut>(
+    client: Client,
+    election: Option<Election>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+    readiness: &kbind_shared::process::Readiness,
+    lead: F,
+) -> Result<(), String>
+where
+    F: Fn(CancellationToken) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    readiness.set(true);
+    let outcome = match election {
+        Some(election) => run(client, election, metrics, shutdown, lead).await,
+        None => {
+            metrics.leader.set(1.0);
+            lead(shutdown).await;
+            Ok(())
+        }
+    };
+    readiness.set(false);
+    outcome
+}
+
 /// Runs `lead` whenever this process holds the Lease, until `shutdown`. `lead` gets a token that
 /// is cancelled when leadership ends gracefully (shutdown); on lost leadership its task is aborted.
 /// Returns an error, after releasing the Lease, when the work ends on its own.

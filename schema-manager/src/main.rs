@@ -85,20 +85,13 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
         }
     };
     // A standby is ready: it is healthy and waiting for the Lease.
-    readiness.set(true);
-    if args.leader_elect {
-        let election = leader::Election {
-            namespace: args.common.namespace(),
-            lease_name: args.leader_election_id.clone(),
-            holder: identity,
-            lease_duration: args.leader_election_lease_duration,
-        };
-        leader::run(client, election, metrics, shutdown.clone(), lead).await?;
-    } else {
-        metrics.leader.set(1.0);
-        lead(shutdown.clone()).await;
-    }
-    readiness.set(false);
+    let election = args.leader_elect.then(|| leader::Election {
+        namespace: args.common.namespace(),
+        lease_name: args.leader_election_id.clone(),
+        holder: identity,
+        lease_duration: args.leader_election_lease_duration,
+    });
+    leader::lead_or_run(client, election, metrics, shutdown, &readiness, lead).await?;
     tracing::info!("kbind-schema-manager stopped");
     Ok(())
 }

@@ -18,6 +18,11 @@
 
 use std::time::Duration;
 
+use kbind_shared::api::reaper::{ReapAction, ReaperPolicySpec};
+
+pub mod facts;
+pub mod sweep;
+
 /// What the reaper may do with a dead consumer's copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -128,6 +133,39 @@ pub fn decide(facts: &Facts, policy: &Policy) -> Step {
 
 fn secs(d: Duration) -> i64 {
     i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
+/// The timing and action of a policy object, or what is wrong with it.
+pub fn policy_of(spec: &ReaperPolicySpec) -> Result<Policy, String> {
+    let duration = |field: &str, text: &str| {
+        humantime::parse_duration(text.trim())
+            .map_err(|e| format!("spec.{field} {text:?} is not a duration such as 30m: {e}"))
+    };
+    let policy = Policy {
+        stale_after: duration("staleAfter", &spec.stale_after)?,
+        delete_after: duration("deleteAfter", &spec.delete_after)?,
+        action: match spec.action {
+            ReapAction::Report => Action::Report,
+            ReapAction::Orphan => Action::Orphan,
+            ReapAction::Delete => Action::Delete,
+        },
+    };
+    if policy.stale_after.is_zero() {
+        return Err("spec.staleAfter must be more than 0".into());
+    }
+    if spec.lease_namespaces.is_empty() {
+        return Err("spec.leaseNamespaces names no namespace".into());
+    }
+    if spec.protect_label.trim().is_empty() {
+        return Err("spec.protectLabel is empty".into());
+    }
+    if spec.deletes_per_minute == 0 && policy.action != Action::Report {
+        return Err(format!(
+            "spec.deletesPerMinute is 0: action {:?} could never act",
+            spec.action
+        ));
+    }
+    Ok(policy)
 }
 
 /// Whether `policy` may be used with heartbeats of `lease_duration`: `stale_after` at least ten
@@ -312,6 +350,51 @@ mod tests {
                 act: None,
                 next: None
             }
+        );
+    }
+
+    #[test]
+    fn a_policy_object_reads_as_timing_and_action_or_says_what_is_wrong() {
+        let spec: ReaperPolicySpec = serde_json::from_value(serde_json::json!({})).unwrap();
+        assert_eq!(
+            policy_of(&spec),
+            Ok(policy(Action::Report)),
+            "the defaults: 30m, 24h, Report"
+        );
+        for (patch, error) in [
+            (
+                serde_json::json!({"staleAfter": "soon"}),
+                "spec.staleAfter \"soon\"",
+            ),
+            (
+                serde_json::json!({"deleteAfter": "1 fortnight"}),
+                "spec.deleteAfter",
+            ),
+            (serde_json::json!({"staleAfter": "0s"}), "more than 0"),
+            (
+                serde_json::json!({"leaseNamespaces": []}),
+                "names no namespace",
+            ),
+            (
+                serde_json::json!({"action": "Delete", "deletesPerMinute": 0}),
+                "could never act",
+            ),
+        ] {
+            let spec: ReaperPolicySpec = serde_json::from_value(patch.clone()).unwrap();
+            let got = policy_of(&spec).unwrap_err();
+            assert!(got.contains(error), "{patch}: {got}");
+        }
+        let spec: ReaperPolicySpec = serde_json::from_value(
+            serde_json::json!({"staleAfter": "12s", "deleteAfter": "8s", "action": "Delete"}),
+        )
+        .unwrap();
+        assert_eq!(
+            policy_of(&spec),
+            Ok(Policy {
+                stale_after: Duration::from_secs(12),
+                delete_after: Duration::from_secs(8),
+                action: Action::Delete
+            })
         );
     }
 

@@ -9,13 +9,16 @@
 //! - `doctor <connection>`: the provider credential checked against everything kbind needs, per
 //!   verb and resource, and what is missing as RBAC ready to apply;
 //! - `diff <kind>/<name>`: one synced object against its provider copy — a unified diff of the
-//!   fields kbind syncs, who owns which field on each side, delivery, the last refusal.
+//!   fields kbind syncs, who owns which field on each side, delivery, the last refusal;
+//! - `consumers --provider-kubeconfig <file>`: on a provider, its consumers as `kbind-reaper`
+//!   sees them and every heartbeat Lease with its server-recorded renewal.
 //!
 //! kubectl runs it with the user's environment, so it talks to the cluster `KUBECONFIG` (or
 //! `--kubeconfig`, `--context`) names: the consumer. Everything read from a cluster is printed
 //! through [`view::cell`] (control characters removed, length bounded).
 #![forbid(unsafe_code)]
 
+mod consumers;
 mod diff;
 mod doctor;
 mod plan;
@@ -86,6 +89,13 @@ enum Command {
         #[arg(short, long)]
         namespace: Option<String>,
     },
+    /// On a provider: its consumers as kbind-reaper last saw them (state, last renewal by the
+    /// provider's clock, objects per API), and every heartbeat Lease. Changes nothing.
+    Consumers {
+        /// The provider's kubeconfig (this command reads the provider, not the consumer).
+        #[arg(long)]
+        provider_kubeconfig: PathBuf,
+    },
 }
 
 /// How a command ended: its report was printed and it found nothing wrong (0), or something the
@@ -109,6 +119,18 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: &Args) -> Result<Verdict, String> {
+    let json = args.output == Output::Json;
+    if let Command::Consumers {
+        provider_kubeconfig,
+    } = &args.command
+    {
+        let provider = view::consumer_client(Some(provider_kubeconfig), args.context.as_deref())
+            .await
+            .map_err(|e| format!("cannot reach the provider cluster: {e}"))?;
+        let report = consumers::gather(&provider).await?;
+        view::print(json, &report, consumers::render)?;
+        return Ok(Verdict::Fine);
+    }
     let consumer = view::consumer_client(args.kubeconfig.as_deref(), args.context.as_deref())
         .await
         .map_err(|e| format!("cannot reach the consumer cluster: {e}"))?;
@@ -117,7 +139,6 @@ async fn run(args: &Args) -> Result<Verdict, String> {
     } else {
         kbind_shared::kubeconfig::Transport::Secure
     };
-    let json = args.output == Output::Json;
     match &args.command {
         Command::Status { ignore_refused } => {
             let report = status::gather(&consumer).await?;
@@ -163,5 +184,6 @@ async fn run(args: &Args) -> Result<Verdict, String> {
                 Verdict::Fine
             })
         }
+        Command::Consumers { .. } => Ok(Verdict::Fine),
     }
 }

@@ -1,0 +1,168 @@
+//! `kbind-reaper`: the optional provider-side program (#38). It runs **on a provider** (its
+//! kubeconfig is the provider's), leader-elected, and for every `ReaperPolicy` reads the consumers'
+//! heartbeat Leases, tells live consumers from dead ones by the API server's clock, reports them,
+//! and — only when a policy says so, after both graces — orphans or deletes a dead consumer's
+//! copies.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use kbind_schema_manager::leader;
+use kbind_schema_manager::reaper::sweep::Reaper;
+use kbind_shared::api::reaper::ReaperPolicy;
+use kbind_shared::cli::{CommonArgs, parse_duration};
+use kbind_shared::process;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+
+const PROGRAM: &str = "kbind-reaper";
+
+/// kbind's provider-side reaper. Its kubeconfig (`--kubeconfig`, else in-cluster) is the
+/// provider's; `--namespace` holds its leader and clock Leases.
+#[derive(Parser, Debug)]
+#[command(name = "kbind-reaper", version, about)]
+struct Args {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    /// Lease-based leader election
+    #[arg(long, env = "KBIND_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+
+    /// Leader Lease name in --namespace
+    #[arg(long, env = "KBIND_LEADER_ELECTION_ID", default_value = "kbind-reaper")]
+    leader_election_id: String,
+
+    /// How long a silent leader keeps the leader Lease
+    #[arg(long, env = "KBIND_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    leader_election_lease_duration: Duration,
+
+    /// The longest time between two sweeps (a sweep also comes at the exact second a consumer's
+    /// state changes)
+    #[arg(long, env = "KBIND_SWEEP_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    sweep_interval: Duration,
+
+    /// Testing only: pretend the host's clock is off by this much (e.g. `+6h`, `-6h`). No verdict
+    /// uses the host's clock, so none changes.
+    #[arg(long, env = "KBIND_HOST_CLOCK_OFFSET", hide = true, value_parser = parse_offset, default_value = "0s")]
+    host_clock_offset: jiff::SignedDuration,
+}
+
+fn parse_offset(text: &str) -> Result<jiff::SignedDuration, String> {
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let unsigned = humantime::parse_duration(rest)
+        .map_err(|e| format!("{text:?} is not an offset like +6h or -90m: {e}"))?;
+    let magnitude =
+        jiff::SignedDuration::try_from(unsigned).map_err(|e| format!("{text:?}: {e}"))?;
+    Ok(if negative { -magnitude } else { magnitude })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let common = args.common.clone();
+    process::main(PROGRAM, &common, |started| run(args, started)).await
+}
+
+async fn run(args: Args, started: process::Started) -> Result<(), String> {
+    let process::Started {
+        shutdown,
+        metrics,
+        client,
+        readiness,
+    } = started;
+    let identity = args.common.identity();
+    let namespace = args.common.namespace();
+    tracing::info!(%identity, %namespace, leader_elect = args.leader_elect, sweep_interval = ?args.sweep_interval, "kbind-reaper started");
+    let reaper = Arc::new(Reaper::new(
+        client.clone(),
+        namespace.clone(),
+        identity.clone(),
+        metrics.clone(),
+        args.host_clock_offset,
+    ));
+    let interval = args.sweep_interval;
+    let lead_client = client.clone();
+    let lead = move |stop: tokio_util::sync::CancellationToken| {
+        let reaper = reaper.clone();
+        let client = lead_client.clone();
+        async move { sweep_until(&reaper, &client, interval, &stop).await }
+    };
+    // A standby is ready: it is healthy and waiting for the Lease.
+    let election = args.leader_elect.then(|| leader::Election {
+        namespace,
+        lease_name: args.leader_election_id.clone(),
+        holder: identity,
+        lease_duration: args.leader_election_lease_duration,
+    });
+    leader::lead_or_run(client, election, metrics, shutdown, &readiness, lead).await?;
+    tracing::info!("kbind-reaper stopped");
+    Ok(())
+}
+
+/// Sweeps every policy, then waits for the soonest next sweep any asked for, until `stop`.
+async fn sweep_until(
+    reaper: &Reaper,
+    client: &kube::Client,
+    interval: Duration,
+    stop: &tokio_util::sync::CancellationToken,
+) {
+    let policies: Api<ReaperPolicy> = Api::all(client.clone());
+    let mut seeded = false;
+    while !stop.is_cancelled() {
+        let mut next = interval;
+        match policies.list(&ListParams::default()).await {
+            Ok(list) => {
+                if !seeded {
+                    list.items.iter().for_each(|p| reaper.seed(p));
+                    seeded = true;
+                }
+                for policy in &list.items {
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                    next = next.min(reaper.sweep(policy, interval).await);
+                    tracing::debug!(policy = %policy.name_any(), ?next, "next sweep");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list ReaperPolicies");
+                next = next.min(Duration::from_secs(5));
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(next) => {}
+            _ = stop.cancelled() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clock_offset_is_signed() {
+        assert_eq!(parse_offset("+6h"), Ok(jiff::SignedDuration::from_hours(6)));
+        assert_eq!(
+            parse_offset("-90m"),
+            Ok(jiff::SignedDuration::from_mins(-90))
+        );
+        assert_eq!(parse_offset("0s"), Ok(jiff::SignedDuration::ZERO));
+        assert!(parse_offset("soon").is_err());
+    }
+
+    #[test]
+    fn every_default_parses() {
+        let args = Args::try_parse_from(["kbind-reaper"]).unwrap();
+        assert_eq!(args.host_clock_offset, jiff::SignedDuration::ZERO);
+        assert_eq!(args.sweep_interval, Duration::from_secs(30));
+        assert!(args.leader_elect);
+    }
+}

@@ -28,8 +28,10 @@ const UID_C: &str = "consumer-c-never-leased";
 const FINALIZER: &str = "provider.example.org/hold";
 const PROTECT: &str = "reaper.kbind.io/protect";
 
-/// The reaper chart's RBAC, rendered for these values, and its CRD, applied to the provider.
-async fn install_reaper_rbac(provider: &Client, lease_namespace: &str) {
+/// The reaper chart's RBAC, rendered for these values (`action`, Secrets/ConfigMaps and
+/// Namespaces included), and its CRD, applied to the provider.
+async fn install_reaper_rbac(provider: &Client, lease_namespace: &str, action: &str) {
+    let action = format!("action={action}");
     let chart = chart_dir().with_file_name("kbind-reaper");
     let chart = chart.display().to_string();
     let lease_namespaces = format!("leaseNamespaces={{{lease_namespace}}}");
@@ -48,7 +50,7 @@ async fn install_reaper_rbac(provider: &Client, lease_namespace: &str) {
         "--set",
         "apis[0].resources[0]=widgets",
         "--set",
-        "action=Delete",
+        &action,
         "--set",
         "includeRelated=true",
         "--set",
@@ -69,6 +71,106 @@ async fn install_reaper_rbac(provider: &Client, lease_namespace: &str) {
         .await
         .unwrap();
     apply_manifest(provider, &rbac).await.unwrap();
+}
+
+/// Installs the reaper's CRD and its chart's RBAC for the policy's action, creates the policy
+/// `default` with `spec`, and starts `kbind-reaper` as a process with its ServiceAccount's token
+/// and `extra` flags. Returns its process index and metrics address.
+async fn start_reaper(
+    env: &mut kbind_e2e::TestEnv,
+    provider: &Client,
+    lease_namespace: &str,
+    spec: serde_json::Value,
+    extra: &[&str],
+) -> (usize, String) {
+    ensure_namespace(provider, REAPER_NAMESPACE).await.unwrap();
+    let action = spec["action"].as_str().unwrap_or("Report").to_owned();
+    install_reaper_rbac(provider, lease_namespace, &action).await;
+    let account = env
+        .cluster("provider")
+        .mint_service_account_user(REAPER_NAMESPACE, SERVICE_ACCOUNT)
+        .await
+        .unwrap();
+    let kubeconfig = env.dir().join("reaper.kubeconfig");
+    std::fs::write(&kubeconfig, &account.kubeconfig).unwrap();
+    Api::<ReaperPolicy>::all(provider.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "reaper.kbind.io/v1alpha1",
+                "kind": "ReaperPolicy",
+                "metadata": { "name": "default" },
+                "spec": spec,
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--namespace={REAPER_NAMESPACE}"),
+        format!("--metrics-bind-address={metrics}"),
+        format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
+        "--sweep-interval=2s".into(),
+        "--log-level=info,kbind_schema_manager=debug".into(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let index = env
+        .start_kbind("kbind-reaper", "reaper", &args, &[("POD_NAME", "reaper-0")])
+        .unwrap();
+    (index, metrics)
+}
+
+/// Waits for consumer A's heartbeat Lease (the first kbind-managed Lease on the provider);
+/// returns its namespace and A's UID.
+async fn lease_of_a(provider: &Client) -> (String, String) {
+    let all_leases: Api<Lease> = Api::all(provider.clone());
+    let lease = wait_for("A's heartbeat Lease", 30, || async {
+        let list = all_leases
+            .list(&kube::api::ListParams::default().labels("core.kbind.io/managed=true"))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(list.items.into_iter().next())
+    })
+    .await;
+    let namespace = lease.namespace().unwrap_or_default();
+    let uid = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    (namespace, uid)
+}
+
+/// Writes another consumer's heartbeat Lease once, as the Go reference would (its own field
+/// manager, its own clock).
+async fn write_lease(
+    provider: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Lease, kube::Error> {
+    let body = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "labels": { keys::MANAGED_LABEL: keys::TRUE },
+            "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: uid },
+        },
+        "spec": {
+            "holderIdentity": uid,
+            "leaseDurationSeconds": 1,
+            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now()),
+        },
+    });
+    Api::<Lease>::namespaced(provider.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::apply("go-konnector").force(),
+            &Patch::Apply(&body),
+        )
+        .await
 }
 
 fn widget_copies(provider: &Client, namespace: &str) -> Api<DynamicObject> {
@@ -108,33 +210,13 @@ fn state_of(status: &kbind_shared::api::reaper::ReaperPolicyStatus, uid: &str) -
         .unwrap_or_default()
 }
 
-/// Renews consumer B's heartbeat Lease every second, as another implementation would (an update
-/// with its own clock's renewTime), until aborted.
+/// Renews consumer B's heartbeat Lease every second, as another implementation would, until
+/// aborted.
 fn keep_b_alive(provider: Client, namespace: String) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let leases: Api<Lease> = Api::namespaced(provider, &namespace);
         loop {
-            let body = json!({
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": "other-consumer-b",
-                    "labels": { keys::MANAGED_LABEL: keys::TRUE },
-                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: UID_B },
-                },
-                "spec": {
-                    "holderIdentity": UID_B,
-                    "leaseDurationSeconds": 1,
-                    "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now()),
-                },
-            });
-            let _ = leases
-                .patch(
-                    "other-consumer-b",
-                    &PatchParams::apply("go-konnector").force(),
-                    &Patch::Apply(&body),
-                )
-                .await;
+            // A failed renewal is one missed beat, as for any consumer.
+            let _ = write_lease(&provider, &namespace, "other-consumer-b", UID_B).await;
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     })
@@ -277,17 +359,7 @@ async fn a_dead_consumer_is_reaped_after_both_graces_and_nothing_else_is_touched
     .await;
 
     // Where A's heartbeat is, and its UID.
-    let all_leases: Api<Lease> = Api::all(provider.clone());
-    let lease_a = wait_for("A's heartbeat Lease", 30, || async {
-        let list = all_leases
-            .list(&kube::api::ListParams::default().labels("core.kbind.io/managed=true"))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(list.items.into_iter().next())
-    })
-    .await;
-    let lease_namespace = lease_a.namespace().unwrap();
-    let uid_a = lease_a.spec.unwrap().holder_identity.unwrap();
+    let (lease_namespace, uid_a) = lease_of_a(&provider).await;
 
     // Consumer B: alive, in the Go reference's form. Consumer C: never had a Lease.
     let _b = keep_b_alive(provider.clone(), lease_namespace.clone());
@@ -309,56 +381,24 @@ async fn a_dead_consumer_is_reaped_after_both_graces_and_nothing_else_is_touched
         .unwrap();
 
     // The reaper: its chart's RBAC, its ServiceAccount's token, its host clock six hours ahead.
-    ensure_namespace(&provider, REAPER_NAMESPACE).await.unwrap();
-    install_reaper_rbac(&provider, &lease_namespace).await;
-    let account = s
-        .env
-        .cluster("provider")
-        .mint_service_account_user(REAPER_NAMESPACE, SERVICE_ACCOUNT)
-        .await
-        .unwrap();
-    let kubeconfig = s.env.dir().join("reaper.kubeconfig");
-    std::fs::write(&kubeconfig, &account.kubeconfig).unwrap();
-    Api::<ReaperPolicy>::all(provider.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "reaper.kbind.io/v1alpha1",
-                "kind": "ReaperPolicy",
-                "metadata": { "name": "default" },
-                "spec": {
-                    "leaseNamespaces": [lease_namespace],
-                    "staleAfter": "12s",
-                    "deleteAfter": "20s",
-                    "action": "Delete",
-                    "apis": ["widgets.example.org"],
-                    "includeRelated": true,
-                    "includeNamespaces": true,
-                    "deletesPerMinute": 600,
-                },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let reaper_index = s
-        .env
-        .start_kbind(
-            "kbind-reaper",
-            "reaper",
-            &[
-                format!("--kubeconfig={}", kubeconfig.display()),
-                format!("--namespace={REAPER_NAMESPACE}"),
-                format!("--metrics-bind-address={metrics}"),
-                format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
-                "--sweep-interval=2s".into(),
-                "--host-clock-offset=+6h".into(),
-                "--log-level=info,kbind_schema_manager=debug".into(),
-            ],
-            &[("POD_NAME", "reaper-0")],
-        )
-        .unwrap();
+    let policy = json!({
+        "leaseNamespaces": [lease_namespace],
+        "staleAfter": "12s",
+        "deleteAfter": "20s",
+        "action": "Delete",
+        "apis": ["widgets.example.org"],
+        "includeRelated": true,
+        "includeNamespaces": true,
+        "deletesPerMinute": 600,
+    });
+    let (reaper_index, metrics) = start_reaper(
+        &mut s.env,
+        &provider,
+        &lease_namespace,
+        policy,
+        &["--host-clock-offset=+6h"],
+    )
+    .await;
 
     // Everyone is seen for what they are; six hours of host skew make no live consumer stale.
     wait_state(&provider, &uid_a, "Live", 60).await;
@@ -532,5 +572,117 @@ async fn a_dead_consumer_is_reaped_after_both_graces_and_nothing_else_is_touched
     assert!(
         s.env.process(reaper_index).is_running(),
         "the reaper runs on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_strips_a_dead_consumers_markers_and_a_consumer_that_left_is_never_touched() {
+    let s = SyncEnv::start_full(
+        "reaper_orphan",
+        &[0, 1, 2],
+        None,
+        &[],
+        &["--heartbeat-lease-duration=1s"],
+    )
+    .await;
+    let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
+    let mut env = s.env;
+    wait_cluster_binding_ready(&consumer, "widgets").await;
+    ensure_namespace(&consumer, "team-a").await.unwrap();
+    create_and_wait_copy(
+        &widgets(&consumer, "team-a"),
+        &widget_copies(&provider, "team-a"),
+        "w1",
+        1,
+    )
+    .await;
+    let (lease_namespace, uid_a) = lease_of_a(&provider).await;
+
+    // Consumer D renewed its Lease once and died; its copy and namespace remain.
+    const UID_D: &str = "consumer-d-dead";
+    write_lease(&provider, &lease_namespace, "dead-consumer-d", UID_D)
+        .await
+        .unwrap();
+    marked_namespace(&provider, "team-d", UID_D).await;
+    let d1 = widget_copies(&provider, "team-d")
+        .create(
+            &PostParams::default(),
+            &foreign_widget("team-d", "d1", UID_D),
+        )
+        .await
+        .unwrap();
+
+    let policy = json!({
+        "leaseNamespaces": [lease_namespace],
+        "staleAfter": "12s",
+        "deleteAfter": "3s",
+        "action": "Orphan",
+        "apis": ["widgets.example.org"],
+        "includeNamespaces": true,
+    });
+    let (_reaper, metrics) = start_reaper(&mut env, &provider, &lease_namespace, policy, &[]).await;
+    wait_state(&provider, &uid_a, "Live", 60).await;
+
+    // A leaves in order: its binding and then its Connection deleted, its Lease marked.
+    let bindings = Api::<ClusterBinding>::all(consumer.clone());
+    bindings
+        .delete("widgets", &Default::default())
+        .await
+        .unwrap();
+    wait_gone(&bindings, "widgets", "the ClusterBinding to go", 60).await;
+    delete_connection(&consumer, "provider").await;
+    wait_state(&provider, &uid_a, "Left", 30).await;
+
+    // D is orphaned after both graces: the same objects, without kbind's markers.
+    wait_state(&provider, UID_D, "Reaped", 60).await;
+    let orphaned = widget_copies(&provider, "team-d").get("d1").await.unwrap();
+    assert_eq!(
+        orphaned.metadata.uid, d1.metadata.uid,
+        "the same object, not re-created"
+    );
+    assert!(orphaned.metadata.deletion_timestamp.is_none());
+    for key in [
+        keys::CONSUMER_CLUSTER_UID_ANNOTATION,
+        keys::CONSUMER_OBJECT_UID_ANNOTATION,
+    ] {
+        assert_eq!(annotation(&orphaned, key), None, "{key} removed");
+    }
+    assert_eq!(label(&orphaned, keys::MANAGED_LABEL), None);
+    let team_d = Api::<Namespace>::all(provider.clone())
+        .get("team-d")
+        .await
+        .unwrap();
+    assert!(
+        team_d.metadata.deletion_timestamp.is_none(),
+        "orphaned, not deleted"
+    );
+    assert_eq!(label(&team_d, keys::CONSUMER_CLUSTER_UID_ANNOTATION), None);
+
+    // A stays Left, well past both graces: what it left behind keeps its markers.
+    tokio::time::sleep(Duration::from_secs(18)).await;
+    let status = policy_status(&provider).await.unwrap();
+    assert_eq!(state_of(&status, &uid_a), "Left");
+    let team_a = Api::<Namespace>::all(provider.clone())
+        .get("team-a")
+        .await
+        .unwrap();
+    assert_eq!(
+        label(&team_a, keys::CONSUMER_CLUSTER_UID_ANNOTATION),
+        Some(uid_a.as_str()),
+        "a consumer that left is never touched"
+    );
+    let text = http_get(&metrics, "/metrics").await.unwrap().1;
+    let orphans = |api: &str| {
+        metric_sum(
+            &text,
+            "kbind_reaper_objects_total",
+            &[("api", api), ("action", "Orphan")],
+        )
+    };
+    assert_eq!(orphans("widgets.example.org"), 1.0, "d1");
+    assert_eq!(orphans("namespaces"), 1.0, "team-d");
+    assert_eq!(
+        metric_sum(&text, "kbind_reaper_consumers", &[("state", "Left")]),
+        f64::from(status.counts.left)
     );
 }

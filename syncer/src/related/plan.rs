@@ -668,11 +668,18 @@ pub fn step(
     let payload_same = PAYLOAD_FIELDS
         .iter()
         .all(|f| *f == "stringData" || existing.payload.get(*f) == wanted.payload.get(*f));
+    // A copy the Go konnector wrote has no per-entry record (#37): adopted as it is — the record
+    // is informational (garbage is decided from what the entries want) and is written with the
+    // copy's next change, never as a write of its own.
+    let go_copy = !existing
+        .annotations
+        .contains_key(keys::RELATED_ENTRIES_ANNOTATION);
     let meta_same = existing.labels.get(keys::MANAGED_LABEL).map(String::as_str)
         == Some(keys::TRUE)
-        && annotations(wanted, marker)
-            .iter()
-            .all(|(k, v)| existing.annotations.get(*k) == Some(v));
+        && annotations(wanted, marker).iter().all(|(k, v)| {
+            existing.annotations.get(*k) == Some(v)
+                || (go_copy && *k == keys::RELATED_ENTRIES_ANNOTATION)
+        });
     if payload_same && meta_same {
         return Step::Nothing;
     }
@@ -993,6 +1000,19 @@ mod tests {
         }
         assert_eq!(
             step(Some(&stale_marker), provider, &want, &MARKER, fail),
+            Step::Apply
+        );
+        // The Go konnector's copy (#37): no per-entry record. Current: adopted without a write;
+        // its payload changed: applied (the record with it).
+        let mut go_copy = ours(&want, "1");
+        go_copy.annotations.remove(keys::RELATED_ENTRIES_ANNOTATION);
+        assert_eq!(
+            step(Some(&go_copy), provider, &want, &MARKER, fail),
+            Step::Nothing
+        );
+        go_copy.payload.insert("data".into(), json!({ "k": "2" }));
+        assert_eq!(
+            step(Some(&go_copy), provider, &want, &MARKER, fail),
             Step::Apply
         );
         for (existing, side, policy, want_step) in cases {

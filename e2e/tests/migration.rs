@@ -1,0 +1,526 @@
+//! #37: replacing a running Go konnector. Both clusters are brought into the state the Go
+//! konnector leaves them in — written here from its contract (REFERENCE-BEHAVIOUR KEY-*, SYNC-8,
+//! REL-4, HB-3), with its field managers, its markers in both forms, its finalizers, its 16-hex
+//! schema hashes — and kbind is started on them. It must adopt everything without writing to the
+//! provider: no copy, namespace or related copy changes, no conflict appears, the heartbeat goes
+//! on under the same Lease, and the next spec change is one write with one owner.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::kbind::{apiserver_writes, grown};
+use kbind_e2e::wait::wait_for;
+use kbind_shared::api::ClusterBinding;
+use kbind_shared::keys;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+/// The Go konnector's field manager for its other writes (controller-runtime names it after the
+/// binary).
+const GO_MANAGER: &str = "konnector";
+
+fn gadget_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.org", "v1", "Gadget"),
+        "gadgets",
+    )
+}
+
+fn exported(plural: &str, kind: &str) -> CustomResourceDefinition {
+    crd(
+        plural,
+        "example.org",
+        kind,
+        &[(keys::EXPORTED_LABEL, keys::TRUE)],
+    )
+}
+
+/// The consumer CRD the Go konnector pulled: the provider's, marked, with its 16-hex hash.
+fn go_pulled(plural: &str, kind: &str) -> CustomResourceDefinition {
+    let mut crd = crd(
+        plural,
+        "example.org",
+        kind,
+        &[(keys::MANAGED_LABEL, keys::TRUE)],
+    );
+    crd.metadata.annotations = Some(
+        [
+            (
+                keys::CONNECTION_ANNOTATION.to_owned(),
+                "provider".to_owned(),
+            ),
+            (
+                keys::SCHEMA_HASH_ANNOTATION.to_owned(),
+                "sha256:0123456789abcdef".to_owned(),
+            ),
+        ]
+        .into(),
+    );
+    crd
+}
+
+async fn kube_system_uid(client: &Client) -> String {
+    Api::<Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap()
+}
+
+/// SYNC-8: the Go konnector's spec apply of one copy.
+async fn go_copy(
+    provider: &Client,
+    resource: &ApiResource,
+    consumer_object: &DynamicObject,
+    local_uid: &str,
+) {
+    let name = consumer_object.name_any();
+    let namespace = consumer_object.namespace().unwrap();
+    let body = json!({
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": { keys::MANAGED_LABEL: keys::TRUE },
+            "annotations": {
+                keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
+                keys::CONSUMER_OBJECT_UID_ANNOTATION: consumer_object.metadata.uid.clone().unwrap(),
+            },
+        },
+        "spec": consumer_object.data["spec"],
+    });
+    Api::<DynamicObject>::namespaced_with(provider.clone(), &namespace, resource)
+        .patch(
+            &name,
+            &PatchParams::apply(keys::FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .unwrap();
+}
+
+/// A consumer object the user created, with the Go syncer's finalizer (SYNC-5, an update by the
+/// konnector).
+async fn user_object(
+    api: &Api<DynamicObject>,
+    object: DynamicObject,
+    annotations: &[(&str, &str)],
+) -> DynamicObject {
+    let mut object = object;
+    if !annotations.is_empty() {
+        object.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+    }
+    let created = api.create(&PostParams::default(), &object).await.unwrap();
+    api.patch(
+        &created.name_any(),
+        &PatchParams {
+            field_manager: Some(GO_MANAGER.into()),
+            ..Default::default()
+        },
+        &Patch::Merge(json!({ "metadata": { "finalizers": [keys::SYNCER_FINALIZER] } })),
+    )
+    .await
+    .unwrap()
+}
+
+/// Every provider object kbind could touch, by kind/namespace/name: its resourceVersion.
+async fn provider_versions(provider: &Client) -> BTreeMap<String, String> {
+    let mut versions = BTreeMap::new();
+    for (kind, resource) in [
+        ("widgets", widget_resource()),
+        ("gadgets", gadget_resource()),
+    ] {
+        let api: Api<DynamicObject> = Api::all_with(provider.clone(), &resource);
+        for o in api.list(&Default::default()).await.unwrap() {
+            versions.insert(
+                format!(
+                    "{kind} {}/{}",
+                    o.namespace().unwrap_or_default(),
+                    o.name_any()
+                ),
+                o.resource_version().unwrap_or_default(),
+            );
+        }
+    }
+    let namespace = Api::<Namespace>::all(provider.clone())
+        .get("team-a")
+        .await
+        .unwrap();
+    versions.insert(
+        "namespace team-a".into(),
+        namespace.resource_version().unwrap_or_default(),
+    );
+    let map = Api::<ConfigMap>::namespaced(provider.clone(), "team-a")
+        .get("settings")
+        .await
+        .unwrap();
+    versions.insert(
+        "configmap team-a/settings".into(),
+        map.resource_version().unwrap_or_default(),
+    );
+    versions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kbind_adopts_the_go_konnectors_state_without_writing_to_the_provider() {
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start("migration", &[]).await;
+    let (local_uid, remote_uid) = (
+        kube_system_uid(&consumer).await,
+        kube_system_uid(&provider).await,
+    );
+    for crd in [exported("widgets", "Widget"), exported("gadgets", "Gadget")] {
+        install_crd(&provider, &crd).await.unwrap();
+    }
+    let _controller = run_provider_widget_controller(provider.clone());
+
+    // The consumer as the Go konnector left it: its pulled CRDs, the Secret and Connection with
+    // its cleanup finalizer and its status (pins, exported APIs), the ClusterBinding.
+    for crd in [
+        go_pulled("widgets", "Widget"),
+        go_pulled("gadgets", "Gadget"),
+    ] {
+        install_crd(&consumer, &crd).await.unwrap();
+    }
+    for namespace in [SECRET_NAMESPACE, KBIND_NAMESPACE, "team-a"] {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+    }
+    let kubeconfig = env.cluster("provider").admin_kubeconfig();
+    apply_manifest(&consumer, &one_file(&kubeconfig, &[0, 1]))
+        .await
+        .unwrap();
+    let finalize = |name: &str| json!({ "metadata": { "name": name, "finalizers": [keys::CLEANUP_FINALIZER] } });
+    let go_update = PatchParams {
+        field_manager: Some(GO_MANAGER.into()),
+        ..Default::default()
+    };
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(consumer.clone(), SECRET_NAMESPACE);
+    secrets
+        .patch(
+            "provider-kubeconfig",
+            &go_update,
+            &Patch::Merge(finalize("provider-kubeconfig")),
+        )
+        .await
+        .unwrap();
+    let connections: Api<kbind_shared::api::Connection> = Api::all(consumer.clone());
+    connections
+        .patch("provider", &go_update, &Patch::Merge(finalize("provider")))
+        .await
+        .unwrap();
+    let exported_api = |plural: &str| {
+        json!({ "name": format!("{plural}.example.org"), "group": "example.org", "resource": plural,
+                "scope": "Namespaced", "versions": ["v1"] })
+    };
+    connections
+        .patch_status(
+            "provider",
+            &go_update,
+            &Patch::Merge(json!({ "status": {
+                "remoteClusterUID": remote_uid,
+                "localClusterUID": local_uid,
+                "exportedAPIs": [exported_api("gadgets"), exported_api("widgets")],
+                "conditions": [{ "type": "Ready", "status": "True", "reason": "Ready",
+                                 "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z" }],
+            } })),
+        )
+        .await
+        .unwrap();
+    let bindings: Api<ClusterBinding> = Api::all(consumer.clone());
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "core.kbind.io/v1alpha1", "kind": "ClusterBinding",
+                "metadata": { "name": "widgets", "finalizers": [keys::CLEANUP_FINALIZER] },
+                "spec": {
+                    "connectionRef": { "name": "provider" },
+                    "apis": [{ "name": "widgets.example.org" }, { "name": "gadgets.example.org" }],
+                    "relatedResources": [{ "resource": "configmaps", "direction": "FromConsumer",
+                                           "selector": { "names": ["settings"] } }],
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let binding_uid = bindings.get("widgets").await.unwrap().metadata.uid.unwrap();
+
+    // The objects: Widgets w1–w3 (w3 with the Orphan deletion policy) and Gadgets g1–g2 synced;
+    // w4 in conflict with a provider object that is not kbind's; a related ConfigMap.
+    let consumer_widgets = widgets(&consumer, "team-a");
+    let consumer_gadgets: Api<DynamicObject> =
+        Api::namespaced_with(consumer.clone(), "team-a", &gadget_resource());
+    let mut synced = Vec::new();
+    for (name, annotations) in [
+        ("w1", vec![]),
+        ("w2", vec![]),
+        (
+            "w3",
+            vec![(
+                keys::DELETION_POLICY_ANNOTATION,
+                keys::DELETION_POLICY_ORPHAN,
+            )],
+        ),
+    ] {
+        synced.push((
+            widget_resource(),
+            user_object(&consumer_widgets, widget(name, 1), &annotations).await,
+        ));
+    }
+    for name in ["g1", "g2"] {
+        let gadget: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "example.org/v1", "kind": "Gadget", "metadata": { "name": name }, "spec": { "colour": "red" } }))
+        .unwrap();
+        synced.push((
+            gadget_resource(),
+            user_object(&consumer_gadgets, gadget, &[]).await,
+        ));
+    }
+    let w4 = user_object(
+        &consumer_widgets,
+        widget("w4", 1),
+        &[(keys::CONFLICT_ANNOTATION, keys::CONFLICT_FOREIGN)],
+    )
+    .await;
+    let mut settings = ConfigMap {
+        data: Some([("colour".to_owned(), "blue".to_owned())].into()),
+        ..Default::default()
+    };
+    settings.metadata.name = Some("settings".into());
+    Api::<ConfigMap>::namespaced(consumer.clone(), "team-a")
+        .create(&PostParams::default(), &settings)
+        .await
+        .unwrap();
+
+    // The provider as the Go konnector left it: team-a (the syncer's label form), the copies,
+    // the foreign w4, the related copy (REL-4), the heartbeat Lease (HB-3).
+    let team_a = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some("team-a".into()),
+            labels: Some(
+                [
+                    (keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned()),
+                    (
+                        keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
+                        local_uid.clone(),
+                    ),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(provider.clone())
+        .create(&PostParams::default(), &team_a)
+        .await
+        .unwrap();
+    for (resource, object) in &synced {
+        go_copy(&provider, resource, object, &local_uid).await;
+    }
+    widgets(&provider, "team-a")
+        .create(&PostParams::default(), &widget("w4", 7))
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(provider.clone(), "team-a")
+        .patch(
+            "settings",
+            &PatchParams::apply(keys::RELATED_FIELD_MANAGER).force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": { "name": "settings", "namespace": "team-a",
+                    "labels": { keys::MANAGED_LABEL: keys::TRUE },
+                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
+                                     keys::RELATED_BINDING_ANNOTATION: binding_uid } },
+                "data": { "colour": "blue" },
+            })),
+        )
+        .await
+        .unwrap();
+    ensure_namespace(&provider, "kbind").await.unwrap();
+    let lease_name = format!("provider-{}", &local_uid[..10]);
+    let leases: Api<Lease> = Api::namespaced(provider.clone(), "kbind");
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+    leases
+        .patch(
+            &lease_name,
+            &PatchParams::apply(GO_MANAGER).force(),
+            &Patch::Apply(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": { "name": lease_name, "labels": { keys::MANAGED_LABEL: keys::TRUE },
+                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
+                                     keys::CONNECTION_ANNOTATION: "provider" } },
+                "spec": { "holderIdentity": local_uid, "leaseDurationSeconds": 60,
+                          "acquireTime": now, "renewTime": now },
+            })),
+        )
+        .await
+        .unwrap();
+    // The status the Go syncer copied down (SYNC-9), once the provider's controller wrote it.
+    for (resource, object) in &synced {
+        let name = object.name_any();
+        let provider_api: Api<DynamicObject> =
+            Api::namespaced_with(provider.clone(), "team-a", resource);
+        let status = if resource.kind == "Widget" {
+            wait_for("the provider's status", 30, || async {
+                let copy = provider_api.get(&name).await.map_err(|e| e.to_string())?;
+                Ok(copy.data.get("status").filter(|s| !s.is_null()).cloned())
+            })
+            .await
+        } else {
+            json!({ "phase": "Ready" })
+        };
+        if resource.kind == "Gadget" {
+            provider_api
+                .patch_status(
+                    &name,
+                    &go_update,
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await
+                .unwrap();
+        }
+        Api::<DynamicObject>::namespaced_with(consumer.clone(), "team-a", resource)
+            .patch_status(
+                &name,
+                &go_update,
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .unwrap();
+    }
+
+    // kbind starts on it.
+    let before = provider_versions(&provider).await;
+    let writes_before = apiserver_writes(&provider).await.unwrap();
+    let manager = start_lone_schema_manager(&mut env, &[]).await;
+    let syncer = start_syncer(&mut env, "consumer", "syncer-0", &[])
+        .await
+        .unwrap();
+    manager.wait_ready("the schema manager", 60).await;
+    syncer.wait_ready("the syncer", 60).await;
+    wait_cluster_binding_ready(&consumer, "widgets").await;
+    for (resource, object) in &synced {
+        let api: Api<DynamicObject> = Api::namespaced_with(consumer.clone(), "team-a", resource);
+        let name = object.name_any();
+        wait_for(&format!("{name}'s delivery record"), 60, || async {
+            let o = api.get(&name).await.map_err(|e| e.to_string())?;
+            Ok((o.data["status"]["kbindSync"]["state"] == "Synced").then_some(()))
+        })
+        .await;
+    }
+    wait_binding(&bindings, "widgets", "RelatedResourcesSynced=True").await;
+    let renewed_by_kbind = wait_for("kbind to renew the same heartbeat Lease", 30, || async {
+        let lease = leases.get(&lease_name).await.map_err(|e| e.to_string())?;
+        Ok(lease
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|f| f.manager.as_deref() == Some("kbind-schema-manager"))
+            .then_some(lease))
+    })
+    .await;
+    assert_eq!(
+        renewed_by_kbind.spec.unwrap().holder_identity.as_deref(),
+        Some(local_uid.as_str())
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Nothing of the provider's was written.
+    assert_eq!(
+        provider_versions(&provider).await,
+        before,
+        "no provider object changed"
+    );
+    let written = grown(&writes_before, &apiserver_writes(&provider).await.unwrap());
+    assert_eq!(
+        written,
+        BTreeMap::new(),
+        "kbind wrote nothing but its Lease to the provider"
+    );
+    let managed_leases = Api::<Lease>::all(provider.clone())
+        .list(&kube::api::ListParams::default().labels("core.kbind.io/managed=true"))
+        .await
+        .unwrap();
+    assert_eq!(
+        managed_leases
+            .items
+            .iter()
+            .map(|l| l.name_any())
+            .collect::<Vec<_>>(),
+        [lease_name.clone()],
+        "the heartbeat goes on under the same Lease"
+    );
+
+    // On the consumer: no conflict appeared, w4's stays; one finalizer each, kbind's = Go's.
+    for (resource, object) in &synced {
+        let api: Api<DynamicObject> = Api::namespaced_with(consumer.clone(), "team-a", resource);
+        let o = api.get(&object.name_any()).await.unwrap();
+        assert_eq!(
+            annotation(&o, keys::CONFLICT_ANNOTATION),
+            None,
+            "{}",
+            o.name_any()
+        );
+        assert_eq!(
+            o.finalizers(),
+            [keys::SYNCER_FINALIZER.to_owned()],
+            "{}",
+            o.name_any()
+        );
+    }
+    let w4 = consumer_widgets.get(&w4.name_any()).await.unwrap();
+    assert_eq!(
+        annotation(&w4, keys::CONFLICT_ANNOTATION),
+        Some(keys::CONFLICT_FOREIGN)
+    );
+
+    // The next spec change: one write to the provider, and the copy's spec has one owner.
+    let writes_before = apiserver_writes(&provider).await.unwrap();
+    resize_and_wait_upstream(&consumer_widgets, &widgets(&provider, "team-a"), "w1", 9).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let written = grown(&writes_before, &apiserver_writes(&provider).await.unwrap());
+    let widget_writes: u64 = written
+        .iter()
+        // The provider's own controller writes the status; kbind writes the rest.
+        .filter(|(k, _)| k.contains("example.org/widgets") && !k.ends_with(" status"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(widget_writes, 1, "one write: {written:?}");
+    let copy = widgets(&provider, "team-a").get("w1").await.unwrap();
+    let owners: Vec<&str> = copy
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|f| {
+            f.fields_v1
+                .as_ref()
+                .and_then(|v| v.0.get("f:spec"))
+                .and_then(|s| s.get("f:size"))
+                .is_some()
+        })
+        .filter_map(|f| f.manager.as_deref())
+        .collect();
+    assert_eq!(owners, [keys::FIELD_MANAGER], "spec.size has one owner");
+}

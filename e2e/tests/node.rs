@@ -705,3 +705,95 @@ async fn the_default_resources_hold_a_bulk_of_two_thousand_objects() {
     }
     println!("{}", report.join("\n"));
 }
+
+/// The reaper's chart on the node: its pod sweeps with the chart's RBAC and in-cluster config.
+/// The node's cluster plays a provider here (the reaper only needs Leases and CRDs).
+#[tokio::test]
+async fn the_reaper_chart_runs_on_a_node_and_sweeps_with_its_own_rbac() {
+    use kbind_shared::api::reaper::ReaperPolicy;
+    use kbind_shared::keys;
+    let setup = NodeSetup::start("reaper_on_node").await;
+    let client = &setup.consumer;
+    install_crd(client, &widget_crd()).await.unwrap();
+    kbind_e2e::cluster::ensure_namespace(client, "kbind")
+        .await
+        .unwrap();
+    // A consumer's heartbeat, as kbind writes it.
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": { "name": "provider-consumer-x", "labels": { keys::MANAGED_LABEL: keys::TRUE },
+            "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-x",
+                             keys::CONNECTION_ANNOTATION: "provider" } },
+        "spec": { "holderIdentity": "consumer-x", "leaseDurationSeconds": 60,
+                  "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now()) },
+    });
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), "kbind")
+        .patch(
+            "provider-consumer-x",
+            &kube::api::PatchParams::apply("kbind-schema-manager").force(),
+            &kube::api::Patch::Apply(&lease),
+        )
+        .await
+        .unwrap();
+    let reference = kbind_e2e::images::reference("kbind-reaper").unwrap();
+    let (repository, tag) = reference.rsplit_once(':').unwrap();
+    let chart = chart_dir()
+        .with_file_name("kbind-reaper")
+        .display()
+        .to_string();
+    let (repository, tag) = (
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+    );
+    helm(
+        setup.consumer_cluster(),
+        &[
+            "upgrade",
+            "--install",
+            "kbind-reaper",
+            &chart,
+            "-n",
+            KBIND_NAMESPACE,
+            "--create-namespace",
+            "--set",
+            &repository,
+            "--set",
+            &tag,
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "apis[0].group=example.org",
+            "--set",
+            "apis[0].resources[0]=widgets",
+            "--set",
+            "sweepInterval=2s",
+            "--set",
+            "logFormat=json",
+        ],
+    );
+    let pods = wait_available(client, "kbind-reaper", 180).await;
+    assert_eq!(pods.len(), 1);
+    // Its pod swept the policy the chart created: Ready, the consumer Live by its Lease.
+    let policies: Api<ReaperPolicy> = Api::all(client.clone());
+    wait_for("the reaper pod's sweep", 120, || async {
+        let policy = policies.get("default").await.map_err(|e| e.to_string())?;
+        let status = policy.status.ok_or("no status yet")?;
+        let ready = kbind_shared::conditions::is_true(&status.conditions, "Ready");
+        let live = status
+            .consumers
+            .iter()
+            .any(|c| c.uid == "consumer-x" && c.state == "Live");
+        Ok((ready && live && status.last_sweep.is_some()).then_some(()))
+    })
+    .await;
+    let restarts: i32 = pods
+        .iter()
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .map(|c| c.restart_count)
+        .sum();
+    assert_eq!(restarts, 0, "the reaper pod never restarted");
+}

@@ -17,6 +17,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "kbind-reaper.selectorLabels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: reaper
 {{- end -}}
 
 {{- define "kbind-reaper.serviceAccountName" -}}

@@ -468,7 +468,7 @@ async fn kbind_adopts_the_go_konnectors_state_without_writing_to_the_provider() 
             .iter()
             .map(|l| l.name_any())
             .collect::<Vec<_>>(),
-        [lease_name.clone()],
+        std::slice::from_ref(&lease_name),
         "the heartbeat goes on under the same Lease"
     );
 

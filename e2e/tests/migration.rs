@@ -472,6 +472,18 @@ async fn kbind_adopts_the_go_konnectors_state_without_writing_to_the_provider() 
         "the heartbeat goes on under the same Lease"
     );
 
+    // The documented consumer-side rewrite: each pulled CRD once, to kbind's 64-hex hash.
+    let consumer_crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+    for name in ["widgets.example.org", "gadgets.example.org"] {
+        let crd = consumer_crds.get(name).await.unwrap();
+        let hash = annotation(&crd, keys::SCHEMA_HASH_ANNOTATION).unwrap_or_default();
+        assert_eq!(hash.len(), keys::SCHEMA_HASH_LEN, "{name}: {hash}");
+        assert_eq!(
+            annotation(&crd, keys::CONNECTION_ANNOTATION),
+            Some("provider")
+        );
+    }
+
     // On the consumer: no conflict appeared, w4's stays; one finalizer each, kbind's = Go's.
     for (resource, object) in &synced {
         let api: Api<DynamicObject> = Api::namespaced_with(consumer.clone(), "team-a", resource);

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
+use k8s_openapi::api::core::v1::{Event, Secret};
 use kbind_e2e::cluster::{User, ensure_namespace};
 use kbind_e2e::fixtures::*;
 use kbind_e2e::forward::{Forward, port_of};
@@ -67,16 +67,6 @@ async fn granted_user(env: &TestEnv, name: &str) -> User {
         .await
         .unwrap();
     user
-}
-
-async fn uid_of_kube_system(client: &Client) -> String {
-    Api::<Namespace>::all(client.clone())
-        .get("kube-system")
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap()
 }
 
 /// The reads of a cluster identity source (ID-1) the provider served while `at_rest` ran.

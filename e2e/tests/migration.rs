@@ -65,16 +65,6 @@ fn go_pulled(plural: &str, kind: &str) -> CustomResourceDefinition {
     crd
 }
 
-async fn kube_system_uid(client: &Client) -> String {
-    Api::<Namespace>::all(client.clone())
-        .get("kube-system")
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap()
-}
-
 /// SYNC-8: the Go konnector's spec apply of one copy.
 async fn go_copy(
     provider: &Client,
@@ -183,8 +173,8 @@ async fn kbind_adopts_the_go_konnectors_state_without_writing_to_the_provider() 
         provider,
     } = Pair::start("migration", &[]).await;
     let (local_uid, remote_uid) = (
-        kube_system_uid(&consumer).await,
-        kube_system_uid(&provider).await,
+        uid_of_kube_system(&consumer).await,
+        uid_of_kube_system(&provider).await,
     );
     for crd in [exported("widgets", "Widget"), exported("gadgets", "Gadget")] {
         install_crd(&provider, &crd).await.unwrap();
@@ -313,27 +303,7 @@ async fn kbind_adopts_the_go_konnectors_state_without_writing_to_the_provider() 
 
     // The provider as the Go konnector left it: team-a (the syncer's label form), the copies,
     // the foreign w4, the related copy (REL-4), the heartbeat Lease (HB-3).
-    let team_a = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some("team-a".into()),
-            labels: Some(
-                [
-                    (keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned()),
-                    (
-                        keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
-                        local_uid.clone(),
-                    ),
-                ]
-                .into(),
-            ),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(provider.clone())
-        .create(&PostParams::default(), &team_a)
-        .await
-        .unwrap();
+    create_marked_namespace(&provider, "team-a", &local_uid).await;
     for (resource, object) in &synced {
         go_copy(&provider, resource, object, &local_uid).await;
     }

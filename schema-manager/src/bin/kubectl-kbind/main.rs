@@ -11,7 +11,9 @@
 //! - `diff <kind>/<name>`: one synced object against its provider copy — a unified diff of the
 //!   fields kbind syncs, who owns which field on each side, delivery, the last refusal;
 //! - `consumers --provider-kubeconfig <file>`: on a provider, its consumers as `kbind-reaper`
-//!   sees them and every heartbeat Lease with its server-recorded renewal.
+//!   sees them and every heartbeat Lease with its server-recorded renewal;
+//! - `migrate plan|apply`: replacing a running Go konnector — what kbind will do differently, the
+//!   steps in order, and (apply) the kbind-side steps carried out.
 //!
 //! kubectl runs it with the user's environment, so it talks to the cluster `KUBECONFIG` (or
 //! `--kubeconfig`, `--context`) names: the consumer. Everything read from a cluster is printed
@@ -21,6 +23,7 @@
 mod consumers;
 mod diff;
 mod doctor;
+mod migrate;
 mod plan;
 mod status;
 mod view;
@@ -89,12 +92,38 @@ enum Command {
         #[arg(short, long)]
         namespace: Option<String>,
     },
+    /// Replacing a running Go konnector: `plan` (read-only) lists what kbind will do differently
+    /// and the steps in order; `apply` scales the Go Deployments to 0, waits for their pods, and
+    /// keeps the core CRDs for kbind's Helm release.
+    Migrate {
+        #[command(subcommand)]
+        action: MigrateAction,
+        /// kbind's Helm release (that will adopt the core CRDs).
+        #[arg(long, default_value = "kbind", global = true)]
+        release: String,
+        /// Its namespace.
+        #[arg(long, default_value = "kbind-system", global = true)]
+        release_namespace: String,
+    },
     /// On a provider: its consumers as kbind-reaper last saw them (state, last renewal by the
     /// provider's clock, objects per API), and every heartbeat Lease. Changes nothing.
     Consumers {
         /// The provider's kubeconfig (this command reads the provider, not the consumer).
         #[arg(long)]
         provider_kubeconfig: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum MigrateAction {
+    /// What the migration involves on this cluster. Changes nothing.
+    Plan,
+    /// Carries out the kbind-side steps.
+    Apply {
+        /// Also record kbind as the creator of the CRDs the Go konnector pulled (kbind then
+        /// deletes them when their last binding goes, as it does CRDs it created).
+        #[arg(long)]
+        stamp_created_by: bool,
     },
 }
 
@@ -183,6 +212,24 @@ async fn run(args: &Args) -> Result<Verdict, String> {
             } else {
                 Verdict::Fine
             })
+        }
+        Command::Migrate {
+            action,
+            release,
+            release_namespace,
+        } => {
+            let release = migrate::Release {
+                name: release.clone(),
+                namespace: release_namespace.clone(),
+            };
+            let report = match action {
+                MigrateAction::Plan => migrate::gather(&consumer, &release).await?,
+                MigrateAction::Apply { stamp_created_by } => {
+                    migrate::apply(&consumer, &release, *stamp_created_by).await?
+                }
+            };
+            view::print(json, &report, migrate::render)?;
+            Ok(Verdict::Fine)
         }
         Command::Consumers { .. } => Ok(Verdict::Fine),
     }

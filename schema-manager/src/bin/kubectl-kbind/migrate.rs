@@ -1,0 +1,599 @@
+//! `kubectl kbind migrate plan|apply` (#37): replacing a running Go konnector with kbind.
+//!
+//! `plan` only reads the consumer: the Go konnector's Deployments (by image), how kbind will
+//! treat each CRD the konnector pulled (its schema hash form, whether kbind created it), who owns
+//! kbind's core CRDs in Helm, and the steps in order. `apply` carries out the kbind-side steps:
+//! the Go Deployments scaled to 0 and their pods waited for, the core CRDs kept and handed to
+//! kbind's Helm release (so `helm install` adopts them and no `helm uninstall` of the Go release
+//! deletes them), and — only when asked — `core.kbind.io/created-by` stamped on the pulled CRDs.
+//! The decisions are pure functions below; the rest is reads and those writes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kbind_shared::api::{Connection, UpdatePolicy};
+use kbind_shared::keys;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::view::{self, cell};
+
+/// kbind's core CRDs (what its chart installs).
+pub const CORE_CRDS: [&str; 3] = [
+    "connections.core.kbind.io",
+    "clusterbindings.core.kbind.io",
+    "bindings.core.kbind.io",
+];
+const HELM_RELEASE_NAME: &str = "meta.helm.sh/release-name";
+const HELM_RELEASE_NAMESPACE: &str = "meta.helm.sh/release-namespace";
+const HELM_KEEP: &str = "helm.sh/resource-policy";
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// How long `apply` waits for the Go konnector's pods to be gone.
+const POD_WAIT: Duration = Duration::from_secs(180);
+/// The most objects of a kind read (Deployments, CRDs, Connections).
+const MAX_LIST: u32 = 500;
+
+/// Where kbind is (to be) installed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Release {
+    pub name: String,
+    pub namespace: String,
+}
+
+/// What `plan` found, and what `apply` did.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub konnectors: Vec<Konnector>,
+    pub apis: Vec<PulledCrd>,
+    pub core_crds: Vec<CoreCrd>,
+    pub steps: Vec<String>,
+    pub done: Vec<String>,
+}
+
+/// A Deployment running the Go konnector.
+#[derive(Debug, Clone, Serialize)]
+pub struct Konnector {
+    pub namespace: String,
+    pub name: String,
+    pub image: String,
+    pub replicas: i32,
+    pub pods: usize,
+    /// The pod label selector (`k=v,…`).
+    #[serde(skip)]
+    pub selector: String,
+}
+
+/// A consumer CRD pulled for a Connection.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PulledCrd {
+    pub name: String,
+    pub connection: String,
+    pub hash: HashForm,
+    /// What kbind will write to it.
+    pub rewrite: String,
+    pub created_by_kbind: bool,
+}
+
+/// The form of a CRD's `core.kbind.io/schema-hash`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub enum HashForm {
+    /// `sha256:` and 16 hex digits: the Go konnector's.
+    Go,
+    /// `sha256:` and 64 hex digits: kbind's.
+    Kbind,
+    /// None, or neither form.
+    Other,
+}
+
+/// One of kbind's core CRDs and its Helm ownership.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CoreCrd {
+    pub name: String,
+    pub present: bool,
+    pub release: Option<String>,
+    pub release_namespace: Option<String>,
+    pub kept: bool,
+}
+
+/// Whether a container image is the Go konnector's: its repository's last segment is
+/// `konnector`, `konnector-<variant>` or `kbind-konnector` (never one of kbind's programs).
+pub fn is_go_konnector(image: &str) -> bool {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    let last = without_digest.rsplit('/').next().unwrap_or(without_digest);
+    let repository = last.split(':').next().unwrap_or(last);
+    repository == "konnector"
+        || repository.starts_with("konnector-")
+        || repository == "kbind-konnector"
+}
+
+/// The form of a schema hash annotation.
+pub fn hash_form(hash: Option<&str>) -> HashForm {
+    let Some(hex) = hash.and_then(|h| h.strip_prefix("sha256:")) else {
+        return HashForm::Other;
+    };
+    let is_hex = hex
+        .chars()
+        .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase());
+    match (hex.len(), is_hex) {
+        (16, true) => HashForm::Go,
+        (64, true) => HashForm::Kbind,
+        _ => HashForm::Other,
+    }
+}
+
+/// What kbind writes to a pulled CRD when it takes over, by its hash form and the Connection's
+/// update policy.
+pub fn rewrite(hash: HashForm, policy: UpdatePolicy) -> &'static str {
+    match (hash, policy) {
+        (HashForm::Kbind, _) => "none",
+        (_, UpdatePolicy::Always) => "once: kbind's schema hash (updatePolicy Always)",
+        (_, UpdatePolicy::Once) => "none (updatePolicy Once)",
+    }
+}
+
+/// The steps, in order, for what was found.
+pub fn steps(
+    konnectors: &[Konnector],
+    core: &[CoreCrd],
+    apis: &[PulledCrd],
+    release: &Release,
+) -> Vec<String> {
+    let mut steps = Vec::new();
+    for k in konnectors.iter().filter(|k| k.replicas > 0 || k.pods > 0) {
+        steps.push(format!(
+            "scale Deployment {}/{} to 0 and wait until its {} pod(s) are gone — the Go konnector may hold no Lease to fence on (apply)",
+            k.namespace, k.name, k.pods
+        ));
+    }
+    let foreign: Vec<&CoreCrd> = core
+        .iter()
+        .filter(|c| c.present && (!c.kept || c.release.as_deref() != Some(release.name.as_str())))
+        .collect();
+    if !foreign.is_empty() {
+        let owners: Vec<String> = foreign
+            .iter()
+            .filter_map(|c| c.release.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let warning = if owners.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; never `helm uninstall` {} before this — it would delete every Connection and binding",
+                owners.join(", ")
+            )
+        };
+        steps.push(format!(
+            "keep the core CRDs and hand them to release {} in {} (helm.sh/resource-policy=keep and Helm's ownership annotations){warning} (apply)",
+            release.name, release.namespace
+        ));
+    }
+    steps.push(format!(
+        "install kbind: helm upgrade --install {} deploy/charts/kbind -n {} — it adopts the core CRDs and then every Connection, binding, copy and heartbeat Lease as they are",
+        release.name, release.namespace
+    ));
+    let rewrites = apis
+        .iter()
+        .filter(|a| a.rewrite.starts_with("once"))
+        .count();
+    if rewrites > 0 {
+        steps.push(format!(
+            "kbind then rewrites {rewrites} pulled CRD(s) once on this cluster (the schema hash in kbind's form); nothing on the provider"
+        ));
+    }
+    let unstamped = apis.iter().filter(|a| !a.created_by_kbind).count();
+    if unstamped > 0 {
+        steps.push(format!(
+            "optional: `apply --stamp-created-by` records kbind as the creator of {unstamped} CRD(s) the Go konnector pulled, so kbind deletes them when their last binding goes, as it does CRDs it created; without it they stay"
+        ));
+    }
+    steps
+}
+
+/// The patch that keeps a core CRD and hands it to `release`.
+pub fn adoption_patch(release: &Release) -> serde_json::Value {
+    json!({ "metadata": {
+        "labels": { MANAGED_BY: "Helm" },
+        "annotations": {
+            HELM_KEEP: "keep",
+            HELM_RELEASE_NAME: release.name,
+            HELM_RELEASE_NAMESPACE: release.namespace,
+        },
+    } })
+}
+
+/// Reads what the migration needs from the consumer. Only GETs and LISTs.
+pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, String> {
+    let limited = ListParams::default().limit(MAX_LIST);
+    let deployments = Api::<Deployment>::all(consumer.clone())
+        .list(&limited)
+        .await
+        .map_err(|e| view::read_error("Deployments", &e))?;
+    let mut konnectors = Vec::new();
+    for d in deployments.items {
+        let spec = d.spec.clone().unwrap_or_default();
+        let Some(image) = spec
+            .template
+            .spec
+            .iter()
+            .flat_map(|p| &p.containers)
+            .filter_map(|c| c.image.clone())
+            .find(|i| is_go_konnector(i))
+        else {
+            continue;
+        };
+        let selector: String = spec
+            .selector
+            .match_labels
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let namespace = d.namespace().unwrap_or_default();
+        let pods = if selector.is_empty() {
+            0
+        } else {
+            Api::<Pod>::namespaced(consumer.clone(), &namespace)
+                .list(&ListParams::default().labels(&selector).limit(MAX_LIST))
+                .await
+                .map_err(|e| view::read_error("Pods", &e))?
+                .items
+                .len()
+        };
+        konnectors.push(Konnector {
+            namespace,
+            name: d.name_any(),
+            image: cell(&image),
+            replicas: spec.replicas.unwrap_or(1),
+            pods,
+            selector,
+        });
+    }
+    let policies: BTreeMap<String, UpdatePolicy> = Api::<Connection>::all(consumer.clone())
+        .list(&limited)
+        .await
+        .map_err(|e| view::read_error("Connections", &e))?
+        .items
+        .into_iter()
+        .map(|c| (c.name_any(), c.spec.schema.update_policy))
+        .collect();
+    let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+    let pulled = crds
+        .list(
+            &ListParams::default()
+                .labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
+                .limit(MAX_LIST),
+        )
+        .await
+        .map_err(|e| view::read_error("CustomResourceDefinitions", &e))?;
+    let apis = pulled
+        .items
+        .iter()
+        .filter_map(|crd| {
+            let annotations = crd.annotations();
+            let connection = annotations.get(keys::CONNECTION_ANNOTATION)?.clone();
+            let hash = hash_form(
+                annotations
+                    .get(keys::SCHEMA_HASH_ANNOTATION)
+                    .map(String::as_str),
+            );
+            let policy = policies.get(&connection).copied().unwrap_or_default();
+            Some(PulledCrd {
+                name: crd.name_any(),
+                created_by_kbind: annotations.get(keys::CREATED_BY_ANNOTATION) == Some(&connection),
+                connection: cell(&connection),
+                hash,
+                rewrite: rewrite(hash, policy).to_owned(),
+            })
+        })
+        .collect::<Vec<_>>();
+    let mut core_crds = Vec::new();
+    for name in CORE_CRDS {
+        let crd = crds
+            .get_opt(name)
+            .await
+            .map_err(|e| view::read_error(&format!("CRD {name}"), &e))?;
+        let annotation = |key: &str| {
+            crd.as_ref()
+                .and_then(|c| c.annotations().get(key).cloned())
+                .map(|v| cell(&v))
+        };
+        core_crds.push(CoreCrd {
+            name: name.to_owned(),
+            present: crd.is_some(),
+            release: annotation(HELM_RELEASE_NAME),
+            release_namespace: annotation(HELM_RELEASE_NAMESPACE),
+            kept: annotation(HELM_KEEP).as_deref() == Some("keep"),
+        });
+    }
+    let steps = steps(&konnectors, &core_crds, &apis, release);
+    Ok(Report {
+        konnectors,
+        apis,
+        core_crds,
+        steps,
+        done: Vec::new(),
+    })
+}
+
+/// Carries out the kbind-side steps of `plan`, then reads again.
+pub async fn apply(
+    consumer: &Client,
+    release: &Release,
+    stamp_created_by: bool,
+) -> Result<Report, String> {
+    let before = gather(consumer, release).await?;
+    let mut done = Vec::new();
+    let params = PatchParams {
+        field_manager: Some("kubectl-kbind".into()),
+        ..Default::default()
+    };
+    for k in before
+        .konnectors
+        .iter()
+        .filter(|k| k.replicas > 0 || k.pods > 0)
+    {
+        let deployments: Api<Deployment> = Api::namespaced(consumer.clone(), &k.namespace);
+        deployments
+            .patch(
+                &k.name,
+                &params,
+                &Patch::Merge(json!({ "spec": { "replicas": 0 } })),
+            )
+            .await
+            .map_err(|e| format!("scale Deployment {}/{} to 0: {e}", k.namespace, k.name))?;
+        wait_pods_gone(consumer, k).await?;
+        done.push(format!(
+            "scaled Deployment {}/{} to 0; its pods are gone",
+            k.namespace, k.name
+        ));
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+    for core in before.core_crds.iter().filter(|c| c.present) {
+        crds.patch(&core.name, &params, &Patch::Merge(adoption_patch(release)))
+            .await
+            .map_err(|e| format!("keep CRD {}: {e}", core.name))?;
+        done.push(format!(
+            "CRD {} kept (helm.sh/resource-policy=keep) and handed to release {} in {}",
+            core.name, release.name, release.namespace
+        ));
+    }
+    if stamp_created_by {
+        for api in before.apis.iter().filter(|a| !a.created_by_kbind) {
+            let patch = json!({ "metadata": { "annotations": { keys::CREATED_BY_ANNOTATION: api.connection } } });
+            crds.patch(&api.name, &params, &Patch::Merge(patch))
+                .await
+                .map_err(|e| format!("stamp CRD {}: {e}", api.name))?;
+            done.push(format!(
+                "CRD {} stamped created-by {}",
+                api.name, api.connection
+            ));
+        }
+    }
+    let mut after = gather(consumer, release).await?;
+    after.done = done;
+    Ok(after)
+}
+
+async fn wait_pods_gone(consumer: &Client, k: &Konnector) -> Result<(), String> {
+    if k.selector.is_empty() {
+        return Ok(());
+    }
+    let pods: Api<Pod> = Api::namespaced(consumer.clone(), &k.namespace);
+    let deadline = tokio::time::Instant::now() + POD_WAIT;
+    loop {
+        let left = pods
+            .list(&ListParams::default().labels(&k.selector).limit(MAX_LIST))
+            .await
+            .map_err(|e| view::read_error("Pods", &e))?
+            .items
+            .len();
+        if left == 0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "{left} pod(s) of Deployment {}/{} are still there after {}s; kbind must not start while the Go konnector runs",
+                k.namespace,
+                k.name,
+                POD_WAIT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The report as text.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    if report.konnectors.is_empty() {
+        out.push_str("No Go konnector Deployment found on this cluster.\n\n");
+    } else {
+        let rows: Vec<Vec<String>> = report
+            .konnectors
+            .iter()
+            .map(|k| {
+                vec![
+                    format!("{}/{}", cell(&k.namespace), cell(&k.name)),
+                    k.image.clone(),
+                    k.replicas.to_string(),
+                    k.pods.to_string(),
+                ]
+            })
+            .collect();
+        out.push_str("Go konnector:\n");
+        out.push_str(&view::table(
+            &["DEPLOYMENT", "IMAGE", "REPLICAS", "PODS"],
+            &rows,
+        ));
+        out.push('\n');
+    }
+    if !report.apis.is_empty() {
+        let rows: Vec<Vec<String>> = report
+            .apis
+            .iter()
+            .map(|a| {
+                vec![
+                    cell(&a.name),
+                    a.connection.clone(),
+                    format!("{:?}", a.hash),
+                    a.rewrite.clone(),
+                    if a.created_by_kbind { "yes" } else { "no" }.into(),
+                ]
+            })
+            .collect();
+        out.push_str("Pulled CRDs:\n");
+        out.push_str(&view::table(
+            &[
+                "CRD",
+                "CONNECTION",
+                "HASH",
+                "KBIND WRITES",
+                "CREATED-BY KBIND",
+            ],
+            &rows,
+        ));
+        out.push('\n');
+    }
+    let rows: Vec<Vec<String>> = report
+        .core_crds
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                if c.present { "yes" } else { "no" }.into(),
+                c.release.clone().unwrap_or_else(|| "-".into()),
+                if c.kept { "yes" } else { "no" }.into(),
+            ]
+        })
+        .collect();
+    out.push_str("Core CRDs:\n");
+    out.push_str(&view::table(
+        &["CRD", "PRESENT", "HELM RELEASE", "KEPT"],
+        &rows,
+    ));
+    if !report.done.is_empty() {
+        out.push_str("\nDone:\n");
+        for d in &report.done {
+            out.push_str(&format!("  - {d}\n"));
+        }
+    }
+    out.push_str("\nSteps:\n");
+    for (i, step) in report.steps.iter().enumerate() {
+        out.push_str(&format!("  {}. {step}\n", i + 1));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_go_konnector_is_known_by_its_image() {
+        for (image, want) in [
+            ("ghcr.io/kbind-dev/konnector:v0.4.0", true),
+            ("ghcr.io/kbind-dev/konnector-v2:v2.0.0", true),
+            ("registry.local:5000/team/konnector@sha256:abc", true),
+            ("kbind-konnector:latest", true),
+            ("ghcr.io/kbind-dev/kbind-syncer:0.1.0", false),
+            ("ghcr.io/kbind-dev/kbind-schema-manager:0.1.0", false),
+            ("ghcr.io/someone/konnectors-exporter:1", false),
+        ] {
+            assert_eq!(is_go_konnector(image), want, "{image}");
+        }
+    }
+
+    #[test]
+    fn schema_hashes_are_told_apart_and_the_rewrite_follows_the_policy() {
+        let go = "sha256:0123456789abcdef";
+        let kbind = format!("sha256:{}", "a".repeat(64));
+        for (hash, form) in [
+            (Some(go), HashForm::Go),
+            (Some(kbind.as_str()), HashForm::Kbind),
+            (Some("sha256:0123456789ABCDEF"), HashForm::Other),
+            (Some("md5:0123456789abcdef"), HashForm::Other),
+            (None, HashForm::Other),
+        ] {
+            assert_eq!(hash_form(hash), form, "{hash:?}");
+        }
+        assert!(rewrite(HashForm::Go, UpdatePolicy::Always).starts_with("once"));
+        assert_eq!(
+            rewrite(HashForm::Go, UpdatePolicy::Once),
+            "none (updatePolicy Once)"
+        );
+        assert_eq!(rewrite(HashForm::Kbind, UpdatePolicy::Always), "none");
+    }
+
+    #[test]
+    fn the_steps_come_in_order_and_only_as_needed() {
+        let release = Release {
+            name: "kbind".into(),
+            namespace: "kbind-system".into(),
+        };
+        let konnector = Konnector {
+            namespace: "kbind".into(),
+            name: "konnector".into(),
+            image: "ghcr.io/kbind-dev/konnector:v0.4.0".into(),
+            replicas: 1,
+            pods: 1,
+            selector: "app=konnector".into(),
+        };
+        let go_owned = CoreCrd {
+            name: CORE_CRDS[0].into(),
+            present: true,
+            release: Some("konnector".into()),
+            release_namespace: Some("kbind".into()),
+            kept: false,
+        };
+        let pulled = PulledCrd {
+            name: "widgets.example.org".into(),
+            connection: "provider".into(),
+            hash: HashForm::Go,
+            rewrite: rewrite(HashForm::Go, UpdatePolicy::Always).into(),
+            created_by_kbind: false,
+        };
+        let all = steps(
+            std::slice::from_ref(&konnector),
+            std::slice::from_ref(&go_owned),
+            std::slice::from_ref(&pulled),
+            &release,
+        );
+        assert_eq!(all.len(), 5, "{all:#?}");
+        assert!(all[0].starts_with("scale Deployment kbind/konnector to 0"));
+        assert!(
+            all[1].contains("never `helm uninstall` konnector"),
+            "{}",
+            all[1]
+        );
+        assert!(all[2].starts_with("install kbind"));
+        assert!(all[3].contains("rewrites 1 pulled CRD"));
+        assert!(all[4].starts_with("optional"));
+        // After apply: scaled down, the CRDs kept by kbind's release, the hashes kbind's.
+        let stopped = Konnector {
+            replicas: 0,
+            pods: 0,
+            ..konnector
+        };
+        let kept = CoreCrd {
+            release: Some("kbind".into()),
+            kept: true,
+            ..go_owned
+        };
+        let current = PulledCrd {
+            hash: HashForm::Kbind,
+            rewrite: "none".into(),
+            created_by_kbind: true,
+            ..pulled
+        };
+        let left = steps(&[stopped], &[kept], &[current], &release);
+        assert_eq!(left.len(), 1, "only the install: {left:#?}");
+    }
+}

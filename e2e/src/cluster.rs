@@ -388,12 +388,13 @@ impl Cluster {
 
         let admin_kubeconfig = dir.join("admin.kubeconfig");
         std::fs::write(&admin_kubeconfig, cluster.admin_kubeconfig()).map_err(io)?;
-        // A cluster with a node runs workloads: every controller (Deployments, ReplicaSets,
-        // EndpointSlices, the node's lifecycle…); without one, those its API objects need.
+        // A cluster with a node runs workloads: every controller (EndpointSlices, the node's
+        // lifecycle…); without one, those its API objects need — Deployments and ReplicaSets
+        // included, so a Deployment scaled to 0 loses its (never scheduled) pods.
         let controllers = match node {
             Some(_) => "*",
             None => {
-                "namespace,garbagecollector,serviceaccount,serviceaccount-token,clusterrole-aggregation"
+                "namespace,garbagecollector,serviceaccount,serviceaccount-token,clusterrole-aggregation,deployment,replicaset"
             }
         };
         let (program, args) = launch(

@@ -506,3 +506,423 @@ async fn kbind_adopts_the_go_konnectors_state_without_writing_to_the_provider() 
         .collect();
     assert_eq!(owners, [keys::FIELD_MANAGER], "spec.size has one owner");
 }
+
+/// Runs `kubectl kbind <args> -o json` against the consumer as its admin; its JSON report.
+fn plugin_json(env: &kbind_e2e::TestEnv, args: &[&str]) -> serde_json::Value {
+    let admin = env.cluster("consumer").admin_kubeconfig_path();
+    let output =
+        std::process::Command::new(kbind_e2e::controlplane::kbind_bin("kubectl-kbind").unwrap())
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args(["-o", "json"])
+            .output()
+            .unwrap();
+    assert!(
+        output.status.success(),
+        "kubectl kbind {args:?}: {output:?}"
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+const CORE_CRDS: [&str; 3] = [
+    "connections.core.kbind.io",
+    "clusterbindings.core.kbind.io",
+    "bindings.core.kbind.io",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps_the_crds_for_kbind()
+ {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    let Pair { env, consumer, .. } = Pair::start("migrate", &[]).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+    // The Go release's marks on the core CRDs, as Helm leaves them (no keep policy).
+    for name in CORE_CRDS {
+        crds.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": {
+                "labels": { "app.kubernetes.io/managed-by": "Helm" },
+                "annotations": { "meta.helm.sh/release-name": "konnector",
+                                 "meta.helm.sh/release-namespace": "konnector-system" } } })),
+        )
+        .await
+        .unwrap();
+    }
+    // The Go konnector (no node here: its pod stays Pending, which is all a pod needs to be).
+    ensure_namespace(&consumer, "konnector-system")
+        .await
+        .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(consumer.clone(), "konnector-system");
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": { "name": "konnector" },
+                "spec": { "replicas": 1, "selector": { "matchLabels": { "app": "konnector" } },
+                  "template": { "metadata": { "labels": { "app": "konnector" } },
+                    "spec": { "containers": [{ "name": "konnector",
+                      "image": "ghcr.io/kbind-dev/konnector:v0.4.0" }] } } },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(consumer.clone(), "konnector-system");
+    let app = kube::api::ListParams::default().labels("app=konnector");
+    wait_for("the Go konnector's pod", 60, || async {
+        let list = pods.list(&app).await.map_err(|e| e.to_string())?;
+        Ok((!list.items.is_empty()).then_some(()))
+    })
+    .await;
+    install_crd(&consumer, &go_pulled("widgets", "Widget"))
+        .await
+        .unwrap();
+    create_connection(
+        &consumer,
+        &connection(
+            "provider",
+            "provider-kubeconfig",
+            kbind_shared::api::SchemaSource::Crd,
+        ),
+    )
+    .await
+    .unwrap();
+
+    // plan: what it found, and nothing changed.
+    let versions = || async {
+        let mut all: Vec<String> = Vec::new();
+        for name in CORE_CRDS.iter().chain(&["widgets.example.org"]) {
+            all.push(
+                crds.get(name)
+                    .await
+                    .unwrap()
+                    .resource_version()
+                    .unwrap_or_default(),
+            );
+        }
+        all.push(
+            deployments
+                .get("konnector")
+                .await
+                .unwrap()
+                .resource_version()
+                .unwrap_or_default(),
+        );
+        all
+    };
+    let before = versions().await;
+    let plan = plugin_json(&env, &["migrate", "plan"]);
+    assert_eq!(versions().await, before, "plan wrote nothing");
+    assert_eq!(plan["konnectors"][0]["name"], "konnector");
+    assert_eq!(plan["konnectors"][0]["pods"], 1);
+    assert_eq!(plan["apis"][0]["name"], "widgets.example.org");
+    assert_eq!(plan["apis"][0]["hash"], "Go");
+    assert!(
+        plan["apis"][0]["rewrite"]
+            .as_str()
+            .unwrap()
+            .starts_with("once")
+    );
+    for core in plan["core_crds"].as_array().unwrap() {
+        assert_eq!(core["release"], "konnector");
+        assert_eq!(core["kept"], false);
+    }
+    let steps: Vec<&str> = plan["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    assert!(
+        steps[0].starts_with("scale Deployment konnector-system/konnector to 0"),
+        "{steps:#?}"
+    );
+    assert!(
+        steps[1].contains("never `helm uninstall` konnector"),
+        "{steps:#?}"
+    );
+
+    // apply: the Go konnector stopped (its pod gone), the core CRDs kept for kbind's release.
+    let applied = plugin_json(&env, &["migrate", "apply"]);
+    assert_eq!(applied["done"].as_array().unwrap().len(), 4, "{applied:#}");
+    assert_eq!(
+        deployments
+            .get("konnector")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .replicas,
+        Some(0)
+    );
+    assert!(
+        pods.list(&app).await.unwrap().items.is_empty(),
+        "its pods are gone"
+    );
+    let uids: Vec<Option<String>> = {
+        let mut uids = Vec::new();
+        for name in CORE_CRDS {
+            let crd = crds.get(name).await.unwrap();
+            assert_eq!(annotation(&crd, "helm.sh/resource-policy"), Some("keep"));
+            assert_eq!(annotation(&crd, "meta.helm.sh/release-name"), Some("kbind"));
+            uids.push(crd.metadata.uid);
+        }
+        uids
+    };
+    let widgets_crd = crds.get("widgets.example.org").await.unwrap();
+    assert_eq!(
+        annotation(&widgets_crd, keys::CREATED_BY_ANNOTATION),
+        None,
+        "not stamped unless asked"
+    );
+
+    // Helm installs kbind over them: adopted, not re-created.
+    let chart = kbind_e2e::tools::chart_dir().display().to_string();
+    let admin = env
+        .cluster("consumer")
+        .admin_kubeconfig_path()
+        .display()
+        .to_string();
+    kbind_e2e::tools::helm_checked(&[
+        "--kubeconfig",
+        &admin,
+        "upgrade",
+        "--install",
+        "kbind",
+        &chart,
+        "-n",
+        "kbind-system",
+        "--create-namespace",
+        "--set",
+        "boundAPIGroups={example.org}",
+    ])
+    .unwrap();
+    for (name, uid) in CORE_CRDS.iter().zip(&uids) {
+        assert_eq!(
+            &crds.get(name).await.unwrap().metadata.uid,
+            uid,
+            "{name} adopted, not re-created"
+        );
+    }
+    let after = plugin_json(&env, &["migrate", "plan"]);
+    let steps: Vec<&str> = after["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    assert!(
+        steps[0].starts_with("install kbind"),
+        "nothing left before the install: {steps:#?}"
+    );
+}
+
+/// #37.4: a bundle exactly as the Go service layer's issuer hands it out — a Secret in `kbind`
+/// (key `kubeconfig`), a Connection and a ClusterBinding, all three named after the Grant and
+/// applied with forced server-side apply; the kubeconfig is the Grant's ServiceAccount, whose
+/// context namespace is the consumer's boundary namespace on the provider and which may write
+/// Leases only there. kbind takes it unchanged: it syncs within the Grant's rights (the provider
+/// answered none of its requests with 403), and its heartbeat Lease is where the Go reaper looks —
+/// in the boundary namespace, found by the managed label and the connection annotation, held by
+/// the consumer's UID, renewed well within the reaper's window (2 × leaseDurationSeconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_issuer_bundle_works_unchanged_and_its_heartbeat_is_where_the_go_reaper_looks() {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    let Pair {
+        mut env,
+        consumer,
+        provider,
+    } = Pair::start("migration_bundle", &[]).await;
+    let local_uid = uid_of_kube_system(&consumer).await;
+    install_crd(&provider, &exported("widgets", "Widget"))
+        .await
+        .unwrap();
+    let _controller = run_provider_widget_controller(provider.clone());
+
+    // The issuer's side on the provider: the Grant's boundary namespace, its ServiceAccount, its
+    // rights — the exported API and discovery cluster-wide, Leases only in the boundary.
+    let (grant, boundary) = ("acme-widgets-x7k2p", "kbind-acme");
+    ensure_namespace(&provider, boundary).await.unwrap();
+    let cluster = env.cluster("provider");
+    let user = cluster
+        .mint_service_account_user(boundary, grant)
+        .await
+        .unwrap();
+    let outside_boundary: Vec<PolicyRule> = provider_rules(true)
+        .into_iter()
+        .filter(|r| r.resources.as_deref() != Some(&["leases".to_owned()][..]))
+        .collect();
+    cluster.grant(&user, grant, outside_boundary).await.unwrap();
+    let meta = kube::api::ObjectMeta {
+        name: Some(grant.into()),
+        namespace: Some(boundary.into()),
+        ..Default::default()
+    };
+    Api::<Role>::namespaced(provider.clone(), boundary)
+        .create(
+            &PostParams::default(),
+            &Role {
+                metadata: meta.clone(),
+                rules: Some(vec![rule(
+                    "coordination.k8s.io",
+                    &["leases"],
+                    &["get", "create", "update", "patch"],
+                )]),
+            },
+        )
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(provider.clone(), boundary)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: meta,
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: grant.into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: grant.into(),
+                    namespace: Some(boundary.into()),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await
+        .unwrap();
+    let kubeconfig = kbind_e2e::cluster::kubeconfig_yaml(
+        "provider",
+        cluster.server(),
+        cluster.ca_pem(),
+        &user.token,
+        Some(boundary),
+    );
+
+    // The bundle, applied as the Go CLI applies it (forced SSA), before kbind runs.
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&kubeconfig);
+    let bundle = format!(
+        "apiVersion: v1
+kind: Secret
+metadata: {{name: {grant}, namespace: kbind}}
+type: Opaque
+data: {{kubeconfig: {encoded}}}
+---
+apiVersion: core.kbind.io/v1alpha1
+kind: Connection
+metadata: {{name: {grant}}}
+spec:
+  kubeconfigSecretRef: {{namespace: kbind, name: {grant}, key: kubeconfig}}
+---
+apiVersion: core.kbind.io/v1alpha1
+kind: ClusterBinding
+metadata: {{name: {grant}}}
+spec:
+  connectionRef: {{name: {grant}}}
+  apis:
+  - name: widgets.example.org
+"
+    );
+    ensure_namespace(&consumer, SECRET_NAMESPACE).await.unwrap();
+    ensure_namespace(&consumer, KBIND_NAMESPACE).await.unwrap();
+    apply_manifest(&consumer, &bundle).await.unwrap();
+
+    // kbind with the production heartbeat timing's shape: renewals every 10 s, 60 s Leases.
+    let manager = start_lone_schema_manager(&mut env, &["--discovery-interval=10s"]).await;
+    let syncer = start_syncer(&mut env, "consumer", "syncer-0", &[])
+        .await
+        .unwrap();
+    manager.wait_ready("the schema manager", 60).await;
+    syncer.wait_ready("the syncer", 60).await;
+    wait_connection(&consumer, grant, "Ready=True").await;
+    wait_cluster_binding_ready(&consumer, grant).await;
+
+    // It syncs: spec up, status down.
+    let (consumer_widgets, provider_widgets) =
+        (widgets(&consumer, "default"), widgets(&provider, "default"));
+    create_and_wait_copy(&consumer_widgets, &provider_widgets, "w1", 3).await;
+    wait_status_down(&consumer_widgets, "w1", 3).await;
+
+    // The Go reaper's view: managed Leases in the boundary namespace, matched by the connection
+    // annotation.
+    let leases: Api<Lease> = Api::namespaced(provider.clone(), boundary);
+    let selector = kube::api::ListParams::default().labels("core.kbind.io/managed=true");
+    let matched = |list: Vec<Lease>| -> Vec<Lease> {
+        list.into_iter()
+            .filter(|l| annotation(l, keys::CONNECTION_ANNOTATION) == Some(grant))
+            .collect()
+    };
+    let found = matched(leases.list(&selector).await.unwrap().items);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let lease = &found[0];
+    assert_eq!(lease.name_any(), format!("{grant}-{}", &local_uid[..10]));
+    assert_eq!(
+        annotation(lease, keys::CONSUMER_CLUSTER_UID_ANNOTATION),
+        Some(local_uid.as_str())
+    );
+    let spec = lease.spec.clone().unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some(local_uid.as_str()));
+    let duration = spec.lease_duration_seconds.expect("a Lease duration");
+    let first = spec.renew_time.expect("a renewal").0;
+    // The next renewal, as the provider stores it, comes inside the reaper's live window.
+    let next = wait_for(
+        "the next heartbeat renewal",
+        2 * duration as u64,
+        || async {
+            let renewed = leases
+                .get(&lease.name_any())
+                .await
+                .map_err(|e| e.to_string())?
+                .spec
+                .and_then(|s| s.renew_time)
+                .map(|t| t.0);
+            Ok(renewed.filter(|t| *t > first))
+        },
+    )
+    .await;
+    let gap = next.duration_since(first).as_secs_f64();
+    assert!(
+        gap <= 2.0 * duration as f64,
+        "renewed {gap:.1} s after the last renewal; the Go reaper calls a Lease dead after {} s",
+        2 * duration
+    );
+    // No kbind Lease anywhere else on the provider.
+    let everywhere = matched(
+        Api::<Lease>::all(provider.clone())
+            .list(&selector)
+            .await
+            .unwrap()
+            .items,
+    );
+    assert!(
+        everywhere
+            .iter()
+            .all(|l| l.namespace().as_deref() == Some(boundary)),
+        "{everywhere:#?}"
+    );
+    // Within the Grant's rights: the provider refused nothing the bundle's credential asked.
+    let refused: Vec<_> = env
+        .cluster("provider")
+        .audited()
+        .into_iter()
+        .filter(|a| a.user == user.username && a.code == 403)
+        .collect();
+    assert!(refused.is_empty(), "{refused:#?}");
+    // The bundle's objects keep what the issuer wrote.
+    let connection = Api::<kbind_shared::api::Connection>::all(consumer.clone())
+        .get(grant)
+        .await
+        .unwrap();
+    assert_eq!(connection.spec.kubeconfig_secret_ref.name, grant);
+    let binding = Api::<ClusterBinding>::all(consumer.clone())
+        .get(grant)
+        .await
+        .unwrap();
+    assert_eq!(binding.spec.connection_ref.name, grant);
+}

@@ -591,6 +591,34 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
     )
     .await
     .unwrap();
+    // Two related copies the Go konnector wrote (no per-entry record) and one kbind wrote.
+    ensure_namespace(&consumer, "team-a").await.unwrap();
+    let config_maps: Api<ConfigMap> = Api::namespaced(consumer.clone(), "team-a");
+    for (name, entries) in [("go-1", None), ("go-2", None), ("kbind-1", Some("[\"a\"]"))] {
+        let mut annotations = BTreeMap::from([(
+            keys::RELATED_BINDING_ANNOTATION.to_owned(),
+            "widgets".to_owned(),
+        )]);
+        if let Some(entries) = entries {
+            annotations.insert(keys::RELATED_ENTRIES_ANNOTATION.to_owned(), entries.into());
+        }
+        let copy = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([(
+                    keys::MANAGED_LABEL.to_owned(),
+                    keys::TRUE.to_owned(),
+                )])),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        config_maps
+            .create(&PostParams::default(), &copy)
+            .await
+            .unwrap();
+    }
 
     // plan: what it found, and nothing changed.
     let versions = || async {
@@ -626,6 +654,14 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
             .as_str()
             .unwrap()
             .starts_with("once")
+    );
+    assert_eq!(plan["related"]["copies"], 3, "{plan:#}");
+    assert_eq!(plan["related"]["without_record"], 2, "{plan:#}");
+    let differences = plan["differences"].to_string();
+    assert!(
+        differences.contains("1 pulled CRD(s) carry the Go konnector's schema hash (sha256: + 16 hex): 1 rewritten once")
+            && differences.contains("2 of 3 related copies here lack"),
+        "{differences}"
     );
     for core in plan["core_crds"].as_array().unwrap() {
         assert_eq!(core["release"], "konnector");

@@ -51,6 +51,9 @@ pub struct Report {
     pub konnectors: Vec<Konnector>,
     pub apis: Vec<PulledCrd>,
     pub core_crds: Vec<CoreCrd>,
+    pub related: RelatedCopies,
+    /// What kbind does differently from the Go konnector with the state found.
+    pub differences: Vec<String>,
     pub steps: Vec<String>,
     pub done: Vec<String>,
 }
@@ -100,6 +103,15 @@ pub struct CoreCrd {
     pub kept: bool,
 }
 
+/// The related copies (Secrets, ConfigMaps) on this cluster.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct RelatedCopies {
+    pub copies: usize,
+    /// Those without kbind's per-entry record (`core.kbind.io/related-entries`): written by the
+    /// Go konnector.
+    pub without_record: usize,
+}
+
 /// Whether a container image is the Go konnector's: its repository's last segment is
 /// `konnector`, `konnector-<variant>` or `kbind-konnector` (never one of kbind's programs).
 pub fn is_go_konnector(image: &str) -> bool {
@@ -134,6 +146,53 @@ pub fn rewrite(hash: HashForm, policy: UpdatePolicy) -> &'static str {
         (_, UpdatePolicy::Always) => "once: kbind's schema hash (updatePolicy Always)",
         (_, UpdatePolicy::Once) => "none (updatePolicy Once)",
     }
+}
+
+/// What kbind does differently from the Go konnector with the state found — each a read, at
+/// most one write on this cluster, none on the provider.
+pub fn differences(apis: &[PulledCrd], related: RelatedCopies) -> Vec<String> {
+    let mut out = Vec::new();
+    for form in [HashForm::Go, HashForm::Other] {
+        let (once, kept) =
+            apis.iter()
+                .filter(|a| a.hash == form)
+                .fold((0, 0), |(once, kept), a| {
+                    if a.rewrite.starts_with("once") {
+                        (once + 1, kept)
+                    } else {
+                        (once, kept + 1)
+                    }
+                });
+        if once + kept > 0 {
+            let what = match form {
+                HashForm::Go => "the Go konnector's schema hash (sha256: + 16 hex)",
+                _ => "no schema hash kbind recognises",
+            };
+            out.push(format!(
+                "{} pulled CRD(s) carry {what}: {once} rewritten once with kbind's 64-hex hash (updatePolicy Always), {kept} left as they are (updatePolicy Once)",
+                once + kept
+            ));
+        }
+    }
+    let unstamped = apis.iter().filter(|a| !a.created_by_kbind).count();
+    if unstamped > 0 {
+        out.push(format!(
+            "{unstamped} pulled CRD(s) lack core.kbind.io/created-by: kbind serves them but never deletes them unless stamped (apply --stamp-created-by)"
+        ));
+    }
+    if related.without_record > 0 {
+        out.push(format!(
+            "{} of {} related copies here lack kbind's per-entry record (core.kbind.io/related-entries): kbind takes each as current and writes it only when its source changes",
+            related.without_record, related.copies
+        ));
+    }
+    out.push(
+        "provider namespaces: the Go syncer marks the consumer UID as a label, its related path as an annotation; kbind reads both forms and rewrites neither".into(),
+    );
+    out.push(
+        "finalizers (core.kbind.io/syncer, core.kbind.io/cleanup), field managers (kbind-konnector, kbind-konnector-related) and the heartbeat Lease name are the same: adopted without a write".into(),
+    );
+    out
 }
 
 /// The steps, in order, for what was found.
@@ -313,11 +372,14 @@ pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, Stri
             kept: annotation(HELM_KEEP).as_deref() == Some("keep"),
         });
     }
+    let related = related_copies(consumer).await?;
     let steps = steps(&konnectors, &core_crds, &apis, release);
     Ok(Report {
+        differences: differences(&apis, related),
         konnectors,
         apis,
         core_crds,
+        related,
         steps,
         done: Vec::new(),
     })
@@ -380,6 +442,45 @@ pub async fn apply(
     let mut after = gather(consumer, release).await?;
     after.done = done;
     Ok(after)
+}
+
+/// Counts the related copies (managed Secrets and ConfigMaps with a related-binding) on the
+/// consumer, by their metadata only.
+async fn related_copies(consumer: &Client) -> Result<RelatedCopies, String> {
+    let managed = ListParams::default()
+        .labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
+        .limit(MAX_LIST);
+    let mut annotations = Vec::new();
+    for (what, list) in [
+        (
+            "Secrets",
+            Api::<k8s_openapi::api::core::v1::Secret>::all(consumer.clone())
+                .list_metadata(&managed)
+                .await
+                .map(|l| l.items.into_iter().map(|o| o.metadata).collect::<Vec<_>>()),
+        ),
+        (
+            "ConfigMaps",
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::all(consumer.clone())
+                .list_metadata(&managed)
+                .await
+                .map(|l| l.items.into_iter().map(|o| o.metadata).collect::<Vec<_>>()),
+        ),
+    ] {
+        let list = list.map_err(|e| view::read_error(what, &e))?;
+        annotations.extend(list.into_iter().map(|m| m.annotations.unwrap_or_default()));
+    }
+    let copies: Vec<_> = annotations
+        .iter()
+        .filter(|a| a.contains_key(keys::RELATED_BINDING_ANNOTATION))
+        .collect();
+    Ok(RelatedCopies {
+        copies: copies.len(),
+        without_record: copies
+            .iter()
+            .filter(|a| !a.contains_key(keys::RELATED_ENTRIES_ANNOTATION))
+            .count(),
+    })
 }
 
 async fn wait_pods_gone(consumer: &Client, k: &Konnector) -> Result<(), String> {
@@ -479,6 +580,12 @@ pub fn render(report: &Report) -> String {
         &["CRD", "PRESENT", "HELM RELEASE", "KEPT"],
         &rows,
     ));
+    if !report.differences.is_empty() {
+        out.push_str("\nWhat kbind does differently:\n");
+        for d in &report.differences {
+            out.push_str(&format!("  - {d}\n"));
+        }
+    }
     if !report.done.is_empty() {
         out.push_str("\nDone:\n");
         for d in &report.done {
@@ -530,6 +637,41 @@ mod tests {
             "none (updatePolicy Once)"
         );
         assert_eq!(rewrite(HashForm::Kbind, UpdatePolicy::Always), "none");
+    }
+
+    #[test]
+    fn the_differences_count_what_kbind_rewrites_and_what_it_takes_as_it_is() {
+        let pulled = |name: &str, hash: HashForm, policy: UpdatePolicy, stamped: bool| PulledCrd {
+            name: name.into(),
+            connection: "p".into(),
+            hash,
+            rewrite: rewrite(hash, policy).into(),
+            created_by_kbind: stamped,
+        };
+        let apis = [
+            pulled("a", HashForm::Go, UpdatePolicy::Always, false),
+            pulled("b", HashForm::Go, UpdatePolicy::Once, false),
+            pulled("c", HashForm::Kbind, UpdatePolicy::Always, true),
+        ];
+        let found = differences(
+            &apis,
+            RelatedCopies {
+                copies: 3,
+                without_record: 2,
+            },
+        );
+        assert!(
+            found[0].starts_with("2 pulled CRD(s) carry the Go konnector's schema hash")
+                && found[0].contains(": 1 rewritten once")
+                && found[0].contains(", 1 left as they are"),
+            "{found:#?}"
+        );
+        assert!(found[1].starts_with("2 pulled CRD(s) lack core.kbind.io/created-by"));
+        assert!(found[2].starts_with("2 of 3 related copies here lack"));
+        assert_eq!(found.len(), 5, "{found:#?}");
+        // Nothing Go-shaped: only the two fixed facts.
+        let none = differences(&apis[2..], RelatedCopies::default());
+        assert_eq!(none.len(), 2, "{none:#?}");
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod process;
 pub mod rate;
 pub mod redact;
 pub mod resolve;
+pub mod routing;
 pub mod shard;
 pub mod streaming;
 pub mod sync;

@@ -1,0 +1,624 @@
+//! Per-object routing (#36): when more than one Connection serves an API, which provider an
+//! instance goes to, and the pin that keeps it there. Pure decisions over plain data — the
+//! syncer feeds them the bindings covering the instance, its labels, its pin and where its copy
+//! is — with one invariant above all: **an object has at most one provider copy owned by kbind**,
+//! and it never moves without an explicit user action (removing or changing the pin).
+//!
+//! Not wired into the engine yet: the bindings' object selector and the route-aware sync unit
+//! come with the rest of #36.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::core::{Selector, SelectorExt};
+
+/// Where an object's copy lives: a Connection and the provider cluster (its UID) that
+/// Connection is pinned to. A Connection re-pinned to another cluster is another route.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Route {
+    pub connection: String,
+    pub cluster: String,
+}
+
+impl Route {
+    /// The pin's text, as recorded on the instance: `<connection>/<remote cluster UID>`.
+    pub fn pin_text(&self) -> String {
+        format!("{}/{}", self.connection, self.cluster)
+    }
+
+    /// Reads a pin written by [`Route::pin_text`]; a user may edit it, so anything else is an
+    /// error naming what is wrong.
+    pub fn parse_pin(text: &str) -> Result<Route, String> {
+        let (connection, cluster) = text.split_once('/').ok_or_else(|| {
+            format!("route pin {text:?} is not <connection>/<provider cluster UID>")
+        })?;
+        if connection.is_empty() || cluster.is_empty() || cluster.contains('/') {
+            return Err(format!(
+                "route pin {text:?} is not <connection>/<provider cluster UID>"
+            ));
+        }
+        Ok(Route {
+            connection: connection.to_owned(),
+            cluster: cluster.to_owned(),
+        })
+    }
+}
+
+/// Whether a route's provider serves the API with a schema that agrees with the one served on
+/// the consumer (the breaking-change classifier's verdict).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Schema {
+    Agrees,
+    /// Why not: objects routed there are held, never written with fields the provider would
+    /// prune or reject.
+    Mismatch(String),
+}
+
+/// A binding that covers the instance's scope and lists its API: the route it offers, and the
+/// objects it selects (`None`: every object — the default route).
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// `<namespace>/<name>` of a Binding, `<name>` of a ClusterBinding — for messages.
+    pub binding: String,
+    pub route: Route,
+    pub selector: Option<Selector>,
+    pub schema: Schema,
+}
+
+/// Why an object is not synced where its labels would send it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// More than one route wins.
+    AmbiguousRoute,
+    /// No binding routes it (or its pin names a route no binding offers).
+    NoRoute,
+    /// Its labels now choose another route than the one it is pinned to.
+    RouteChanged,
+    /// Its route's provider serves a schema that does not agree.
+    SchemaMismatch,
+}
+
+impl Reason {
+    /// The conflict reason's name, as annotations, Events and the delivery column show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::AmbiguousRoute => "AmbiguousRoute",
+            Reason::NoRoute => "NoRoute",
+            Reason::RouteChanged => "RouteChanged",
+            Reason::SchemaMismatch => "SchemaMismatch",
+        }
+    }
+}
+
+/// The routes the instance's labels choose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    Route(Route),
+    NoRoute,
+    /// The winning routes (two or more), in order.
+    Ambiguous(Vec<Route>),
+}
+
+/// Which route an instance with `labels` goes to: among the candidates whose selector matches,
+/// those with a selector beat those without (the default route); exactly one route must win.
+/// Several candidates offering the same route (a ClusterBinding and a Binding naming one
+/// Connection) are one winner, not an ambiguity.
+pub fn choose(candidates: &[Candidate], labels: &BTreeMap<String, String>) -> Choice {
+    let matching: Vec<&Candidate> = candidates
+        .iter()
+        .filter(|c| c.selector.as_ref().is_none_or(|s| s.matches(labels)))
+        .collect();
+    let selected: Vec<&Candidate> = matching
+        .iter()
+        .copied()
+        .filter(|c| c.selector.is_some())
+        .collect();
+    let pool = if selected.is_empty() {
+        matching
+    } else {
+        selected
+    };
+    let routes: BTreeSet<&Route> = pool.iter().map(|c| &c.route).collect();
+    let mut routes = routes.into_iter().cloned();
+    match (routes.next(), routes.next()) {
+        (None, _) => Choice::NoRoute,
+        (Some(only), None) => Choice::Route(only),
+        (Some(first), Some(second)) => {
+            let mut all = vec![first, second];
+            all.extend(routes);
+            Choice::Ambiguous(all)
+        }
+    }
+}
+
+/// The pin on the instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pin {
+    None,
+    Set(Route),
+    /// The annotation is there but unreadable (a user edited it): the message says why.
+    Invalid(String),
+}
+
+/// kbind's copy of the instance on a provider, as its delivery record and the provider's watch
+/// say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copy {
+    pub route: Route,
+    /// Its deletion was requested and has not finished (a provider finalizer may hold it).
+    pub deleting: bool,
+}
+
+/// What the syncer does next for the instance. One step at a time: each is carried out, its
+/// result observed, and the decision made again (level-triggered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Write to no provider; report why (a conflict with this reason). Any copy stays as it is.
+    Hold(Reason, String),
+    /// Record the pin on the instance — before anything is written to the route.
+    Pin(Route),
+    /// Sync the instance with its copy on the route (spec up, status down); `conflict` is set
+    /// when its labels choose another route (`RouteChanged`): reported, nothing moves.
+    Sync {
+        route: Route,
+        conflict: Option<(Reason, String)>,
+    },
+    /// An explicit move: delete the copy on the old route (`orphan`: strip kbind's markers and
+    /// leave it, foreign to kbind) before anything is written to the new one.
+    Release { route: Route, orphan: bool },
+    /// The old copy's deletion has not finished: nothing is written elsewhere until it has.
+    WaitGone(Route),
+}
+
+/// The next routing step for an instance: `pin` and `copy` as recorded, `choice` what its labels
+/// choose now, `candidates` every binding covering it (to tell whether a route is still
+/// offered at all), `orphan` its deletion policy.
+pub fn decide(
+    pin: &Pin,
+    copy: Option<&Copy>,
+    choice: &Choice,
+    candidates: &[Candidate],
+    orphan: bool,
+) -> Step {
+    if let Some(copy) = copy.filter(|c| c.deleting) {
+        return Step::WaitGone(copy.route.clone());
+    }
+    let offered = |route: &Route| candidates.iter().find(|c| &c.route == route);
+    let unrouted = || match choice {
+        Choice::Ambiguous(routes) => Step::Hold(
+            Reason::AmbiguousRoute,
+            format!("routes {} all select it", list(routes)),
+        ),
+        _ => Step::Hold(
+            Reason::NoRoute,
+            "no binding routes it (no selector matches and there is no default route)".into(),
+        ),
+    };
+    // Where it is to go: the pin, else the one route its labels choose.
+    let target = match pin {
+        Pin::Invalid(message) => return Step::Hold(Reason::NoRoute, message.clone()),
+        Pin::Set(route) => route.clone(),
+        Pin::None => match choice {
+            Choice::Route(route) => route.clone(),
+            _ => return unrouted(),
+        },
+    };
+    let Some(offer) = offered(&target) else {
+        return Step::Hold(
+            Reason::NoRoute,
+            format!(
+                "pinned to {}, which no binding covering it offers",
+                target.pin_text()
+            ),
+        );
+    };
+    if let Schema::Mismatch(why) = &offer.schema {
+        return Step::Hold(
+            Reason::SchemaMismatch,
+            format!("route {} does not agree: {why}", target.pin_text()),
+        );
+    }
+    match copy {
+        // A copy elsewhere: the user moved it explicitly (removed or changed the pin). The old
+        // copy goes first.
+        Some(copy) if copy.route != target => Step::Release {
+            route: copy.route.clone(),
+            orphan,
+        },
+        _ if *pin == Pin::None => Step::Pin(target),
+        _ => {
+            let conflict = match choice {
+                Choice::Route(route) if *route == target => None,
+                Choice::Route(route) => Some(format!(
+                    "its labels now choose {}; it stays on {} until its pin is removed",
+                    route.pin_text(),
+                    target.pin_text()
+                )),
+                Choice::Ambiguous(routes) => Some(format!(
+                    "its labels now choose several routes ({}); it stays on {}",
+                    list(routes),
+                    target.pin_text()
+                )),
+                Choice::NoRoute => Some(format!(
+                    "its labels no longer select {}; it stays there until its pin is removed",
+                    target.pin_text()
+                )),
+            };
+            Step::Sync {
+                route: target,
+                conflict: conflict.map(|m| (Reason::RouteChanged, m)),
+            }
+        }
+    }
+}
+
+fn list(routes: &[Route]) -> String {
+    routes
+        .iter()
+        .map(Route::pin_text)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn route(connection: &str) -> Route {
+        Route {
+            connection: connection.into(),
+            cluster: format!("uid-{connection}"),
+        }
+    }
+
+    fn candidate(binding: &str, connection: &str, selector: Option<&str>) -> Candidate {
+        Candidate {
+            binding: binding.into(),
+            route: route(connection),
+            // `key=value`
+            selector: selector.map(|s| {
+                let (k, v) = s.split_once('=').expect("key=value");
+                Selector::from_iter([(k.to_owned(), v.to_owned())])
+            }),
+            schema: Schema::Agrees,
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn pins_read_back_what_they_wrote_and_name_what_is_wrong() {
+        let r = route("eu");
+        assert_eq!(Route::parse_pin(&r.pin_text()), Ok(r));
+        for bad in ["", "eu", "/uid", "eu/", "eu/a/b"] {
+            let e = Route::parse_pin(bad).unwrap_err();
+            assert!(e.contains("<connection>/<provider cluster UID>"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_selector_beats_the_default_and_exactly_one_route_must_win() {
+        let default_eu = candidate("all", "eu", None);
+        let us = candidate("us-only", "us", Some("region=us"));
+        let gold = candidate("gold", "gold", Some("tier=gold"));
+        let eu_again = candidate("team-a/eu", "eu", None);
+        for (name, candidates, object, want) in [
+            (
+                "the default route",
+                vec![default_eu.clone(), us.clone()],
+                labels(&[]),
+                Choice::Route(route("eu")),
+            ),
+            (
+                "a selector beats the default",
+                vec![default_eu.clone(), us.clone()],
+                labels(&[("region", "us")]),
+                Choice::Route(route("us")),
+            ),
+            (
+                "two selectors match",
+                vec![default_eu.clone(), us.clone(), gold.clone()],
+                labels(&[("region", "us"), ("tier", "gold")]),
+                Choice::Ambiguous(vec![route("gold"), route("us")]),
+            ),
+            (
+                "two defaults on different Connections",
+                vec![default_eu.clone(), candidate("other", "us", None)],
+                labels(&[]),
+                Choice::Ambiguous(vec![route("eu"), route("us")]),
+            ),
+            (
+                "two bindings, one Connection: one route",
+                vec![default_eu.clone(), eu_again.clone()],
+                labels(&[]),
+                Choice::Route(route("eu")),
+            ),
+            (
+                "no default and no match",
+                vec![us.clone()],
+                labels(&[("region", "eu")]),
+                Choice::NoRoute,
+            ),
+            ("no binding", vec![], labels(&[]), Choice::NoRoute),
+        ] {
+            assert_eq!(choose(&candidates, &object), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_pin_state_machine() {
+        let (eu, us) = (route("eu"), route("us"));
+        let both = vec![
+            candidate("all", "eu", None),
+            candidate("us-only", "us", Some("region=us")),
+        ];
+        let mut mismatched = both.clone();
+        mismatched[1].schema = Schema::Mismatch("field spec.size removed".into());
+        let at = |r: &Route, deleting: bool| Copy {
+            route: r.clone(),
+            deleting,
+        };
+        let hold = |step: Step| match step {
+            Step::Hold(reason, _) => Some(reason),
+            _ => None,
+        };
+        let set = |r: &Route| Pin::Set(r.clone());
+        let eu_wins = Choice::Route(eu.clone());
+        let us_wins = Choice::Route(us.clone());
+        let ambiguous = Choice::Ambiguous(vec![eu.clone(), us.clone()]);
+
+        // New objects: pinned first, written nowhere while unrouted.
+        assert_eq!(
+            decide(&Pin::None, None, &eu_wins, &both, false),
+            Step::Pin(eu.clone())
+        );
+        assert_eq!(
+            hold(decide(&Pin::None, None, &ambiguous, &both, false)),
+            Some(Reason::AmbiguousRoute)
+        );
+        assert_eq!(
+            hold(decide(&Pin::None, None, &Choice::NoRoute, &both, false)),
+            Some(Reason::NoRoute)
+        );
+        assert_eq!(
+            hold(decide(&Pin::None, None, &us_wins, &mismatched, false)),
+            Some(Reason::SchemaMismatch)
+        );
+        // Pinned: synced where pinned; a label change is reported, nothing moves.
+        assert_eq!(
+            decide(&set(&eu), Some(&at(&eu, false)), &eu_wins, &both, false),
+            Step::Sync {
+                route: eu.clone(),
+                conflict: None
+            }
+        );
+        for choice in [&us_wins, &ambiguous, &Choice::NoRoute] {
+            match decide(&set(&eu), Some(&at(&eu, false)), choice, &both, false) {
+                Step::Sync {
+                    route,
+                    conflict: Some((Reason::RouteChanged, _)),
+                } => assert_eq!(route, eu),
+                other => panic!("{choice:?}: {other:?}"),
+            }
+        }
+        // A route whose schema drifted holds only its own objects.
+        assert_eq!(
+            hold(decide(
+                &set(&us),
+                Some(&at(&us, false)),
+                &us_wins,
+                &mismatched,
+                false
+            )),
+            Some(Reason::SchemaMismatch)
+        );
+        assert!(matches!(
+            decide(
+                &set(&eu),
+                Some(&at(&eu, false)),
+                &eu_wins,
+                &mismatched,
+                false
+            ),
+            Step::Sync { .. }
+        ));
+        // Its route withdrawn (no binding offers it): held where it is.
+        assert_eq!(
+            hold(decide(
+                &set(&us),
+                Some(&at(&us, false)),
+                &eu_wins,
+                &both[..1],
+                false
+            )),
+            Some(Reason::NoRoute)
+        );
+        // The explicit move: the pin removed → the old copy goes first (deleted or orphaned),
+        // its deletion is waited for, then the new route is pinned.
+        assert_eq!(
+            decide(&Pin::None, Some(&at(&eu, false)), &us_wins, &both, false),
+            Step::Release {
+                route: eu.clone(),
+                orphan: false
+            }
+        );
+        assert_eq!(
+            decide(&Pin::None, Some(&at(&eu, false)), &us_wins, &both, true),
+            Step::Release {
+                route: eu.clone(),
+                orphan: true
+            }
+        );
+        assert_eq!(
+            decide(&Pin::None, Some(&at(&eu, true)), &us_wins, &both, false),
+            Step::WaitGone(eu.clone())
+        );
+        assert_eq!(
+            decide(&Pin::None, None, &us_wins, &both, false),
+            Step::Pin(us.clone())
+        );
+        // The pin removed while its labels still choose the same route: re-pinned, no move.
+        assert_eq!(
+            decide(&Pin::None, Some(&at(&eu, false)), &eu_wins, &both, false),
+            Step::Pin(eu.clone())
+        );
+        // The pin removed but nowhere to go: the copy stays.
+        assert_eq!(
+            hold(decide(
+                &Pin::None,
+                Some(&at(&eu, false)),
+                &ambiguous,
+                &both,
+                false
+            )),
+            Some(Reason::AmbiguousRoute)
+        );
+        // The pin changed by hand to another offered route: a move too.
+        assert_eq!(
+            decide(&set(&us), Some(&at(&eu, false)), &eu_wins, &both, false),
+            Step::Release {
+                route: eu.clone(),
+                orphan: false
+            }
+        );
+        // An unreadable pin: held, the copy stays.
+        assert_eq!(
+            hold(decide(
+                &Pin::Invalid("bad".into()),
+                Some(&at(&eu, false)),
+                &eu_wins,
+                &both,
+                false
+            )),
+            Some(Reason::NoRoute)
+        );
+    }
+
+    /// A world the decisions run in: three Connections, bindings that come and go with changing
+    /// selectors, labels edited, pins removed or set by hand, provider deletions that finish
+    /// when they finish. kbind's steps are carried out as the syncer would.
+    #[derive(Debug, Clone)]
+    enum Event {
+        Label(u8),
+        Binding(u8, Option<u8>),
+        Unbind(u8),
+        Drift(u8, bool),
+        RemovePin,
+        SetPin(u8),
+        ProviderDeletes,
+        Kbind,
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (0u8..3).prop_map(Event::Label),
+            (0u8..3, prop::option::of(0u8..3)).prop_map(|(c, s)| Event::Binding(c, s)),
+            (0u8..3).prop_map(Event::Unbind),
+            (0u8..3, any::<bool>()).prop_map(|(c, d)| Event::Drift(c, d)),
+            Just(Event::RemovePin),
+            (0u8..3).prop_map(Event::SetPin),
+            Just(Event::ProviderDeletes),
+            Just(Event::Kbind),
+            Just(Event::Kbind),
+            Just(Event::Kbind),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn one_object_has_at_most_one_kbind_copy_and_moves_only_when_the_user_says(
+            events in prop::collection::vec(event(), 1..80),
+            orphan in any::<bool>(),
+        ) {
+            const CONNECTIONS: [&str; 3] = ["eu", "us", "ap"];
+            let mut bindings: BTreeMap<u8, Option<u8>> = BTreeMap::from([(0, None)]);
+            let mut drifted = [false; 3];
+            let mut object_labels = labels(&[]);
+            let mut pin = Pin::None;
+            // Provider copies kbind owns: route → deleting; orphaned ones are foreign.
+            let mut owned: BTreeMap<Route, bool> = BTreeMap::new();
+            let mut foreign: BTreeSet<Route> = BTreeSet::new();
+            // Routes the user authorised a move away from (by removing or changing the pin).
+            let mut may_leave: BTreeSet<Route> = BTreeSet::new();
+            for event in events {
+                match event {
+                    Event::Label(v) => {
+                        object_labels = labels(&[("k", &v.to_string())]);
+                    }
+                    Event::Binding(c, s) => {
+                        bindings.insert(c, s);
+                    }
+                    Event::Unbind(c) => {
+                        bindings.remove(&c);
+                    }
+                    Event::Drift(c, d) => drifted[c as usize] = d,
+                    Event::RemovePin => {
+                        if let Pin::Set(r) = &pin {
+                            may_leave.insert(r.clone());
+                        }
+                        pin = Pin::None;
+                    }
+                    Event::SetPin(c) => {
+                        if let Pin::Set(r) = &pin {
+                            may_leave.insert(r.clone());
+                        }
+                        pin = Pin::Set(route(CONNECTIONS[c as usize]));
+                    }
+                    Event::ProviderDeletes => owned.retain(|_, deleting| !*deleting),
+                    Event::Kbind => {
+                        let candidates: Vec<Candidate> = bindings
+                            .iter()
+                            .map(|(c, s)| {
+                                let name = CONNECTIONS[*c as usize];
+                                let mut cand = candidate(
+                                    name,
+                                    name,
+                                    s.map(|v| format!("k={v}")).as_deref(),
+                                );
+                                if drifted[*c as usize] {
+                                    cand.schema = Schema::Mismatch("drift".into());
+                                }
+                                cand
+                            })
+                            .collect();
+                        let copy = owned.iter().next().map(|(r, deleting)| Copy {
+                            route: r.clone(),
+                            deleting: *deleting,
+                        });
+                        let choice = choose(&candidates, &object_labels);
+                        match decide(&pin, copy.as_ref(), &choice, &candidates, orphan) {
+                            Step::Hold(..) | Step::WaitGone(_) => {}
+                            Step::Pin(r) => pin = Pin::Set(r),
+                            Step::Sync { route, .. } => {
+                                prop_assert_eq!(&pin, &Pin::Set(route.clone()), "synced unpinned");
+                                // A copy it left behind (orphaned) is foreign: the sync's
+                                // ownership check reports a conflict and writes nothing.
+                                if !foreign.contains(&route) {
+                                    owned.entry(route).or_insert(false);
+                                }
+                            }
+                            Step::Release { route, orphan: o } => {
+                                prop_assert!(
+                                    may_leave.contains(&route),
+                                    "moved off {:?} without the user's say", route
+                                );
+                                if o {
+                                    owned.remove(&route);
+                                    foreign.insert(route);
+                                } else {
+                                    owned.insert(route, true);
+                                }
+                            }
+                        }
+                    }
+                }
+                prop_assert!(owned.len() <= 1, "two kbind copies: {:?}", owned);
+            }
+        }
+    }
+}

@@ -134,6 +134,30 @@ pub fn breaking_changes(
     out.finish()
 }
 
+/// #36: whether a route's provider schema agrees with the schema served on the consumer, so that
+/// objects routed there can be written as they are: every object valid under `served` must stay
+/// valid and whole under `route` (no breaking change from one to the other). A route that adds
+/// optional fields agrees; one that drops, narrows or retypes a field does not, and the message
+/// names the first changes.
+pub fn route_agreement(
+    served: &CustomResourceDefinitionSpec,
+    route: &CustomResourceDefinitionSpec,
+) -> kbind_shared::routing::Schema {
+    let (listed, more) = breaking_changes(served, route);
+    if listed.is_empty() {
+        return kbind_shared::routing::Schema::Agrees;
+    }
+    let mut message = listed
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if more > 0 {
+        message.push_str(&format!(" (and {more} more)"));
+    }
+    kbind_shared::routing::Schema::Mismatch(message)
+}
+
 /// Whether two version schemas are identical for storage: the same document once descriptions
 /// (which never change what is stored) are set aside.
 pub fn same_structure(a: &Value, b: &Value) -> bool {
@@ -688,6 +712,37 @@ mod tests {
         let (listed, more) = breaking_changes(&one(old), &one(new));
         assert_eq!(more, 0);
         listed.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_route_agrees_when_every_served_object_fits_it() {
+        use kbind_shared::routing::Schema;
+        let served = one(widget(
+            json!({ "size": { "type": "integer" }, "color": { "type": "string" } }),
+            json!({}),
+        ));
+        let same = served.clone();
+        let wider = one(widget(
+            json!({ "size": { "type": "integer" }, "color": { "type": "string" },
+                    "shape": { "type": "string" } }),
+            json!({}),
+        ));
+        let narrower = one(widget(json!({ "size": { "type": "integer" } }), json!({})));
+        let retyped = one(widget(
+            json!({ "size": { "type": "string" }, "color": { "type": "string" } }),
+            json!({}),
+        ));
+        assert_eq!(route_agreement(&served, &same), Schema::Agrees);
+        assert_eq!(route_agreement(&served, &wider), Schema::Agrees);
+        for (name, route, names) in [
+            ("a field dropped", &narrower, "spec.color"),
+            ("a field retyped", &retyped, "spec.size"),
+        ] {
+            match route_agreement(&served, route) {
+                Schema::Mismatch(message) => assert!(message.contains(names), "{name}: {message}"),
+                Schema::Agrees => panic!("{name}: agreed"),
+            }
+        }
     }
 
     #[test]

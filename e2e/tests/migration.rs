@@ -531,6 +531,14 @@ const CORE_CRDS: [&str; 3] = [
     "bindings.core.kbind.io",
 ];
 
+/// The steps of a `migrate` report (JSON).
+fn steps_of(report: &serde_json::Value) -> Vec<&str> {
+    report["steps"]
+        .as_array()
+        .map(|steps| steps.iter().filter_map(|s| s.as_str()).collect())
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps_the_crds_for_kbind()
  {
@@ -667,12 +675,7 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
         assert_eq!(core["release"], "konnector");
         assert_eq!(core["kept"], false);
     }
-    let steps: Vec<&str> = plan["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s.as_str())
-        .collect();
+    let steps = steps_of(&plan);
     assert!(
         steps[0].starts_with("scale Deployment konnector-system/konnector to 0"),
         "{steps:#?}"
@@ -745,12 +748,7 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
         );
     }
     let after = plugin_json(&env, &["migrate", "plan"]);
-    let steps: Vec<&str> = after["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s.as_str())
-        .collect();
+    let steps = steps_of(&after);
     assert!(
         steps[0].starts_with("install kbind"),
         "nothing left before the install: {steps:#?}"

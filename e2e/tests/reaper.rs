@@ -535,7 +535,17 @@ async fn a_dead_consumer_is_reaped_after_both_graces_and_nothing_else_is_touched
     let status = policy_status(&provider).await.unwrap();
     assert_eq!(state_of(&status, UID_B), "Live");
     assert_eq!(state_of(&status, UID_C), "NoLease");
-    assert_eq!(state_of(&status, &uid_a), "Reaping", "team-p and w4 remain");
+    // Once team-a is gone, nothing is left to act on: Reaped, though team-p and w4 remain,
+    // kept — and the status counts them.
+    wait_state(&provider, &uid_a, "Reaped", 60).await;
+    let status = policy_status(&provider).await.unwrap();
+    let a = status.consumers.iter().find(|c| c.uid == uid_a).unwrap();
+    let count = |api: &str| a.objects.iter().find(|c| c.api == api).map(|c| c.count);
+    assert_eq!(
+        (count("namespaces"), count("protected")),
+        (Some(1), Some(1)),
+        "{a:#?}"
+    );
 
     // The metric counts exactly the deletes the provider's API server served for the reaper
     // (nobody else deletes Widgets here), and the objects that went away.

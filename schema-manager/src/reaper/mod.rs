@@ -57,7 +57,9 @@ pub struct Facts {
     /// Whether a Lease for the consumer UID was ever seen (by this reaper, or recorded in the
     /// policy's status): a Lease deleted since still means the consumer had a heartbeat.
     pub lease_ever_seen: bool,
-    /// How many of the consumer's copies (and related copies, and namespaces it created) remain.
+    /// How many of the consumer's copies (and related copies, and namespaces it created) remain
+    /// for the action: protected objects, and namespaces kept because they hold another's or a
+    /// protected object, are not counted.
     pub objects: u64,
 }
 
@@ -81,7 +83,8 @@ pub enum State {
     Stale,
     /// The action runs: its copies are being orphaned or deleted.
     Reaping,
-    /// The action ran: nothing of it is left.
+    /// The action ran: nothing it may act on is left (protected objects, and namespaces holding
+    /// another's or a protected object, stay — the status counts them).
     Reaped,
     /// Copies of a consumer UID that never had a Lease here: reported, never touched.
     NoLease,

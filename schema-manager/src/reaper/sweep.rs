@@ -76,6 +76,9 @@ struct Target {
 #[derive(Default)]
 struct Census {
     objects: HashMap<String, BTreeMap<String, u64>>,
+    /// Per consumer, how many of its counted objects are being deleted (not targets any more,
+    /// but not gone either).
+    deleting: HashMap<String, u64>,
     targets: Vec<Target>,
     untracked: u64,
 }
@@ -246,7 +249,7 @@ impl Reaper {
             .chain(census.objects.keys().map(String::as_str))
             .collect();
         let had_lease = self.had_lease.locked().clone();
-        let views: Vec<ConsumerView> = uids
+        let mut views: Vec<ConsumerView> = uids
             .into_iter()
             .map(|uid| {
                 let objects = census.objects.get(uid).cloned().unwrap_or_default();
@@ -278,6 +281,40 @@ impl Reaper {
 
         // The action, only on complete facts.
         let complete = problems.is_empty();
+        // A consumer with only namespaces left, each kept (it holds another's or a protected
+        // object), has nothing left to act on: Reaped, not Reaping for ever. Checked only then,
+        // and again every sweep — the namespace is acted on once it holds only the consumer's.
+        if complete {
+            for view in views
+                .iter_mut()
+                .filter(|v| v.step.act == Some(Action::Delete) && only_namespaces_left(&v.objects))
+            {
+                // A namespace being deleted is not gone yet: still Reaping.
+                let mut left = census.deleting.get(&view.uid).copied().unwrap_or(0);
+                for target in census.targets.iter().filter(|t| {
+                    t.consumer == view.uid
+                        && kinds.get(t.kind).is_some_and(|k| k.name == "namespaces")
+                }) {
+                    if self
+                        .namespace_holds_only(&kinds, &target.name, &view.uid, spec)
+                        .await
+                    {
+                        left += 1;
+                    }
+                }
+                if left == 0 {
+                    view.step = super::decide(
+                        &Facts {
+                            now,
+                            lease: lease_facts.get(view.uid.as_str()).copied(),
+                            lease_ever_seen: had_lease.contains(view.uid.as_str()),
+                            objects: 0,
+                        },
+                        &policy_checked,
+                    );
+                }
+            }
+        }
         let mut more_to_do = false;
         if complete {
             let acting: HashMap<&str, (Action, bool)> = views
@@ -285,11 +322,7 @@ impl Reaper {
                 .filter_map(|v| {
                     let action = v.step.act?;
                     // Namespaces go last: once nothing else of the consumer is left.
-                    let only_namespaces = v
-                        .objects
-                        .iter()
-                        .all(|(api, n)| *n == 0 || api == "namespaces" || api == "protected");
-                    Some((v.uid.as_str(), (action, only_namespaces)))
+                    Some((v.uid.as_str(), (action, only_namespaces_left(&v.objects))))
                 })
                 .collect();
             more_to_do = self
@@ -490,6 +523,9 @@ impl Reaper {
                     continue;
                 }
                 census.count(consumer, &kind.name);
+                if meta.deletion_timestamp.is_some() && census.objects.contains_key(consumer) {
+                    *census.deleting.entry(consumer.to_owned()).or_default() += 1;
+                }
                 if eligible.contains(consumer) && meta.deletion_timestamp.is_none() {
                     census.targets.push(Target {
                         kind: index,
@@ -688,4 +724,12 @@ fn orphan_patch(object_uid: &str) -> Patch<serde_json::Value> {
             },
         },
     }))
+}
+
+/// Whether, of a consumer's objects per API, only namespaces (and protected objects, which are
+/// never acted on) are left.
+fn only_namespaces_left(objects: &BTreeMap<String, u64>) -> bool {
+    objects
+        .iter()
+        .all(|(api, n)| *n == 0 || api == "namespaces" || api == "protected")
 }

@@ -183,7 +183,7 @@ pub struct ConsumerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_change: Option<Time>,
     /// Its objects still on the provider, per API (`<plural>.<group>`, `secrets`, `configmaps`,
-    /// `namespaces`).
+    /// `namespaces`), and `protected`: those carrying the protect label, never acted on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<ApiCount>,
 }

@@ -579,11 +579,49 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
         )
         .await
         .unwrap();
+    // The Go konnector again, from an image renamed in a private registry (known by its
+    // command), and kbind's own syncer, which is not the Go konnector.
+    ensure_namespace(&consumer, "platform").await.unwrap();
+    let platform: Api<Deployment> = Api::namespaced(consumer.clone(), "platform");
+    for (name, image, command) in [
+        (
+            "bind-agent",
+            "registry.local/platform/bind-agent:2",
+            "/konnector",
+        ),
+        (
+            "kbind-syncer",
+            "ghcr.io/kbind-dev/kbind-syncer:0.1.0",
+            "/kbind-syncer",
+        ),
+    ] {
+        platform
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": { "name": name },
+                    "spec": { "replicas": 1, "selector": { "matchLabels": { "app": name } },
+                      "template": { "metadata": { "labels": { "app": name } },
+                        "spec": { "containers": [{ "name": "main", "image": image,
+                          "command": [command] }] } } },
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
     let pods: Api<Pod> = Api::namespaced(consumer.clone(), "konnector-system");
     let app = kube::api::ListParams::default().labels("app=konnector");
-    wait_for("the Go konnector's pod", 60, || async {
-        let list = pods.list(&app).await.map_err(|e| e.to_string())?;
-        Ok((!list.items.is_empty()).then_some(()))
+    let platform_pods: Api<Pod> = Api::namespaced(consumer.clone(), "platform");
+    let agent = kube::api::ListParams::default().labels("app=bind-agent");
+    wait_for("the Go konnectors' pods", 60, || async {
+        let one = pods.list(&app).await.map_err(|e| e.to_string())?;
+        let other = platform_pods
+            .list(&agent)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((!one.items.is_empty() && !other.items.is_empty()).then_some(()))
     })
     .await;
     install_crd(&consumer, &go_pulled("widgets", "Widget"))
@@ -653,8 +691,17 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
     let before = versions().await;
     let plan = plugin_json(&env, &["migrate", "plan"]);
     assert_eq!(versions().await, before, "plan wrote nothing");
-    assert_eq!(plan["konnectors"][0]["name"], "konnector");
-    assert_eq!(plan["konnectors"][0]["pods"], 1);
+    let found: Vec<String> = plan["konnectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| format!("{}/{} {}", k["namespace"], k["name"], k["pods"]).replace('"', ""))
+        .collect();
+    assert_eq!(
+        found,
+        ["konnector-system/konnector 1", "platform/bind-agent 1"],
+        "by image, and by command; kbind's syncer is not one"
+    );
     assert_eq!(plan["apis"][0]["name"], "widgets.example.org");
     assert_eq!(plan["apis"][0]["hash"], "Go");
     assert!(
@@ -681,13 +728,17 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
         "{steps:#?}"
     );
     assert!(
-        steps[1].contains("never `helm uninstall` konnector"),
+        steps[1].starts_with("scale Deployment platform/bind-agent to 0"),
+        "{steps:#?}"
+    );
+    assert!(
+        steps[2].contains("never `helm uninstall` konnector"),
         "{steps:#?}"
     );
 
     // apply: the Go konnector stopped (its pod gone), the core CRDs kept for kbind's release.
     let applied = plugin_json(&env, &["migrate", "apply"]);
-    assert_eq!(applied["done"].as_array().unwrap().len(), 4, "{applied:#}");
+    assert_eq!(applied["done"].as_array().unwrap().len(), 5, "{applied:#}");
     assert_eq!(
         deployments
             .get("konnector")
@@ -699,8 +750,20 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
         Some(0)
     );
     assert!(
-        pods.list(&app).await.unwrap().items.is_empty(),
-        "its pods are gone"
+        pods.list(&app).await.unwrap().items.is_empty()
+            && platform_pods.list(&agent).await.unwrap().items.is_empty(),
+        "their pods are gone"
+    );
+    assert_eq!(
+        platform
+            .get("kbind-syncer")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .replicas,
+        Some(1),
+        "kbind's own syncer is left alone"
     );
     let uids: Vec<Option<String>> = {
         let mut uids = Vec::new();

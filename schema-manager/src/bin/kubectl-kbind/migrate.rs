@@ -1,6 +1,6 @@
 //! `kubectl kbind migrate plan|apply` (#37): replacing a running Go konnector with kbind.
 //!
-//! `plan` only reads the consumer: the Go konnector's Deployments (by image), how kbind will
+//! `plan` only reads the consumer: the Go konnector's Deployments (by image or command), how kbind will
 //! treat each CRD the konnector pulled (its schema hash form, whether kbind created it), who owns
 //! kbind's core CRDs in Helm, and the steps in order. `apply` carries out the kbind-side steps:
 //! the Go Deployments scaled to 0 and their pods waited for, the core CRDs kept and handed to
@@ -121,6 +121,15 @@ pub fn is_go_konnector(image: &str) -> bool {
     repository == "konnector"
         || repository.starts_with("konnector-")
         || repository == "kbind-konnector"
+}
+
+/// Whether a container's command runs the Go konnector's binary (`konnector` or
+/// `kbind-konnector`, by any path) — for images renamed in a private registry.
+pub fn runs_go_konnector(command: &[String]) -> bool {
+    command.first().is_some_and(|program| {
+        let name = program.rsplit('/').next().unwrap_or(program);
+        name == "konnector" || name == "kbind-konnector"
+    })
 }
 
 /// The form of a schema hash annotation.
@@ -282,8 +291,11 @@ pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, Stri
             .spec
             .iter()
             .flat_map(|p| &p.containers)
-            .filter_map(|c| c.image.clone())
-            .find(|i| is_go_konnector(i))
+            .find(|c| {
+                c.image.as_deref().is_some_and(is_go_konnector)
+                    || runs_go_konnector(c.command.as_deref().unwrap_or_default())
+            })
+            .map(|c| c.image.clone().unwrap_or_default())
         else {
             continue;
         };
@@ -604,7 +616,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_go_konnector_is_known_by_its_image() {
+    fn the_go_konnector_is_known_by_its_image_or_command() {
         for (image, want) in [
             ("ghcr.io/kbind-dev/konnector:v0.4.0", true),
             ("ghcr.io/kbind-dev/konnector-v2:v2.0.0", true),
@@ -615,6 +627,17 @@ mod tests {
             ("ghcr.io/someone/konnectors-exporter:1", false),
         ] {
             assert_eq!(is_go_konnector(image), want, "{image}");
+        }
+        let command = |c: &[&str]| c.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        for (run, want) in [
+            (command(&["/konnector", "--leader-elect=false"]), true),
+            (command(&["/usr/local/bin/kbind-konnector"]), true),
+            (command(&["konnector"]), true),
+            (command(&["/kbind-syncer"]), false),
+            (command(&["/bin/sh", "-c", "konnector"]), false),
+            (command(&[]), false),
+        ] {
+            assert_eq!(runs_go_konnector(&run), want, "{run:?}");
         }
     }
 

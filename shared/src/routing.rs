@@ -4,6 +4,10 @@
 //! is — with one invariant above all: **an object has at most one provider copy owned by kbind**,
 //! and it never moves without an explicit user action (removing or changing the pin).
 //!
+//! The schema manager's side is [`admit`] (which bindings may offer a route at all: a second
+//! Connection only through a binding that selects objects) and [`candidates`] (the admitted
+//! offers covering an instance's scope).
+//!
 //! Not wired into the engine yet: the bindings' object selector and the route-aware sync unit
 //! come with the rest of #36.
 
@@ -249,6 +253,85 @@ pub fn decide(
             }
         }
     }
+}
+
+/// Whether a binding that lists an API may offer its Connection for that API's objects — the
+/// schema manager's decision, made before any candidate exists (#36, "must hold" 4). The consumer
+/// CRD stays pinned to the Connection that serves it; another Connection never takes it over
+/// here (that is `core.kbind.io/adopt`), and becomes a route only through a binding that selects
+/// objects explicitly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// The binding's Connection serves the CRD (or will install it): its binding offers the
+    /// schema Connection's route, default or selected.
+    Serves,
+    /// Another Connection serves the CRD and this binding selects objects: its Connection is an
+    /// extra route, with its schema's verdict (objects routed to a disagreeing route are held).
+    Route(Schema),
+    /// Not admitted; the message says whose the API is and how to opt in.
+    Refused(String),
+}
+
+/// [`Admission`] for a binding of Connection `connection` listing `api`: `selects` whether it
+/// carries an object selector, `served_by` the Connection the consumer CRD is marked for
+/// (`None`: not installed or not kbind's yet — the schema plan decides that), `schema` the
+/// binding's provider's schema against the served one.
+pub fn admit(
+    api: &str,
+    connection: &str,
+    selects: bool,
+    served_by: Option<&str>,
+    schema: Schema,
+) -> Admission {
+    match served_by {
+        None => Admission::Serves,
+        Some(owner) if owner == connection => Admission::Serves,
+        // The refusal of a second Connection that does not route stays as it always was.
+        Some(owner) if !selects => Admission::Refused(format!(
+            "the consumer CRD {api} serves Connection {owner}; a binding of Connection \
+             {connection} becomes a route for it only with an object selector (objects it selects \
+             go to {connection}), or annotate the CRD core.kbind.io/adopt={connection} to move \
+             the whole API"
+        )),
+        Some(_) => Admission::Route(schema),
+    }
+}
+
+/// A binding as routing sees it: its scope, what it lists, the route it offers and whether it
+/// was admitted ([`admit`]).
+#[derive(Debug, Clone)]
+pub struct Offer {
+    /// `<namespace>/<name>` of a Binding, `<name>` of a ClusterBinding.
+    pub binding: String,
+    /// The Binding's namespace; `None` for a ClusterBinding (every namespace, and cluster-scoped
+    /// objects).
+    pub namespace: Option<String>,
+    pub apis: BTreeSet<String>,
+    pub route: Route,
+    pub selector: Option<Selector>,
+    pub schema: Schema,
+    pub admitted: bool,
+}
+
+/// The candidates for an instance of `api` in `namespace` (`None`: cluster-scoped): the admitted
+/// offers that list the API and cover the instance's scope — a ClusterBinding every instance, a
+/// Binding those in its own namespace.
+pub fn candidates(offers: &[Offer], api: &str, namespace: Option<&str>) -> Vec<Candidate> {
+    offers
+        .iter()
+        .filter(|o| o.admitted && o.apis.contains(api))
+        .filter(|o| match (&o.namespace, namespace) {
+            (None, _) => true,
+            (Some(own), Some(ns)) => own == ns,
+            (Some(_), None) => false,
+        })
+        .map(|o| Candidate {
+            binding: o.binding.clone(),
+            route: o.route.clone(),
+            selector: o.selector.clone(),
+            schema: o.schema.clone(),
+        })
+        .collect()
 }
 
 fn list(routes: &[Route]) -> String {
@@ -497,6 +580,112 @@ mod tests {
             )),
             Some(Reason::NoRoute)
         );
+    }
+
+    #[test]
+    fn a_second_connection_is_a_route_only_through_a_selecting_binding() {
+        const W: &str = "widgets.example.org";
+        let drift = Schema::Mismatch("spec.size retyped".into());
+        // (case, binding's Connection, selects, CRD served by, schema, want)
+        for (name, connection, selects, served_by, schema, want) in [
+            (
+                "not installed yet",
+                "eu",
+                false,
+                None,
+                Schema::Agrees,
+                Some(Admission::Serves),
+            ),
+            (
+                "its own CRD",
+                "eu",
+                false,
+                Some("eu"),
+                Schema::Agrees,
+                Some(Admission::Serves),
+            ),
+            (
+                "its own, selecting",
+                "eu",
+                true,
+                Some("eu"),
+                Schema::Agrees,
+                Some(Admission::Serves),
+            ),
+            (
+                "another's, no selector",
+                "us",
+                false,
+                Some("eu"),
+                Schema::Agrees,
+                None,
+            ),
+            (
+                "another's, selecting",
+                "us",
+                true,
+                Some("eu"),
+                Schema::Agrees,
+                Some(Admission::Route(Schema::Agrees)),
+            ),
+            (
+                "another's, selecting, drifted",
+                "us",
+                true,
+                Some("eu"),
+                drift.clone(),
+                Some(Admission::Route(drift.clone())),
+            ),
+        ] {
+            match (admit(W, connection, selects, served_by, schema), want) {
+                (Admission::Refused(message), None) => {
+                    assert!(
+                        message.contains("serves Connection eu"),
+                        "{name}: {message}"
+                    );
+                    assert!(message.contains("object selector"), "{name}: {message}");
+                    assert!(
+                        message.contains("core.kbind.io/adopt=us"),
+                        "{name}: {message}"
+                    );
+                }
+                (got, want) => assert_eq!(Some(got), want, "{name}"),
+            }
+        }
+    }
+
+    #[test]
+    fn candidates_are_the_admitted_offers_covering_the_instance() {
+        const W: &str = "widgets.example.org";
+        let offer =
+            |binding: &str, namespace: Option<&str>, connection: &str, admitted: bool| Offer {
+                binding: binding.into(),
+                namespace: namespace.map(Into::into),
+                apis: BTreeSet::from([W.to_owned()]),
+                route: route(connection),
+                selector: None,
+                schema: Schema::Agrees,
+                admitted,
+            };
+        let mut gadgets = offer("gadgets", None, "ap", true);
+        gadgets.apis = BTreeSet::from(["gadgets.example.org".to_owned()]);
+        let offers = [
+            offer("all", None, "eu", true),
+            offer("team-a/us", Some("team-a"), "us", true),
+            offer("team-b/us", Some("team-b"), "us", true),
+            offer("refused", None, "ap", false),
+            gadgets,
+        ];
+        let names = |namespace: Option<&str>| -> Vec<String> {
+            candidates(&offers, W, namespace)
+                .into_iter()
+                .map(|c| c.binding)
+                .collect()
+        };
+        assert_eq!(names(Some("team-a")), ["all", "team-a/us"]);
+        assert_eq!(names(Some("team-c")), ["all"]);
+        assert_eq!(names(None), ["all"]);
+        assert!(candidates(&offers, "other.example.org", Some("team-a")).is_empty());
     }
 
     /// A world the decisions run in: three Connections, bindings that come and go with changing

@@ -128,6 +128,8 @@ fn units(caches: &TermCaches, settings: &crate::context::Settings) -> (Vec<Strin
         .filter(|c| shard::connection_ready(c))
         .map(|c| c.name_any())
         .collect();
+    let cluster_bindings = caches.cluster_bindings.state();
+    let bindings = caches.bindings.state();
     let mut apis = BTreeSet::new();
     for crd in caches.managed_crds() {
         // A CRD being handed over to another Connection has no units: its syncers stop, and
@@ -150,19 +152,29 @@ fn units(caches: &TermCaches, settings: &crate::context::Settings) -> (Vec<Strin
             .and_then(|b| b.parse::<u32>().ok())
             .filter(|b| (1..=MAX_BUCKETS).contains(b))
             .unwrap_or(settings.namespace_buckets);
-        apis.extend(
-            shard::api_units(connection, &crd.name_any(), buckets)
-                .iter()
-                .map(ToString::to_string),
+        // Each route of the API (#36: a binding of another Connection admitted for the objects
+        // it selects) is a unit of its own, so sharding spreads routes.
+        let routes = kbind_shared::resolve::route_connections(
+            &crd.name_any(),
+            connection,
+            cluster_bindings.iter().map(|b| b.as_ref()),
+            bindings.iter().map(|b| b.as_ref()),
         );
+        for connection in
+            std::iter::once(connection).chain(routes.iter().filter(|c| ready.contains(*c)))
+        {
+            apis.extend(
+                shard::api_units(connection, &crd.name_any(), buckets)
+                    .iter()
+                    .map(ToString::to_string),
+            );
+        }
     }
     let connection = |name: &str| {
         caches
             .connections
             .get(&kube::runtime::reflector::ObjectRef::new(name))
     };
-    let cluster_bindings = caches.cluster_bindings.state();
-    let bindings = caches.bindings.state();
     let candidates: Vec<shard::RelatedBinding> = cluster_bindings
         .iter()
         .map(|b| (&b.metadata, &b.spec.binding))

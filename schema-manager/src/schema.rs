@@ -781,6 +781,7 @@ mod tests {
                 "Synced-Generation",
                 "Delivery",
                 "Delivered",
+                "Route",
                 "Message",
                 "Waiting-Since",
                 "Age"

@@ -383,10 +383,11 @@ impl Resource for Instance {
 }
 
 /// The consumer annotations a sync reads: the conflict it recorded and the deletion policy.
-const CONSUMER_ANNOTATIONS: [&str; 3] = [
+const CONSUMER_ANNOTATIONS: [&str; 4] = [
     crate::keys::CONFLICT_ANNOTATION,
     crate::keys::DELETION_POLICY_ANNOTATION,
     crate::keys::PAUSED_ANNOTATION,
+    crate::keys::ROUTE_ANNOTATION,
 ];
 
 /// What the syncer's consumer cache keeps of an instance's metadata: identity (name, namespace,
@@ -395,6 +396,17 @@ const CONSUMER_ANNOTATIONS: [&str; 3] = [
 /// every other annotation (kubectl's last-applied copy can be as large as the object),
 /// `managedFields`, owner references, timestamps.
 pub fn consumer_metadata(meta: &mut ObjectMeta) {
+    consumer_metadata_keeping(meta, false);
+}
+
+/// [`consumer_metadata`], keeping the labels too when `labels`: a routed API's objects choose
+/// their route by them (#36).
+pub fn consumer_metadata_keeping(meta: &mut ObjectMeta, labels: bool) {
+    let labels = if labels {
+        meta.labels.take().filter(|l| !l.is_empty())
+    } else {
+        None
+    };
     let annotations = meta.annotations.take().map(|mut all| {
         all.retain(|k, _| CONSUMER_ANNOTATIONS.contains(&k.as_str()));
         all
@@ -408,6 +420,7 @@ pub fn consumer_metadata(meta: &mut ObjectMeta) {
         deletion_timestamp: meta.deletion_timestamp.take(),
         finalizers: meta.finalizers.take().filter(|f| !f.is_empty()),
         annotations: annotations.filter(|a| !a.is_empty()),
+        labels,
         ..Default::default()
     };
 }

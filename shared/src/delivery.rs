@@ -93,6 +93,7 @@ pub fn printer_columns() -> Vec<Value> {
         json!({ "name": "Synced-Generation", "type": "integer", "jsonPath": ".status.kbindSync.generation", "description": "The generation the provider has: the current spec reached the provider only when this equals Generation" }),
         json!({ "name": "Delivery", "type": "string", "jsonPath": ".status.kbindSync.state", "description": "Synced, or why the current spec has not reached the provider: Pending, Rejected, Forbidden" }),
         json!({ "name": "Delivered", "type": "date", "jsonPath": ".status.kbindSync.time", "description": "When kbind last wrote the spec to the provider" }),
+        json!({ "name": "Route", "type": "string", "jsonPath": ".metadata.annotations.core\\.kbind\\.io/route", "description": "The route (Connection/provider cluster) the object is pinned to, when several Connections serve its API; empty: the Connection serving the CRD" }),
         json!({ "name": "Message", "type": "string", "jsonPath": ".status.kbindSync.message", "priority": 1, "description": "Why the spec did not reach the provider" }),
         json!({ "name": "Waiting-Since", "type": "date", "jsonPath": ".status.kbindSync.since", "priority": 1, "description": "How long the undelivered change has waited" }),
         json!({ "name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp" }),

@@ -35,6 +35,15 @@ pub const SCHEMA_HASH_LEN: usize = 71;
 pub const SCHEMA_HASH_ANNOTATION: &str = "core.kbind.io/schema-hash";
 /// KEY-10: finalizer on a consumer instance, held until its provider copy is gone.
 pub const SYNCER_FINALIZER: &str = "core.kbind.io/syncer";
+/// The route an instance is pinned to when several Connections serve its API (#36):
+/// `<connection>/<provider cluster UID>` (a bare `<connection>` is read as that Connection's
+/// pinned provider). kbind records it before the first write to a route; the user changes it to
+/// move the object.
+pub const ROUTE_ANNOTATION: &str = "core.kbind.io/route";
+/// The prefix of the finalizer an instance holds while its copy lives on a route other than the
+/// Connection serving its CRD (that one's copy is held by [`SYNCER_FINALIZER`]): the
+/// finalizer's name part names the route's Connection.
+pub const ROUTE_FINALIZER_PREFIX: &str = "core.kbind.io/route-";
 /// KEY-11: finalizer on Connections, their Secrets and bindings, held until teardown has run.
 pub const CLEANUP_FINALIZER: &str = "core.kbind.io/cleanup";
 /// KEY-12 and KEY-14: SSA field manager for provider instance copies, and the Event source.
@@ -145,6 +154,7 @@ mod tests {
             PAUSED_ANNOTATION,
             SCHEMA_HASH_ANNOTATION,
             SYNCER_FINALIZER,
+            ROUTE_ANNOTATION,
             CLEANUP_FINALIZER,
             CREATED_BY_ANNOTATION,
             SYNCER_MEMBER_LABEL,

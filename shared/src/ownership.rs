@@ -98,6 +98,26 @@ pub fn spec_up_body(
     body
 }
 
+/// The merge patch that orphans a provider copy: kbind's markers removed (both forms: labels and
+/// annotations), applied only if it is still the object whose UID was read (`object_uid`; the
+/// API server refuses a patch naming another UID). Afterwards the copy is foreign to kbind.
+pub fn unmark_patch(object_uid: &str) -> Value {
+    json!({
+        "metadata": {
+            "uid": object_uid,
+            "labels": {
+                keys::MANAGED_LABEL: null,
+                keys::CONSUMER_CLUSTER_UID_ANNOTATION: null,
+            },
+            "annotations": {
+                keys::CONSUMER_CLUSTER_UID_ANNOTATION: null,
+                keys::CONSUMER_OBJECT_UID_ANNOTATION: null,
+                keys::RELATED_BINDING_ANNOTATION: null,
+            },
+        },
+    })
+}
+
 /// An RFC 7386 merge patch that turns `current` into `desired`: changed and new keys are set,
 /// keys `desired` lacks are set to `null`, nested objects are diffed, anything else is replaced.
 /// Status down uses it so that the consumer's status becomes exactly the provider's without an

@@ -177,6 +177,115 @@ pub fn within_access(mut resolution: Resolution, access: Option<&ConnectionAcces
     resolution
 }
 
+/// The Connections other than `served_by` that bindings (not being deleted) offer as routes for
+/// `api` (#36): their `status.apis` entry says the API is bound there as a route of the CRD
+/// `served_by` serves. What the assignment makes units of, and what makes an API routed.
+pub fn route_connections<'a>(
+    api: &str,
+    served_by: &str,
+    cluster_bindings: impl IntoIterator<Item = &'a ClusterBinding>,
+    bindings: impl IntoIterator<Item = &'a Binding>,
+) -> std::collections::BTreeSet<String> {
+    fn routes<'b, B: BindingObject>(
+        binding: &'b B,
+        api: &'b str,
+        served_by: &'b str,
+    ) -> impl Iterator<Item = String> + 'b {
+        binding
+            .binding_status()
+            .filter(|_| binding.meta().deletion_timestamp.is_none())
+            .into_iter()
+            .flat_map(|s| s.apis.iter())
+            .filter(move |a| {
+                a.name == api
+                    && a.bound
+                    && a.connection != served_by
+                    && a.route.as_ref().is_some_and(|r| r.served_by == served_by)
+            })
+            .map(|a| a.connection.clone())
+    }
+    let mut out = std::collections::BTreeSet::new();
+    for b in cluster_bindings {
+        out.extend(routes(b, api, served_by));
+    }
+    for b in bindings {
+        out.extend(routes(b, api, served_by));
+    }
+    out
+}
+
+/// Every binding (not being deleted) listing `api`, as routing sees it (#36): the route it
+/// offers (its Connection and that Connection's pinned provider, from `connection_of`: cluster
+/// UID and access rules; `None` while unknown), its object selector, its schema verdict (from
+/// its status entry) and whether it is admitted — its status says the API is bound through its
+/// Connection, and the Connection's access rules allow it (checked here, not trusted to the
+/// status). A selector that does not parse admits nothing.
+pub fn offers<'a>(
+    api: &str,
+    cluster_bindings: impl IntoIterator<Item = &'a ClusterBinding>,
+    bindings: impl IntoIterator<Item = &'a Binding>,
+    connection_of: impl Fn(&str) -> Option<(String, ConnectionAccess)>,
+) -> Vec<crate::routing::Offer> {
+    fn offer<B: BindingObject>(
+        binding: &B,
+        api: &str,
+        connection_of: &dyn Fn(&str) -> Option<(String, ConnectionAccess)>,
+    ) -> Option<crate::routing::Offer> {
+        if !covers(binding, api) {
+            return None;
+        }
+        let spec = binding.binding_spec();
+        let connection = &spec.connection_ref.name;
+        let known = connection_of(connection);
+        let namespace = binding.namespace();
+        let allowed = known.as_ref().is_some_and(|(_, access)| {
+            namespace
+                .as_deref()
+                .is_none_or(|ns| access.allows_bindings_in(ns))
+        });
+        let selector = spec
+            .object_selector
+            .clone()
+            .map(kube::core::Selector::try_from);
+        let parsed = !matches!(selector, Some(Err(_)));
+        let entry = binding.binding_status().and_then(|s| {
+            s.apis
+                .iter()
+                .find(|a| a.name == api && a.connection == *connection)
+        });
+        let schema = match entry.and_then(|e| e.route.as_ref()) {
+            Some(route) if !route.schema_agrees => {
+                crate::routing::Schema::Mismatch(route.schema_message.clone())
+            }
+            _ => crate::routing::Schema::Agrees,
+        };
+        Some(crate::routing::Offer {
+            binding: match &namespace {
+                Some(ns) => format!("{ns}/{}", binding.name_any()),
+                None => binding.name_any(),
+            },
+            namespace,
+            apis: [api.to_owned()].into(),
+            route: crate::routing::Route {
+                connection: connection.clone(),
+                cluster: known.map(|(cluster, _)| cluster).unwrap_or_default(),
+            },
+            selector: selector.and_then(Result::ok),
+            schema,
+            admitted: allowed && parsed && api_bound(binding, api),
+        })
+    }
+    cluster_bindings
+        .into_iter()
+        .filter_map(|b| offer(b, api, &connection_of))
+        .chain(
+            bindings
+                .into_iter()
+                .filter_map(|b| offer(b, api, &connection_of)),
+        )
+        .collect()
+}
+
 /// Where the provider's Events about an API's objects are wanted: nowhere, in some namespaces
 /// (only Bindings ask), or everywhere (a ClusterBinding asks).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -310,6 +419,7 @@ mod tests {
             bound,
             reason: String::new(),
             message: String::new(),
+            route: None,
         };
         // Not Ready as a whole (G is cluster-scoped in a Binding, say), W still bound.
         let mut b = binding("team-a", "mine", &[W, G], false);

@@ -8,12 +8,14 @@
 //! Connection only through a binding that selects objects) and [`candidates`] (the admitted
 //! offers covering an instance's scope).
 //!
-//! Not wired into the engine yet: the bindings' object selector and the route-aware sync unit
-//! come with the rest of #36.
+//! The syncer runs one worker per route of a routed API; each decides with [`gate`] from the same
+//! consumer object (its pin, its finalizers, its labels), so exactly one of them acts.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use kube::core::{Selector, SelectorExt};
+
+use crate::keys;
 
 /// Where an object's copy lives: a Connection and the provider cluster (its UID) that
 /// Connection is pinned to. A Connection re-pinned to another cluster is another route.
@@ -332,6 +334,158 @@ pub fn candidates(offers: &[Offer], api: &str, namespace: Option<&str>) -> Vec<C
             schema: o.schema.clone(),
         })
         .collect()
+}
+
+/// The finalizer an instance holds while its copy lives on `connection`'s provider: kbind's one
+/// finalizer ([`keys::SYNCER_FINALIZER`]) for the Connection serving the CRD (`served_by`) — so
+/// objects synced before routing existed need no write — and
+/// `core.kbind.io/route-<connection>` for another (a Connection name too long for a finalizer
+/// is shortened, with a hash of the whole name).
+pub fn finalizer(connection: &str, served_by: &str) -> String {
+    if connection == served_by {
+        return keys::SYNCER_FINALIZER.to_owned();
+    }
+    // The name part of a qualified name holds at most 63 characters.
+    let room = 63 - (keys::ROUTE_FINALIZER_PREFIX.len() - keys::GROUP.len() - 1);
+    if connection.len() <= room {
+        return format!("{}{connection}", keys::ROUTE_FINALIZER_PREFIX);
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(connection.as_bytes());
+    let hash: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    let head: String = connection.chars().take(room - hash.len() - 1).collect();
+    format!(
+        "{}{}-{hash}",
+        keys::ROUTE_FINALIZER_PREFIX,
+        head.trim_end_matches(['.', '-'])
+    )
+}
+
+/// The pin an instance's annotation states: `<connection>/<cluster UID>`, or a bare
+/// `<connection>` completed with `cluster_of` (that Connection's pinned provider), so a user may
+/// move an object by naming only the Connection.
+pub fn read_pin(text: Option<&str>, cluster_of: impl Fn(&str) -> Option<String>) -> Pin {
+    let Some(text) = text else {
+        return Pin::None;
+    };
+    if !text.contains('/') && !text.is_empty() {
+        return match cluster_of(text) {
+            Some(cluster) => Pin::Set(Route {
+                connection: text.to_owned(),
+                cluster,
+            }),
+            None => Pin::Invalid(format!(
+                "route pin {text:?} names a Connection whose provider is not known"
+            )),
+        };
+    }
+    match Route::parse_pin(text) {
+        Ok(route) => Pin::Set(route),
+        Err(message) => Pin::Invalid(message),
+    }
+}
+
+/// What the worker of one route does for an instance of a routed API (one worker per route and
+/// API; every worker decides from the same consumer object, so exactly one of them acts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Sync it here (spec up, status down); `changed`: its labels now choose another route
+    /// (`RouteChanged` is shown, nothing moves).
+    Sync { changed: Option<String> },
+    /// Record the pin (with this route's finalizer) before anything is written here.
+    Pin(Route),
+    /// The user moved it away: delete this route's copy (`orphan`: strip kbind's markers and
+    /// leave it), then drop this route's finalizer.
+    Release { orphan: bool },
+    /// Written nowhere: show why (this worker reports it).
+    Hold(Reason, String),
+    /// Another route's business, or nothing to do.
+    Idle,
+}
+
+/// [`Gate`] for the worker of route `mine`: `served_by` is the Connection serving the CRD,
+/// `pin` the instance's pin ([`read_pin`]), `finalizers` its finalizers (which routes hold a
+/// copy), `candidates` the bindings covering it and `labels` its labels. An instance without a
+/// pin whose copy is held on exactly one route is pinned there (objects synced before routing
+/// existed); a move happens only through the pin.
+pub fn gate(
+    mine: &Route,
+    served_by: &str,
+    pin: &Pin,
+    finalizers: &[String],
+    candidates: &[Candidate],
+    labels: &BTreeMap<String, String>,
+    orphan: bool,
+) -> Gate {
+    let route_of = |connection: &str| -> Route {
+        if connection == mine.connection {
+            return mine.clone();
+        }
+        candidates
+            .iter()
+            .map(|c| &c.route)
+            .find(|r| r.connection == connection)
+            .cloned()
+            .unwrap_or_else(|| Route {
+                connection: connection.to_owned(),
+                cluster: String::new(),
+            })
+    };
+    let mut known: Vec<&str> = candidates
+        .iter()
+        .map(|c| c.route.connection.as_str())
+        .chain([mine.connection.as_str(), served_by])
+        .collect();
+    known.sort_unstable();
+    known.dedup();
+    let held: Vec<Route> = finalizers
+        .iter()
+        .filter(|f| *f == keys::SYNCER_FINALIZER || f.starts_with(keys::ROUTE_FINALIZER_PREFIX))
+        .map(
+            |f| match known.iter().find(|c| finalizer(c, served_by) == *f) {
+                Some(connection) => route_of(connection),
+                // A route no binding names any more: its copy is somewhere this worker cannot see.
+                None => Route {
+                    connection: f.clone(),
+                    cluster: String::new(),
+                },
+            },
+        )
+        .collect();
+    let pin = match (pin, held.as_slice()) {
+        (Pin::None, [only]) => Pin::Set(only.clone()),
+        (pin, _) => pin.clone(),
+    };
+    let target = match &pin {
+        Pin::Set(route) => Some(route),
+        _ => None,
+    };
+    // A copy on another route than the target goes first; else the target's own.
+    let copy = held
+        .iter()
+        .find(|r| Some(*r) != target)
+        .or_else(|| held.first())
+        .map(|route| Copy {
+            route: route.clone(),
+            deleting: false,
+        });
+    let choice = choose(candidates, labels);
+    match decide(&pin, copy.as_ref(), &choice, candidates, orphan) {
+        Step::Hold(reason, message) => {
+            let reporter = held.first().map_or(served_by, |r| r.connection.as_str());
+            if reporter == mine.connection {
+                Gate::Hold(reason, message)
+            } else {
+                Gate::Idle
+            }
+        }
+        Step::Pin(route) if route == *mine => Gate::Pin(route),
+        Step::Sync { route, conflict } if route == *mine => Gate::Sync {
+            changed: conflict.map(|(_, message)| message),
+        },
+        Step::Release { route, orphan } if route == *mine => Gate::Release { orphan },
+        _ => Gate::Idle,
+    }
 }
 
 fn list(routes: &[Route]) -> String {
@@ -809,5 +963,92 @@ mod tests {
                 prop_assert!(owned.len() <= 1, "two kbind copies: {:?}", owned);
             }
         }
+    }
+
+    #[test]
+    fn route_finalizers_are_qualified_names_and_the_served_route_keeps_the_old_one() {
+        assert_eq!(finalizer("eu", "eu"), keys::SYNCER_FINALIZER);
+        assert_eq!(finalizer("us", "eu"), "core.kbind.io/route-us");
+        let long = "a".repeat(200);
+        let f = finalizer(&long, "eu");
+        let (prefix, name) = f.split_once('/').unwrap();
+        assert_eq!(prefix, keys::GROUP);
+        assert!(name.len() <= 63, "{f}");
+        assert_ne!(f, finalizer(&format!("{long}b"), "eu"));
+    }
+
+    #[test]
+    fn bare_pins_name_the_connection_and_unknown_ones_say_so() {
+        let cluster_of = |c: &str| (c == "us").then(|| "uid-us".to_owned());
+        assert_eq!(read_pin(None, cluster_of), Pin::None);
+        assert_eq!(read_pin(Some("us"), cluster_of), Pin::Set(route("us")));
+        assert_eq!(
+            read_pin(Some("us/uid-x"), cluster_of),
+            Pin::Set(Route {
+                connection: "us".into(),
+                cluster: "uid-x".into()
+            })
+        );
+        assert!(
+            matches!(read_pin(Some("gone"), cluster_of), Pin::Invalid(m) if m.contains("gone"))
+        );
+        assert!(matches!(
+            read_pin(Some("a/b/c"), cluster_of),
+            Pin::Invalid(_)
+        ));
+    }
+
+    /// Every worker decides from the same object; exactly one acts.
+    #[test]
+    fn exactly_one_route_worker_acts() {
+        let candidates = vec![
+            candidate("all", "eu", None),
+            candidate("us-only", "us", Some("region=us")),
+            candidate("gold", "gold", Some("tier=gold")),
+        ];
+        let (eu, us) = (route("eu"), route("us"));
+        let syncer = keys::SYNCER_FINALIZER.to_owned();
+        let us_fin = finalizer("us", "eu");
+        let gates = |pin: Pin, finalizers: &[String], object: &[(&str, &str)]| {
+            [route("eu"), route("us"), route("gold")]
+                .iter()
+                .map(|mine| {
+                    gate(
+                        mine,
+                        "eu",
+                        &pin,
+                        finalizers,
+                        &candidates,
+                        &labels(object),
+                        false,
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let idle = Gate::Idle;
+        let sync = Gate::Sync { changed: None };
+        for (name, got, want) in [
+            ("new, default", gates(Pin::None, &[], &[]), [Gate::Pin(eu.clone()), idle.clone(), idle.clone()]),
+            ("new, selected", gates(Pin::None, &[], &[("region", "us")]), [idle.clone(), Gate::Pin(us.clone()), idle.clone()]),
+            ("pinned, synced there", gates(Pin::Set(us.clone()), std::slice::from_ref(&us_fin), &[("region", "us")]), [idle.clone(), sync.clone(), idle.clone()]),
+            ("pinned by a user to a route not yet held", gates(Pin::Set(us.clone()), &[], &[]), [idle.clone(), Gate::Sync { changed: Some("its labels now choose eu/uid-eu; it stays on us/uid-us until its pin is removed".into()) }, idle.clone()]),
+            ("synced before routing: the old finalizer pins it", gates(Pin::None, std::slice::from_ref(&syncer), &[]), [sync.clone(), idle.clone(), idle.clone()]),
+            ("moved by its pin: the old route releases first", gates(Pin::Set(us.clone()), std::slice::from_ref(&syncer), &[]), [Gate::Release { orphan: false }, idle.clone(), idle.clone()]),
+            ("both held mid-move: still the old one first", gates(Pin::Set(us.clone()), &[syncer.clone(), us_fin.clone()], &[]), [Gate::Release { orphan: false }, idle.clone(), idle.clone()]),
+            ("ambiguous and new: the served route's worker reports", gates(Pin::None, &[], &[("region", "us"), ("tier", "gold")]), [Gate::Hold(Reason::AmbiguousRoute, "routes gold/uid-gold, us/uid-us all select it".into()), idle.clone(), idle.clone()]),
+        ] {
+            assert_eq!(got.to_vec(), want.to_vec(), "{name}");
+        }
+        // A label change after the pin: it stays, RouteChanged, on the pinned route only.
+        let changed = gates(
+            Pin::None,
+            std::slice::from_ref(&us_fin),
+            &[("tier", "gold")],
+        );
+        assert!(
+            matches!(&changed[1], Gate::Sync { changed: Some(m) } if m.contains("gold")),
+            "{changed:?}"
+        );
+        assert_eq!((&changed[0], &changed[2]), (&idle, &idle));
     }
 }

@@ -197,6 +197,40 @@ impl Context {
         ))
     }
 
+    /// The Connections other than `served_by` that bindings offer as routes for `api`
+    /// ([`resolve::route_connections`]): none, and the API is not routed.
+    pub fn route_connections(
+        &self,
+        api: &str,
+        served_by: &str,
+    ) -> std::collections::BTreeSet<String> {
+        let cluster_bindings = self.cluster_bindings.state();
+        let bindings = self.bindings.state();
+        resolve::route_connections(
+            api,
+            served_by,
+            cluster_bindings.iter().map(|b| b.as_ref()),
+            bindings.iter().map(|b| b.as_ref()),
+        )
+    }
+
+    /// Every binding of `api` as routing sees it ([`resolve::offers`]), the Connections' pinned
+    /// providers and access rules from the cache.
+    pub fn route_offers(&self, api: &str) -> Vec<kbind_shared::routing::Offer> {
+        let cluster_bindings = self.cluster_bindings.state();
+        let bindings = self.bindings.state();
+        resolve::offers(
+            api,
+            cluster_bindings.iter().map(|b| b.as_ref()),
+            bindings.iter().map(|b| b.as_ref()),
+            |name| {
+                let connection = self.connection(name)?;
+                let cluster = connection.status.as_ref()?.remote_cluster_uid.clone();
+                (!cluster.is_empty()).then(|| (cluster, connection.spec.access.clone()))
+            },
+        )
+    }
+
     /// Where bindings ask for the provider's Events about `api`'s objects served through
     /// `connection` ([`resolve::provider_events_scope`]).
     pub fn provider_events_scope(&self, connection: &str, api: &str) -> resolve::EventsScope {

@@ -45,6 +45,8 @@ struct Key {
     /// The bound APIs whose objects say where a ClusterBinding's provider copies may land
     /// (related workers).
     bound_apis: Vec<String>,
+    /// The route an API worker serves, when its API is routed (#36).
+    routing: Option<worker::RouteSpec>,
 }
 
 /// A worker to run.
@@ -151,7 +153,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             credentials: &credentials,
             mine: &mine,
         };
-        let mut wanted = desired_workers(&inputs);
+        let mut wanted = desired_workers(&ctx, &inputs);
         wanted.extend(desired_related(&ctx, &inputs));
         credentials.retain(connections.state().iter().map(|c| c.as_ref()));
         // A Connection no wanted worker uses any more (deleted, not Ready, assigned elsewhere)
@@ -403,6 +405,7 @@ fn desired_related(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
             local_uid: local_uid.clone(),
             credentials,
             access: access.clone(),
+            routing: None,
         };
         let spec = related::RelatedSpec {
             namespace: namespace.clone(),
@@ -451,7 +454,7 @@ fn bound_resources(
 
 /// SCTL-2 … SCTL-5: the API workers that should run (for the assigned units only), keyed by CRD
 /// name.
-fn desired_workers(inputs: &Inputs) -> HashMap<String, (Key, Work)> {
+fn desired_workers(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work)> {
     let mut wanted = HashMap::new();
     for crd in inputs.crds.state() {
         let name = crd.name_any();
@@ -468,51 +471,90 @@ fn desired_workers(inputs: &Inputs) -> HashMap<String, (Key, Work)> {
             tracing::warn!(crd = %name, "managed CRD has no {} annotation; not syncing it", keys::CONNECTION_ANNOTATION);
             continue;
         };
-        let units: Vec<&Unit> = inputs
-            .mine
-            .iter()
-            .filter(|u| matches!(u, Unit::Api { connection, api, .. } if *connection == connection_name && *api == name))
-            .collect();
-        let Some(buckets) = Buckets::of(&units) else {
+        // #36: other Connections routing some of its objects make the API routed; every route
+        // (the serving Connection's included) then has a worker per assigned unit.
+        let routes = ctx.route_connections(&name, &connection_name);
+        let routed = !routes.is_empty();
+        let mut connections: BTreeSet<&str> = BTreeSet::new();
+        for unit in inputs.mine {
+            if let Unit::Api {
+                connection, api, ..
+            } = unit
+                && *api == name
+                && (*connection == connection_name || routes.contains(connection))
+            {
+                connections.insert(connection.as_str());
+            }
+        }
+        if connections.is_empty() {
             continue;
-        };
+        }
         let Some(resource) = kbind_shared::dynamic::instance_resource(&crd) else {
             tracing::warn!(crd = %name, "managed CRD has no served version; not syncing it");
             continue;
         };
-        let usable = usable(inputs.connections, inputs.credentials, &connection_name);
-        let Some((_, local_uid, credential)) = usable else {
-            continue;
-        };
-        let ProviderCredential {
-            kubeconfig,
-            digest: credentials,
-        } = credential;
-        let key = Key {
-            units: units.iter().map(ToString::to_string).collect(),
-            uid: crd.metadata.uid.clone().unwrap_or_default(),
-            generation: crd.metadata.generation.unwrap_or_default(),
-            connection: connection_name.clone(),
-            local_uid: local_uid.clone(),
-            credentials,
-            access: Default::default(),
-            bound_apis: Vec::new(),
-        };
-        let spec =
-            WorkerSpec {
+        for connection in connections {
+            let units: Vec<&Unit> = inputs
+                .mine
+                .iter()
+                .filter(|u| matches!(u, Unit::Api { connection: c, api, .. } if c == connection && *api == name))
+                .collect();
+            let Some(buckets) = Buckets::of(&units) else {
+                continue;
+            };
+            let usable = usable(inputs.connections, inputs.credentials, connection);
+            let Some((serving, local_uid, credential)) = usable else {
+                continue;
+            };
+            let remote_uid = serving
+                .status
+                .as_ref()
+                .map(|s| s.remote_cluster_uid.clone())
+                .unwrap_or_default();
+            let ProviderCredential {
+                kubeconfig,
+                digest: credentials,
+            } = credential;
+            let routing = routed.then(|| worker::RouteSpec {
+                route: kbind_shared::routing::Route {
+                    connection: connection.to_owned(),
+                    cluster: remote_uid,
+                },
+                served_by: connection_name.clone(),
+            });
+            let key = Key {
+                units: units.iter().map(ToString::to_string).collect(),
+                uid: crd.metadata.uid.clone().unwrap_or_default(),
+                generation: crd.metadata.generation.unwrap_or_default(),
+                connection: connection.to_owned(),
+                local_uid: local_uid.clone(),
+                credentials,
+                access: Default::default(),
+                bound_apis: Vec::new(),
+                routing: routing.clone(),
+            };
+            let spec = WorkerSpec {
                 api: name.clone(),
-                resource,
+                resource: resource.clone(),
                 has_status_subresource: crd.spec.versions.iter().any(|v| {
                     v.storage && v.subresources.as_ref().is_some_and(|s| s.status.is_some())
                 }),
                 has_delivery: has_delivery_record(&crd),
-                connection: connection_name,
+                connection: connection.to_owned(),
                 local_uid,
                 kubeconfig,
                 digest: key.credentials.clone(),
                 buckets,
+                routing,
             };
-        wanted.insert(name, (key, Work::Api(spec)));
+            // The serving Connection's worker keeps the CRD's name (as before routing).
+            let worker_name = if connection == connection_name {
+                name.clone()
+            } else {
+                format!("{name}@{connection}")
+            };
+            wanted.insert(worker_name, (key, Work::Api(spec)));
+        }
     }
     wanted
 }

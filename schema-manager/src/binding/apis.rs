@@ -78,6 +78,13 @@ pub(super) async fn api_state<B: Scoped>(
         accepted: &policy.accepted_changes,
     };
     let cached = ctx.cached_crd(api);
+    // Another Connection serves the consumer CRD: this binding is an extra route for it, or
+    // refused (#36). The CRD is not touched either way.
+    if let Some(existing) = cached.as_deref()
+        && let Some(state) = as_route(binding, existing, &desired, &connection.name_any(), api)
+    {
+        return state;
+    }
     let installed = match schema::install(
         &ctx.client,
         &desired,
@@ -144,6 +151,41 @@ pub(super) async fn api_state<B: Scoped>(
             .iter()
             .map(|v| format!("{} ({})", v.name, v.reason))
             .collect(),
+    }
+}
+
+/// When `existing` serves another Connection (and is not being adopted by this one): whether this
+/// binding is admitted as a route for its objects ([`kbind_shared::routing::admit`]) — with its
+/// provider's schema classified against the served one — or refused. `None`: the schema plan
+/// decides as always (not marked, ours, or being adopted).
+fn as_route<B: Scoped>(
+    binding: &B,
+    existing: &CustomResourceDefinition,
+    desired: &CustomResourceDefinition,
+    connection: &str,
+    api: &str,
+) -> Option<ApiState> {
+    let annotation = |key: &str| existing.annotations().get(key).map(String::as_str);
+    let managed = existing
+        .labels()
+        .get(keys::MANAGED_LABEL)
+        .map(String::as_str)
+        == Some(keys::TRUE);
+    let served_by = annotation(keys::CONNECTION_ANNOTATION).filter(|_| managed)?;
+    if served_by == connection || annotation(keys::ADOPT_ANNOTATION) == Some(connection) {
+        return None;
+    }
+    let selects = binding.binding_spec().object_selector.is_some();
+    let agreement = crate::evolution::route_agreement(&existing.spec, &desired.spec);
+    match kbind_shared::routing::admit(api, connection, selects, Some(served_by), agreement) {
+        kbind_shared::routing::Admission::Serves => None,
+        kbind_shared::routing::Admission::Route(schema) => Some(ApiState::Route {
+            served_by: served_by.to_owned(),
+            schema,
+        }),
+        kbind_shared::routing::Admission::Refused(message) => {
+            Some(ApiState::SchemaConflict(message))
+        }
     }
 }
 

@@ -15,6 +15,8 @@ pub const DRAINING_OBJECTS: &str = "DrainingObjects";
 pub const VERSIONS_OMITTED: &str = "VersionsOmitted";
 /// Reason (SchemaInSync, per API) while a breaking provider schema change waits for consent.
 pub const BREAKING_CHANGE: &str = "BreakingChange";
+/// `status.apis[].reason` of an API this binding's Connection serves as an extra route (#36).
+pub const ROUTED: &str = "Routed";
 
 /// A breaking provider schema change that is not applied until the user accepts its hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +112,15 @@ pub enum ApiState {
         /// Its message.
         message: String,
     },
+    /// Served on the consumer by Connection `served_by`; this binding (which selects objects)
+    /// offers its own Connection as an extra route, whose schema agrees or not (#36). The CRD
+    /// is never touched for it.
+    Route {
+        /// The Connection the consumer CRD is marked for.
+        served_by: String,
+        /// This route's provider schema against the served one.
+        schema: kbind_shared::routing::Schema,
+    },
     /// Installed; `in_sync` tells whether it matches the provider schema.
     Bound {
         /// The desired schema hash.
@@ -197,6 +208,15 @@ pub fn evaluate(
                 None if !in_sync => out_of_sync.push(name.as_str()),
                 None => {}
             }
+        }
+        if let ApiState::Route {
+            schema: kbind_shared::routing::Schema::Mismatch(why),
+            ..
+        } = state
+        {
+            breaking.push(format!(
+                "{name}: this route's schema does not agree with the served one, its objects are held: {why}"
+            ));
         }
     }
     bound.sort_by(|a, b| a.name.cmp(&b.name));
@@ -337,6 +357,7 @@ pub fn entries(connection: &str, states: &[(String, ApiState)], going: &[Going])
             bound,
             reason: reason.to_owned(),
             message: kbind_shared::conditions::bounded(message, MAX_API_MESSAGE),
+            route: None,
         };
     let mut out: Vec<ApiStatus> = states
         .iter()
@@ -363,6 +384,30 @@ pub fn entries(connection: &str, states: &[(String, ApiState)], going: &[Going])
             ApiState::Gated { reason, message } => entry(name, connection, false, reason, message),
             ApiState::Moving { from, message } => {
                 entry(name, from, false, DRAINING_OBJECTS, message)
+            }
+            ApiState::Route { served_by, schema } => {
+                let (reason, message, agrees, why) = match schema {
+                    kbind_shared::routing::Schema::Agrees => (
+                        ROUTED,
+                        format!("a route for the objects this binding selects; the consumer CRD serves Connection {served_by}"),
+                        true,
+                        String::new(),
+                    ),
+                    kbind_shared::routing::Schema::Mismatch(why) => (
+                        kbind_shared::routing::Reason::SchemaMismatch.as_str(),
+                        format!("a route whose schema does not agree with the one Connection {served_by} serves; its objects are held: {why}"),
+                        false,
+                        kbind_shared::conditions::bounded(why, MAX_API_MESSAGE),
+                    ),
+                };
+                ApiStatus {
+                    route: Some(kbind_shared::api::RouteStatus {
+                        served_by: served_by.clone(),
+                        schema_agrees: agrees,
+                        schema_message: why,
+                    }),
+                    ..entry(name, connection, true, reason, &message)
+                }
             }
             ApiState::Bound {
                 held: Some(held), ..

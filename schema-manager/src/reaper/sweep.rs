@@ -707,23 +707,9 @@ impl Reaper {
     }
 }
 
-/// The patch that orphans an object: kbind's markers removed (both forms), only if it is still
-/// the object whose UID was read.
+/// The patch that orphans an object ([`kbind_shared::ownership::unmark_patch`]).
 fn orphan_patch(object_uid: &str) -> Patch<serde_json::Value> {
-    Patch::Merge(json!({
-        "metadata": {
-            "uid": object_uid,
-            "labels": {
-                keys::MANAGED_LABEL: null,
-                keys::CONSUMER_CLUSTER_UID_ANNOTATION: null,
-            },
-            "annotations": {
-                keys::CONSUMER_CLUSTER_UID_ANNOTATION: null,
-                keys::CONSUMER_OBJECT_UID_ANNOTATION: null,
-                keys::RELATED_BINDING_ANNOTATION: null,
-            },
-        },
-    }))
+    Patch::Merge(kbind_shared::ownership::unmark_patch(object_uid))
 }
 
 /// Whether, of a consumer's objects per API, only namespaces (and protected objects, which are

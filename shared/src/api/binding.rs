@@ -69,6 +69,15 @@ pub struct BindingSpec {
     /// consumer object (`kubectl describe` shows them). Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_events: Option<ProviderEvents>,
+
+    /// Which instances this binding routes (a label selector over consumer objects; absent: every
+    /// instance in its scope — the default route). When several Connections serve one API, each
+    /// instance goes to the one route its labels choose: a binding with a selector beats one
+    /// without, and exactly one must win. A binding of a Connection other than the one serving
+    /// the consumer CRD is admitted only with a selector. An instance stays on the route it was
+    /// first synced to (its `core.kbind.io/route` annotation) until the user changes that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_selector: Option<LabelSelector>,
 }
 
 /// Provider Events copied onto consumer objects: the types and reasons wanted. Each is copied
@@ -136,6 +145,7 @@ impl BindingSpec {
             related_resources: Vec::new(),
             suspend: false,
             provider_events: None,
+            object_selector: None,
         }
     }
 }
@@ -327,6 +337,25 @@ pub struct ApiStatus {
     /// What is wrong or under way, for a person.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// Set when this binding's Connection is an extra route for an API whose consumer CRD
+    /// another Connection serves (the binding selects objects): that Connection, and whether
+    /// this route's schema agrees with the served one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<RouteStatus>,
+}
+
+/// One binding's route for an API served by another Connection.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteStatus {
+    /// The Connection whose schema the consumer CRD serves.
+    pub served_by: String,
+    /// Whether this route's provider schema agrees with the served one: objects routed here
+    /// are held (`SchemaMismatch`) while it does not.
+    pub schema_agrees: bool,
+    /// The breaking differences, when it does not agree.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub schema_message: String,
 }
 
 fn is_zero(n: &i32) -> bool {

@@ -33,6 +33,23 @@ pub struct Facts<'a> {
     pub conflict: Option<&'a str>,
     /// The user paused the object (its annotation, or its binding's `spec.suspend`).
     pub paused: Option<Paused>,
+    /// What routing says when several Connections serve the API (#36; `None`: sync as usual —
+    /// the API has one route, or this worker's route is the object's). A route that is not the
+    /// object's reaches here as `bound: None`.
+    pub routing: Option<Routing>,
+}
+
+/// Routing's word on an object of a routed API, for this worker's route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Written to no provider: the conflict annotation says why (`AmbiguousRoute`, `NoRoute`,
+    /// `SchemaMismatch`).
+    Hold(&'static str),
+    /// The user moved it elsewhere: this route's copy goes (deleted or orphaned), then this
+    /// route's finalizer.
+    Release,
+    /// Synced here, its pinned route, while its labels choose another: `RouteChanged` is shown.
+    Changed,
 }
 
 /// A paused object.
@@ -77,17 +94,41 @@ pub enum Step {
     /// SYNC-7 … SYNC-9: clear a stale conflict annotation, spec up when the copy differs, then
     /// status down when it differs.
     Sync {
-        /// A conflict annotation is left from before.
+        /// The conflict annotation is not what it should be (a stale one is left from before,
+        /// or `RouteChanged` is not shown yet).
         clear_conflict: bool,
         /// `None`: the copy is current, no provider write.
         spec_up: Option<SpecUp>,
+        /// Its labels choose another route than the one it is pinned to: the annotation says
+        /// `RouteChanged` (#36).
+        route_changed: bool,
     },
+    /// #36: held by routing — written to no provider; `reason` recorded on the object,
+    /// announced when new.
+    Held {
+        /// The conflict annotation's value.
+        reason: &'static str,
+        /// The annotation did not say so yet.
+        announce: bool,
+    },
+    /// #36: the user moved the object to another route: release this route's copy first.
+    Release,
 }
 
 /// Decides the next step.
 pub fn decide(facts: &Facts<'_>) -> Step {
     if facts.deleting {
         return Step::Delete;
+    }
+    match facts.routing {
+        Some(Routing::Release) => return Step::Release,
+        Some(Routing::Hold(reason)) => {
+            return Step::Held {
+                reason,
+                announce: facts.conflict != Some(reason),
+            };
+        }
+        _ => {}
     }
     let Some(policy) = facts.bound else {
         return Step::Idle;
@@ -117,11 +158,18 @@ pub fn decide(facts: &Facts<'_>) -> Step {
         Some(copy) if !copy.current => Some(SpecUp::Apply),
         Some(_) => None,
     };
+    let route_changed = facts.routing == Some(Routing::Changed);
+    let wanted = route_changed.then_some(ROUTE_CHANGED);
     Step::Sync {
-        clear_conflict: facts.conflict.is_some(),
+        clear_conflict: facts.conflict != wanted,
         spec_up,
+        route_changed,
     }
 }
+
+/// The conflict annotation of an object synced on its pinned route while its labels choose
+/// another.
+pub const ROUTE_CHANGED: &str = "RouteChanged";
 
 /// Where an object stands, told without running its sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,11 +191,15 @@ pub fn rest(step: Step, status_current: impl FnOnce() -> bool) -> Rest {
         Step::Idle => Rest::Unbound,
         Step::Conflict {
             announce: false, ..
+        }
+        | Step::Held {
+            announce: false, ..
         } => Rest::Stands(SyncState::Conflict),
         Step::Paused(Paused { recorded: true }) => Rest::Stands(SyncState::Paused),
         Step::Sync {
             clear_conflict: false,
             spec_up: None,
+            ..
         } if status_current() => Rest::Stands(SyncState::Synced),
         _ => Rest::Work,
     }
@@ -183,6 +235,7 @@ mod tests {
             has_finalizer,
             conflict,
             paused: None,
+            routing: None,
         }
     }
 
@@ -197,7 +250,111 @@ mod tests {
         Step::Sync {
             clear_conflict,
             spec_up,
+            route_changed: false,
         }
+    }
+
+    fn routed(facts: Facts<'_>, routing: Routing) -> Facts<'_> {
+        Facts {
+            routing: Some(routing),
+            ..facts
+        }
+    }
+
+    /// #36: routing's word comes after a deletion and before anything else; a route change is
+    /// shown once and then rests.
+    #[test]
+    fn routing_steps() {
+        let ours = copy(Owner::Ours, false, true);
+        let synced = facts(false, FAIL, ours, true, None);
+        let cases: Vec<(&str, Facts<'_>, Step)> = vec![
+            (
+                "a deletion still runs",
+                routed(facts(true, FAIL, ours, true, None), Routing::Release),
+                Step::Delete,
+            ),
+            (
+                "moved away: release",
+                routed(synced, Routing::Release),
+                Step::Release,
+            ),
+            (
+                "moved away, even when this route's binding is gone",
+                routed(facts(false, None, ours, true, None), Routing::Release),
+                Step::Release,
+            ),
+            (
+                "held: announced once",
+                routed(
+                    facts(false, None, None, false, None),
+                    Routing::Hold("AmbiguousRoute"),
+                ),
+                Step::Held {
+                    reason: "AmbiguousRoute",
+                    announce: true,
+                },
+            ),
+            (
+                "held: said already",
+                routed(
+                    facts(false, None, None, false, Some("AmbiguousRoute")),
+                    Routing::Hold("AmbiguousRoute"),
+                ),
+                Step::Held {
+                    reason: "AmbiguousRoute",
+                    announce: false,
+                },
+            ),
+            (
+                "route changed: shown",
+                routed(synced, Routing::Changed),
+                Step::Sync {
+                    clear_conflict: true,
+                    spec_up: None,
+                    route_changed: true,
+                },
+            ),
+            (
+                "route changed: shown already",
+                routed(
+                    facts(false, FAIL, ours, true, Some(ROUTE_CHANGED)),
+                    Routing::Changed,
+                ),
+                Step::Sync {
+                    clear_conflict: false,
+                    spec_up: None,
+                    route_changed: true,
+                },
+            ),
+            (
+                "back on its route: the annotation goes",
+                facts(false, FAIL, ours, true, Some(ROUTE_CHANGED)),
+                sync(true, None),
+            ),
+        ];
+        for (name, facts, want) in cases {
+            assert_eq!(decide(&facts), want, "{name}");
+        }
+        assert_eq!(
+            rest(
+                decide(&routed(
+                    facts(false, FAIL, ours, true, Some(ROUTE_CHANGED)),
+                    Routing::Changed
+                )),
+                || true
+            ),
+            Rest::Stands(SyncState::Synced)
+        );
+        assert_eq!(
+            rest(
+                decide(&routed(
+                    facts(false, None, None, false, Some("NoRoute")),
+                    Routing::Hold("NoRoute")
+                )),
+                || true
+            ),
+            Rest::Stands(SyncState::Conflict)
+        );
     }
 
     fn conflict(reason: &'static str, owner: Owner, announce: bool) -> Step {

@@ -37,7 +37,7 @@ mod sync;
 mod writes;
 
 pub use buckets::Buckets;
-pub use state::WorkerSpec;
+pub use state::{RouteSpec, WorkerSpec};
 pub use writes::Error;
 
 use state::Worker;

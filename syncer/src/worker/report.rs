@@ -140,7 +140,12 @@ impl Worker {
             self.ctx
                 .resolve(&self.spec.connection, &self.spec.api, namespace)
                 .is_some_and(|r| r.is_bound())
-        });
+        }) && (self.spec.routing.is_none()
+            // A routed API's object waits on its own route only (#36).
+            || matches!(
+                super::sync::gate_of(self, object),
+                Some(kbind_shared::routing::Gate::Sync { .. } | kbind_shared::routing::Gate::Pin(_))
+            ));
         backlog::waiting(&backlog::Facts {
             generation: object.metadata.generation,
             deletion: object
@@ -148,7 +153,7 @@ impl Worker {
                 .deletion_timestamp
                 .as_ref()
                 .and_then(kbind_shared::delivery::Seconds::of),
-            has_finalizer: kbind_shared::finalizers::has(&object.metadata, keys::SYNCER_FINALIZER),
+            has_finalizer: kbind_shared::finalizers::has(&object.metadata, &self.spec.finalizer()),
             bound,
             conflict: object.annotations().contains_key(keys::CONFLICT_ANNOTATION),
             has_delivery: self.spec.has_delivery,

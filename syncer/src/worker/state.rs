@@ -41,6 +41,29 @@ pub struct WorkerSpec {
     pub digest: String,
     /// Which namespaces' objects this worker syncs.
     pub buckets: Buckets,
+    /// Set when several Connections serve the API (#36): this worker is one route's, and each
+    /// object syncs only on the route it is pinned to. `None`: the API has one route, and every
+    /// object in a bound scope syncs with the Connection serving it (no pin is written).
+    pub routing: Option<RouteSpec>,
+}
+
+/// One route's worker of a routed API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSpec {
+    /// This worker's route: its Connection and that Connection's pinned provider.
+    pub route: kbind_shared::routing::Route,
+    /// The Connection serving the consumer CRD.
+    pub served_by: String,
+}
+
+impl WorkerSpec {
+    /// The finalizer an object holds while this worker's provider has its copy.
+    pub fn finalizer(&self) -> std::borrow::Cow<'static, str> {
+        match &self.routing {
+            Some(r) => kbind_shared::routing::finalizer(&self.connection, &r.served_by).into(),
+            None => kbind_shared::keys::SYNCER_FINALIZER.into(),
+        }
+    }
 }
 
 /// One worker: what it syncs, with which clients, and all it holds while it runs.

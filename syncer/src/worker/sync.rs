@@ -14,12 +14,13 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use serde_json::json;
 
-use super::decide::{Copy, Facts, Paused, Rest, SpecUp, Step, decide, rest};
+use super::decide::{Copy, Facts, Paused, Rest, Routing, SpecUp, Step, decide, rest};
 use super::pending;
 use super::pending::Seen;
 use super::state::{Worker, WorkerSpec, object_key};
 use super::states::SyncState;
 use super::writes::{Error, result_label};
+use kbind_shared::routing;
 
 /// One sync: gather the facts, [`decide`], execute the step. `seen`: when the changes it syncs
 /// were first seen, for the lag of the writes that deliver them.
@@ -36,10 +37,32 @@ pub(super) async fn sync(
     let namespace = object.namespace();
     let object_uid = object.metadata.uid.clone().unwrap_or_default();
     let provider_copy = worker.provider_copy(&object);
-    let facts = facts(&worker, &object, provider_copy.as_deref());
+    let gate = gate_of(&worker, &object);
+    let facts = facts(&worker, &object, provider_copy.as_deref(), gate.as_ref());
     let spec_up = match decide(&facts) {
         Step::Delete => return delete(&object, &worker).await,
         Step::Idle => return Ok(Action::await_change()),
+        Step::Release => return release(&object, &worker).await,
+        Step::Held { reason, announce } => {
+            let message = match &gate {
+                Some(routing::Gate::Hold(_, message)) => message.as_str(),
+                _ => "",
+            };
+            worker.set_conflict(&object, Some(reason)).await?;
+            record_refusal(&worker, &object, reason, message).await?;
+            if announce {
+                worker
+                    .warn(
+                        &object,
+                        reason,
+                        format!("written to no provider: {message}"),
+                    )
+                    .await;
+                worker.count("route", reason);
+            }
+            worker.mark(&object, Some(SyncState::Conflict));
+            return Ok(Action::await_change());
+        }
         Step::Conflict {
             reason,
             owner,
@@ -82,9 +105,19 @@ pub(super) async fn sync(
         }
         Step::AddFinalizer => {
             let finalizers =
-                kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, true)
+                kbind_shared::finalizers::toggled(&object.metadata, &worker.spec.finalizer(), true)
                     .unwrap_or_default();
-            worker.set_finalizers(&object, finalizers).await?;
+            // A routed object is pinned to this route in the same write, before anything is
+            // written here (#36).
+            let pin = worker
+                .spec
+                .routing
+                .as_ref()
+                .filter(|_| !object.annotations().contains_key(keys::ROUTE_ANNOTATION))
+                .map(|r| r.route.pin_text());
+            worker
+                .set_finalizers_pinned(&object, finalizers, pin)
+                .await?;
             // The change still waits for its spec-up (which the finalizer's echo starts): its
             // lag runs from when it was first seen, the creation, not from the echo (#33.3).
             worker
@@ -96,9 +129,21 @@ pub(super) async fn sync(
         Step::Sync {
             clear_conflict,
             spec_up,
+            route_changed,
         } => {
             if clear_conflict {
-                worker.set_conflict(&object, None).await?;
+                let wanted = route_changed.then_some(super::decide::ROUTE_CHANGED);
+                worker.set_conflict(&object, wanted).await?;
+                if let (
+                    Some(reason),
+                    Some(routing::Gate::Sync {
+                        changed: Some(message),
+                    }),
+                ) = (wanted, &gate)
+                {
+                    worker.warn(&object, reason, message.clone()).await;
+                    worker.count("route", reason);
+                }
             }
             spec_up
         }
@@ -259,8 +304,54 @@ pub(super) async fn sync(
     Ok(Action::await_change())
 }
 
-/// The facts a sync of `object` decides from, with `copy` the provider copy the cache holds.
-fn facts<'a>(worker: &Worker, object: &'a Instance, copy: Option<&ProviderCopy>) -> Facts<'a> {
+/// #36: what routing says about `object` for this worker's route, when its API is routed.
+pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gate> {
+    let spec = worker.spec.routing.as_ref()?;
+    let offers = worker.ctx.route_offers(&worker.spec.api);
+    let candidates = routing::candidates(
+        &offers,
+        &worker.spec.api,
+        object.metadata.namespace.as_deref(),
+    );
+    let pin = routing::read_pin(
+        object
+            .annotations()
+            .get(keys::ROUTE_ANNOTATION)
+            .map(String::as_str),
+        |connection| {
+            offers
+                .iter()
+                .map(|o| &o.route)
+                .chain(std::iter::once(&spec.route))
+                .find(|r| r.connection == connection && !r.cluster.is_empty())
+                .map(|r| r.cluster.clone())
+        },
+    );
+    let orphan = object
+        .annotations()
+        .get(keys::DELETION_POLICY_ANNOTATION)
+        .map(String::as_str)
+        == Some(keys::DELETION_POLICY_ORPHAN);
+    let empty = std::collections::BTreeMap::new();
+    Some(routing::gate(
+        &spec.route,
+        &spec.served_by,
+        &pin,
+        object.metadata.finalizers.as_deref().unwrap_or_default(),
+        &candidates,
+        object.metadata.labels.as_ref().unwrap_or(&empty),
+        orphan,
+    ))
+}
+
+/// The facts a sync of `object` decides from, with `copy` the provider copy the cache holds and
+/// `gate` routing's word on it (#36; `None`: the API has one route).
+fn facts<'a>(
+    worker: &Worker,
+    object: &'a Instance,
+    copy: Option<&ProviderCopy>,
+    gate: Option<&routing::Gate>,
+) -> Facts<'a> {
     // SYNC-14: cluster-scoped instances sync only under a ClusterBinding (the resolver ensures it).
     let resolution = worker
         .ctx
@@ -269,7 +360,15 @@ fn facts<'a>(worker: &Worker, object: &'a Instance, copy: Option<&ProviderCopy>)
             &worker.spec.api,
             object.metadata.namespace.as_deref(),
         )
-        .filter(|r| r.is_bound());
+        .filter(|r| r.is_bound())
+        // Another route's object is not this worker's to sync.
+        .filter(|_| !matches!(gate, Some(routing::Gate::Idle)));
+    let routing = match gate {
+        None | Some(routing::Gate::Idle | routing::Gate::Pin(_)) => None,
+        Some(routing::Gate::Sync { changed }) => changed.as_ref().map(|_| Routing::Changed),
+        Some(routing::Gate::Release { .. }) => Some(Routing::Release),
+        Some(routing::Gate::Hold(reason, _)) => Some(Routing::Hold(reason.as_str())),
+    };
     let bound = resolution.as_ref().map(|r| r.conflict_policy);
     let paused = pause_message(object, resolution.as_ref()).map(|message| Paused {
         recorded: paused_record(worker, object, &message).is_none(),
@@ -283,12 +382,13 @@ fn facts<'a>(worker: &Worker, object: &'a Instance, copy: Option<&ProviderCopy>)
             terminating: copy.terminating,
             current: copy.is_current(object.spec.as_ref(), object_uid),
         }),
-        has_finalizer: kbind_shared::finalizers::has(&object.metadata, keys::SYNCER_FINALIZER),
+        has_finalizer: kbind_shared::finalizers::has(&object.metadata, &worker.spec.finalizer()),
         conflict: object
             .annotations()
             .get(keys::CONFLICT_ANNOTATION)
             .map(String::as_str),
         paused,
+        routing,
     }
 }
 
@@ -389,7 +489,8 @@ fn bounded(
 /// Whether a sync of `object` (with `copy` the provider copy the cache holds) would write
 /// nothing: the same facts, [`decide`] and status the sync itself uses.
 pub(super) fn at_rest(worker: &Worker, object: &Instance, copy: Option<&ProviderCopy>) -> Rest {
-    rest(decide(&facts(worker, object, copy)), || {
+    let gate = gate_of(worker, object);
+    rest(decide(&facts(worker, object, copy, gate.as_ref())), || {
         let desired = desired_status(
             &worker.spec,
             object,
@@ -535,10 +636,81 @@ fn error_copy(status: &kube::core::Status) -> kube::Error {
     kube::Error::Api(Box::new(status.clone()))
 }
 
+/// #36: the user moved `object` to another route. This route's copy goes first — deleted, or
+/// with `core.kbind.io/deletion-policy: Orphan` unmarked and left, foreign to kbind — and only
+/// once it is gone (or unmarked) is this route's finalizer dropped, which lets the new route's
+/// worker write. Never both at once.
+async fn release(object: &Instance, worker: &Worker) -> Result<Action, Error> {
+    let Some(released) =
+        kbind_shared::finalizers::toggled(&object.metadata, &worker.spec.finalizer(), false)
+    else {
+        return Ok(Action::await_change());
+    };
+    let orphan = object
+        .annotations()
+        .get(keys::DELETION_POLICY_ANNOTATION)
+        .map(String::as_str)
+        == Some(keys::DELETION_POLICY_ORPHAN);
+    // A fresh read: a release must not act on a stale cache.
+    let namespace = object.namespace();
+    let api = worker.provider_api(namespace.as_deref());
+    let copy = api
+        .get_opt(&object.name_any())
+        .await
+        .map_err(Error::Provider)?;
+    let object_uid = object.metadata.uid.clone().unwrap_or_default();
+    if let Some(copy) = copy.filter(|c| {
+        ownership::classify(c.annotations(), &worker.spec.local_uid, &object_uid) == Owner::Ours
+    }) {
+        let copy_uid = copy.metadata.uid.clone().unwrap_or_default();
+        worker.fence()?;
+        if orphan {
+            match api
+                .patch(
+                    &object.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(ownership::unmark_patch(&copy_uid)),
+                )
+                .await
+            {
+                Ok(_) => worker.count("release", "orphaned"),
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                Err(e) => {
+                    worker.count("release", result_label(&e));
+                    return Err(Error::Provider(e));
+                }
+            }
+            // Looked at again: dropped only once the copy no longer reads as ours.
+            return Ok(Action::requeue(Duration::from_millis(500)));
+        }
+        if copy.metadata.deletion_timestamp.is_none() {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(copy_uid),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&object.name_any(), &params).await {
+                Ok(_) => worker.count("release", "ok"),
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                Err(e) => {
+                    worker.count("release", result_label(&e));
+                    return Err(Error::Provider(e));
+                }
+            }
+        }
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    worker.set_finalizers(object, released).await?;
+    worker.mark(object, None);
+    Ok(Action::await_change())
+}
+
 /// IDEL-1 … IDEL-3.
 async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
     let Some(released) =
-        kbind_shared::finalizers::toggled(&object.metadata, keys::SYNCER_FINALIZER, false)
+        kbind_shared::finalizers::toggled(&object.metadata, &worker.spec.finalizer(), false)
     else {
         return Ok(Action::await_change());
     };

@@ -1,0 +1,276 @@
+//! #36 on three real clusters — a consumer and two providers serving the same Widget CRD — with
+//! kbind's programs as real processes: per-object routing with pinned routes. Connection
+//! `provider` serves the consumer CRD (the default route, ClusterBinding `widgets`); Connection
+//! `second` is a route only for the objects its ClusterBinding selects.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kbind_e2e::cluster::ensure_namespace;
+use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::wait_for;
+use kbind_shared::api::{Binding, ClusterBinding, ClusterBindingSpec};
+use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+const API: &str = "widgets.example.org";
+const NS: &str = "team-a";
+
+fn selecting(connection: &str, key: &str, value: &str) -> kbind_shared::api::BindingSpec {
+    let mut spec = binding_spec(connection, &[API]);
+    spec.object_selector = Some(LabelSelector {
+        match_labels: Some([(key.to_owned(), value.to_owned())].into()),
+        ..Default::default()
+    });
+    spec
+}
+
+/// The names of the Widgets in `team-a` that `client`'s cluster holds.
+async fn names(client: &Client) -> BTreeSet<String> {
+    widgets(client, NS)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items.iter().map(ResourceExt::name_any).collect())
+        .unwrap_or_default()
+}
+
+/// A Widget with `labels`, created on the consumer.
+async fn create(consumer: &Client, name: &str, labels: &[(&str, &str)]) {
+    let mut w = widget(name, 1);
+    w.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    );
+    widgets(consumer, NS)
+        .create(&PostParams::default(), &w)
+        .await
+        .unwrap();
+}
+
+async fn consumer_widget(consumer: &Client, name: &str) -> DynamicObject {
+    widgets(consumer, NS).get(name).await.unwrap()
+}
+
+/// Waits until the consumer Widget `name` carries the conflict annotation `reason`.
+async fn wait_conflict(consumer: &Client, name: &str, reason: Option<&str>) -> DynamicObject {
+    let api = widgets(consumer, NS);
+    wait_for(&format!("{name} conflict {reason:?}"), 30, || async {
+        let w = api.get(name).await.map_err(|e| e.to_string())?;
+        Ok((annotation(&w, "core.kbind.io/conflict") == reason).then_some(w))
+    })
+    .await
+}
+
+/// Samples both providers every 100 ms — `second` first, so an object seen there and then still
+/// on `provider` was on both at once — until `done` holds for (on provider, on second).
+async fn never_on_both(
+    provider: &Client,
+    second: &Client,
+    what: &str,
+    done: impl Fn(&BTreeSet<String>, &BTreeSet<String>) -> bool,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let on_second = names(second).await;
+        let on_first = names(provider).await;
+        let both: Vec<&String> = on_second.intersection(&on_first).collect();
+        assert!(both.is_empty(), "on both providers at once: {both:?}");
+        if done(&on_first, &on_second) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: provider {on_first:?}, second {on_second:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Events with `reason` about the consumer Widget `name`.
+async fn events_about(consumer: &Client, name: &str, reason: &str) -> usize {
+    Api::<k8s_openapi::api::core::v1::Event>::namespaced(consumer.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some(name) && e.reason.as_deref() == Some(reason)
+        })
+        .count()
+}
+
+/// The provider cluster UID Connection `name` is pinned to.
+async fn provider_uid(consumer: &Client, name: &str) -> String {
+    Api::<kbind_shared::api::Connection>::all(consumer.clone())
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .remote_cluster_uid
+}
+
+#[tokio::test]
+async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there_until_moved() {
+    let s = SyncEnv::start_with("routing", &[0, 1, 2], None, &["second"]).await;
+    let second = s.env.cluster("second").admin_client().await.unwrap();
+    install_crd(&second, &widget_crd()).await.unwrap();
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    wait_binding(&cluster_bindings, "widgets", "Ready=True").await;
+    connect_to(
+        &s.consumer,
+        "second",
+        &s.env.cluster("second").admin_kubeconfig(),
+    )
+    .await;
+    // "Must hold" 4: without a selector, the second Connection is still refused.
+    cluster_bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "second-all",
+                ClusterBindingSpec::from(binding_spec("second", &[API])),
+            ),
+        )
+        .await
+        .unwrap();
+    let refused = wait_binding(&cluster_bindings, "second-all", "Ready=False/SchemaConflict").await;
+    let message = &refused.status.unwrap().apis[0].message;
+    assert!(message.contains("serves Connection provider") && message.contains("object selector"), "{message}");
+    cluster_bindings.delete("second-all", &Default::default()).await.unwrap();
+
+    // A route through a selecting binding: admitted, the CRD untouched.
+    cluster_bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new("second-us", ClusterBindingSpec::from(selecting("second", "region", "us"))),
+        )
+        .await
+        .unwrap();
+    let routed = wait_binding(&cluster_bindings, "second-us", "Ready=True").await;
+    let entry = &routed.status.unwrap().apis[0];
+    assert_eq!(
+        (entry.bound, entry.reason.as_str(), entry.route.as_ref().map(|r| (r.served_by.as_str(), r.schema_agrees))),
+        (true, "Routed", Some(("provider", true))),
+        "{entry:?}"
+    );
+    let crd = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(s.consumer.clone()).get(API).await.unwrap();
+    assert_eq!(annotation(&crd, "core.kbind.io/connection"), Some("provider"));
+
+    // 1. The default route and the selected route each receive exactly their objects.
+    ensure_namespace(&s.consumer, NS).await.unwrap();
+    create(&s.consumer, "plain", &[]).await;
+    create(&s.consumer, "us", &[("region", "us")]).await;
+    create(&s.consumer, "us-orphan", &[("region", "us")]).await;
+    never_on_both(&s.provider, &second, "each on its route", |first, second| {
+        first.contains("plain") && second.contains("us") && second.contains("us-orphan")
+    })
+    .await;
+    let (first_uid, second_uid) = (
+        provider_uid(&s.consumer, "provider").await,
+        provider_uid(&s.consumer, "second").await,
+    );
+    let pin = |w: &DynamicObject| annotation(w, "core.kbind.io/route").map(str::to_owned);
+    assert_eq!(pin(&consumer_widget(&s.consumer, "plain").await), Some(format!("provider/{first_uid}")));
+    assert_eq!(pin(&consumer_widget(&s.consumer, "us").await), Some(format!("second/{second_uid}")));
+    // The status comes back from the route's provider.
+    wait_for("us's status from the second provider", 30, || async {
+        let api = widgets(&second, NS);
+        let mut copy = api.get("us").await.map_err(|e| e.to_string())?;
+        copy.data["status"] = json!({ "phase": "FromSecond" });
+        api.replace_status("us", &PostParams::default(), &copy)
+            .await
+            .map_err(|e| e.to_string())?;
+        let w = consumer_widget(&s.consumer, "us").await;
+        Ok((w.data["status"]["phase"] == "FromSecond").then_some(()))
+    })
+    .await;
+
+    // 2. An ambiguous selection is a conflict and written nowhere: a Binding of the serving
+    // Connection that selects tier=gold, and an object both selectors match.
+    Api::<Binding>::namespaced(s.consumer.clone(), NS)
+        .create(&PostParams::default(), &Binding::new("gold", selecting("provider", "tier", "gold")))
+        .await
+        .unwrap();
+    wait_binding(&Api::<Binding>::namespaced(s.consumer.clone(), NS), "gold", "Ready=True").await;
+    create(&s.consumer, "both", &[("region", "us"), ("tier", "gold")]).await;
+    let held = wait_conflict(&s.consumer, "both", Some("AmbiguousRoute")).await;
+    assert_eq!(held.data["status"]["kbindSync"]["state"], "AmbiguousRoute", "{:?}", held.data);
+    assert!(pin(&held).is_none());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!names(&s.provider).await.contains("both") && !names(&second).await.contains("both"));
+    // Resolved by the user (one label less): it goes to the one route left.
+    merge_patch(&widgets(&s.consumer, NS), "both", &json!({ "metadata": { "labels": { "tier": null } } })).await;
+    never_on_both(&s.provider, &second, "both on the second", |_, second| second.contains("both")).await;
+    wait_conflict(&s.consumer, "both", None).await;
+
+    // 3. A label change is held as RouteChanged and nothing moves.
+    merge_patch(&widgets(&s.consumer, NS), "us", &json!({ "metadata": { "labels": { "region": "eu" } } })).await;
+    wait_conflict(&s.consumer, "us", Some("RouteChanged")).await;
+    wait_for("one RouteChanged Event", 20, || async {
+        Ok((events_about(&s.consumer, "us", "RouteChanged").await == 1).then_some(()))
+    })
+    .await;
+    // It keeps syncing to its pinned route.
+    merge_patch(&widgets(&s.consumer, NS), "us", &json!({ "spec": { "size": 7 } })).await;
+    wait_for("the change on the pinned route", 30, || async {
+        let w = widgets(&second, NS).get("us").await.map_err(|e| e.to_string())?;
+        Ok((w.data["spec"]["size"] == 7).then_some(()))
+    })
+    .await;
+    assert!(!names(&s.provider).await.contains("us"));
+
+    // 4. An explicit move (the pin set to the other Connection): the old copy goes first, then
+    // the new one is created — never both.
+    merge_patch(&widgets(&s.consumer, NS), "us", &json!({ "metadata": { "annotations": { "core.kbind.io/route": "provider" } } })).await;
+    never_on_both(&s.provider, &second, "us moved to provider", |first, second| {
+        first.contains("us") && !second.contains("us")
+    })
+    .await;
+    let moved = wait_conflict(&s.consumer, "us", None).await;
+    assert_eq!(
+        widgets(&s.provider, NS).get("us").await.unwrap().data["spec"]["size"],
+        7
+    );
+    assert!(
+        !moved.finalizers().iter().any(|f| f.starts_with("core.kbind.io/route-")),
+        "{:?}",
+        moved.finalizers()
+    );
+
+    // 5. An Orphan move leaves the old copy, unmarked and foreign to kbind.
+    merge_patch(&widgets(&s.consumer, NS), "us-orphan", &json!({ "metadata": { "annotations": {
+        "core.kbind.io/deletion-policy": "Orphan",
+        "core.kbind.io/route": format!("provider/{first_uid}"),
+    } } })).await;
+    wait_for("us-orphan on the provider", 60, || async {
+        Ok(names(&s.provider).await.contains("us-orphan").then_some(()))
+    })
+    .await;
+    let left = widgets(&second, NS).get("us-orphan").await.unwrap();
+    assert_eq!(
+        (
+            annotation(&left, "core.kbind.io/consumer-object-uid"),
+            label(&left, "core.kbind.io/managed")
+        ),
+        (None, None),
+        "{:?}",
+        left.metadata
+    );
+
+    // A deletion removes the copy from the object's own route.
+    widgets(&s.consumer, NS).delete("both", &Default::default()).await.unwrap();
+    wait_for("both deleted everywhere", 30, || async {
+        let gone = !names(&second).await.contains("both") && !names(&s.consumer).await.contains("both");
+        Ok(gone.then_some(()))
+    })
+    .await;
+    // The default route never saw the second's objects, nor the reverse.
+    assert_eq!(names(&s.provider).await, ["plain", "us", "us-orphan"].map(String::from).into());
+    assert_eq!(names(&second).await, ["us-orphan"].map(String::from).into());
+}

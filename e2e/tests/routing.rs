@@ -139,45 +139,80 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         )
         .await
         .unwrap();
-    let refused = wait_binding(&cluster_bindings, "second-all", "Ready=False/SchemaConflict").await;
+    let refused = wait_binding(
+        &cluster_bindings,
+        "second-all",
+        "Ready=False/SchemaConflict",
+    )
+    .await;
     let message = &refused.status.unwrap().apis[0].message;
-    assert!(message.contains("serves Connection provider") && message.contains("object selector"), "{message}");
-    cluster_bindings.delete("second-all", &Default::default()).await.unwrap();
+    assert!(
+        message.contains("serves Connection provider") && message.contains("object selector"),
+        "{message}"
+    );
+    cluster_bindings
+        .delete("second-all", &Default::default())
+        .await
+        .unwrap();
 
     // A route through a selecting binding: admitted, the CRD untouched.
     cluster_bindings
         .create(
             &PostParams::default(),
-            &ClusterBinding::new("second-us", ClusterBindingSpec::from(selecting("second", "region", "us"))),
+            &ClusterBinding::new(
+                "second-us",
+                ClusterBindingSpec::from(selecting("second", "region", "us")),
+            ),
         )
         .await
         .unwrap();
     let routed = wait_binding(&cluster_bindings, "second-us", "Ready=True").await;
     let entry = &routed.status.unwrap().apis[0];
     assert_eq!(
-        (entry.bound, entry.reason.as_str(), entry.route.as_ref().map(|r| (r.served_by.as_str(), r.schema_agrees))),
+        (
+            entry.bound,
+            entry.reason.as_str(),
+            entry
+                .route
+                .as_ref()
+                .map(|r| (r.served_by.as_str(), r.schema_agrees))
+        ),
         (true, "Routed", Some(("provider", true))),
         "{entry:?}"
     );
     let crd = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(s.consumer.clone()).get(API).await.unwrap();
-    assert_eq!(annotation(&crd, "core.kbind.io/connection"), Some("provider"));
+    assert_eq!(
+        annotation(&crd, "core.kbind.io/connection"),
+        Some("provider")
+    );
 
     // 1. The default route and the selected route each receive exactly their objects.
     ensure_namespace(&s.consumer, NS).await.unwrap();
     create(&s.consumer, "plain", &[]).await;
     create(&s.consumer, "us", &[("region", "us")]).await;
     create(&s.consumer, "us-orphan", &[("region", "us")]).await;
-    never_on_both(&s.provider, &second, "each on its route", |first, second| {
-        first.contains("plain") && second.contains("us") && second.contains("us-orphan")
-    })
+    never_on_both(
+        &s.provider,
+        &second,
+        "each on its route",
+        |first, second| {
+            first.contains("plain") && second.contains("us") && second.contains("us-orphan")
+        },
+    )
     .await;
     let (first_uid, second_uid) = (
         provider_uid(&s.consumer, "provider").await,
         provider_uid(&s.consumer, "second").await,
     );
     let pin = |w: &DynamicObject| annotation(w, "core.kbind.io/route").map(str::to_owned);
-    assert_eq!(pin(&consumer_widget(&s.consumer, "plain").await), Some(format!("provider/{first_uid}")));
-    assert_eq!(pin(&consumer_widget(&s.consumer, "us").await), Some(format!("second/{second_uid}")));
+    assert_eq!(
+        pin(&consumer_widget(&s.consumer, "plain").await),
+        Some(format!("provider/{first_uid}"))
+    );
+    assert_eq!(
+        pin(&consumer_widget(&s.consumer, "us").await),
+        Some(format!("second/{second_uid}"))
+    );
     // The status comes back from the route's provider.
     wait_for("us's status from the second provider", 30, || async {
         let api = widgets(&second, NS);
@@ -194,43 +229,95 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     // 2. An ambiguous selection is a conflict and written nowhere: a Binding of the serving
     // Connection that selects tier=gold, and an object both selectors match.
     Api::<Binding>::namespaced(s.consumer.clone(), NS)
-        .create(&PostParams::default(), &Binding::new("gold", selecting("provider", "tier", "gold")))
+        .create(
+            &PostParams::default(),
+            &Binding::new("gold", selecting("provider", "tier", "gold")),
+        )
         .await
         .unwrap();
-    wait_binding(&Api::<Binding>::namespaced(s.consumer.clone(), NS), "gold", "Ready=True").await;
+    wait_binding(
+        &Api::<Binding>::namespaced(s.consumer.clone(), NS),
+        "gold",
+        "Ready=True",
+    )
+    .await;
     create(&s.consumer, "both", &[("region", "us"), ("tier", "gold")]).await;
     let held = wait_conflict(&s.consumer, "both", Some("AmbiguousRoute")).await;
-    assert_eq!(held.data["status"]["kbindSync"]["state"], "AmbiguousRoute", "{:?}", held.data);
+    assert_eq!(
+        held.data["status"]["kbindSync"]["state"], "AmbiguousRoute",
+        "{:?}",
+        held.data
+    );
     assert!(pin(&held).is_none());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!names(&s.provider).await.contains("both") && !names(&second).await.contains("both"));
     // Resolved by the user (one label less): it goes to the one route left.
-    merge_patch(&widgets(&s.consumer, NS), "both", &json!({ "metadata": { "labels": { "tier": null } } })).await;
-    never_on_both(&s.provider, &second, "both on the second", |_, second| second.contains("both")).await;
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "both",
+        &json!({ "metadata": { "labels": { "tier": null } } }),
+    )
+    .await;
+    never_on_both(&s.provider, &second, "both on the second", |_, second| {
+        second.contains("both")
+    })
+    .await;
     wait_conflict(&s.consumer, "both", None).await;
 
     // 3. A label change is held as RouteChanged and nothing moves.
-    merge_patch(&widgets(&s.consumer, NS), "us", &json!({ "metadata": { "labels": { "region": "eu" } } })).await;
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "us",
+        &json!({ "metadata": { "labels": { "region": "eu" } } }),
+    )
+    .await;
     wait_conflict(&s.consumer, "us", Some("RouteChanged")).await;
     wait_for("one RouteChanged Event", 20, || async {
         Ok((events_about(&s.consumer, "us", "RouteChanged").await == 1).then_some(()))
     })
     .await;
     // It keeps syncing to its pinned route.
-    merge_patch(&widgets(&s.consumer, NS), "us", &json!({ "spec": { "size": 7 } })).await;
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "us",
+        &json!({ "spec": { "size": 7 } }),
+    )
+    .await;
     wait_for("the change on the pinned route", 30, || async {
-        let w = widgets(&second, NS).get("us").await.map_err(|e| e.to_string())?;
+        let w = widgets(&second, NS)
+            .get("us")
+            .await
+            .map_err(|e| e.to_string())?;
         Ok((w.data["spec"]["size"] == 7).then_some(()))
     })
     .await;
     assert!(!names(&s.provider).await.contains("us"));
+    // The bindings covering it count it as routing's, not as a provider object in the way.
+    let conflicts =
+        wait_binding(&cluster_bindings, "widgets", "Conflicts=True/RouteConflict").await;
+    let status = conflicts.status.unwrap();
+    let message = &kbind_shared::conditions::find(&status.conditions, "Conflicts")
+        .unwrap()
+        .message;
+    assert!(
+        message.contains("1 object(s) conflict") && message.contains("routing"),
+        "{message}"
+    );
 
     // 4. An explicit move (the pin set to the other Connection): the old copy goes first, then
     // the new one is created — never both.
-    merge_patch(&widgets(&s.consumer, NS), "us", &json!({ "metadata": { "annotations": { "core.kbind.io/route": "provider" } } })).await;
-    never_on_both(&s.provider, &second, "us moved to provider", |first, second| {
-        first.contains("us") && !second.contains("us")
-    })
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "us",
+        &json!({ "metadata": { "annotations": { "core.kbind.io/route": "provider" } } }),
+    )
+    .await;
+    never_on_both(
+        &s.provider,
+        &second,
+        "us moved to provider",
+        |first, second| first.contains("us") && !second.contains("us"),
+    )
     .await;
     let moved = wait_conflict(&s.consumer, "us", None).await;
     assert_eq!(
@@ -238,16 +325,24 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         7
     );
     assert!(
-        !moved.finalizers().iter().any(|f| f.starts_with("core.kbind.io/route-")),
+        !moved
+            .finalizers()
+            .iter()
+            .any(|f| f.starts_with("core.kbind.io/route-")),
         "{:?}",
         moved.finalizers()
     );
 
     // 5. An Orphan move leaves the old copy, unmarked and foreign to kbind.
-    merge_patch(&widgets(&s.consumer, NS), "us-orphan", &json!({ "metadata": { "annotations": {
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "us-orphan",
+        &json!({ "metadata": { "annotations": {
         "core.kbind.io/deletion-policy": "Orphan",
         "core.kbind.io/route": format!("provider/{first_uid}"),
-    } } })).await;
+    } } }),
+    )
+    .await;
     wait_for("us-orphan on the provider", 60, || async {
         Ok(names(&s.provider).await.contains("us-orphan").then_some(()))
     })
@@ -262,15 +357,86 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         "{:?}",
         left.metadata
     );
+    // kbind never takes it back; the user removes it (and from here on no name is on both).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        annotation(
+            &widgets(&second, NS).get("us-orphan").await.unwrap(),
+            "core.kbind.io/consumer-object-uid"
+        )
+        .is_none()
+    );
+    widgets(&second, NS)
+        .delete("us-orphan", &Default::default())
+        .await
+        .unwrap();
+
+    // Moved against its labels (region=us still chooses the second): said so, not moved back.
+    wait_conflict(&s.consumer, "us-orphan", Some("RouteChanged")).await;
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "us-orphan",
+        &json!({ "metadata": { "labels": { "region": null } } }),
+    )
+    .await;
+    wait_conflict(&s.consumer, "us-orphan", None).await;
+    wait_binding(&cluster_bindings, "widgets", "Conflicts=False").await;
 
     // A deletion removes the copy from the object's own route.
-    widgets(&s.consumer, NS).delete("both", &Default::default()).await.unwrap();
+    widgets(&s.consumer, NS)
+        .delete("both", &Default::default())
+        .await
+        .unwrap();
     wait_for("both deleted everywhere", 30, || async {
-        let gone = !names(&second).await.contains("both") && !names(&s.consumer).await.contains("both");
+        let gone =
+            !names(&second).await.contains("both") && !names(&s.consumer).await.contains("both");
         Ok(gone.then_some(()))
     })
     .await;
     // The default route never saw the second's objects, nor the reverse.
-    assert_eq!(names(&s.provider).await, ["plain", "us", "us-orphan"].map(String::from).into());
-    assert_eq!(names(&second).await, ["us-orphan"].map(String::from).into());
+    assert_eq!(
+        names(&s.provider).await,
+        ["plain", "us", "us-orphan"].map(String::from).into()
+    );
+    assert!(names(&second).await.is_empty());
+
+    // Unbinding the route drains its copies; what was pinned there is held (NoRoute), never
+    // moved to the default route behind the user's back — until the user removes the pin.
+    create(&s.consumer, "us2", &[("region", "us")]).await;
+    never_on_both(&s.provider, &second, "us2 on the second", |_, second| {
+        second.contains("us2")
+    })
+    .await;
+    cluster_bindings
+        .delete("second-us", &Default::default())
+        .await
+        .unwrap();
+    never_on_both(&s.provider, &second, "us2 drained", |_, second| {
+        !second.contains("us2")
+    })
+    .await;
+    let held = wait_conflict(&s.consumer, "us2", Some("NoRoute")).await;
+    assert!(held.finalizers().is_empty(), "{:?}", held.finalizers());
+    wait_for("second-us gone", 30, || async {
+        Ok(cluster_bindings
+            .get_opt("second-us")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!names(&s.provider).await.contains("us2"));
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "us2",
+        &json!({ "metadata": { "annotations": { "core.kbind.io/route": null } } }),
+    )
+    .await;
+    wait_for("us2 on the default route", 30, || async {
+        Ok(names(&s.provider).await.contains("us2").then_some(()))
+    })
+    .await;
+    wait_conflict(&s.consumer, "us2", None).await;
 }

@@ -84,8 +84,21 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 4] = [
+        Reason::AmbiguousRoute,
+        Reason::NoRoute,
+        Reason::RouteChanged,
+        Reason::SchemaMismatch,
+    ];
+
+    /// The reason a conflict annotation names, if it is one of routing's.
+    pub fn parse(text: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+
     /// The conflict reason's name, as annotations, Events and the delivery column show it.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Reason::AmbiguousRoute => "AmbiguousRoute",
             Reason::NoRoute => "NoRoute",
@@ -486,6 +499,33 @@ pub fn gate(
         Step::Release { route, orphan } if route == *mine => Gate::Release { orphan },
         _ => Gate::Idle,
     }
+}
+
+/// [`Gate`] for an object of an API that is not routed (no binding offers another route), as the
+/// serving Connection's worker sees it — `None`: sync it as usual. An object still holding
+/// another route's finalizer waits until that copy is released (never two copies); one pinned
+/// to another Connection is held (`NoRoute`), never moved back silently.
+pub fn unrouted(served_by: &str, pin: Option<&str>, finalizers: &[String]) -> Option<Gate> {
+    if finalizers
+        .iter()
+        .any(|f| f.starts_with(keys::ROUTE_FINALIZER_PREFIX))
+    {
+        return Some(Gate::Idle);
+    }
+    let pin = pin?;
+    let connection = pin.split('/').next().unwrap_or_default();
+    if connection == served_by {
+        return None;
+    }
+    let message = match read_pin(Some(pin), |_| Some(String::new())) {
+        Pin::Invalid(message) => message,
+        _ => format!(
+            "pinned to Connection {connection}, which no binding covering it offers; change or \
+             remove {} to sync it",
+            keys::ROUTE_ANNOTATION
+        ),
+    };
+    Some(Gate::Hold(Reason::NoRoute, message))
 }
 
 fn list(routes: &[Route]) -> String {
@@ -1050,5 +1090,24 @@ mod tests {
             "{changed:?}"
         );
         assert_eq!((&changed[0], &changed[2]), (&idle, &idle));
+    }
+
+    #[test]
+    fn an_unrouted_api_never_syncs_what_another_route_holds_or_is_pinned_to() {
+        let fin = |f: &str| vec![f.to_owned()];
+        assert_eq!(unrouted("eu", None, &[]), None);
+        assert_eq!(unrouted("eu", None, &fin(keys::SYNCER_FINALIZER)), None);
+        assert_eq!(unrouted("eu", Some("eu/uid-eu"), &[]), None);
+        assert_eq!(unrouted("eu", Some("eu"), &[]), None);
+        assert_eq!(
+            unrouted("eu", None, &fin(&finalizer("us", "eu"))),
+            Some(Gate::Idle)
+        );
+        assert!(
+            matches!(unrouted("eu", Some("us/uid-us"), &[]), Some(Gate::Hold(Reason::NoRoute, m)) if m.contains("Connection us"))
+        );
+        assert!(
+            matches!(unrouted("eu", Some("a/b/c"), &[]), Some(Gate::Hold(Reason::NoRoute, m)) if m.contains("not <connection>"))
+        );
     }
 }

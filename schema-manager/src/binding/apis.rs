@@ -213,6 +213,7 @@ fn count_marks(
             .map(String::as_str)
         {
             Some(keys::CONFLICT_FOREIGN) => marks.foreign += 1,
+            Some(v) if kbind_shared::routing::Reason::parse(v).is_some() => marks.routing += 1,
             Some(v) if !v.is_empty() => marks.owned_by_another += 1,
             _ => {}
         }

@@ -74,14 +74,20 @@ pub struct Marks {
     pub owned_by_another: i32,
     /// Paused: by their annotation, or all of them while the binding is suspended.
     pub paused: i32,
+    /// Held or reported by routing (#36): `AmbiguousRoute`, `NoRoute`, `RouteChanged`,
+    /// `SchemaMismatch` — not a provider object in the way.
+    pub routing: i32,
 }
 
 impl Marks {
-    /// Both kinds of conflict together.
+    /// Every kind of conflict together.
     pub fn total(&self) -> i32 {
-        self.foreign + self.owned_by_another
+        self.foreign + self.owned_by_another + self.routing
     }
 }
+
+/// `Conflicts` reason when only routing holds or reports objects.
+pub const ROUTE_CONFLICT: &str = "RouteConflict";
 
 /// The state of one listed API after this reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,6 +209,7 @@ pub fn evaluate(
             });
             conflicts.foreign += c.foreign;
             conflicts.owned_by_another += c.owned_by_another;
+            conflicts.routing += c.routing;
             match held {
                 Some(held) => breaking.push(format!("{name}: {}", held.message(name))),
                 None if !in_sync => out_of_sync.push(name.as_str()),
@@ -298,18 +305,46 @@ pub fn evaluate(
         let differ = "installed CRDs differ from the provider (updatePolicy Once): ";
         Desired::schema_in_sync(differ, &out_of_sync)
     });
-    out.push(match (conflicts.foreign, conflicts.owned_by_another) {
-        (0, 0) => Desired::new(types::CONFLICTS, false, reasons::AS_EXPECTED, ""),
-        // QRK-4 fixed: the reason names the kind of conflict.
-        (f, 0) => Desired::new(types::CONFLICTS, true, reasons::FOREIGN_OBJECT_EXISTS, format!("{f} object(s) conflict with provider objects kbind does not own")),
-        (0, o) => Desired::new(types::CONFLICTS, true, reasons::OWNED_BY_ANOTHER, format!("{o} object(s) conflict with provider objects owned by another consumer")),
-        (f, o) => Desired::new(types::CONFLICTS, true, reasons::OWNED_BY_ANOTHER, format!("{} object(s) conflict: {f} with unowned provider objects, {o} with objects owned by another consumer", f + o)),
-    });
+    out.push(conflicts_condition(&conflicts));
     out.push(match problem {
         Some((reason, message)) => Desired::new(types::READY, false, reason, message),
         None => Desired::new(types::READY, true, reasons::AS_EXPECTED, ""),
     });
     (out, bound)
+}
+
+/// The `Conflicts` condition for the objects `marks` counts: each kind named by what is in the
+/// way (QRK-4 fixed), routing's holds apart from provider objects.
+fn conflicts_condition(marks: &Marks) -> Desired<'static> {
+    let (f, o, r) = (marks.foreign, marks.owned_by_another, marks.routing);
+    let mut parts = Vec::new();
+    if f > 0 {
+        parts.push(format!("{f} with provider objects kbind does not own"));
+    }
+    if o > 0 {
+        parts.push(format!(
+            "{o} with provider objects owned by another consumer"
+        ));
+    }
+    if r > 0 {
+        parts.push(format!(
+            "{r} held or reported by routing (AmbiguousRoute, NoRoute, RouteChanged, SchemaMismatch: see each object's core.kbind.io/conflict)"
+        ));
+    }
+    let reason = match (f, o, r) {
+        (0, 0, 0) => return Desired::new(types::CONFLICTS, false, reasons::AS_EXPECTED, ""),
+        (_, o, _) if o > 0 => reasons::OWNED_BY_ANOTHER,
+        (f, _, _) if f > 0 => reasons::FOREIGN_OBJECT_EXISTS,
+        _ => ROUTE_CONFLICT,
+    };
+    let message = match (f, o, r) {
+        (f, 0, 0) => format!("{f} object(s) conflict with provider objects kbind does not own"),
+        (0, o, 0) => {
+            format!("{o} object(s) conflict with provider objects owned by another consumer")
+        }
+        _ => format!("{} object(s) conflict: {}", f + o + r, parts.join(", ")),
+    };
+    Desired::new(types::CONFLICTS, true, reason, message)
 }
 
 /// How long a per-API message may be (characters).
@@ -552,6 +587,7 @@ mod tests {
             foreign,
             owned_by_another,
             paused: 7,
+            routing: 0,
         };
         assert_eq!(conflicts(2, 3).total(), 5);
         assert_eq!(conflicts(0, 4).total(), 4);
@@ -659,6 +695,7 @@ mod tests {
                             foreign: 2,
                             owned_by_another: 0,
                             paused: 0,
+                            routing: 0,
                         }),
                     ),
                     (
@@ -667,6 +704,7 @@ mod tests {
                             foreign: 3,
                             owned_by_another: 0,
                             paused: 0,
+                            routing: 0,
                         }),
                     ),
                 ],
@@ -683,6 +721,7 @@ mod tests {
                             foreign: 0,
                             owned_by_another: 1,
                             paused: 0,
+                            routing: 0,
                         }),
                     ),
                     (
@@ -691,6 +730,7 @@ mod tests {
                             foreign: 0,
                             owned_by_another: 4,
                             paused: 0,
+                            routing: 0,
                         }),
                     ),
                 ],
@@ -937,6 +977,7 @@ mod tests {
             foreign: 2,
             owned_by_another: 0,
             paused: 0,
+            routing: 0,
         };
         let (out, bound) = evaluate(&[(
             "a.x".into(),
@@ -955,6 +996,7 @@ mod tests {
             foreign: 0,
             owned_by_another: 1,
             paused: 0,
+            routing: 0,
         };
         let (out, _) = evaluate(&[(
             "a.x".into(),
@@ -967,6 +1009,19 @@ mod tests {
             },
         )]);
         assert_eq!(get(&out, "Conflicts").reason, "OwnedByAnother");
+        // Routing's holds are not said to be provider objects in the way (#36).
+        let routed = Marks {
+            routing: 3,
+            ..Marks::default()
+        };
+        let (out, bound) = evaluate(&[("a.x".into(), super::tests::bound(routed))]);
+        let c = get(&out, "Conflicts");
+        assert_eq!((c.reason, bound[0].conflict_count), ("RouteConflict", 3));
+        assert!(
+            c.message.contains("3 held or reported by routing") && !c.message.contains("owned"),
+            "{}",
+            c.message
+        );
     }
 
     #[test]

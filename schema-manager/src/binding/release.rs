@@ -244,9 +244,16 @@ pub async fn release_api<B: Scoped>(
     // Connection. A refused entry (another Connection serves the CRD, or it is not kbind's) holds
     // nothing — releasing it would strip the serving Connection's finalizers and, when both
     // Connections reach one provider, delete that Connection's copies.
-    if !releasable(&crd, &held.connection, B::NAMESPACED) {
+    // A route's copies (#36: another Connection serves the CRD, this one routed some of its
+    // objects) are held by the route's own finalizer; only those are let go, and the CRD is
+    // never touched for a route.
+    let route = route_finalizer(&crd, &held.connection, B::NAMESPACED);
+    if route.is_none() && !releasable(&crd, &held.connection, B::NAMESPACED) {
         return Ok(Left::Nothing);
     }
+    let finalizer = route
+        .clone()
+        .unwrap_or_else(|| keys::SYNCER_FINALIZER.to_owned());
     let Some(resource) = instance_resource(&crd) else {
         return Ok(Left::Nothing);
     };
@@ -268,10 +275,7 @@ pub async fn release_api<B: Scoped>(
         if object
             .namespace()
             .is_some_and(|ns| coverage.namespaces.contains(&ns))
-            || !object
-                .finalizers()
-                .iter()
-                .any(|f| f == keys::SYNCER_FINALIZER)
+            || !object.finalizers().iter().any(|f| *f == finalizer)
         {
             continue;
         }
@@ -295,10 +299,13 @@ pub async fn release_api<B: Scoped>(
                 Err(e) => return Err(e),
             }
         }
-        release_syncer_finalizer(client, &resource, &object).await?;
+        release_syncer_finalizer(client, &resource, &object, &finalizer).await?;
     }
     if waiting > 0 {
         return Ok(Left::Draining(waiting));
+    }
+    if route.is_some() {
+        return Ok(Left::Nothing);
     }
     let last = LastBinding {
         crds: &crds,
@@ -329,6 +336,23 @@ pub fn releasable(crd: &CustomResourceDefinition, connection: &str, namespaced: 
         .get(keys::CONNECTION_ANNOTATION)
         .is_some_and(|c| c == connection);
     serves && !(namespaced && crd.spec.scope == "Cluster")
+}
+
+/// When `connection` is a route for the instances of `crd` — kbind manages the CRD for another
+/// Connection (#36) — the finalizer its copies are held by; `None` otherwise. A namespaced
+/// Binding never has a cluster-scoped API routed.
+pub fn route_finalizer(
+    crd: &CustomResourceDefinition,
+    connection: &str,
+    namespaced: bool,
+) -> Option<String> {
+    let managed = crd.labels().get(keys::MANAGED_LABEL).map(String::as_str) == Some(keys::TRUE);
+    let served_by = crd
+        .annotations()
+        .get(keys::CONNECTION_ANNOTATION)
+        .filter(|_| managed)?;
+    (served_by != connection && !(namespaced && crd.spec.scope == "Cluster"))
+        .then(|| kbind_shared::routing::finalizer(connection, served_by))
 }
 
 /// Where an API's instances stay covered after `leaving` goes: by a remaining ClusterBinding
@@ -414,9 +438,10 @@ async fn release_syncer_finalizer(
     client: &Client,
     resource: &ApiResource,
     object: &DynamicObject,
+    finalizer: &str,
 ) -> Result<(), Error> {
     let api = scoped(client, object.namespace().as_deref(), resource);
-    kbind_shared::finalizers::set(&api, object, keys::SYNCER_FINALIZER, false)
+    kbind_shared::finalizers::set(&api, object, finalizer, false)
         .await
         .map(drop)
         .map_err(Error::Consumer)

@@ -169,7 +169,7 @@ pub fn decide(facts: &Facts<'_>) -> Step {
 
 /// The conflict annotation of an object synced on its pinned route while its labels choose
 /// another.
-pub const ROUTE_CHANGED: &str = "RouteChanged";
+pub const ROUTE_CHANGED: &str = kbind_shared::routing::Reason::RouteChanged.as_str();
 
 /// Where an object stands, told without running its sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -306,7 +306,16 @@ pub(super) async fn sync(
 
 /// #36: what routing says about `object` for this worker's route, when its API is routed.
 pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gate> {
-    let spec = worker.spec.routing.as_ref()?;
+    let Some(spec) = worker.spec.routing.as_ref() else {
+        return routing::unrouted(
+            &worker.spec.connection,
+            object
+                .annotations()
+                .get(keys::ROUTE_ANNOTATION)
+                .map(String::as_str),
+            object.metadata.finalizers.as_deref().unwrap_or_default(),
+        );
+    };
     let offers = worker.ctx.route_offers(&worker.spec.api);
     let candidates = routing::candidates(
         &offers,

@@ -275,7 +275,7 @@ pub async fn release_api<B: Scoped>(
         if object
             .namespace()
             .is_some_and(|ns| coverage.namespaces.contains(&ns))
-            || !object.finalizers().iter().any(|f| *f == finalizer)
+            || !object.finalizers().contains(&finalizer)
         {
             continue;
         }

@@ -440,3 +440,125 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     .await;
     wait_conflict(&s.consumer, "us2", None).await;
 }
+
+/// A Widget CRD whose `spec.size` has the JSON type `size_type`.
+fn widget_crd_sized(
+    size_type: &str,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    let mut crd = widget_crd();
+    crd.spec.versions[0].schema = serde_json::from_value(
+        json!({ "openAPIV3Schema": { "type": "object", "properties": {
+            "spec": { "type": "object", "properties": { "size": { "type": size_type } } },
+            "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+        }}}),
+    )
+    .unwrap();
+    crd
+}
+
+#[tokio::test]
+async fn a_schema_drift_on_one_provider_holds_only_that_routes_objects() {
+    let s = SyncEnv::start_with_provider_crd_and(
+        "routing_drift",
+        widget_crd_sized("integer"),
+        &["second"],
+    )
+    .await;
+    let second = s.env.cluster("second").admin_client().await.unwrap();
+    install_crd(&second, &widget_crd_sized("integer"))
+        .await
+        .unwrap();
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    wait_binding(&cluster_bindings, "widgets", "Ready=True").await;
+    connect_to(
+        &s.consumer,
+        "second",
+        &s.env.cluster("second").admin_kubeconfig(),
+    )
+    .await;
+    cluster_bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "second-us",
+                ClusterBindingSpec::from(selecting("second", "region", "us")),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_binding(&cluster_bindings, "second-us", "SchemaInSync=True").await;
+    ensure_namespace(&s.consumer, NS).await.unwrap();
+    create(&s.consumer, "plain", &[]).await;
+    create(&s.consumer, "us", &[("region", "us")]).await;
+    never_on_both(
+        &s.provider,
+        &second,
+        "each on its route",
+        |first, second| first.contains("plain") && second.contains("us"),
+    )
+    .await;
+
+    // The second provider retypes spec.size: its route no longer agrees.
+    install_crd(&second, &widget_crd_sized("string"))
+        .await
+        .unwrap();
+    let drifted = wait_binding(&cluster_bindings, "second-us", "SchemaInSync=False").await;
+    let entry = drifted.status.unwrap().apis[0].clone();
+    let route = entry.route.clone().unwrap();
+    assert_eq!(
+        (entry.reason.as_str(), route.schema_agrees),
+        ("SchemaMismatch", false),
+        "{entry:?}"
+    );
+    assert!(route.schema_message.contains("spec.size"), "{route:?}");
+    wait_conflict(&s.consumer, "us", Some("SchemaMismatch")).await;
+    // Its objects are held: a change is not written there ...
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "us",
+        &json!({ "spec": { "size": 5 } }),
+    )
+    .await;
+    // ... while the other route's objects sync as ever.
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "plain",
+        &json!({ "spec": { "size": 6 } }),
+    )
+    .await;
+    wait_for("plain's change on the default route", 30, || async {
+        let w = widgets(&s.provider, NS)
+            .get("plain")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((w.data["spec"]["size"] == 6).then_some(()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        widgets(&second, NS).get("us").await.unwrap().data["spec"]["size"],
+        1
+    );
+    let held = consumer_widget(&s.consumer, "us").await;
+    assert_eq!(
+        held.data["status"]["kbindSync"]["state"], "SchemaMismatch",
+        "{:?}",
+        held.data
+    );
+
+    // The provider agrees again: the held change goes through.
+    install_crd(&second, &widget_crd_sized("integer"))
+        .await
+        .unwrap();
+    wait_binding(&cluster_bindings, "second-us", "SchemaInSync=True").await;
+    wait_for("us's change on its route", 60, || async {
+        let w = widgets(&second, NS)
+            .get("us")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((w.data["spec"]["size"] == 5).then_some(()))
+    })
+    .await;
+    wait_conflict(&s.consumer, "us", None).await;
+    assert!(!names(&s.provider).await.contains("us"));
+}

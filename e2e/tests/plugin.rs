@@ -9,7 +9,6 @@
 //! - `diff` compares one object with its provider copy — in sync, refused, fixed, then changed
 //!   while kbind is stopped — and both API servers serve no write while it runs.
 
-use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -22,57 +21,6 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 const API: &str = "widgets.example.org";
-
-/// What one run of the plugin printed, and how it ended.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", self.stdout, self.stderr))
-    }
-}
-
-impl std::fmt::Display for Run {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-/// Runs `kubectl-kbind args…` as kubectl would: the consumer's kubeconfig in `KUBECONFIG`.
-async fn plugin(kubeconfig: &Path, args: &[&str]) -> Run {
-    let binary = kbind_e2e::controlplane::kbind_bin("kubectl-kbind").unwrap();
-    let run = tokio::process::Command::new(binary)
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the plugin answers within 2 minutes")
-        .expect("the plugin runs");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-/// The report's entry in `list` whose `key` is `value`.
-fn entry<'a>(list: &'a Value, key: &str, value: &str) -> &'a Value {
-    list.as_array()
-        .and_then(|l| l.iter().find(|e| e[key] == value))
-        .unwrap_or_else(|| panic!("no {key}={value} in {list:#}"))
-}
 
 #[tokio::test]
 async fn status_shows_connections_bindings_objects_conflicts_and_lag() {

@@ -226,6 +226,41 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     })
     .await;
 
+    // `kubectl kbind status` shows the routing table, as the providers hold it.
+    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+    let report = plugin(&kubeconfig, &["status", "-o", "json"]).await.json();
+    let row = |connection: &str| {
+        report["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["api"] == API && r["connection"] == connection)
+            .unwrap_or_else(|| panic!("no route {connection} in {:#}", report["routes"]))
+            .clone()
+    };
+    assert_eq!(row("provider")["objects"], names(&s.provider).await.len());
+    assert_eq!(row("second")["objects"], names(&second).await.len());
+    assert_eq!(
+        (
+            row("provider")["serves"].clone(),
+            row("second")["serves"].clone()
+        ),
+        (json!(true), json!(false))
+    );
+    assert!(
+        row("second")["bindings"][0]
+            .as_str()
+            .unwrap()
+            .contains("second-us (region=us)"),
+        "{}",
+        row("second")
+    );
+    let text = plugin(&kubeconfig, &["status"]).await.stdout;
+    assert!(
+        text.contains("ROUTES") && text.contains("MOVING-OUT"),
+        "{text}"
+    );
+
     // 2. An ambiguous selection is a conflict and written nowhere: a Binding of the serving
     // Connection that selects tier=gold, and an object both selectors match.
     Api::<Binding>::namespaced(s.consumer.clone(), NS)
@@ -251,6 +286,29 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     assert!(pin(&held).is_none());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!names(&s.provider).await.contains("both") && !names(&second).await.contains("both"));
+    // `kubectl kbind plan` decides routes as the syncer does: another selecting route leaves it
+    // ambiguous, and nothing is written meanwhile.
+    let file = s.env.dir().join("routes.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: core.kbind.io/v1alpha1\nkind: ClusterBinding\nmetadata: { name: second-gold }\nspec: { connectionRef: { name: second }, apis: [ { name: widgets.example.org } ], objectSelector: { matchLabels: { tier: gold } } }\n",
+    )
+    .unwrap();
+    let planned = plugin(&kubeconfig, &["plan", file.to_str().unwrap(), "-o", "json"])
+        .await
+        .json();
+    let api = &planned["apis"][0];
+    assert_eq!(
+        (api["crd"]["action"].as_str(), api["startSyncing"].as_u64()),
+        (Some("route"), Some(0)),
+        "{api:#}"
+    );
+    assert_eq!(
+        api["conflicts"],
+        json!([{ "object": "team-a/both", "reason": "AmbiguousRoute" }]),
+        "{api:#}"
+    );
+
     // Resolved by the user (one label less): it goes to the one route left.
     merge_patch(
         &widgets(&s.consumer, NS),

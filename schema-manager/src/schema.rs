@@ -390,6 +390,38 @@ pub fn plan(
     }
 }
 
+/// #36: when `existing` serves another Connection than `connection` (and is not being adopted by
+/// it), what a binding of `connection` listing the API gets: a route for the objects it selects
+/// (`selects`: it has an object selector), with its provider's schema (`desired`) classified
+/// against the served one, or a refusal ([`kbind_shared::routing::admit`]). `None`: the schema
+/// plan decides as always (not marked, ours, or being adopted). The CRD is never touched here.
+pub fn route_plan(
+    existing: &CustomResourceDefinition,
+    desired: &CustomResourceDefinition,
+    connection: &str,
+    selects: bool,
+) -> Option<(String, kbind_shared::routing::Admission)> {
+    let annotation = |key: &str| existing.annotations().get(key).map(String::as_str);
+    let managed = existing
+        .labels()
+        .get(keys::MANAGED_LABEL)
+        .map(String::as_str)
+        == Some(keys::TRUE);
+    let served_by = annotation(keys::CONNECTION_ANNOTATION).filter(|_| managed)?;
+    if served_by == connection || annotation(keys::ADOPT_ANNOTATION) == Some(connection) {
+        return None;
+    }
+    let agreement = crate::evolution::route_agreement(&existing.spec, &desired.spec);
+    let admission = kbind_shared::routing::admit(
+        &existing.name_any(),
+        connection,
+        selects,
+        Some(served_by),
+        agreement,
+    );
+    Some((served_by.to_owned(), admission))
+}
+
 /// The consumer CRD after installation, if it exists.
 #[derive(Debug)]
 pub struct Installed {

@@ -528,6 +528,46 @@ pub fn unrouted(served_by: &str, pin: Option<&str>, finalizers: &[String]) -> Op
     Some(Gate::Hold(Reason::NoRoute, message))
 }
 
+/// Whether an object is on a route already — pinned (its annotation) or holding a copy (kbind's
+/// finalizer, or a route's): it stays there whatever a new binding selects.
+pub fn placed(annotations: &BTreeMap<String, String>, finalizers: &[String]) -> bool {
+    annotations.contains_key(keys::ROUTE_ANNOTATION)
+        || finalizers
+            .iter()
+            .any(|f| f == keys::SYNCER_FINALIZER || f.starts_with(keys::ROUTE_FINALIZER_PREFIX))
+}
+
+/// Where an object is, for the routing table: the Connection it is to sync with (its pin, or
+/// the one route holding its copy) and the Connections still holding a copy of it elsewhere (a
+/// move under way). `served_by` serves the CRD (kbind's plain finalizer is its route).
+pub fn placement(
+    served_by: &str,
+    pin: Option<&str>,
+    finalizers: &[String],
+) -> (Option<String>, Vec<String>) {
+    let held: Vec<String> = finalizers
+        .iter()
+        .filter_map(|f| {
+            if f == keys::SYNCER_FINALIZER {
+                Some(served_by.to_owned())
+            } else {
+                f.strip_prefix(keys::ROUTE_FINALIZER_PREFIX)
+                    .map(str::to_owned)
+            }
+        })
+        .collect();
+    let target = match pin {
+        Some(pin) => Some(pin.split('/').next().unwrap_or_default().to_owned()),
+        None if held.len() == 1 => held.first().cloned(),
+        None => None,
+    };
+    let elsewhere = held
+        .into_iter()
+        .filter(|c| Some(c) != target.as_ref())
+        .collect();
+    (target, elsewhere)
+}
+
 fn list(routes: &[Route]) -> String {
     routes
         .iter()
@@ -1109,5 +1149,37 @@ mod tests {
         assert!(
             matches!(unrouted("eu", Some("a/b/c"), &[]), Some(Gate::Hold(Reason::NoRoute, m)) if m.contains("not <connection>"))
         );
+    }
+
+    #[test]
+    fn the_routing_table_places_each_object_once() {
+        let f = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let us = finalizer("us", "eu");
+        for (pin, finalizers, want) in [
+            (None, f(&[]), (None, vec![])),
+            (None, f(&[keys::SYNCER_FINALIZER]), (Some("eu"), vec![])),
+            (Some("us/uid"), f(&[&us]), (Some("us"), vec![])),
+            (
+                Some("us"),
+                f(&[keys::SYNCER_FINALIZER]),
+                (Some("us"), vec!["eu"]),
+            ),
+            (Some("eu"), f(&["other.io/x"]), (Some("eu"), vec![])),
+        ] {
+            let (target, elsewhere) = placement("eu", pin, &finalizers);
+            assert_eq!(
+                (
+                    target.as_deref(),
+                    elsewhere.iter().map(String::as_str).collect::<Vec<_>>()
+                ),
+                want,
+                "{pin:?} {finalizers:?}"
+            );
+        }
+        let annotations: BTreeMap<String, String> =
+            [(keys::ROUTE_ANNOTATION.to_owned(), "us".to_owned())].into();
+        assert!(placed(&annotations, &[]));
+        assert!(placed(&BTreeMap::new(), &f(&[keys::SYNCER_FINALIZER])));
+        assert!(!placed(&BTreeMap::new(), &f(&["other.io/x"])));
     }
 }

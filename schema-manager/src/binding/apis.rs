@@ -36,6 +36,9 @@ pub(super) async fn covered_by_cluster_bindings(
     covered
 }
 
+/// Reason of an API whose binding's object selector cannot be read.
+pub const INVALID_OBJECT_SELECTOR: &str = "InvalidObjectSelector";
+
 /// BIND-5 for one API.
 pub(super) async fn api_state<B: Scoped>(
     binding: &B,
@@ -44,6 +47,15 @@ pub(super) async fn api_state<B: Scoped>(
     api: &str,
     ctx: &Context,
 ) -> ApiState {
+    // A selector the syncer could not read would route nothing: said here, by what is wrong.
+    if let Some(selector) = &binding.binding_spec().object_selector
+        && let Err(e) = kube::core::Selector::try_from(selector.clone())
+    {
+        return ApiState::Gated {
+            reason: INVALID_OBJECT_SELECTOR,
+            message: format!("spec.objectSelector cannot be read: {e}"),
+        };
+    }
     let status = connection.status.clone().unwrap_or_default();
     let Some(export) = status.exported_apis.iter().find(|e| e.name == api) else {
         return ApiState::NotExported;
@@ -81,7 +93,7 @@ pub(super) async fn api_state<B: Scoped>(
     // Another Connection serves the consumer CRD: this binding is an extra route for it, or
     // refused (#36). The CRD is not touched either way.
     if let Some(existing) = cached.as_deref()
-        && let Some(state) = as_route(binding, existing, &desired, &connection.name_any(), api)
+        && let Some(state) = as_route(binding, existing, &desired, &connection.name_any())
     {
         return state;
     }
@@ -154,35 +166,21 @@ pub(super) async fn api_state<B: Scoped>(
     }
 }
 
-/// When `existing` serves another Connection (and is not being adopted by this one): whether this
-/// binding is admitted as a route for its objects ([`kbind_shared::routing::admit`]) — with its
-/// provider's schema classified against the served one — or refused. `None`: the schema plan
-/// decides as always (not marked, ours, or being adopted).
+/// [`schema::route_plan`] as this binding's API state: a route, a refusal, or `None` (the schema
+/// plan decides).
 fn as_route<B: Scoped>(
     binding: &B,
     existing: &CustomResourceDefinition,
     desired: &CustomResourceDefinition,
     connection: &str,
-    api: &str,
 ) -> Option<ApiState> {
-    let annotation = |key: &str| existing.annotations().get(key).map(String::as_str);
-    let managed = existing
-        .labels()
-        .get(keys::MANAGED_LABEL)
-        .map(String::as_str)
-        == Some(keys::TRUE);
-    let served_by = annotation(keys::CONNECTION_ANNOTATION).filter(|_| managed)?;
-    if served_by == connection || annotation(keys::ADOPT_ANNOTATION) == Some(connection) {
-        return None;
-    }
     let selects = binding.binding_spec().object_selector.is_some();
-    let agreement = crate::evolution::route_agreement(&existing.spec, &desired.spec);
-    match kbind_shared::routing::admit(api, connection, selects, Some(served_by), agreement) {
+    let (served_by, admission) = schema::route_plan(existing, desired, connection, selects)?;
+    match admission {
         kbind_shared::routing::Admission::Serves => None,
-        kbind_shared::routing::Admission::Route(schema) => Some(ApiState::Route {
-            served_by: served_by.to_owned(),
-            schema,
-        }),
+        kbind_shared::routing::Admission::Route(schema) => {
+            Some(ApiState::Route { served_by, schema })
+        }
         kbind_shared::routing::Admission::Refused(message) => {
             Some(ApiState::SchemaConflict(message))
         }

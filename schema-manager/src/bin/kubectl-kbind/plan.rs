@@ -136,6 +136,8 @@ impl Report {
                         a.crd.action,
                         Action::Refuse | Action::Hold | Action::NotExported
                     )
+                    // A route whose schema does not agree would hold its objects.
+                    || (a.crd.action == Action::Route && !a.crd.breaking.is_empty())
             })
     }
 }
@@ -176,6 +178,9 @@ pub enum Action {
     LeaveAbsent,
     /// The provider does not export it, or not for this kind of binding.
     NotExported,
+    /// Another Connection serves the CRD; this binding selects objects, so its Connection becomes
+    /// a route for them (#36). The CRD is not touched.
+    Route,
     /// Nothing decided (see the error).
     Unknown,
 }
@@ -226,13 +231,51 @@ pub struct ObjectConflict {
     pub reason: String,
 }
 
-/// The CRD decision for one API, as the schema manager would make it.
+/// The CRD decision for one API, as the schema manager would make it; `selects`: the binding
+/// has an object selector (a route, when another Connection serves the CRD).
 pub fn crd_plan(
     existing: Option<&CustomResourceDefinition>,
     desired: &CustomResourceDefinition,
     connection: &str,
     spec: &ConnectionSpec,
+    selects: bool,
 ) -> CrdPlan {
+    if let Some((served_by, admission)) =
+        existing.and_then(|e| schema::route_plan(e, desired, connection, selects))
+    {
+        use kbind_shared::routing::{Admission, Schema};
+        match admission {
+            Admission::Route(Schema::Agrees) => {
+                return CrdPlan {
+                    action: Action::Route,
+                    breaking: Vec::new(),
+                    accepted: false,
+                    message: format!(
+                        "a route for the objects this binding selects; Connection {served_by} serves the CRD, which stays as it is"
+                    ),
+                };
+            }
+            Admission::Route(Schema::Mismatch(why)) => {
+                return CrdPlan {
+                    action: Action::Route,
+                    breaking: vec![why],
+                    accepted: false,
+                    message: format!(
+                        "a route whose schema does not agree with the one Connection {served_by} serves: the objects it selects would be held (SchemaMismatch)"
+                    ),
+                };
+            }
+            Admission::Refused(message) => {
+                return CrdPlan {
+                    action: Action::Refuse,
+                    breaking: Vec::new(),
+                    accepted: false,
+                    message,
+                };
+            }
+            Admission::Serves => {}
+        }
+    }
     let policy = &spec.schema;
     let create = policy.pull_policy != PullPolicy::None;
     let update = policy.update_policy != UpdatePolicy::Once;
@@ -598,7 +641,13 @@ async fn plan_api(
         .get_opt(&plan.api)
         .await
         .map_err(|e| view::read_error(&format!("consumer CRD {}", plan.api), &e))?;
-    plan.crd = crd_plan(existing.as_ref(), &desired, &state.name, &state.spec);
+    plan.crd = crd_plan(
+        existing.as_ref(),
+        &desired,
+        &state.name,
+        &state.spec,
+        binding.spec.object_selector.is_some(),
+    );
     let Some(existing) = existing else {
         return Ok(()); // No consumer objects can exist yet.
     };
@@ -613,8 +662,32 @@ async fn plan_api(
     let consumer_objects =
         kbind_shared::dynamic::scoped(scope.consumer, binding.namespace.as_deref(), &resource);
     let mut already: BTreeMap<Option<String>, bool> = BTreeMap::new();
+    // A route takes only objects its selector matches that are on no route yet: the others stay
+    // where they are pinned (#36).
+    let offers =
+        (plan.crd.action == Action::Route).then(|| route_offers(scope, binding, &plan.api));
+    let mut ambiguous: Vec<String> = Vec::new();
     view::for_each_object(&consumer_objects, "consumer objects", |object| {
         let namespace = object.metadata.namespace.clone();
+        if let Some(offers) = &offers {
+            match route_fate(offers, &plan.api, &state.name, object) {
+                RouteFate::Elsewhere => {}
+                RouteFate::Stays => plan.already_syncing += 1,
+                RouteFate::Starts => {
+                    plan.start_syncing += 1;
+                    starting.push((
+                        namespace,
+                        object.name_any(),
+                        object.metadata.uid.clone().unwrap_or_default(),
+                    ));
+                }
+                RouteFate::Ambiguous => ambiguous.push(match &namespace {
+                    Some(ns) => format!("{ns}/{}", object.name_any()),
+                    None => object.name_any(),
+                }),
+            }
+            return;
+        }
         let syncing = *already.entry(namespace.clone()).or_insert_with(|| {
             kbind_shared::resolve::resolve_served_by(
                 &state.name,
@@ -637,6 +710,17 @@ async fn plan_api(
         }
     })
     .await?;
+    for object in ambiguous {
+        plan.conflict_count += 1;
+        if plan.conflicts.len() < MAX_NAMES {
+            plan.conflicts.push(ObjectConflict {
+                object,
+                reason: kbind_shared::routing::Reason::AmbiguousRoute
+                    .as_str()
+                    .into(),
+            });
+        }
+    }
     if starting.is_empty() {
         return Ok(());
     }
@@ -700,6 +784,90 @@ async fn plan_api(
         }
     }
     Ok(())
+}
+
+/// The routes an API's objects would choose among once `planned` is applied: every binding on
+/// the cluster as the syncer admits it (its status), with `planned` in place of its namesake,
+/// admitted as the route the plan says it becomes.
+fn route_offers(
+    scope: &Scope<'_>,
+    planned: &PlannedBinding,
+    api: &str,
+) -> Vec<kbind_shared::routing::Offer> {
+    let label_of = |namespace: Option<String>, name: String| match namespace {
+        Some(ns) => format!("Binding/{ns}/{name}"),
+        None => format!("ClusterBinding/{name}"),
+    };
+    let mut offers = kbind_shared::resolve::offers(
+        api,
+        scope
+            .cluster_bindings
+            .iter()
+            .filter(|b| label_of(None, b.name_any()) != planned.label),
+        scope
+            .bindings
+            .iter()
+            .filter(|b| label_of(b.namespace(), b.name_any()) != planned.label),
+        |_| Some((String::new(), Default::default())),
+    );
+    offers.push(kbind_shared::routing::Offer {
+        binding: planned.label.clone(),
+        namespace: planned.namespace.clone(),
+        apis: [api.to_owned()].into(),
+        route: kbind_shared::routing::Route {
+            connection: planned.spec.connection_ref.name.clone(),
+            cluster: String::new(),
+        },
+        selector: planned
+            .spec
+            .object_selector
+            .clone()
+            .and_then(|s| kube::core::Selector::try_from(s).ok()),
+        schema: kbind_shared::routing::Schema::Agrees,
+        admitted: true,
+    });
+    offers
+}
+
+/// What a new route would do with one existing object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteFate {
+    /// Its labels choose another route, or none.
+    Elsewhere,
+    /// It is on a route already (pinned, or holding a copy): it stays there.
+    Stays,
+    /// It would start syncing on this route.
+    Starts,
+    /// Its labels would choose several routes: held (AmbiguousRoute).
+    Ambiguous,
+}
+
+/// [`RouteFate`] of `object` for the route of `connection`, the syncer's own decision
+/// ([`kbind_shared::routing::choose`]) over `offers`.
+pub fn route_fate(
+    offers: &[kbind_shared::routing::Offer],
+    api: &str,
+    connection: &str,
+    object: &kube::api::DynamicObject,
+) -> RouteFate {
+    use kbind_shared::routing::{self, Choice};
+    let candidates = routing::candidates(offers, api, object.metadata.namespace.as_deref());
+    match routing::choose(&candidates, object.labels()) {
+        Choice::Route(route) if route.connection == connection => {
+            if routing::placed(object.annotations(), object.finalizers()) {
+                RouteFate::Stays
+            } else {
+                RouteFate::Starts
+            }
+        }
+        Choice::Ambiguous(routes)
+            if routes.iter().any(|r| r.connection == connection)
+                && !routing::placed(object.annotations(), object.finalizers()) =>
+        {
+            RouteFate::Ambiguous
+        }
+        _ => RouteFate::Elsewhere,
+    }
 }
 
 /// The plan as text.
@@ -957,7 +1125,7 @@ mod tests {
                 false,
             ),
         ] {
-            let plan = crd_plan(existing, &wanted, "c", spec);
+            let plan = crd_plan(existing, &wanted, "c", spec, false);
             assert_eq!(
                 (plan.action, plan.breaking.len(), plan.accepted),
                 (action, breaking, accepted),
@@ -981,7 +1149,7 @@ mod tests {
                 serde_json::from_value(json!({"type": "string"})).unwrap(),
             );
         let wider = schema::desired_crd(&wider, "c").unwrap().0;
-        let plan = crd_plan(Some(&installed), &wider, "c", &always);
+        let plan = crd_plan(Some(&installed), &wider, "c", &always, false);
         assert_eq!((plan.action, plan.breaking.len()), (Action::Update, 0));
     }
 
@@ -1091,5 +1259,78 @@ spec: { connectionRef: { name: c }, apis: [ { name: widgets.example.org } ] }
                 .unwrap_err()
                 .contains("at most")
         );
+    }
+
+    #[test]
+    fn a_new_route_takes_only_the_unplaced_objects_its_labels_choose() {
+        use kbind_shared::routing::{Offer, Route, Schema};
+        let offer = |binding: &str, connection: &str, selector: Option<(&str, &str)>| Offer {
+            binding: binding.into(),
+            namespace: None,
+            apis: ["w.x".to_owned()].into(),
+            route: Route {
+                connection: connection.into(),
+                cluster: String::new(),
+            },
+            selector: selector
+                .map(|(k, v)| kube::core::Selector::from_iter([(k.to_owned(), v.to_owned())])),
+            schema: Schema::Agrees,
+            admitted: true,
+        };
+        let offers = vec![
+            offer("all", "p", None),
+            offer("us", "q", Some(("region", "us"))),
+            offer("gold", "p", Some(("tier", "gold"))),
+        ];
+        let object = |labels: serde_json::Value,
+                      annotations: serde_json::Value,
+                      finalizers: serde_json::Value| {
+            serde_json::from_value::<kube::api::DynamicObject>(json!({
+                "apiVersion": "x/v1", "kind": "W",
+                "metadata": { "name": "o", "namespace": "a", "labels": labels, "annotations": annotations, "finalizers": finalizers },
+            }))
+            .unwrap()
+        };
+        for (name, o, want) in [
+            (
+                "selected, new",
+                object(json!({"region": "us"}), json!({}), json!([])),
+                RouteFate::Starts,
+            ),
+            (
+                "not selected",
+                object(json!({}), json!({}), json!([])),
+                RouteFate::Elsewhere,
+            ),
+            (
+                "selected, synced before",
+                object(
+                    json!({"region": "us"}),
+                    json!({}),
+                    json!([keys::SYNCER_FINALIZER]),
+                ),
+                RouteFate::Stays,
+            ),
+            (
+                "selected, pinned",
+                object(
+                    json!({"region": "us"}),
+                    json!({ keys::ROUTE_ANNOTATION: "p" }),
+                    json!([]),
+                ),
+                RouteFate::Stays,
+            ),
+            (
+                "two selectors",
+                object(
+                    json!({"region": "us", "tier": "gold"}),
+                    json!({}),
+                    json!([]),
+                ),
+                RouteFate::Ambiguous,
+            ),
+        ] {
+            assert_eq!(route_fate(&offers, "w.x", "q", &o), want, "{name}");
+        }
     }
 }

@@ -27,6 +27,31 @@ pub struct Report {
     pub bindings: Vec<BindingRow>,
     /// Every API kbind serves on this cluster (a CRD it marks), with its objects.
     pub apis: Vec<ApiRow>,
+    /// The routing table (#36): per API served by several Connections, each route and the
+    /// objects on it.
+    pub routes: Vec<RouteRow>,
+}
+
+/// One route of an API (or `connection` "-": the objects on no route, held by routing).
+#[derive(Debug, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteRow {
+    pub api: String,
+    pub connection: String,
+    /// This Connection serves the consumer CRD (the route objects without a pin are on).
+    pub serves: bool,
+    /// The bindings offering it (`ClusterBinding/<name>`, `Binding/<ns>/<name>`), each with its
+    /// selector (`*`: every object).
+    pub bindings: Vec<String>,
+    /// Whether its schema agrees with the served one (a binding's status says so).
+    pub schema_agrees: bool,
+    /// Objects pinned to it (or whose copy it holds, when unpinned).
+    pub objects: u64,
+    /// Of those, the ones routing holds or reports (AmbiguousRoute, NoRoute, RouteChanged,
+    /// SchemaMismatch).
+    pub held: u64,
+    /// Copies it still holds of objects pinned elsewhere: moves under way.
+    pub moving_out: u64,
 }
 
 impl Report {
@@ -297,6 +322,7 @@ pub async fn gather(consumer: &Client) -> Result<Report, String> {
         .items;
     let now = jiff::Timestamp::now();
     let mut apis = Vec::new();
+    let mut routes = Vec::new();
     for crd in &crds {
         let connection = crd
             .annotations()
@@ -318,7 +344,13 @@ pub async fn gather(consumer: &Client) -> Result<Report, String> {
         )
         .await
         {
-            Ok((counted, lags)) => {
+            Ok((counted, lags, placed)) => {
+                routes.extend(route_rows(
+                    &row.api,
+                    &connection,
+                    (&connections, &cluster_bindings, &bindings),
+                    placed,
+                ));
                 row = ApiRow {
                     api: row.api,
                     connection: row.connection,
@@ -355,7 +387,100 @@ pub async fn gather(consumer: &Client) -> Result<Report, String> {
         connections: connections.iter().map(connection_row).collect(),
         bindings: rows,
         apis,
+        routes,
     })
+}
+
+/// Where one API's objects are, by route: `(connection, objects, held, moving out)`.
+type Placed = BTreeMap<String, (u64, u64, u64)>;
+
+/// Adds one object to `placed` (its pin, its finalizers, its conflict annotation).
+pub fn place(placed: &mut Placed, served_by: &str, object: &DynamicObject) {
+    let (target, elsewhere) = kbind_shared::routing::placement(
+        served_by,
+        object
+            .annotations()
+            .get(keys::ROUTE_ANNOTATION)
+            .map(String::as_str),
+        object.finalizers(),
+    );
+    let held = object
+        .annotations()
+        .get(keys::CONFLICT_ANNOTATION)
+        .and_then(|r| kbind_shared::routing::Reason::parse(r))
+        .is_some();
+    match target {
+        Some(connection) => {
+            let entry = placed.entry(connection).or_default();
+            entry.0 += 1;
+            entry.1 += u64::from(held);
+        }
+        None if held => {
+            let entry = placed.entry("-".to_owned()).or_default();
+            entry.0 += 1;
+            entry.1 += 1;
+        }
+        None => {}
+    }
+    for connection in elsewhere {
+        placed.entry(connection).or_default().2 += 1;
+    }
+}
+
+/// The routing table of one API: a row per route that bindings offer or objects are on — only
+/// when the API has more than one (or objects on no route); else nothing.
+pub fn route_rows(
+    api: &str,
+    served_by: &str,
+    (connections, cluster_bindings, bindings): (&[Connection], &[ClusterBinding], &[Binding]),
+    placed: Placed,
+) -> Vec<RouteRow> {
+    let offers = kbind_shared::resolve::offers(api, cluster_bindings, bindings, |name| {
+        let c = connections.iter().find(|c| c.name_any() == name)?;
+        let uid = c.status.as_ref()?.remote_cluster_uid.clone();
+        Some((uid, c.spec.access.clone()))
+    });
+    let mut rows: BTreeMap<String, RouteRow> = BTreeMap::new();
+    // Only what the syncer would route by: admitted offers (a refused binding routes nothing).
+    for offer in offers.iter().filter(|o| o.admitted) {
+        let row = rows
+            .entry(offer.route.connection.clone())
+            .or_insert_with(|| RouteRow {
+                schema_agrees: true,
+                ..Default::default()
+            });
+        let selector = offer
+            .selector
+            .as_ref()
+            .map_or("*".to_owned(), ToString::to_string);
+        let kind = if offer.namespace.is_some() {
+            "Binding"
+        } else {
+            "ClusterBinding"
+        };
+        row.bindings
+            .push(format!("{kind}/{} ({selector})", offer.binding));
+        row.schema_agrees &= offer.schema == kbind_shared::routing::Schema::Agrees;
+    }
+    for (connection, (objects, held, moving_out)) in placed {
+        let row = rows.entry(connection).or_insert_with(|| RouteRow {
+            schema_agrees: true,
+            ..Default::default()
+        });
+        (row.objects, row.held, row.moving_out) = (objects, held, moving_out);
+    }
+    let several = rows.keys().filter(|c| *c != "-").count() > 1 || rows.contains_key("-");
+    if !several {
+        return Vec::new();
+    }
+    rows.into_iter()
+        .map(|(connection, row)| RouteRow {
+            api: api.to_owned(),
+            serves: connection == served_by,
+            connection,
+            ..row
+        })
+        .collect()
 }
 
 /// Counts an API's objects page by page (nothing kept but the counts and lags).
@@ -366,7 +491,7 @@ async fn api_objects(
     connection: &str,
     cluster_bindings: &[ClusterBinding],
     bindings: &[Binding],
-) -> Result<(ApiRow, Vec<u64>), String> {
+) -> Result<(ApiRow, Vec<u64>, Placed), String> {
     let resource = kbind_shared::dynamic::instance_resource(crd)
         .ok_or_else(|| "the CRD serves no version".to_owned())?;
     let api = crd.name_any();
@@ -374,7 +499,9 @@ async fn api_objects(
     let mut row = ApiRow::default();
     let mut lags = Vec::new();
     let mut bound_in: BTreeMap<Option<String>, bool> = BTreeMap::new();
+    let mut placed = Placed::new();
     view::for_each_object(&objects, &api, |object| {
+        place(&mut placed, connection, object);
         let namespace = object.metadata.namespace.clone();
         let bound = *bound_in.entry(namespace.clone()).or_insert_with(|| {
             kbind_shared::resolve::resolve_served_by(
@@ -389,7 +516,7 @@ async fn api_objects(
         count(&mut row, &mut lags, object_view(object, bound, now));
     })
     .await?;
-    Ok((row, lags))
+    Ok((row, lags, placed))
 }
 
 /// The report as three tables.
@@ -500,6 +627,43 @@ pub fn render(report: &Report) -> String {
         ],
         &rows,
     );
+    if !report.routes.is_empty() {
+        out += "\nROUTES\n";
+        let rows: Vec<Vec<String>> = report
+            .routes
+            .iter()
+            .map(|r| {
+                vec![
+                    cell(&r.api),
+                    cell(&r.connection),
+                    if r.serves { "yes" } else { "" }.to_owned(),
+                    if r.schema_agrees {
+                        "agrees"
+                    } else {
+                        "MISMATCH"
+                    }
+                    .to_owned(),
+                    r.objects.to_string(),
+                    r.held.to_string(),
+                    r.moving_out.to_string(),
+                    view::line(&r.bindings.join(", "), 200),
+                ]
+            })
+            .collect();
+        out += &view::table(
+            &[
+                "API",
+                "ROUTE",
+                "SERVES-CRD",
+                "SCHEMA",
+                "OBJECTS",
+                "HELD",
+                "MOVING-OUT",
+                "BINDINGS",
+            ],
+            &rows,
+        );
+    }
     out
 }
 
@@ -672,12 +836,89 @@ mod tests {
             }],
             bindings: Vec::new(),
             apis: Vec::new(),
+            routes: vec![RouteRow {
+                api: "w.x".into(),
+                connection: "q".into(),
+                bindings: vec!["ClusterBinding/x\u{7}y (*)".into()],
+                ..Default::default()
+            }],
         };
         let text = render(&report);
+        assert!(text.contains("ROUTES"), "{text}");
         assert!(
             !text.chars().any(|c| c.is_control() && c != '\n'),
             "{text:?}"
         );
         assert!(text.contains("a [2Jb c"), "{text}");
+    }
+
+    #[test]
+    fn the_routing_table_counts_each_object_on_its_route_and_moves_on_the_old_one() {
+        let o = |annotations: Value, finalizers: Value| {
+            serde_json::from_value::<DynamicObject>(json!({
+                "apiVersion": "x/v1", "kind": "W",
+                "metadata": { "name": "o", "namespace": "a", "annotations": annotations, "finalizers": finalizers },
+            }))
+            .unwrap()
+        };
+        let route = kbind_shared::routing::finalizer("q", "p");
+        let mut placed = Placed::new();
+        for object in [
+            o(json!({}), json!([keys::SYNCER_FINALIZER])),
+            o(
+                json!({ keys::ROUTE_ANNOTATION: "p/u1" }),
+                json!([keys::SYNCER_FINALIZER]),
+            ),
+            o(json!({ keys::ROUTE_ANNOTATION: "q/u2" }), json!([route])),
+            o(
+                json!({ keys::ROUTE_ANNOTATION: "q/u2", keys::CONFLICT_ANNOTATION: "RouteChanged" }),
+                json!([route]),
+            ),
+            // Moving from p to q: counted on q, and as moving out of p.
+            o(
+                json!({ keys::ROUTE_ANNOTATION: "q" }),
+                json!([keys::SYNCER_FINALIZER]),
+            ),
+            o(
+                json!({ keys::CONFLICT_ANNOTATION: "AmbiguousRoute" }),
+                json!([]),
+            ),
+            // Not kbind's business at all.
+            o(
+                json!({ keys::CONFLICT_ANNOTATION: "ForeignObjectExists" }),
+                json!([]),
+            ),
+        ] {
+            place(&mut placed, "p", &object);
+        }
+        let rows = route_rows("w.x", "p", (&[], &[], &[]), placed);
+        let got: Vec<(&str, bool, u64, u64, u64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.connection.as_str(),
+                    r.serves,
+                    r.objects,
+                    r.held,
+                    r.moving_out,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("-", false, 1, 1, 0),
+                ("p", true, 2, 0, 1),
+                ("q", false, 3, 1, 0)
+            ]
+        );
+        // One route and nothing held: no table.
+        let mut single = Placed::new();
+        place(
+            &mut single,
+            "p",
+            &o(json!({}), json!([keys::SYNCER_FINALIZER])),
+        );
+        assert!(route_rows("w.x", "p", (&[], &[], &[]), single).is_empty());
     }
 }

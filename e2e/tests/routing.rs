@@ -255,6 +255,40 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         "{}",
         row("second")
     );
+    // Metrics per route: objects, as the providers hold them, and the lag of their writes; the
+    // per-API gauge is their sum.
+    wait_for("objects per route in the syncer's metrics", 30, || async {
+        let text = s.syncer.metrics().await?;
+        let on = |connection: &str| {
+            metric_sum(
+                &text,
+                "kbind_route_objects",
+                &[
+                    ("connection", connection),
+                    ("api", API),
+                    ("state", "synced"),
+                ],
+            )
+        };
+        let want = (
+            names(&s.provider).await.len() as f64,
+            names(&second).await.len() as f64,
+        );
+        let total = metric_sum(&text, "kbind_synced_objects", &[("api", API)]);
+        let lagged = metric_sum(
+            &text,
+            "kbind_sync_lag_seconds_count",
+            &[("connection", "second"), ("api", API), ("op", "spec_up")],
+        );
+        let got = (on("provider"), on("second"));
+        (got == want && total == want.0 + want.1 && lagged >= 2.0)
+            .then_some(())
+            .ok_or(format!(
+                "{got:?} (total {total}, lag count {lagged}), providers hold {want:?}"
+            ))
+            .map(Some)
+    })
+    .await;
     let text = plugin(&kubeconfig, &["status"]).await.stdout;
     assert!(
         text.contains("ROUTES") && text.contains("MOVING-OUT"),
@@ -473,8 +507,14 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         !second.contains("us2")
     })
     .await;
-    let held = wait_conflict(&s.consumer, "us2", Some("NoRoute")).await;
-    assert!(held.finalizers().is_empty(), "{:?}", held.finalizers());
+    wait_object(
+        &widgets(&s.consumer, NS),
+        "us2",
+        "us2 held (NoRoute) with its route's finalizer released",
+        30,
+        |w| annotation(w, "core.kbind.io/conflict") == Some("NoRoute") && w.finalizers().is_empty(),
+    )
+    .await;
     wait_for("second-us gone", 30, || async {
         Ok(cluster_bindings
             .get_opt("second-us")

@@ -68,6 +68,10 @@ pub struct Metrics {
     pub conflicts: GaugeVec,
     /// `kbind_paused_objects{api}`
     pub paused_objects: GaugeVec,
+    /// `kbind_route_objects{connection,api,state}`: objects per route (#36) — synced, conflict
+    /// or paused on the route of `connection` (every API has at least the route of the
+    /// Connection serving it).
+    pub route_objects: GaugeVec,
     /// `kbind_sync_operations_total{api,op,result}`
     pub sync_operations_total: IntCounterVec,
     /// `kbind_provider_events_total{api,result}`
@@ -236,6 +240,12 @@ impl Metrics {
                 "kbind_paused_objects",
                 "Objects kbind leaves alone: paused by their annotation or a suspended binding",
                 &["api"],
+            ),
+            route_objects: gauge_vec(
+                &registry,
+                "kbind_route_objects",
+                "Objects per route: synced, in conflict or paused, by the Connection they sync with",
+                &["connection", "api", "state"],
             ),
             sync_operations_total: counter_vec(
                 &registry,
@@ -593,6 +603,9 @@ mod tests {
         m.paused_objects
             .with_label_values(&["widgets.example.org"])
             .set(0.0);
+        m.route_objects
+            .with_label_values(&["p", "widgets.example.org", "synced"])
+            .set(1.0);
         m.sync_operations_total
             .with_label_values(&["widgets.example.org", "spec_up", "ok"])
             .inc();
@@ -618,6 +631,7 @@ mod tests {
             "kbind_synced_objects",
             "kbind_conflicts",
             "kbind_paused_objects",
+            "kbind_route_objects",
             "kbind_sync_operations_total",
             "kbind_provider_events_total",
             "kbind_sync_latency_seconds_bucket",

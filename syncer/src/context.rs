@@ -68,6 +68,10 @@ pub struct Context {
     /// One provider client per Connection and credential digest, shared by its workers (one
     /// connection pool and TLS setup per provider, not per API).
     provider_clients: std::sync::Mutex<std::collections::HashMap<String, (String, Client)>>,
+    /// Objects synced, in conflict and paused per (API, route Connection), as each running
+    /// worker last counted them: the per-API gauges are their sums (#36: an API's routes may
+    /// run side by side in one replica).
+    object_counts: std::sync::Mutex<std::collections::BTreeMap<(String, String), [usize; 3]>>,
 }
 
 impl Context {
@@ -127,6 +131,7 @@ impl Context {
             connection_changes,
             binding_changes,
             provider_clients: Default::default(),
+            object_counts: Default::default(),
         }
     }
 
@@ -160,6 +165,55 @@ impl Context {
             Err(e) => {
                 tracing::warn!(worker = %who, error = %e, "cannot build the provider client");
                 None
+            }
+        }
+    }
+
+    /// Records the objects synced, in conflict and paused that the worker of `api` on the route
+    /// of `connection` counts now (`None`: it stopped), and sets the per-route gauges and the
+    /// per-API ones (summed over the routes running here).
+    pub fn set_object_counts(&self, api: &str, connection: &str, counts: Option<[usize; 3]>) {
+        use kbind_shared::sync::Locked;
+        const STATES: [&str; 3] = ["synced", "conflict", "paused"];
+        let mut all = self.object_counts.locked();
+        let key = (api.to_owned(), connection.to_owned());
+        match counts {
+            Some(counts) => {
+                all.insert(key, counts);
+                for (state, count) in STATES.iter().zip(counts) {
+                    self.metrics
+                        .route_objects
+                        .with_label_values(&[connection, api, state])
+                        .set(count as f64);
+                }
+            }
+            None => {
+                all.remove(&key);
+                for state in STATES {
+                    let _ = self
+                        .metrics
+                        .route_objects
+                        .remove_label_values(&[connection, api, state]);
+                }
+            }
+        }
+        let routes: Vec<[usize; 3]> = all
+            .iter()
+            .filter(|((a, _), _)| a == api)
+            .map(|(_, c)| *c)
+            .collect();
+        let gauges = [
+            &self.metrics.synced_objects,
+            &self.metrics.conflicts,
+            &self.metrics.paused_objects,
+        ];
+        for (i, gauge) in gauges.into_iter().enumerate() {
+            if routes.is_empty() {
+                let _ = gauge.remove_label_values(&[api]);
+            } else {
+                gauge
+                    .with_label_values(&[api])
+                    .set(routes.iter().map(|c| c[i]).sum::<usize>() as f64);
             }
         }
     }

@@ -66,14 +66,8 @@ pub(super) fn forget(worker: &Worker) {
         .buckets
         .objects_per_unit(connection, api, std::iter::empty());
     ctx.membership.forget_objects(units.keys());
-    for gauge in [
-        &ctx.metrics.synced_objects,
-        &ctx.metrics.conflicts,
-        &ctx.metrics.paused_objects,
-        &ctx.metrics.work_queue_depth,
-    ] {
-        let _ = gauge.remove_label_values(&[api]);
-    }
+    ctx.set_object_counts(api, connection, None);
+    let _ = ctx.metrics.work_queue_depth.remove_label_values(&[api]);
     for gauge in [
         &ctx.metrics.sync_backlog_oldest_seconds,
         &ctx.metrics.delivery_record_wait_seconds,

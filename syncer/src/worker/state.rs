@@ -229,15 +229,11 @@ impl Worker {
             );
             states.counts()
         };
-        let api = self.spec.api.as_str();
-        let metrics = &self.ctx.metrics;
-        for (gauge, count) in [
-            (&metrics.synced_objects, counts.synced),
-            (&metrics.conflicts, counts.conflicts),
-            (&metrics.paused_objects, counts.paused),
-        ] {
-            gauge.with_label_values(&[api]).set(count as f64);
-        }
+        self.ctx.set_object_counts(
+            &self.spec.api,
+            &self.spec.connection,
+            Some([counts.synced, counts.conflicts, counts.paused]),
+        );
     }
 
     /// Stopping: no new sync starts, the ones in flight finish (at most 5 s), then the worker

@@ -115,6 +115,10 @@ async fn provider_uid(consumer: &Client, name: &str) -> String {
         .remote_cluster_uid
 }
 
+fn pin(w: &DynamicObject) -> Option<String> {
+    annotation(w, "core.kbind.io/route").map(str::to_owned)
+}
+
 #[tokio::test]
 async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there_until_moved() {
     let s = SyncEnv::start_with("routing", &[0, 1, 2], None, &["second"]).await;
@@ -128,6 +132,23 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         &s.env.cluster("second").admin_kubeconfig(),
     )
     .await;
+    // An object synced before any route exists: routing pins it where its copy is, without a
+    // write.
+    ensure_namespace(&s.consumer, NS).await.unwrap();
+    create(&s.consumer, "early", &[]).await;
+    wait_for("early on the provider", 30, || async {
+        Ok(names(&s.provider).await.contains("early").then_some(()))
+    })
+    .await;
+    let early = wait_object(
+        &widgets(&s.consumer, NS),
+        "early",
+        "early synced",
+        30,
+        |w| w.data["status"]["kbindSync"]["state"] == "Synced",
+    )
+    .await;
+    assert!(pin(&early).is_none(), "no pin while the API has one route");
     // "Must hold" 4: without a selector, the second Connection is still refused.
     cluster_bindings
         .create(
@@ -187,7 +208,6 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     );
 
     // 1. The default route and the selected route each receive exactly their objects.
-    ensure_namespace(&s.consumer, NS).await.unwrap();
     create(&s.consumer, "plain", &[]).await;
     create(&s.consumer, "us", &[("region", "us")]).await;
     create(&s.consumer, "us-orphan", &[("region", "us")]).await;
@@ -204,7 +224,7 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         provider_uid(&s.consumer, "provider").await,
         provider_uid(&s.consumer, "second").await,
     );
-    let pin = |w: &DynamicObject| annotation(w, "core.kbind.io/route").map(str::to_owned);
+
     assert_eq!(
         pin(&consumer_widget(&s.consumer, "plain").await),
         Some(format!("provider/{first_uid}"))
@@ -212,6 +232,14 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     assert_eq!(
         pin(&consumer_widget(&s.consumer, "us").await),
         Some(format!("second/{second_uid}"))
+    );
+    // The early object was not written to when the API became routed, and stays where it is.
+    let still = consumer_widget(&s.consumer, "early").await;
+    assert_eq!(
+        (still.metadata.resource_version.as_deref(), pin(&still)),
+        (early.metadata.resource_version.as_deref(), None),
+        "{:?}",
+        still.metadata
     );
     // The status comes back from the route's provider.
     wait_for("us's status from the second provider", 30, || async {
@@ -311,12 +339,16 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     )
     .await;
     create(&s.consumer, "both", &[("region", "us"), ("tier", "gold")]).await;
-    let held = wait_conflict(&s.consumer, "both", Some("AmbiguousRoute")).await;
-    assert_eq!(
-        held.data["status"]["kbindSync"]["state"], "AmbiguousRoute",
-        "{:?}",
-        held.data
-    );
+    wait_conflict(&s.consumer, "both", Some("AmbiguousRoute")).await;
+    // The delivery record says so too (its own write, the status subresource's).
+    let held = wait_object(
+        &widgets(&s.consumer, NS),
+        "both",
+        "both's record: AmbiguousRoute",
+        30,
+        |w| w.data["status"]["kbindSync"]["state"] == "AmbiguousRoute",
+    )
+    .await;
     assert!(pin(&held).is_none());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!names(&s.provider).await.contains("both") && !names(&second).await.contains("both"));
@@ -488,7 +520,7 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     // The default route never saw the second's objects, nor the reverse.
     assert_eq!(
         names(&s.provider).await,
-        ["plain", "us", "us-orphan"].map(String::from).into()
+        ["early", "plain", "us", "us-orphan"].map(String::from).into()
     );
     assert!(names(&second).await.is_empty());
 
@@ -637,12 +669,14 @@ async fn a_schema_drift_on_one_provider_holds_only_that_routes_objects() {
         widgets(&second, NS).get("us").await.unwrap().data["spec"]["size"],
         1
     );
-    let held = consumer_widget(&s.consumer, "us").await;
-    assert_eq!(
-        held.data["status"]["kbindSync"]["state"], "SchemaMismatch",
-        "{:?}",
-        held.data
-    );
+    wait_object(
+        &widgets(&s.consumer, NS),
+        "us",
+        "us's record: SchemaMismatch",
+        30,
+        |w| w.data["status"]["kbindSync"]["state"] == "SchemaMismatch",
+    )
+    .await;
 
     // The provider agrees again: the held change goes through.
     install_crd(&second, &widget_crd_sized("integer"))

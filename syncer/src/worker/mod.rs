@@ -147,7 +147,8 @@ fn error_policy(object: Arc<Instance>, error: &Error, worker: Arc<Worker>) -> Ac
     Action::requeue(retry.after)
 }
 
-/// One object sync, with `kbind_work_queue_depth` counting syncs in progress.
+/// One object sync, with `kbind_work_queue_depth` counting syncs in progress (added to and taken
+/// from, so that the routes of one API running side by side add up, #36).
 async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action, Error> {
     use std::sync::atomic::Ordering;
     let gauge = worker
@@ -155,11 +156,13 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
         .metrics
         .work_queue_depth
         .with_label_values(&[worker.spec.api.as_str()]);
-    gauge.set((worker.in_flight.fetch_add(1, Ordering::SeqCst) + 1) as f64);
+    worker.in_flight.fetch_add(1, Ordering::SeqCst);
+    gauge.inc();
     // Counted first, then checked: a stop that sees no sync in flight has seen every sync that
     // got past this check.
     if worker.stopping.load(Ordering::SeqCst) {
-        gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
+        worker.in_flight.fetch_sub(1, Ordering::SeqCst);
+        gauge.dec();
         return Ok(Action::await_change());
     }
     let name = object.name_any();
@@ -173,7 +176,8 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
     {
         // The echo of kbind's own write syncs it again (`echoes`); its changes wait until then.
         tracing::trace!(object = %name, "the cache does not show kbind's last write yet");
-        gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
+        worker.in_flight.fetch_sub(1, Ordering::SeqCst);
+        gauge.dec();
         return Ok(Action::await_change());
     }
     let provider_wait = worker
@@ -184,7 +188,8 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
         // The same on the provider side: the echo of kbind's spec-up syncs it again, or, if the
         // write changed nothing (no echo), the wait lapses.
         tracing::trace!(object = %name, "the provider cache does not show kbind's last write yet");
-        gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
+        worker.in_flight.fetch_sub(1, Ordering::SeqCst);
+        gauge.dec();
         return Ok(Action::requeue(wait));
     }
     let seen = worker.pending.locked().take(&waiting);
@@ -195,6 +200,7 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
         worker.pending.locked().give_back(waiting, seen);
     }
     tracing::trace!(object = %name, ok = result.is_ok(), "sync end");
-    gauge.set((worker.in_flight.fetch_sub(1, Ordering::SeqCst) - 1) as f64);
+    worker.in_flight.fetch_sub(1, Ordering::SeqCst);
+    gauge.dec();
     result
 }

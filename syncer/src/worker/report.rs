@@ -67,7 +67,10 @@ pub(super) fn forget(worker: &Worker) {
         .objects_per_unit(connection, api, std::iter::empty());
     ctx.membership.forget_objects(units.keys());
     ctx.set_object_counts(api, connection, None);
-    let _ = ctx.metrics.work_queue_depth.remove_label_values(&[api]);
+    // A routed API's other routes may still count syncs in this gauge (this one's are drained).
+    if worker.spec.routing.is_none() {
+        let _ = ctx.metrics.work_queue_depth.remove_label_values(&[api]);
+    }
     for gauge in [
         &ctx.metrics.sync_backlog_oldest_seconds,
         &ctx.metrics.delivery_record_wait_seconds,

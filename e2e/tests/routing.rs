@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
@@ -119,11 +120,13 @@ fn pin(w: &DynamicObject) -> Option<String> {
     annotation(w, "core.kbind.io/route").map(str::to_owned)
 }
 
-#[tokio::test]
-async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there_until_moved() {
-    let s = SyncEnv::start_with("routing", &[0, 1, 2], None, &["second"]).await;
+/// Three clusters: the consumer, `provider` serving `crd` (the schema Connection, bound by the
+/// ClusterBinding `widgets`, Ready) and `second` serving it too, connected as Connection
+/// `second` but not bound yet. Returns the env and a client of `second`.
+async fn three_clusters(test: &str, crd: CustomResourceDefinition) -> (SyncEnv, Client) {
+    let s = SyncEnv::start_with_provider_crd_and(test, crd.clone(), &["second"]).await;
     let second = s.env.cluster("second").admin_client().await.unwrap();
-    install_crd(&second, &widget_crd()).await.unwrap();
+    install_crd(&second, &crd).await.unwrap();
     let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
     wait_binding(&cluster_bindings, "widgets", "Ready=True").await;
     connect_to(
@@ -132,9 +135,33 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         &s.env.cluster("second").admin_kubeconfig(),
     )
     .await;
+    ensure_namespace(&s.consumer, NS).await.unwrap();
+    (s, second)
+}
+
+/// Routes the Widgets labelled `region=us` to Connection `second` (the ClusterBinding
+/// `second-us`) and waits until its binding shows `condition`.
+async fn route_us_to_second(consumer: &Client, condition: &str) -> ClusterBinding {
+    let cluster_bindings: Api<ClusterBinding> = Api::all(consumer.clone());
+    cluster_bindings
+        .create(
+            &PostParams::default(),
+            &ClusterBinding::new(
+                "second-us",
+                ClusterBindingSpec::from(selecting("second", "region", "us")),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_binding(&cluster_bindings, "second-us", condition).await
+}
+
+#[tokio::test]
+async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there_until_moved() {
+    let (s, second) = three_clusters("routing", widget_crd()).await;
+    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
     // An object synced before any route exists: routing pins it where its copy is, without a
     // write.
-    ensure_namespace(&s.consumer, NS).await.unwrap();
     create(&s.consumer, "early", &[]).await;
     wait_for("early on the provider", 30, || async {
         Ok(names(&s.provider).await.contains("early").then_some(()))
@@ -177,17 +204,7 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         .unwrap();
 
     // A route through a selecting binding: admitted, the CRD untouched.
-    cluster_bindings
-        .create(
-            &PostParams::default(),
-            &ClusterBinding::new(
-                "second-us",
-                ClusterBindingSpec::from(selecting("second", "region", "us")),
-            ),
-        )
-        .await
-        .unwrap();
-    let routed = wait_binding(&cluster_bindings, "second-us", "Ready=True").await;
+    let routed = route_us_to_second(&s.consumer, "Ready=True").await;
     let entry = &routed.status.unwrap().apis[0];
     assert_eq!(
         (
@@ -574,9 +591,7 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
 }
 
 /// A Widget CRD whose `spec.size` has the JSON type `size_type`.
-fn widget_crd_sized(
-    size_type: &str,
-) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+fn widget_crd_sized(size_type: &str) -> CustomResourceDefinition {
     let mut crd = widget_crd();
     crd.spec.versions[0].schema = serde_json::from_value(
         json!({ "openAPIV3Schema": { "type": "object", "properties": {
@@ -590,36 +605,9 @@ fn widget_crd_sized(
 
 #[tokio::test]
 async fn a_schema_drift_on_one_provider_holds_only_that_routes_objects() {
-    let s = SyncEnv::start_with_provider_crd_and(
-        "routing_drift",
-        widget_crd_sized("integer"),
-        &["second"],
-    )
-    .await;
-    let second = s.env.cluster("second").admin_client().await.unwrap();
-    install_crd(&second, &widget_crd_sized("integer"))
-        .await
-        .unwrap();
+    let (s, second) = three_clusters("routing_drift", widget_crd_sized("integer")).await;
     let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    wait_binding(&cluster_bindings, "widgets", "Ready=True").await;
-    connect_to(
-        &s.consumer,
-        "second",
-        &s.env.cluster("second").admin_kubeconfig(),
-    )
-    .await;
-    cluster_bindings
-        .create(
-            &PostParams::default(),
-            &ClusterBinding::new(
-                "second-us",
-                ClusterBindingSpec::from(selecting("second", "region", "us")),
-            ),
-        )
-        .await
-        .unwrap();
-    wait_binding(&cluster_bindings, "second-us", "SchemaInSync=True").await;
-    ensure_namespace(&s.consumer, NS).await.unwrap();
+    route_us_to_second(&s.consumer, "SchemaInSync=True").await;
     create(&s.consumer, "plain", &[]).await;
     create(&s.consumer, "us", &[("region", "us")]).await;
     never_on_both(
@@ -753,29 +741,8 @@ async fn chaos_random_label_pin_and_binding_edits_never_leave_an_object_on_two_p
         .unwrap_or(36);
     eprintln!("chaos seed {seed} (KBIND_CHAOS_SEED replays it)");
     let mut rng = Lcg(seed);
-    let s = SyncEnv::start_with("routing_chaos", &[0, 1, 2], None, &["second"]).await;
-    let second = s.env.cluster("second").admin_client().await.unwrap();
-    install_crd(&second, &widget_crd()).await.unwrap();
-    let cluster_bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
-    wait_binding(&cluster_bindings, "widgets", "Ready=True").await;
-    connect_to(
-        &s.consumer,
-        "second",
-        &s.env.cluster("second").admin_kubeconfig(),
-    )
-    .await;
-    cluster_bindings
-        .create(
-            &PostParams::default(),
-            &ClusterBinding::new(
-                "second-us",
-                ClusterBindingSpec::from(selecting("second", "region", "us")),
-            ),
-        )
-        .await
-        .unwrap();
-    wait_binding(&cluster_bindings, "second-us", "Ready=True").await;
-    ensure_namespace(&s.consumer, NS).await.unwrap();
+    let (s, second) = three_clusters("routing_chaos", widget_crd()).await;
+    route_us_to_second(&s.consumer, "Ready=True").await;
     let objects: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
     for (i, name) in objects.iter().enumerate() {
         let labels: &[(&str, &str)] = if i % 2 == 0 { &[("region", "us")] } else { &[] };

@@ -115,9 +115,7 @@ pub(super) async fn sync(
                 .as_ref()
                 .filter(|_| !object.annotations().contains_key(keys::ROUTE_ANNOTATION))
                 .map(|r| r.route.pin_text());
-            worker
-                .set_finalizers_pinned(&object, finalizers, pin)
-                .await?;
+            worker.set_finalizers(&object, finalizers, pin).await?;
             // The change still waits for its spec-up (which the finalizer's echo starts): its
             // lag runs from when it was first seen, the creation, not from the echo (#33.3).
             worker
@@ -661,20 +659,12 @@ async fn release(object: &Instance, worker: &Worker) -> Result<Action, Error> {
         .map(String::as_str)
         == Some(keys::DELETION_POLICY_ORPHAN);
     // A fresh read: a release must not act on a stale cache.
-    let namespace = object.namespace();
-    let api = worker.provider_api(namespace.as_deref());
-    let copy = api
-        .get_opt(&object.name_any())
-        .await
-        .map_err(Error::Provider)?;
-    let object_uid = object.metadata.uid.clone().unwrap_or_default();
-    if let Some(copy) = copy.filter(|c| {
-        ownership::classify(c.annotations(), &worker.spec.local_uid, &object_uid) == Owner::Ours
-    }) {
-        let copy_uid = copy.metadata.uid.clone().unwrap_or_default();
+    if let Some(copy) = our_copy(object, worker).await? {
         worker.fence()?;
         if orphan {
-            match api
+            let copy_uid = copy.metadata.uid.clone().unwrap_or_default();
+            match worker
+                .provider_api(object.namespace().as_deref())
                 .patch(
                     &object.name_any(),
                     &PatchParams::default(),
@@ -692,28 +682,61 @@ async fn release(object: &Instance, worker: &Worker) -> Result<Action, Error> {
             // Looked at again: dropped only once the copy no longer reads as ours.
             return Ok(Action::requeue(Duration::from_millis(500)));
         }
-        if copy.metadata.deletion_timestamp.is_none() {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(copy_uid),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match api.delete(&object.name_any(), &params).await {
-                Ok(_) => worker.count("release", "ok"),
-                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-                Err(e) => {
-                    worker.count("release", result_label(&e));
-                    return Err(Error::Provider(e));
-                }
-            }
-        }
+        delete_copy(object, worker, &copy, "release").await?;
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    worker.set_finalizers(object, released).await?;
+    worker.set_finalizers(object, released, None).await?;
     worker.mark(object, None);
     Ok(Action::await_change())
+}
+
+/// `object`'s provider copy, read fresh, if it is kbind's copy of it (OWN-1).
+async fn our_copy(
+    object: &Instance,
+    worker: &Worker,
+) -> Result<Option<kube::api::DynamicObject>, Error> {
+    let copy = worker
+        .provider_api(object.namespace().as_deref())
+        .get_opt(&object.name_any())
+        .await
+        .map_err(Error::Provider)?;
+    let object_uid = object.metadata.uid.clone().unwrap_or_default();
+    Ok(copy.filter(|c| {
+        ownership::classify(c.annotations(), &worker.spec.local_uid, &object_uid) == Owner::Ours
+    }))
+}
+
+/// Deletes exactly `copy` (its UID is the precondition: a foreign object re-created under the
+/// name since is never deleted), unless its deletion runs already; counted as `op`.
+async fn delete_copy(
+    object: &Instance,
+    worker: &Worker,
+    copy: &kube::api::DynamicObject,
+    op: &str,
+) -> Result<(), Error> {
+    if copy.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: copy.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match worker
+        .provider_api(object.namespace().as_deref())
+        .delete(&object.name_any(), &params)
+        .await
+    {
+        Ok(_) => worker.count(op, "ok"),
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+        Err(e) => {
+            worker.count(op, result_label(&e));
+            return Err(Error::Provider(e));
+        }
+    }
+    Ok(())
 }
 
 /// IDEL-1 … IDEL-3.
@@ -728,7 +751,9 @@ async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
         // release's answer arrives.
         let key = pending::key(object);
         let since = worker.pending.locked().deletion_started(&key);
-        worker.set_finalizers(object, released.clone()).await?;
+        worker
+            .set_finalizers(object, released.clone(), None)
+            .await?;
         worker.pending.locked().deleted(&key);
         let deleted_at = object
             .metadata
@@ -748,40 +773,13 @@ async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     // A fresh read: deletion must not act on a stale cache.
-    let namespace = object.namespace();
-    let api = worker.provider_api(namespace.as_deref());
-    let copy = api
-        .get_opt(&object.name_any())
-        .await
-        .map_err(Error::Provider)?;
-    let object_uid = object.metadata.uid.clone().unwrap_or_default();
-    match copy {
-        Some(copy)
-            if ownership::classify(copy.annotations(), &worker.spec.local_uid, &object_uid)
-                == Owner::Ours =>
-        {
-            if copy.metadata.deletion_timestamp.is_none() {
-                worker.fence()?;
-                // Exactly the copy just classified as ours: its UID is the precondition.
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: copy.metadata.uid.clone(),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                match api.delete(&object.name_any(), &params).await {
-                    Ok(_) => worker.count("delete", "ok"),
-                    Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-                    Err(e) => {
-                        worker.count("delete", result_label(&e));
-                        return Err(Error::Provider(e));
-                    }
-                }
-            }
+    match our_copy(object, worker).await? {
+        Some(copy) => {
+            worker.fence()?;
+            delete_copy(object, worker, &copy, "delete").await?;
             Ok(Action::requeue(Duration::from_secs(2)))
         }
-        _ => {
+        None => {
             release().await?;
             worker.mark(object, None);
             Ok(Action::await_change())

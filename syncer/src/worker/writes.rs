@@ -145,39 +145,18 @@ impl Worker {
         }
     }
 
+    /// Sets the object's finalizers — recording `pin` as its route in the same write, when given
+    /// (#36: before the first write to a route).
     pub(super) async fn set_finalizers(
-        &self,
-        object: &Instance,
-        finalizers: Vec<String>,
-    ) -> Result<(), Error> {
-        let patch = kbind_shared::finalizers::patch(&object.metadata, &finalizers);
-        self.fence()?;
-        match self
-            .consumer_api(object.namespace().as_deref())
-            .patch(&object.name_any(), &consumer_patch(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(written) => {
-                self.wrote(object, &written);
-                Ok(())
-            }
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-            Err(e) => Err(Error::Consumer(e)),
-        }
-    }
-
-    /// [`Worker::set_finalizers`], recording `pin` as the object's route in the same write.
-    pub(super) async fn set_finalizers_pinned(
         &self,
         object: &Instance,
         finalizers: Vec<String>,
         pin: Option<String>,
     ) -> Result<(), Error> {
-        let Some(pin) = pin else {
-            return self.set_finalizers(object, finalizers).await;
-        };
         let mut patch = kbind_shared::finalizers::patch(&object.metadata, &finalizers);
-        patch["metadata"]["annotations"] = json!({ keys::ROUTE_ANNOTATION: pin });
+        if let Some(pin) = pin {
+            patch["metadata"]["annotations"] = json!({ keys::ROUTE_ANNOTATION: pin });
+        }
         self.fence()?;
         match self
             .consumer_api(object.namespace().as_deref())

@@ -44,33 +44,6 @@ async fn provider_answers(client: &Client, code: &str) -> f64 {
     )
 }
 
-/// The consumer Widgets of `namespace` as `kubectl get` shows them: the column names, and the
-/// cells of the row `name`.
-async fn table(client: &Client, namespace: &str, name: &str) -> (Vec<String>, Vec<Value>) {
-    let request = http::Request::get(format!(
-        "/apis/example.org/v1/namespaces/{namespace}/widgets"
-    ))
-    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
-    .body(Vec::new())
-    .unwrap();
-    let text = client.request_text(request).await.unwrap();
-    let table: Value = serde_json::from_str(&text).unwrap();
-    let columns = table["columnDefinitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
-        .collect();
-    let row = table["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["cells"][0] == name)
-        .map(|r| r["cells"].as_array().unwrap().clone())
-        .unwrap_or_default();
-    (columns, row)
-}
-
 /// Waits until w1's record has `state` and `generation`; returns it.
 async fn wait_record(s: &SyncEnv, state: &str, generation: i64) -> Value {
     wait_record_in(s, "team-a", state, generation, None).await
@@ -124,7 +97,8 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
         .flatten()
         .map(|c| c.name.as_str())
         .collect();
-    let expected = "Generation Synced-Generation Delivery Delivered Message Waiting-Since Age";
+    let expected =
+        "Generation Synced-Generation Delivery Delivered Route Message Waiting-Since Age";
     assert_eq!(columns.join(" "), expected);
     // kubectl's default view (priority 0) shows both generations and the state (#33.1).
     let default_view: Vec<&str> = crd.spec.versions[0]
@@ -141,6 +115,7 @@ async fn each_object_says_which_generation_reached_the_provider_when_and_why_not
             "Synced-Generation",
             "Delivery",
             "Delivered",
+            "Route",
             "Age"
         ]
     );

@@ -258,6 +258,19 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         "{:?}",
         still.metadata
     );
+    // `kubectl get` shows each object's route (the API server's Table, its printer column).
+    let (columns, row) = table(&s.consumer, NS, "us").await;
+    let at = columns
+        .iter()
+        .position(|c| c == "Route")
+        .expect("a Route column");
+    assert_eq!(
+        row[at],
+        json!(format!("second/{second_uid}")),
+        "{columns:?} {row:?}"
+    );
+    let (_, row) = table(&s.consumer, NS, "plain").await;
+    assert_eq!(row[at], json!(format!("provider/{first_uid}")), "{row:?}");
     // The status comes back from the route's provider.
     wait_for("us's status from the second provider", 30, || async {
         let api = widgets(&second, NS);

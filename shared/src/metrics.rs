@@ -244,7 +244,7 @@ impl Metrics {
             route_objects: gauge_vec(
                 &registry,
                 "kbind_route_objects",
-                "Objects per route: synced, in conflict or paused, by the Connection they sync with",
+                "Objects per route (#36: several Connections serving one API)",
                 &["connection", "api", "state"],
             ),
             sync_operations_total: counter_vec(

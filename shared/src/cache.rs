@@ -1002,6 +1002,7 @@ mod tests {
             Some(&spec),
             "c",
             "o",
+            "kbind/p-c",
         );
         applied["status"] = json!({ "phase": "Ready" });
         applied["metadata"]["labels"]["other"] = json!("x");
@@ -1017,9 +1018,27 @@ mod tests {
         // Without kbind's label, a spec-up still has something to apply.
         applied["metadata"]["labels"] = json!({});
         let unlabelled = ProviderCopy::of(serde_json::from_value(applied).unwrap(), "c");
-        assert!(!unlabelled.is_current(consumer(spec).as_ref(), "o"));
+        assert!(!unlabelled.is_current(consumer(spec.clone()).as_ref(), "o"));
+        // A copy written before copies carried the heartbeat record is current all the same:
+        // the record comes with its next change, never with a write of its own.
+        let mut unrecorded = crate::ownership::spec_up_body(
+            "example.org/v1",
+            "Widget",
+            Some("ns"),
+            "w",
+            Some(&spec),
+            "c",
+            "o",
+            "kbind/p-c",
+        );
+        let annotations = unrecorded["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap();
+        annotations.remove(crate::keys::HEARTBEAT_ANNOTATION);
+        let copy = ProviderCopy::of(serde_json::from_value(unrecorded).unwrap(), "c");
+        assert!(copy.is_current(consumer(spec.clone()).as_ref(), "o"));
         // No spec on either side: current.
-        let bare = crate::ownership::spec_up_body("v1", "W", None, "w", None, "c", "o");
+        let bare = crate::ownership::spec_up_body("v1", "W", None, "w", None, "c", "o", "k/p");
         let copy = ProviderCopy::of(serde_json::from_value(bare).unwrap(), "c");
         assert!(copy.is_current(None, "o"));
     }

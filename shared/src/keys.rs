@@ -102,6 +102,11 @@ pub const HEARTBEAT_INTERVAL_ANNOTATION: &str = "core.kbind.io/heartbeat-interva
 /// way, after its bindings drained — the consumer left, it did not die. A renewal after that time
 /// (the Connection created again) supersedes it.
 pub const DISCONNECTED_ANNOTATION: &str = "core.kbind.io/disconnected";
+/// Annotation on every provider object kbind writes (copies, related copies, the namespaces it
+/// creates): the heartbeat Lease of the Connection that wrote it, `<namespace>/<name>` — so the
+/// provider's reaper judges each copy by the liveness of the Connection that wrote it, never by
+/// another Connection's (see [`crate::heartbeat`]).
+pub const HEARTBEAT_ANNOTATION: &str = "core.kbind.io/heartbeat";
 /// Default Lease name of the schema manager's leader election.
 pub const DEFAULT_LEADER_ELECTION_ID: &str = "kbind-schema-manager";
 /// kbind's own namespace when neither `--namespace` nor `$POD_NAMESPACE` names one.
@@ -161,6 +166,7 @@ mod tests {
             RELATED_ENTRIES_ANNOTATION,
             HEARTBEAT_INTERVAL_ANNOTATION,
             DISCONNECTED_ANNOTATION,
+            HEARTBEAT_ANNOTATION,
         ] {
             let (prefix, name) = key.split_once('/').expect("qualified key");
             assert_eq!(prefix, GROUP, "{key}");

@@ -16,6 +16,7 @@ pub mod dynamic;
 pub mod finalizers;
 #[cfg(test)]
 mod fuzz;
+pub mod heartbeat;
 pub mod identity;
 pub mod keys;
 pub mod kubeconfig;

@@ -69,8 +69,10 @@ pub fn decide(owner: Owner, policy: ConflictPolicy) -> Decision {
     }
 }
 
-/// SYNC-8: the server-side apply body: the consumer's spec plus kbind's label and both UID
-/// annotations, and nothing else.
+/// SYNC-8: the server-side apply body: the consumer's spec plus kbind's label, both UID
+/// annotations and the record of the writing Connection's heartbeat Lease
+/// ([`keys::HEARTBEAT_ANNOTATION`], `heartbeat::record`), and nothing else.
+#[allow(clippy::too_many_arguments)]
 pub fn spec_up_body(
     api_version: &str,
     kind: &str,
@@ -79,6 +81,7 @@ pub fn spec_up_body(
     spec: Option<&Value>,
     local_uid: &str,
     object_uid: &str,
+    heartbeat: &str,
 ) -> Value {
     let mut metadata = json!({
         "name": name,
@@ -86,6 +89,7 @@ pub fn spec_up_body(
         "annotations": {
             keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
             keys::CONSUMER_OBJECT_UID_ANNOTATION: object_uid,
+            keys::HEARTBEAT_ANNOTATION: heartbeat,
         },
     });
     if let Some(namespace) = namespace {
@@ -113,6 +117,7 @@ pub fn unmark_patch(object_uid: &str) -> Value {
                 keys::CONSUMER_CLUSTER_UID_ANNOTATION: null,
                 keys::CONSUMER_OBJECT_UID_ANNOTATION: null,
                 keys::RELATED_BINDING_ANNOTATION: null,
+                keys::HEARTBEAT_ANNOTATION: null,
             },
         },
     })
@@ -231,6 +236,7 @@ mod tests {
             Some(&spec),
             "c",
             "o",
+            "kbind/p-c",
         );
         assert_eq!(
             body,
@@ -239,15 +245,28 @@ mod tests {
                 "metadata": {
                     "name": "w", "namespace": "team-a",
                     "labels": { "core.kbind.io/managed": "true" },
-                    "annotations": { "core.kbind.io/consumer-cluster-uid": "c", "core.kbind.io/consumer-object-uid": "o" },
+                    "annotations": {
+                        "core.kbind.io/consumer-cluster-uid": "c",
+                        "core.kbind.io/consumer-object-uid": "o",
+                        "core.kbind.io/heartbeat": "kbind/p-c",
+                    },
                 },
                 "spec": { "size": 3 },
             })
         );
         assert!(
-            spec_up_body("example.org/v1", "Widget", None, "w", None, "c", "o")
-                .get("spec")
-                .is_none()
+            spec_up_body(
+                "example.org/v1",
+                "Widget",
+                None,
+                "w",
+                None,
+                "c",
+                "o",
+                "kbind/p-c"
+            )
+            .get("spec")
+            .is_none()
         );
     }
 

@@ -13,16 +13,7 @@ use serde_json::json;
 /// The field manager of kbind's heartbeat writes.
 const FIELD_MANAGER: &str = "kbind-schema-manager";
 
-/// HB-3: `<connection>-<first 10 chars of the consumer UID>`.
-pub fn lease_name(connection: &str, local_uid: &str) -> String {
-    let prefix: String = local_uid.chars().take(10).collect();
-    format!("{connection}-{prefix}")
-}
-
-/// HB-2: the provider kubeconfig context's namespace, else `kbind`.
-pub fn lease_namespace(context_namespace: Option<&str>) -> &str {
-    context_namespace.unwrap_or(keys::DEFAULT_NAMESPACE)
-}
+pub use kbind_shared::heartbeat::{lease_name, lease_namespace};
 
 /// When each heartbeat Lease was acquired, by provider server, namespace and name: read from the
 /// provider once, then a renewal is one request (the apply) instead of a read and an apply.
@@ -210,21 +201,5 @@ async fn ensure_namespace(provider: &Client, namespace: &str) -> Result<(), Stri
             "create heartbeat namespace {namespace}: {}",
             kbind_shared::identity::describe_error(&e)
         )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lease_is_named_after_connection_and_consumer() {
-        assert_eq!(
-            lease_name("provider", "0123456789abcdef"),
-            "provider-0123456789"
-        );
-        assert_eq!(lease_name("p", "short"), "p-short");
-        assert_eq!(lease_namespace(Some("team-a")), "team-a");
-        assert_eq!(lease_namespace(None), "kbind");
     }
 }

@@ -370,9 +370,15 @@ impl Worker {
         // Each entry copies a bounded number of objects and bytes.
         let limits = self.ctx.limits.related;
         let (wanted, over) = limits.split(wanted);
+        let heartbeat = kbind_shared::heartbeat::record(
+            self.spec.kubeconfig.namespace(),
+            &self.spec.connection,
+            &self.spec.local_uid,
+        );
         let marker = Marker {
             binding_uid: &self.spec.uid,
             local_uid: &self.spec.local_uid,
+            heartbeat: &heartbeat,
         };
         let mut outcome = Outcome::default();
         // A Binding adopts only where the Connection's owner allows it.

@@ -570,6 +570,8 @@ pub struct Marker<'a> {
     pub binding_uid: &'a str,
     /// The consumer cluster's identity.
     pub local_uid: &'a str,
+    /// The record of the Connection's heartbeat Lease (`kbind_shared::heartbeat::record`).
+    pub heartbeat: &'a str,
 }
 
 /// REL-4: the object applied for a copy: namespace and name, kbind's label and annotations only,
@@ -610,6 +612,7 @@ fn annotations(wanted: &Wanted, marker: &Marker<'_>) -> BTreeMap<&'static str, S
             keys::RELATED_ENTRIES_ANNOTATION,
             wanted.entries.iter().cloned().collect::<Vec<_>>().join(","),
         ),
+        (keys::HEARTBEAT_ANNOTATION, marker.heartbeat.to_owned()),
     ]
     .into()
 }
@@ -679,6 +682,10 @@ pub fn step(
         && annotations(wanted, marker).iter().all(|(k, v)| {
             existing.annotations.get(*k) == Some(v)
                 || (go_copy && *k == keys::RELATED_ENTRIES_ANNOTATION)
+                // A copy written before copies recorded their Connection's heartbeat gets the
+                // record with its next change, never as a write of its own.
+                || (*k == keys::HEARTBEAT_ANNOTATION
+                    && !existing.annotations.contains_key(keys::HEARTBEAT_ANNOTATION))
         });
     if payload_same && meta_same {
         return Step::Nothing;
@@ -777,6 +784,7 @@ mod tests {
     const MARKER: Marker<'static> = Marker {
         binding_uid: "b-1",
         local_uid: "consumer-1",
+        heartbeat: "kbind/provider-consumer-1",
     };
 
     fn parse(entries: &[RelatedResource]) -> Vec<Entry> {

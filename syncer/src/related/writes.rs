@@ -285,10 +285,20 @@ impl Worker {
                 name: Some(namespace.to_owned()),
                 labels: Some([(keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned())].into()),
                 annotations: Some(
-                    [(
-                        keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
-                        self.spec.local_uid.clone(),
-                    )]
+                    [
+                        (
+                            keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
+                            self.spec.local_uid.clone(),
+                        ),
+                        (
+                            keys::HEARTBEAT_ANNOTATION.to_owned(),
+                            kbind_shared::heartbeat::record(
+                                self.spec.kubeconfig.namespace(),
+                                &self.spec.connection,
+                                &self.spec.local_uid,
+                            ),
+                        ),
+                    ]
                     .into(),
                 ),
                 ..Default::default()

@@ -64,6 +64,17 @@ impl WorkerSpec {
             None => kbind_shared::keys::SYNCER_FINALIZER.into(),
         }
     }
+
+    /// The record of this worker's Connection's heartbeat Lease that every provider object it
+    /// writes carries (`core.kbind.io/heartbeat`): the provider's reaper judges the copy by that
+    /// Connection's liveness alone.
+    pub fn heartbeat(&self) -> String {
+        kbind_shared::heartbeat::record(
+            self.kubeconfig.namespace(),
+            &self.connection,
+            &self.local_uid,
+        )
+    }
 }
 
 /// One worker: what it syncs, with which clients, and all it holds while it runs.

@@ -165,6 +165,7 @@ pub(super) async fn sync(
             object.spec.as_ref().map(Json::value).as_ref(),
             &spec.local_uid,
             &object_uid,
+            &spec.heartbeat(),
         );
         // OWN on fresh facts: with no copy in the cache, the first write only creates. Anything
         // that exists under the name (created in the instant the cache has not seen yet) answers

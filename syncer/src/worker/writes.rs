@@ -250,6 +250,9 @@ impl Worker {
                     ]
                     .into(),
                 ),
+                annotations: Some(
+                    [(keys::HEARTBEAT_ANNOTATION.to_owned(), self.spec.heartbeat())].into(),
+                ),
                 ..Default::default()
             },
             ..Default::default()

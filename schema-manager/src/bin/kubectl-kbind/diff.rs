@@ -224,6 +224,16 @@ pub fn synced_fields_of_copy(copy: &DynamicObject) -> Value {
     fields
 }
 
+/// Removes [`keys::HEARTBEAT_ANNOTATION`] from a spec-up body.
+fn without_heartbeat_record(body: &mut Value) {
+    if let Some(annotations) = body
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.remove(keys::HEARTBEAT_ANNOTATION);
+    }
+}
+
 /// `value` as YAML with every map's keys in order, each line made safe for a terminal.
 pub fn render_yaml(value: &Value) -> String {
     let text = serde_yaml::to_string(&sorted(value)).unwrap_or_else(|e| format!("# {e}\n"));
@@ -471,7 +481,7 @@ pub async fn gather(
         }
     }
 
-    let desired = ownership::spec_up_body(
+    let mut desired = ownership::spec_up_body(
         &resource.api_version,
         &resource.kind,
         namespace.as_deref(),
@@ -479,7 +489,11 @@ pub async fn gather(
         object.data.get("spec"),
         &status.local_cluster_uid,
         object.uid().as_deref().unwrap_or_default(),
+        "",
     );
+    // The record of the writing Connection's heartbeat is not a synced field: a copy gets it
+    // with its next change, and kbind never writes for it alone.
+    without_heartbeat_record(&mut desired);
     let mine = render_yaml(&desired);
     let theirs = copy
         .as_ref()
@@ -752,7 +766,7 @@ mod tests {
     #[test]
     fn an_up_to_date_copy_has_exactly_the_fields_kbind_writes() {
         let spec = json!({ "size": 1, "tags": ["a"] });
-        let desired = ownership::spec_up_body(
+        let mut desired = ownership::spec_up_body(
             "example.org/v1",
             "Widget",
             Some("team-a"),
@@ -760,11 +774,15 @@ mod tests {
             Some(&spec),
             "consumer-1",
             "c-1",
+            "kbind/provider-consumer-1",
         );
+        without_heartbeat_record(&mut desired);
         let synced = copy(
             &[
                 (keys::CONSUMER_CLUSTER_UID_ANNOTATION, "consumer-1"),
                 (keys::CONSUMER_OBJECT_UID_ANNOTATION, "c-1"),
+                // With the heartbeat record or without it (written before copies carried it).
+                (keys::HEARTBEAT_ANNOTATION, "kbind/provider-consumer-1"),
                 ("provider.example/other", "not kbind's"),
             ],
             &[(keys::MANAGED_LABEL, keys::TRUE), ("team", "x")],

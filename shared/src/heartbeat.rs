@@ -1,0 +1,103 @@
+//! The heartbeat Lease on the provider, named in one place: where kbind's schema manager renews
+//! it (HB-2, HB-3), the record of it the syncer puts on every provider object it writes
+//! ([`keys::HEARTBEAT_ANNOTATION`]), and which Leases the provider's reaper accepts as speaking for
+//! a consumer (kbind's form, or the Go konnector's older `consumer-<uid>`, VER-1).
+
+use crate::keys;
+
+/// HB-3: `<connection>-<first 10 chars of the consumer UID>`.
+pub fn lease_name(connection: &str, local_uid: &str) -> String {
+    let prefix: String = local_uid.chars().take(10).collect();
+    format!("{connection}-{prefix}")
+}
+
+/// HB-2: the provider kubeconfig context's namespace, else `kbind`.
+pub fn lease_namespace(context_namespace: Option<&str>) -> &str {
+    context_namespace.unwrap_or(keys::DEFAULT_NAMESPACE)
+}
+
+/// VER-1: the Go konnector's Lease name, `consumer-<uid>` (no connection part).
+pub fn go_lease_name(local_uid: &str) -> String {
+    format!("consumer-{local_uid}")
+}
+
+/// The value of [`keys::HEARTBEAT_ANNOTATION`]: `<namespace>/<name>` of the Connection's Lease.
+pub fn record(context_namespace: Option<&str>, connection: &str, local_uid: &str) -> String {
+    format!(
+        "{}/{}",
+        lease_namespace(context_namespace),
+        lease_name(connection, local_uid)
+    )
+}
+
+/// Whether a Lease named `name` whose holder is `holder` may speak for the consumer `uid` of the
+/// Connection `connection` (its annotation, if any): only under the name kbind derives from both
+/// (or the Go konnector's `consumer-<uid>`), and only when the holder is that UID. Anyone may
+/// create a Lease that claims a UID; a claim under another name, or with another holder, is not
+/// evidence of anything.
+pub fn speaks_for(name: &str, holder: Option<&str>, uid: &str, connection: Option<&str>) -> bool {
+    if uid.is_empty() || holder != Some(uid) {
+        return false;
+    }
+    let kbind_form = connection.is_some_and(|c| !c.is_empty() && name == lease_name(c, uid));
+    kbind_form || name == go_lease_name(uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_is_named_after_connection_and_consumer() {
+        assert_eq!(
+            lease_name("provider", "0123456789abcdef"),
+            "provider-0123456789"
+        );
+        assert_eq!(lease_name("p", "short"), "p-short");
+        assert_eq!(lease_namespace(Some("team-a")), "team-a");
+        assert_eq!(lease_namespace(None), "kbind");
+        assert_eq!(
+            record(None, "provider", "0123456789abcdef"),
+            "kbind/provider-0123456789"
+        );
+        assert_eq!(record(Some("t"), "p", "u"), "t/p-u");
+    }
+
+    #[test]
+    fn a_lease_speaks_for_a_consumer_only_under_its_derived_name_and_holder() {
+        let uid = "0123456789abcdef";
+        for (name, holder, connection, want) in [
+            ("provider-0123456789", Some(uid), Some("provider"), true),
+            ("consumer-0123456789abcdef", Some(uid), None, true),
+            // The Go form also with kbind's annotations (a takeover renews it as it is).
+            (
+                "consumer-0123456789abcdef",
+                Some(uid),
+                Some("provider"),
+                true,
+            ),
+            // Another name claiming the UID (a copied Lease under a name of one's own).
+            ("provider-copy", Some(uid), Some("provider"), false),
+            ("other-consumer-b", Some(uid), None, false),
+            // kbind's form for another Connection than the annotation names.
+            ("provider-0123456789", Some(uid), Some("other"), false),
+            // The holder disagrees, or is missing.
+            (
+                "provider-0123456789",
+                Some("someone-else"),
+                Some("provider"),
+                false,
+            ),
+            ("provider-0123456789", None, Some("provider"), false),
+            // No connection annotation: only the Go form is possible.
+            ("provider-0123456789", Some(uid), None, false),
+        ] {
+            assert_eq!(
+                speaks_for(name, holder, uid, connection),
+                want,
+                "{name} {holder:?} {connection:?}"
+            );
+        }
+        assert!(!speaks_for("consumer-", Some(""), "", None));
+    }
+}

@@ -11,7 +11,7 @@ use kbind_shared::api::reaper::{
 };
 use kbind_shared::keys;
 
-use super::{LeaseFacts, State, Step};
+use super::{State, Step};
 
 /// The newest time the API server recorded for a write (by any manager) that owns the field at
 /// `path` (`["f:spec", "f:renewTime"]`), in seconds since the epoch.
@@ -51,54 +51,75 @@ pub fn is_protected(meta: &ObjectMeta, protect_label: &str) -> bool {
         .is_some_and(|l| l.contains_key(protect_label))
 }
 
+/// The heartbeat record on a provider object (`core.kbind.io/heartbeat`): the Lease of the
+/// Connection that wrote it, `<namespace>/<name>`.
+pub fn heartbeat_record(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::HEARTBEAT_ANNOTATION))
+        .map(String::as_str)
+        .filter(|r| {
+            r.split_once('/')
+                .is_some_and(|(ns, n)| !ns.is_empty() && !n.is_empty())
+        })
+}
+
 /// One heartbeat Lease as the reaper reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseSeen {
     /// The consumer cluster's UID.
     pub uid: String,
-    /// The Connection it is for (the annotation; the older form has none).
+    /// The Connection it is for (the annotation; the Go konnector's form has none).
     pub connection: Option<String>,
     /// `<namespace>/<name>`.
-    pub name: String,
-    /// The heartbeat with server-stamped times.
-    pub facts: LeaseFacts,
+    pub key: String,
+    /// Its `resourceVersion`: a change between two sweeps is a renewal the reaper saw.
+    pub version: String,
+    /// Marked `core.kbind.io/disconnected` after its last renewal (by the API server's stamps of
+    /// the two writes): the consumer left.
+    pub left: bool,
     /// `leaseDurationSeconds`.
     pub duration_secs: i64,
 }
 
-/// A heartbeat Lease's facts: the renewal's time is that of the newest write owning
-/// `spec.renewTime` (else the Lease's creation), the disconnect mark's that of the write owning
-/// `core.kbind.io/disconnected` — both the API server's clock, never the writer's. `None` for a
-/// Lease that names no consumer.
+/// A heartbeat Lease, if it speaks for a consumer: named as kbind (or the Go konnector) derives
+/// the name from the consumer's UID and Connection, and held by that UID
+/// ([`kbind_shared::heartbeat::speaks_for`]). `None` for any other Lease, whatever it claims.
 pub fn lease_seen(namespace: &str, lease: &Lease) -> Option<LeaseSeen> {
     let meta = &lease.metadata;
     let spec = lease.spec.as_ref();
-    let uid = consumer_uid(meta)
-        .map(str::to_owned)
-        .or_else(|| spec.and_then(|s| s.holder_identity.clone()))
-        .filter(|uid| !uid.is_empty())?;
-    let renewed = written_at(meta, &["f:spec", "f:renewTime"])
-        .or_else(|| meta.creation_timestamp.as_ref().map(|t| t.0.as_second()))?;
-    let mark = format!("f:{}", keys::DISCONNECTED_ANNOTATION);
+    let name = meta.name.as_deref()?;
+    let holder = spec.and_then(|s| s.holder_identity.as_deref());
+    let uid = consumer_uid(meta).or(holder)?;
+    let connection = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::CONNECTION_ANNOTATION))
+        .cloned();
+    if !kbind_shared::heartbeat::speaks_for(name, holder, uid, connection.as_deref()) {
+        return None;
+    }
     let marked = meta
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(keys::DISCONNECTED_ANNOTATION));
-    let disconnected = marked
-        .then(|| written_at(meta, &["f:metadata", "f:annotations", &mark]))
-        .flatten();
+    let mark = format!("f:{}", keys::DISCONNECTED_ANNOTATION);
+    let left = marked
+        && match (
+            written_at(meta, &["f:metadata", "f:annotations", &mark]),
+            written_at(meta, &["f:spec", "f:renewTime"]),
+        ) {
+            (Some(marked_at), Some(renewed_at)) => marked_at >= renewed_at,
+            // Whoever cleared the times: the mark stands (leaving is never reaped).
+            (_, None) => true,
+            (None, Some(_)) => false,
+        };
     Some(LeaseSeen {
-        uid,
-        connection: meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(keys::CONNECTION_ANNOTATION))
-            .cloned(),
-        name: format!("{namespace}/{}", meta.name.as_deref().unwrap_or_default()),
-        facts: LeaseFacts {
-            renewed,
-            disconnected,
-        },
+        uid: uid.to_owned(),
+        connection,
+        key: format!("{namespace}/{name}"),
+        version: meta.resource_version.clone()?,
+        left,
         duration_secs: spec
             .and_then(|s| s.lease_duration_seconds)
             .map(i64::from)
@@ -106,42 +127,18 @@ pub fn lease_seen(namespace: &str, lease: &Lease) -> Option<LeaseSeen> {
     })
 }
 
-/// A consumer's Leases (one per Connection to this provider) taken together: alive when any is —
-/// the newest renewal counts — and left only when every one of them was marked disconnected
-/// after its last renewal.
-pub fn combine<'a>(leases: impl IntoIterator<Item = &'a LeaseSeen>) -> Option<LeaseFacts> {
-    let mut renewed = None::<i64>;
-    let mut all_left = true;
-    let mut last_mark = None::<i64>;
-    for lease in leases {
-        let facts = lease.facts;
-        renewed = Some(renewed.map_or(facts.renewed, |r| r.max(facts.renewed)));
-        match facts.disconnected {
-            Some(at) if at >= facts.renewed => {
-                last_mark = Some(last_mark.map_or(at, |m| m.max(at)));
-            }
-            _ => all_left = false,
-        }
-    }
-    let renewed = renewed?;
-    Some(LeaseFacts {
-        renewed,
-        disconnected: if all_left { last_mark } else { None },
-    })
-}
-
-/// One consumer in a sweep's outcome.
+/// One heartbeat (or one consumer's objects no heartbeat accounts for) in a sweep's outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerView {
     /// The consumer cluster's UID.
     pub uid: String,
     /// The decision.
     pub step: Step,
-    /// Its Connections (from its Leases).
+    /// Its Connection (from its Lease).
     pub connections: Vec<String>,
-    /// Its Leases, `<namespace>/<name>`.
+    /// Its Lease, `<namespace>/<name>`.
     pub leases: Vec<String>,
-    /// The newest server-recorded renewal, if it has a Lease.
+    /// When the reaper last saw the Lease renewed (server time), if it has one.
     pub renewed: Option<i64>,
     /// Its objects per API.
     pub objects: BTreeMap<String, u64>,
@@ -156,13 +153,15 @@ pub fn state_name(state: State) -> &'static str {
         State::Reaped => "Reaped",
         State::NoLease => "NoLease",
         State::Left => "Left",
+        State::Unaccounted => "Unaccounted",
     }
 }
 
 /// Every state, in the status's order: the most urgent first.
-pub const STATES: [State; 6] = [
+pub const STATES: [State; 7] = [
     State::Reaping,
     State::Stale,
+    State::Unaccounted,
     State::NoLease,
     State::Left,
     State::Live,
@@ -194,6 +193,7 @@ pub fn status(
             State::Reaped => &mut counts.reaped,
             State::NoLease => &mut counts.no_lease,
             State::Left => &mut counts.left,
+            State::Unaccounted => &mut counts.unaccounted,
         };
         *slot = slot.saturating_add(1);
     }
@@ -250,10 +250,16 @@ mod tests {
         }
     }
 
-    fn lease(annotations: &[(&str, &str)], entries: Vec<ManagedFieldsEntry>) -> Lease {
+    fn lease(
+        name: &str,
+        holder: &str,
+        annotations: &[(&str, &str)],
+        entries: Vec<ManagedFieldsEntry>,
+    ) -> Lease {
         Lease {
             metadata: ObjectMeta {
-                name: Some("provider-0123456789".into()),
+                name: Some(name.into()),
+                resource_version: Some("42".into()),
                 annotations: Some(
                     annotations
                         .iter()
@@ -265,7 +271,7 @@ mod tests {
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
-                holder_identity: Some("holder-uid".into()),
+                holder_identity: Some(holder.into()),
                 lease_duration_seconds: Some(1),
                 // The writer's clock: hours off, and never read.
                 renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
@@ -276,56 +282,122 @@ mod tests {
         }
     }
 
+    const UID: &str = "0123456789abcdef";
+    const CONSUMER: &str = keys::CONSUMER_CLUSTER_UID_ANNOTATION;
+    const CONNECTION: &str = keys::CONNECTION_ANNOTATION;
+
     #[test]
-    fn a_leases_times_are_the_api_servers_not_the_writers() {
+    fn a_lease_speaks_for_a_consumer_only_under_its_derived_name_and_holder() {
+        let renewal = json!({"f:spec": {"f:renewTime": {}}});
+        for (name, holder, annotations, want) in [
+            // kbind's form.
+            (
+                "provider-0123456789",
+                UID,
+                vec![(CONSUMER, UID), (CONNECTION, "provider")],
+                Some((UID, Some("provider"))),
+            ),
+            // The Go konnector's form: no connection, the UID from the holder.
+            ("consumer-0123456789abcdef", UID, vec![], Some((UID, None))),
+            // A co-tenant's copy of a live consumer's Lease under a name of its own.
+            (
+                "provider-0123456789-copy",
+                UID,
+                vec![(CONSUMER, UID), (CONNECTION, "provider")],
+                None,
+            ),
+            // The annotation claims a UID the holder does not agree with.
+            (
+                "provider-0123456789",
+                "someone",
+                vec![(CONSUMER, UID), (CONNECTION, "provider")],
+                None,
+            ),
+            // A Lease that names no consumer at all.
+            ("kube-scheduler", "", vec![], None),
+        ] {
+            let seen = lease_seen(
+                "kbind",
+                &lease(
+                    name,
+                    holder,
+                    &annotations,
+                    vec![entry("m", renewal.clone(), 5)],
+                ),
+            );
+            assert_eq!(
+                seen.as_ref()
+                    .map(|s| (s.uid.as_str(), s.connection.as_deref())),
+                want,
+                "{name}"
+            );
+            if let Some(seen) = seen {
+                assert_eq!(seen.key, format!("kbind/{name}"));
+                assert_eq!(seen.version, "42");
+            }
+        }
+    }
+
+    #[test]
+    fn a_consumer_left_when_the_server_stamped_its_mark_after_its_last_renewal() {
         let renewal = json!({"f:spec": {"f:renewTime": {}, "f:holderIdentity": {}}});
         let mark = json!({"f:metadata": {"f:annotations": {"f:core.kbind.io/disconnected": {}}}});
+        let marked = vec![
+            (CONSUMER, UID),
+            (CONNECTION, "provider"),
+            (keys::DISCONNECTED_ANNOTATION, "2000-01-01T00:00:00Z"),
+        ];
+        let plain = vec![(CONSUMER, UID), (CONNECTION, "provider")];
         for (annotations, entries, want) in [
-            // The renewal's time is the entry owning renewTime; the renewTime text is ignored.
             (
-                vec![(keys::CONSUMER_CLUSTER_UID_ANNOTATION, "uid-a")],
-                vec![entry("kbind-schema-manager", renewal.clone(), 500)],
-                Some(("uid-a", 500, None)),
-            ),
-            // Another manager's newer write of other fields does not count as a renewal.
-            (
-                vec![(keys::CONSUMER_CLUSTER_UID_ANNOTATION, "uid-a")],
-                vec![
-                    entry("kbind-schema-manager", renewal.clone(), 500),
-                    entry("kubectl", json!({"f:metadata": {"f:labels": {}}}), 900),
-                ],
-                Some(("uid-a", 500, None)),
-            ),
-            // Marked disconnected: the mark's time is its write's.
-            (
-                vec![
-                    (keys::CONSUMER_CLUSTER_UID_ANNOTATION, "uid-a"),
-                    (keys::DISCONNECTED_ANNOTATION, "2000-01-01T00:00:00Z"),
-                ],
+                marked.clone(),
                 vec![
                     entry("kbind-schema-manager", renewal.clone(), 500),
                     entry("kbind-schema-manager", mark.clone(), 510),
                 ],
-                Some(("uid-a", 500, Some(510))),
+                true,
             ),
-            // An entry says it owned the mark, but the annotation is gone: not disconnected.
+            // Renewed after the mark (connected again): not left.
             (
-                vec![(keys::CONSUMER_CLUSTER_UID_ANNOTATION, "uid-a")],
+                marked.clone(),
+                vec![
+                    entry("kbind-schema-manager", renewal.clone(), 520),
+                    entry("kbind-schema-manager", mark.clone(), 510),
+                ],
+                false,
+            ),
+            // An entry says it owned the mark, but the annotation is gone: not left.
+            (
+                plain,
                 vec![
                     entry("kbind-schema-manager", renewal.clone(), 500),
                     entry("x", mark, 510),
                 ],
-                Some(("uid-a", 500, None)),
+                false,
             ),
-            // No managedFields: the creation time (also the server's).
-            (vec![], vec![], Some(("holder-uid", 100, None))),
+            // The times cleared by someone: the mark stands (leaving is never reaped).
+            (marked, vec![], true),
         ] {
-            let seen = lease_seen("kbind", &lease(&annotations, entries));
-            let got = seen
-                .as_ref()
-                .map(|s| (s.uid.as_str(), s.facts.renewed, s.facts.disconnected));
-            assert_eq!(got, want, "{annotations:?}");
+            let seen = lease_seen(
+                "kbind",
+                &lease("provider-0123456789", UID, &annotations, entries),
+            )
+            .unwrap();
+            assert_eq!(seen.left, want, "{annotations:?}");
         }
+    }
+
+    #[test]
+    fn the_heartbeat_record_names_a_lease() {
+        let meta = |value: &str| ObjectMeta {
+            annotations: Some([(keys::HEARTBEAT_ANNOTATION.to_owned(), value.to_owned())].into()),
+            ..Default::default()
+        };
+        assert_eq!(heartbeat_record(&meta("kbind/p-u")), Some("kbind/p-u"));
+        for bad in ["", "kbind", "/p-u", "kbind/"] {
+            assert_eq!(heartbeat_record(&meta(bad)), None, "{bad:?}");
+        }
+        assert_eq!(heartbeat_record(&ObjectMeta::default()), None);
     }
 
     #[test]
@@ -363,56 +435,6 @@ mod tests {
     }
 
     #[test]
-    fn a_consumer_with_several_leases_is_alive_while_any_is_and_left_only_when_all_left() {
-        let seen = |renewed, disconnected| LeaseSeen {
-            uid: "u".into(),
-            connection: None,
-            name: "kbind/x".into(),
-            facts: LeaseFacts {
-                renewed,
-                disconnected,
-            },
-            duration_secs: 60,
-        };
-        for (leases, want) in [
-            (vec![], None),
-            (
-                vec![seen(10, None), seen(50, None)],
-                Some(LeaseFacts {
-                    renewed: 50,
-                    disconnected: None,
-                }),
-            ),
-            // One Connection left, the other still renews: not left.
-            (
-                vec![seen(10, Some(20)), seen(50, None)],
-                Some(LeaseFacts {
-                    renewed: 50,
-                    disconnected: None,
-                }),
-            ),
-            // Both left.
-            (
-                vec![seen(10, Some(20)), seen(15, Some(30))],
-                Some(LeaseFacts {
-                    renewed: 15,
-                    disconnected: Some(30),
-                }),
-            ),
-            // A mark older than the renewal (connected again): not left.
-            (
-                vec![seen(40, Some(20))],
-                Some(LeaseFacts {
-                    renewed: 40,
-                    disconnected: None,
-                }),
-            ),
-        ] {
-            assert_eq!(combine(&leases), want, "{leases:?}");
-        }
-    }
-
-    #[test]
     fn the_status_counts_everyone_and_lists_the_most_urgent_first_bounded() {
         let view = |uid: &str, state| ConsumerView {
             uid: uid.into(),
@@ -420,6 +442,7 @@ mod tests {
                 state,
                 act: None,
                 next: None,
+                stale_since: None,
             },
             connections: vec![],
             leases: vec![],

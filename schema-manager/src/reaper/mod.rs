@@ -1,26 +1,31 @@
-//! The provider-side reaper's decision for one consumer (#38): whether a consumer that keeps a
-//! heartbeat Lease on the provider is alive, and what may be done with its copies. Pure: the
-//! program around it reads the Leases and the copies and acts on the [`Step`].
+//! The provider-side reaper's decision for one heartbeat (one Connection of one consumer): whether
+//! it is alive, and what may be done with the copies that Connection wrote. Pure: the program
+//! around it reads the Leases and the copies and acts on the [`Step`].
 //!
 //! Guards against a false "dead", each a rule below:
-//! - **The API server's clock only.** Every time compared is one the provider's API server
-//!   stamped: when the consumer's renewal was written (its `managedFields` time), and "now" as
-//!   the time of the reaper's own latest Lease renewal. Neither the reaper's host clock nor the
-//!   consumer's (a Lease's `renewTime` is the writer's clock) can make a live consumer look stale.
-//! - **A renewal cancels everything**: Stale, and Reaping part-way, go back to Live.
-//! - **No Lease ever seen** for a consumer UID whose copies exist: `NoLease`, reported, never
-//!   reaped — kbind cannot know that consumer's heartbeat, so it does not guess.
-//! - **Left cleanly** (the Lease marked `core.kbind.io/disconnected` after its last renewal): the
-//!   consumer drained its bindings; what it left behind it left on purpose (an `Orphan` policy).
-//!   Reported, never reaped.
+//! - **Observed, not claimed.** A consumer's liveness is what the reaper itself saw: the server
+//!   time of the sweep at which it last saw the Lease change (any write to it — a co-tenant's
+//!   too — counts as life, never as death), or first saw it at all. No time written *in* a Lease
+//!   (its `renewTime`, or a `managedFields` time a client can clear or rewrite) is used.
+//! - **The API server's clock only.** "now" is the time of the reaper's own latest Lease renewal
+//!   as the API server stamped it; the reaper's host clock is never read for a verdict.
+//! - **Its own record of the grace** ([`memory`]): `deleteAfter` counts from the sweep at which
+//!   the reaper first saw the heartbeat stale, kept where only the reaper writes, so neither a
+//!   restart nor a forged time can shorten it. A renewal it observes cancels everything.
+//! - **Per Connection** ([`attribution`]): a copy is judged by the heartbeat of the Connection
+//!   that wrote it; copies no judged heartbeat accounts for are `Unaccounted`, never reaped.
+//! - **No Lease ever seen**: `NoLease`, reported, never reaped. **Left cleanly** (the Lease marked
+//!   `core.kbind.io/disconnected` after its last renewal): reported, never reaped.
 //! - **Report first**: the default action only reports; `Orphan` and `Delete` act only a second
-//!   grace (`delete_after`) after the consumer became Stale.
+//!   grace (`delete_after`) after the heartbeat was first seen stale.
 
 use std::time::Duration;
 
 use kbind_shared::api::reaper::{ReapAction, ReaperPolicySpec};
 
+pub mod attribution;
 pub mod facts;
+pub mod memory;
 pub mod sweep;
 
 /// What the reaper may do with a dead consumer's copies.
@@ -47,90 +52,109 @@ pub struct Policy {
     pub action: Action,
 }
 
-/// What the provider shows about one consumer, in the API server's seconds since the epoch.
+/// What the reaper knows of one heartbeat, in the API server's seconds since the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Facts {
     /// The reaper's "now": when the API server recorded the reaper's own latest renewal.
     pub now: i64,
-    /// The consumer's heartbeat, if a Lease for its UID exists.
-    pub lease: Option<LeaseFacts>,
-    /// Whether a Lease for the consumer UID was ever seen (by this reaper, or recorded in the
-    /// policy's status): a Lease deleted since still means the consumer had a heartbeat.
-    pub lease_ever_seen: bool,
-    /// How many of the consumer's copies (and related copies, and namespaces it created) remain
-    /// for the action: protected objects, and namespaces kept because they hold another's or a
-    /// protected object, are not counted.
+    /// The heartbeat as the reaper observed it.
+    pub heartbeat: Heartbeat,
+    /// How many of the copies it accounts for (and related copies, and namespaces it created)
+    /// remain for the action: protected objects, and namespaces kept because they hold anything
+    /// else, are not counted.
     pub objects: u64,
 }
 
-/// A consumer's heartbeat Lease.
+/// A heartbeat Lease as the reaper observed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseFacts {
-    /// When the API server recorded its latest renewal.
-    pub renewed: i64,
-    /// When the API server recorded the write that marked it disconnected (the `managedFields`
-    /// time of the entry owning `core.kbind.io/disconnected` — not the mark's own text, which is
-    /// the consumer's clock), if it was.
-    pub disconnected: Option<i64>,
+pub enum Heartbeat {
+    /// The Lease is there.
+    Seen(Observed),
+    /// A Lease the reaper saw before is gone: without it there is no grace to count.
+    Gone,
+    /// No such Lease was ever seen.
+    Never,
 }
 
-/// Where a consumer stands.
+/// What the reaper observed of a Lease that is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed {
+    /// The server time of the sweep at which the reaper last saw the Lease change, or first saw
+    /// it (never a time written in the Lease).
+    pub renewed: i64,
+    /// The server time of the sweep at which the reaper first saw it stale, if it did since its
+    /// last observed change ([`memory`] keeps it across restarts).
+    pub stale_since: Option<i64>,
+    /// Marked `core.kbind.io/disconnected` after its last renewal.
+    pub left: bool,
+}
+
+/// Where a heartbeat (and the copies it accounts for) stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
-    /// Renewed within `stale_after`.
+    /// Seen renewed within `stale_after`.
     Live,
-    /// Not renewed for `stale_after`; nothing is done (yet).
+    /// Not seen renewed for `stale_after`; nothing is done (yet).
     Stale,
     /// The action runs: its copies are being orphaned or deleted.
     Reaping,
     /// The action ran: nothing it may act on is left (protected objects, and namespaces holding
-    /// another's or a protected object, stay — the status counts them).
+    /// anything else, stay — the status counts them).
     Reaped,
-    /// Copies of a consumer UID that never had a Lease here: reported, never touched.
+    /// Copies naming a heartbeat that was never seen: reported, never touched.
     NoLease,
-    /// It deleted its Connection in an orderly way: reported, never touched.
+    /// Its Connection was deleted in an orderly way: reported, never touched.
     Left,
+    /// Copies no Lease the reaper can judge accounts for (written by a Connection whose Lease is
+    /// outside the policy's namespaces, or by one of several Connections it cannot tell apart):
+    /// reported, never touched.
+    Unaccounted,
 }
 
 /// What the reaper does now, and when to look again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step {
-    /// The consumer's state.
+    /// The heartbeat's state.
     pub state: State,
     /// Act on its copies now (only in [`State::Reaping`]).
     pub act: Option<Action>,
     /// The API-server time at which the state changes by itself (the reaper requeues for then),
     /// if it does.
     pub next: Option<i64>,
+    /// The server time at which the reaper first saw it stale, for its record (`None` while Live).
+    pub stale_since: Option<i64>,
 }
 
-/// The decision for one consumer.
+/// The decision for one heartbeat.
 pub fn decide(facts: &Facts, policy: &Policy) -> Step {
-    let step = |state, act, next| Step { state, act, next };
-    let Some(lease) = facts.lease else {
-        // A Lease that existed and went away: Stale, and never acted on — without the Lease's
-        // times there is no grace to count. A consumer never seen with a Lease: NoLease.
-        return if facts.lease_ever_seen {
-            step(State::Stale, None, None)
-        } else if facts.objects > 0 {
-            step(State::NoLease, None, None)
-        } else {
-            step(State::Reaped, None, None)
-        };
+    let step = |state, act, next, stale_since| Step {
+        state,
+        act,
+        next,
+        stale_since,
     };
-    if lease.disconnected.is_some_and(|at| at >= lease.renewed) {
-        return step(State::Left, None, None);
+    let seen = match facts.heartbeat {
+        Heartbeat::Seen(seen) => seen,
+        Heartbeat::Gone => return step(State::Stale, None, None, None),
+        Heartbeat::Never if facts.objects > 0 => return step(State::NoLease, None, None, None),
+        Heartbeat::Never => return step(State::Reaped, None, None, None),
+    };
+    if seen.left {
+        return step(State::Left, None, None, None);
     }
-    let stale_at = lease.renewed.saturating_add(secs(policy.stale_after));
+    let stale_at = seen.renewed.saturating_add(secs(policy.stale_after));
     if facts.now < stale_at {
-        return step(State::Live, None, Some(stale_at));
+        return step(State::Live, None, Some(stale_at), None);
     }
-    let act_at = stale_at.saturating_add(secs(policy.delete_after));
+    // The grace counts from the first sweep that saw it stale — never from before it could be.
+    let first = seen.stale_since.unwrap_or(facts.now).max(stale_at);
+    let act_at = first.saturating_add(secs(policy.delete_after));
+    let stale = Some(first);
     match policy.action {
-        Action::Report => step(State::Stale, None, None),
-        _ if facts.now < act_at => step(State::Stale, None, Some(act_at)),
-        _ if facts.objects == 0 => step(State::Reaped, None, None),
-        action => step(State::Reaping, Some(action), None),
+        Action::Report => step(State::Stale, None, None, stale),
+        _ if facts.now < act_at => step(State::Stale, None, Some(act_at), stale),
+        _ if facts.objects == 0 => step(State::Reaped, None, None, stale),
+        action => step(State::Reaping, Some(action), None, stale),
     }
 }
 
@@ -199,160 +223,180 @@ mod tests {
         }
     }
 
-    fn facts(now: i64, renewed: Option<i64>, objects: u64) -> Facts {
+    fn seen(renewed: i64, stale_since: Option<i64>) -> Heartbeat {
+        Heartbeat::Seen(Observed {
+            renewed,
+            stale_since,
+            left: false,
+        })
+    }
+
+    fn facts(now: i64, heartbeat: Heartbeat, objects: u64) -> Facts {
         Facts {
             now,
-            lease: renewed.map(|renewed| LeaseFacts {
-                renewed,
-                disconnected: None,
-            }),
-            lease_ever_seen: renewed.is_some(),
+            heartbeat,
             objects,
         }
     }
 
+    fn at(step: Step) -> (State, Option<Action>, Option<i64>, Option<i64>) {
+        (step.state, step.act, step.next, step.stale_since)
+    }
+
     #[test]
-    fn a_consumer_goes_stale_then_is_reaped_only_after_both_graces() {
+    fn a_heartbeat_goes_stale_then_is_reaped_only_after_both_graces_from_when_the_reaper_saw_it() {
         let t0 = 1_000_000;
         let stale_at = t0 + 30 * MIN;
         let act_at = stale_at + 24 * 60 * MIN;
-        for (now, action, objects, want) in [
-            // Renewed a minute ago: Live, look again when it would go stale.
+        for (now, stale_since, action, objects, want) in [
+            // Seen renewed a minute ago: Live, look again when it would go stale.
             (
                 t0 + MIN,
+                None,
                 Action::Delete,
                 5,
-                (State::Live, None, Some(stale_at)),
+                (State::Live, None, Some(stale_at), None),
             ),
-            // One second before stale: still Live.
             (
                 stale_at - 1,
+                None,
                 Action::Delete,
                 5,
-                (State::Live, None, Some(stale_at)),
+                (State::Live, None, Some(stale_at), None),
             ),
-            // Stale: reported, nothing done until the second grace ends.
+            // First seen stale now: the record starts now, nothing done until the second grace.
             (
                 stale_at,
+                None,
                 Action::Delete,
                 5,
-                (State::Stale, None, Some(act_at)),
+                (State::Stale, None, Some(act_at), Some(stale_at)),
             ),
+            // The reaper was away: first seen stale an hour late, the grace counts from then.
+            (
+                stale_at + 60 * MIN,
+                None,
+                Action::Delete,
+                5,
+                (
+                    State::Stale,
+                    None,
+                    Some(act_at + 60 * MIN),
+                    Some(stale_at + 60 * MIN),
+                ),
+            ),
+            // The record says when it was first seen stale: the grace goes on from there.
             (
                 act_at - 1,
+                Some(stale_at),
                 Action::Orphan,
                 5,
-                (State::Stale, None, Some(act_at)),
+                (State::Stale, None, Some(act_at), Some(stale_at)),
             ),
-            // Then the action runs while copies remain, and it is Reaped when none do.
             (
                 act_at,
+                Some(stale_at),
                 Action::Delete,
                 5,
-                (State::Reaping, Some(Action::Delete), None),
+                (State::Reaping, Some(Action::Delete), None, Some(stale_at)),
             ),
             (
                 act_at,
+                Some(stale_at),
                 Action::Orphan,
                 1,
-                (State::Reaping, Some(Action::Orphan), None),
+                (State::Reaping, Some(Action::Orphan), None, Some(stale_at)),
             ),
-            (act_at + MIN, Action::Delete, 0, (State::Reaped, None, None)),
+            (
+                act_at + MIN,
+                Some(stale_at),
+                Action::Delete,
+                0,
+                (State::Reaped, None, None, Some(stale_at)),
+            ),
+            // A record older than the heartbeat could have been stale (a forged or mistaken one)
+            // never shortens the grace.
+            (
+                stale_at + MIN,
+                Some(0),
+                Action::Delete,
+                5,
+                (State::Stale, None, Some(act_at), Some(stale_at)),
+            ),
             // Report (the default) never acts, however long it has been.
-            (act_at * 2, Action::Report, 5, (State::Stale, None, None)),
+            (
+                act_at * 2,
+                Some(stale_at),
+                Action::Report,
+                5,
+                (State::Stale, None, None, Some(stale_at)),
+            ),
         ] {
-            let step = decide(&facts(now, Some(t0), objects), &policy(action));
+            let step = decide(&facts(now, seen(t0, stale_since), objects), &policy(action));
             assert_eq!(
-                (step.state, step.act, step.next),
+                at(step),
                 want,
-                "now {now}, {action:?}, {objects} objects"
+                "now {now}, record {stale_since:?}, {action:?}, {objects} objects"
             );
         }
     }
 
     #[test]
-    fn a_renewal_cancels_stale_and_reaping() {
+    fn an_observed_renewal_cancels_stale_and_reaping() {
         let t0 = 1_000_000;
         let late = t0 + 30 * MIN + 24 * 60 * MIN + 5;
-        let reaping = decide(&facts(late, Some(t0), 3), &policy(Action::Delete));
+        let reaping = decide(
+            &facts(late, seen(t0, Some(t0 + 30 * MIN)), 3),
+            &policy(Action::Delete),
+        );
         assert_eq!(reaping.state, State::Reaping);
-        // The Lease flaps back: renewed a second ago (server time), everything is off.
-        let back = decide(&facts(late, Some(late - 1), 3), &policy(Action::Delete));
+        // The reaper saw the Lease change at this sweep: everything is off, the record too.
+        let back = decide(&facts(late, seen(late, None), 3), &policy(Action::Delete));
         assert_eq!(
-            (back.state, back.act),
-            (State::Live, None),
+            at(back),
+            (State::Live, None, Some(late + 30 * MIN), None),
             "a renewal cancels the reaping"
         );
     }
 
     #[test]
     fn only_the_api_servers_clock_counts() {
-        // The reaper's host clock is hours ahead: irrelevant, "now" is the API server's time of
-        // the reaper's own renewal. A consumer renewed by the server's clock a minute ago is Live
-        // whatever either host believes.
+        // "now" is the API server's time of the reaper's own renewal; an observation is stamped
+        // with the server time of the sweep that made it. An observation "after now" (a record
+        // from a later sweep of a previous leader) is Live.
         let server_now = 5_000_000;
-        let step = decide(
-            &facts(server_now, Some(server_now - MIN), 9),
-            &policy(Action::Delete),
-        );
-        assert_eq!(step.state, State::Live);
-        // A renewal the server stamped "after now" (the reaper's own renewal is older than the
-        // consumer's newest one): Live, never stale.
-        let step = decide(
-            &facts(server_now, Some(server_now + MIN), 9),
-            &policy(Action::Delete),
-        );
-        assert_eq!(step.state, State::Live);
+        for renewed in [server_now - MIN, server_now, server_now + MIN] {
+            let step = decide(
+                &facts(server_now, seen(renewed, None), 9),
+                &policy(Action::Delete),
+            );
+            assert_eq!(step.state, State::Live, "renewed {renewed}");
+        }
     }
 
     #[test]
-    fn consumers_without_a_lease_or_that_left_are_never_reaped() {
-        let never = Facts {
-            now: 10_000_000,
-            lease: None,
-            lease_ever_seen: false,
-            objects: 4,
-        };
+    fn heartbeats_never_seen_gone_or_that_left_are_never_acted_on() {
+        let now = 10_000_000;
+        let never = decide(&facts(now, Heartbeat::Never, 4), &policy(Action::Delete));
+        assert_eq!(at(never), (State::NoLease, None, None, None));
+        let nothing = decide(&facts(now, Heartbeat::Never, 0), &policy(Action::Delete));
+        assert_eq!(nothing.state, State::Reaped);
+        let left = Heartbeat::Seen(Observed {
+            renewed: 1_000,
+            stale_since: Some(2_000),
+            left: true,
+        });
         assert_eq!(
-            decide(&never, &policy(Action::Delete)),
-            Step {
-                state: State::NoLease,
-                act: None,
-                next: None
-            }
+            at(decide(&facts(now, left, 4), &policy(Action::Delete))),
+            (State::Left, None, None, None)
         );
-        let left = Facts {
-            now: 10_000_000,
-            lease: Some(LeaseFacts {
-                renewed: 1_000,
-                disconnected: Some(1_001),
-            }),
-            lease_ever_seen: true,
-            objects: 4,
-        };
-        assert_eq!(decide(&left, &policy(Action::Delete)).state, State::Left);
-        // Connected again after leaving: the renewal supersedes the mark.
-        let back = Facts {
-            lease: Some(LeaseFacts {
-                renewed: 9_999_990,
-                disconnected: Some(1_001),
-            }),
-            ..left
-        };
-        assert_eq!(decide(&back, &policy(Action::Delete)).state, State::Live);
-        // A Lease that was seen and is gone: Stale, never acted on without the Lease's times.
-        let gone = Facts {
-            lease: None,
-            lease_ever_seen: true,
-            ..never
-        };
+        // A Lease that was seen and is gone: Stale, never acted on without the Lease.
         assert_eq!(
-            decide(&gone, &policy(Action::Delete)),
-            Step {
-                state: State::Stale,
-                act: None,
-                next: None
-            }
+            at(decide(
+                &facts(now, Heartbeat::Gone, 4),
+                &policy(Action::Delete)
+            )),
+            (State::Stale, None, None, None)
         );
     }
 

@@ -1,13 +1,15 @@
-//! One sweep of `kbind-reaper` over one policy, on the provider: take the API server's time from
-//! the reaper's own Lease, read the consumers' heartbeat Leases and the objects kbind marked as
-//! theirs, decide per consumer ([`super::decide`]), act within the delete budget, and write the
-//! policy's status and the metrics. The I/O edge; the decisions are in `super` and
-//! [`super::facts`].
+//! One sweep of `kbind-reaper` over one policy, on the provider: read the consumers' heartbeat
+//! Leases, take the API server's time from the reaper's own Lease, update the reaper's record of
+//! what it observed ([`super::memory`]), read the objects kbind marked as a consumer's (or, while
+//! acting, keep the targets of the last read), judge each by the heartbeat of the Connection that
+//! wrote it ([`super::attribution`]), decide per heartbeat ([`super::decide`]), act within the
+//! delete budget, and write the policy's status, the record and the metrics. The I/O edge; the
+//! decisions are in `super` and its pure modules.
 //!
 //! Nothing is acted on after a sweep that could not read everything it needed: a Lease that
 //! could not be read must not make a live consumer look dead.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -22,11 +24,14 @@ use kbind_shared::sync::Locked;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
 };
+use kube::discovery::{Discovery, Scope};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
+use super::attribution::{Heartbeats, Judge};
 use super::facts::{self, ConsumerView, LeaseSeen};
-use super::{Action, Facts, State};
+use super::memory::Memory;
+use super::{Action, Facts, Heartbeat, Observed, State};
 
 /// The reaper's own Lease, whose renewal the API server stamps: the sweep's "now".
 pub const CLOCK_LEASE: &str = "kbind-reaper-clock";
@@ -36,8 +41,16 @@ const PAGE: u32 = 500;
 /// At most this many consumer UIDs are followed per sweep; objects of more are counted as
 /// untracked (a condition says so) and never acted on.
 const MAX_CONSUMERS: usize = 10_000;
-/// At most this many UIDs are remembered as having had a Lease.
-const MAX_REMEMBERED: usize = 100_000;
+/// The reaper's own ConfigMap (in its namespace) holding its record per policy
+/// ([`super::memory`]): a key `<policy>.json` each.
+pub const MEMORY_CONFIGMAP: &str = "kbind-reaper-memory";
+/// How long the kinds discovered for a namespace's whole check are reused.
+const DISCOVERY_TTL: Duration = Duration::from_secs(300);
+/// Objects Kubernetes itself puts in every namespace: never a reason to keep one.
+const SYSTEM_OBJECTS: [(&str, &str, &str); 2] = [
+    ("", "serviceaccounts", "default"),
+    ("", "configmaps", "kube-root-ca.crt"),
+];
 
 /// The reaper: its clients and what it remembers between sweeps.
 pub struct Reaper {
@@ -48,54 +61,85 @@ pub struct Reaper {
     /// Added to the host's clock wherever the reaper reads it (tests: a host hours off must not
     /// change any verdict, since none uses the host's clock).
     host_clock_offset: jiff::SignedDuration,
-    /// Consumer UIDs seen with a Lease: a Lease deleted since still means "had a heartbeat".
-    had_lease: std::sync::Mutex<HashSet<String>>,
+    /// Per policy: the record of what this reaper observed ([`Memory`]), and the text of it last
+    /// written to [`MEMORY_CONFIGMAP`].
+    memory: std::sync::Mutex<HashMap<String, (Memory, String)>>,
+    /// Per policy: the targets of the last full read, kept while the action runs so that a sweep
+    /// spending the delete budget re-reads only the Leases.
+    pending: std::sync::Mutex<HashMap<String, Pending>>,
+    discovered: std::sync::Mutex<Option<(Instant, Vec<ApiResource>)>>,
     budget: std::sync::Mutex<Option<Bucket>>,
 }
 
 /// One kind of object the reaper reads: a copy's API, related Secrets/ConfigMaps, namespaces.
+#[derive(Clone)]
 struct Kind {
     /// How it is named in the status and metrics (`widgets.example.com`, `secrets`, …).
     name: String,
     resource: ApiResource,
     namespaced: bool,
-    /// A copy's API (a namespace's occupancy is checked against these).
-    copy: bool,
 }
 
+/// A group of objects: one consumer UID, and the heartbeat record they carry (if any).
+type Group = (String, Option<String>);
+
 /// An object the reaper may act on.
+#[derive(Clone)]
 struct Target {
     kind: usize,
     namespace: Option<String>,
     name: String,
     object_uid: String,
-    consumer: String,
+    group: Group,
 }
 
-/// What the objects say, per consumer.
-#[derive(Default)]
+/// What the objects say, per group.
+#[derive(Default, Clone)]
 struct Census {
-    objects: HashMap<String, BTreeMap<String, u64>>,
-    /// Per consumer, how many of its counted objects are being deleted (not targets any more,
-    /// but not gone either).
-    deleting: HashMap<String, u64>,
+    objects: BTreeMap<Group, BTreeMap<String, u64>>,
+    /// Per group, how many of its counted objects are being deleted (not targets any more, but
+    /// not gone either).
+    deleting: HashMap<Group, u64>,
     targets: Vec<Target>,
     untracked: u64,
 }
 
 impl Census {
-    fn count(&mut self, consumer: &str, what: &str) {
-        if !self.objects.contains_key(consumer) && self.objects.len() >= MAX_CONSUMERS {
+    fn count(&mut self, group: &Group, what: &str) -> bool {
+        if !self.objects.contains_key(group) && self.objects.len() >= MAX_CONSUMERS {
             self.untracked += 1;
-            return;
+            return false;
         }
         *self
             .objects
-            .entry(consumer.to_owned())
+            .entry(group.clone())
             .or_default()
             .entry(what.to_owned())
             .or_default() += 1;
+        true
     }
+
+    /// An object acted on: counted as gone (an orphaned one) or as being deleted.
+    fn acted(&mut self, target: &Target, kind: &str, action: Action) {
+        if let Some(n) = self
+            .objects
+            .get_mut(&target.group)
+            .and_then(|apis| apis.get_mut(kind))
+        {
+            *n = n.saturating_sub(1);
+        }
+        if action == Action::Delete {
+            *self.deleting.entry(target.group.clone()).or_default() += 1;
+        }
+    }
+}
+
+/// The targets of a full read, kept while they are acted on.
+struct Pending {
+    generation: Option<i64>,
+    read_at: Instant,
+    kinds: Vec<Kind>,
+    census: Census,
 }
 
 impl Reaper {
@@ -113,9 +157,18 @@ impl Reaper {
             identity,
             metrics,
             host_clock_offset,
-            had_lease: Default::default(),
+            memory: Default::default(),
+            pending: Default::default(),
+            discovered: Default::default(),
             budget: Default::default(),
         }
+    }
+
+    /// Drops what this process remembers (a new term as leader): the record is read again from
+    /// [`MEMORY_CONFIGMAP`], where the previous leader left it.
+    pub fn forget(&self) {
+        self.memory.locked().clear();
+        self.pending.locked().clear();
     }
 
     /// Renews the reaper's own Lease and returns the time the API server recorded for it (its
@@ -154,6 +207,27 @@ impl Reaper {
     /// Sweeps `policy` once; returns when to sweep again (at most `interval`).
     pub async fn sweep(&self, policy: &ReaperPolicy, interval: Duration) -> Duration {
         let name = policy.name_any();
+        if let Err(error) = self.restore(&name).await {
+            // Without the record, a grace could restart short of where it was: nothing is decided.
+            tracing::warn!(policy = %name, %error, "sweep skipped");
+            return interval.min(Duration::from_secs(10));
+        }
+        let generation = policy.metadata.generation;
+        let spec = &policy.spec;
+        let mut problems: Vec<String> = Vec::new();
+
+        // The heartbeats, read before "now" is taken: a renewal seen was written before it.
+        let mut leases: Vec<LeaseSeen> = Vec::new();
+        let mut complete_namespaces = Vec::new();
+        for namespace in &spec.lease_namespaces {
+            match self.read_leases(namespace).await {
+                Ok(found) => {
+                    leases.extend(found);
+                    complete_namespaces.push(namespace.clone());
+                }
+                Err(e) => problems.push(e),
+            }
+        }
         let now = match self.server_now().await {
             Ok(now) => now,
             Err(error) => {
@@ -162,8 +236,7 @@ impl Reaper {
                 return interval.min(Duration::from_secs(10));
             }
         };
-        let generation = policy.metadata.generation;
-        let settings = match super::policy_of(&policy.spec) {
+        let settings = match super::policy_of(spec) {
             Ok(settings) => settings,
             Err(message) => {
                 let desired = Desired::new("Ready", false, "InvalidPolicy", message);
@@ -171,31 +244,7 @@ impl Reaper {
                 return interval;
             }
         };
-        let spec = &policy.spec;
-        let mut problems: Vec<String> = Vec::new();
-
-        // The heartbeats.
-        let mut leases: Vec<LeaseSeen> = Vec::new();
-        for namespace in &spec.lease_namespaces {
-            match self.read_leases(namespace).await {
-                Ok(found) => leases.extend(found),
-                Err(e) => problems.push(e),
-            }
-        }
-        let mut by_consumer: BTreeMap<String, Vec<LeaseSeen>> = BTreeMap::new();
-        for lease in leases {
-            by_consumer
-                .entry(lease.uid.clone())
-                .or_default()
-                .push(lease);
-        }
-        self.remember(by_consumer.keys());
-        let longest = by_consumer
-            .values()
-            .flatten()
-            .map(|l| l.duration_secs)
-            .max()
-            .unwrap_or(1);
+        let longest = leases.iter().map(|l| l.duration_secs).max().unwrap_or(1);
         let mut policy_checked = settings;
         let mut warning = None;
         let lease_duration = Duration::from_secs(u64::try_from(longest).unwrap_or(1));
@@ -205,133 +254,252 @@ impl Reaper {
             warning = Some(format!("{e}; acting as Report"));
         }
 
-        // Who may be acted on, by their Leases alone.
-        let lease_facts: BTreeMap<&str, super::LeaseFacts> = by_consumer
-            .iter()
-            .filter_map(|(uid, leases)| facts::combine(leases).map(|f| (uid.as_str(), f)))
-            .collect();
-        let eligible: HashSet<&str> = lease_facts
-            .iter()
-            .filter(|(_, lease)| {
-                let probe = Facts {
-                    now,
-                    lease: Some(**lease),
-                    lease_ever_seen: true,
-                    objects: 1,
-                };
-                super::decide(&probe, &policy_checked).act.is_some()
-            })
-            .map(|(uid, _)| *uid)
-            .collect();
-
-        // The objects.
-        let kinds = match self.kinds(policy).await {
-            Ok(kinds) => kinds,
-            Err(e) => {
-                problems.push(e);
-                Vec::new()
-            }
+        // What the reaper observed of each heartbeat, by its own record.
+        let mut heartbeats = Heartbeats {
+            watched: spec.lease_namespaces.iter().cloned().collect(),
+            ..Default::default()
         };
-        let mut census = Census::default();
-        for (index, kind) in kinds.iter().enumerate() {
-            if let Err(e) = self
-                .read_objects(index, kind, spec, &eligible, &mut census)
-                .await
-            {
-                problems.push(e);
+        let mut observed: BTreeMap<String, (Observed, &LeaseSeen)> = BTreeMap::new();
+        let mut unremembered = 0u64;
+        {
+            let mut memories = self.memory.locked();
+            let (memory, _) = memories.entry(name.clone()).or_default();
+            for lease in &leases {
+                let seen = memory.observe(&lease.key, &lease.version, now);
+                unremembered += u64::from(seen.is_none());
+                // One the record has no room for is seen afresh each sweep: never stale.
+                let seen = seen.map_or((now, None), |s| (s.renewed, s.stale_since));
+                heartbeats
+                    .by_key
+                    .insert(lease.key.clone(), lease.uid.clone());
+                observed.insert(
+                    lease.key.clone(),
+                    (
+                        Observed {
+                            renewed: seen.0,
+                            stale_since: seen.1,
+                            left: lease.left,
+                        },
+                        lease,
+                    ),
+                );
+            }
+            for namespace in &complete_namespaces {
+                memory.gone_unless(namespace, &|key| heartbeats.by_key.contains_key(key));
             }
         }
-
-        // The decisions.
-        let uids: BTreeSet<&str> = by_consumer
-            .keys()
-            .map(String::as_str)
-            .chain(census.objects.keys().map(String::as_str))
-            .collect();
-        let had_lease = self.had_lease.locked().clone();
-        let mut views: Vec<ConsumerView> = uids
-            .into_iter()
-            .map(|uid| {
-                let objects = census.objects.get(uid).cloned().unwrap_or_default();
-                let count: u64 = objects
-                    .iter()
-                    .filter(|(api, _)| api.as_str() != "protected")
-                    .map(|(_, n)| n)
-                    .sum();
-                let leases = by_consumer.get(uid).map(Vec::as_slice).unwrap_or_default();
-                let step = super::decide(
-                    &Facts {
-                        now,
-                        lease: lease_facts.get(uid).copied(),
-                        lease_ever_seen: had_lease.contains(uid),
-                        objects: count,
-                    },
-                    &policy_checked,
-                );
-                ConsumerView {
-                    uid: uid.to_owned(),
-                    step,
-                    connections: leases.iter().filter_map(|l| l.connection.clone()).collect(),
-                    leases: leases.iter().map(|l| l.name.clone()).collect(),
-                    renewed: lease_facts.get(uid).map(|l| l.renewed),
+        let decide = |key: &str, objects: u64| {
+            let heartbeat = match observed.get(key) {
+                Some((seen, _)) => Heartbeat::Seen(*seen),
+                None => Heartbeat::Gone,
+            };
+            super::decide(
+                &Facts {
+                    now,
+                    heartbeat,
                     objects,
+                },
+                &policy_checked,
+            )
+        };
+        // Which heartbeats' copies may be acted on, by their Leases alone.
+        let eligible: BTreeSet<&str> = observed
+            .keys()
+            .filter(|key| decide(key, 1).act.is_some())
+            .map(String::as_str)
+            .collect();
+
+        // The objects: a full read, or the targets of the last one while acting on them.
+        let kept = self.kept(&name, generation, interval, !eligible.is_empty());
+        let (kinds, mut census) = match kept {
+            Some(kept) => kept,
+            None => {
+                let kinds = match self.kinds(policy).await {
+                    Ok(kinds) => kinds,
+                    Err(e) => {
+                        problems.push(e);
+                        Vec::new()
+                    }
+                };
+                let mut census = Census::default();
+                let sole: BTreeMap<&str, &str> = sole_heartbeats(&heartbeats);
+                for (index, kind) in kinds.iter().enumerate() {
+                    let may_act = |group: &Group| match &group.1 {
+                        Some(record) => eligible.contains(record.as_str()),
+                        None => sole
+                            .get(group.0.as_str())
+                            .is_some_and(|key| eligible.contains(key)),
+                    };
+                    if let Err(e) = self
+                        .read_objects(index, kind, spec, &may_act, &mut census)
+                        .await
+                    {
+                        problems.push(e);
+                    }
                 }
+                (kinds, census)
+            }
+        };
+
+        // Who answers for what.
+        let judged = {
+            let memories = self.memory.locked();
+            let memory = memories.get(&name).map(|(m, _)| m);
+            heartbeats.judge(
+                census
+                    .objects
+                    .keys()
+                    .map(|(uid, record)| (uid.as_str(), record.as_deref())),
+                &|key| memory.is_some_and(|m| m.was_seen(key)),
+            )
+        };
+        let mut by_judge: BTreeMap<Judge, BTreeMap<String, u64>> = BTreeMap::new();
+        for (group, apis) in &census.objects {
+            let Some(judge) = judged.get(group) else {
+                continue;
+            };
+            let counts = by_judge.entry(judge.clone()).or_default();
+            for (api, n) in apis {
+                *counts.entry(api.clone()).or_default() += n;
+            }
+        }
+        for key in observed.keys() {
+            by_judge.entry(Judge::Heartbeat(key.clone())).or_default();
+        }
+        let countable = |objects: &BTreeMap<String, u64>| -> u64 {
+            objects
+                .iter()
+                .filter(|(api, _)| api.as_str() != "protected")
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let mut views: Vec<(Judge, ConsumerView)> = by_judge
+            .iter()
+            .map(|(judge, objects)| {
+                let (uid, step, lease) = match judge {
+                    Judge::Heartbeat(key) => {
+                        let lease = observed.get(key).map(|(_, l)| *l);
+                        let uid = lease.map(|l| l.uid.clone()).unwrap_or_default();
+                        (uid, decide(key, countable(objects)), lease)
+                    }
+                    Judge::Gone(key) => {
+                        let uid = judged
+                            .iter()
+                            .find(|(_, j)| *j == judge)
+                            .map(|((uid, _), _)| uid.clone())
+                            .unwrap_or_default();
+                        let _ = key;
+                        (
+                            uid,
+                            decide_plain(Heartbeat::Gone, now, objects, &policy_checked, countable),
+                            None,
+                        )
+                    }
+                    Judge::Never(uid) => (
+                        uid.clone(),
+                        decide_plain(Heartbeat::Never, now, objects, &policy_checked, countable),
+                        None,
+                    ),
+                    Judge::Unaccounted(uid) => (
+                        uid.clone(),
+                        super::Step {
+                            state: State::Unaccounted,
+                            act: None,
+                            next: None,
+                            stale_since: None,
+                        },
+                        None,
+                    ),
+                };
+                let leases = match judge {
+                    Judge::Heartbeat(key) | Judge::Gone(key) => vec![key.clone()],
+                    _ => Vec::new(),
+                };
+                let view = ConsumerView {
+                    uid,
+                    step,
+                    connections: lease
+                        .and_then(|l| l.connection.clone())
+                        .into_iter()
+                        .collect(),
+                    leases,
+                    renewed: match judge {
+                        Judge::Heartbeat(key) => observed.get(key).map(|(o, _)| o.renewed),
+                        _ => None,
+                    },
+                    objects: objects.clone(),
+                };
+                (judge.clone(), view)
             })
             .collect();
 
         // The action, only on complete facts.
         let complete = problems.is_empty();
-        // A consumer with only namespaces left, each kept (it holds another's or a protected
-        // object), has nothing left to act on: Reaped, not Reaping for ever. Checked only then,
-        // and again every sweep — the namespace is acted on once it holds only the consumer's.
+        // A heartbeat with only namespaces left, each kept (it holds anything else), has nothing
+        // left to act on: Reaped, not Reaping for ever. Checked only then, and again every sweep
+        // — the namespace is acted on once it holds only that heartbeat's objects.
         if complete {
-            for view in views
-                .iter_mut()
-                .filter(|v| v.step.act == Some(Action::Delete) && only_namespaces_left(&v.objects))
-            {
-                // A namespace being deleted is not gone yet: still Reaping.
-                let mut left = census.deleting.get(&view.uid).copied().unwrap_or(0);
+            for (judge, view) in views.iter_mut().filter(|(_, v)| {
+                v.step.act == Some(Action::Delete) && only_namespaces_left(&v.objects)
+            }) {
+                let being_deleted: u64 = judged
+                    .iter()
+                    .filter(|(_, j)| *j == judge)
+                    .filter_map(|(group, _)| census.deleting.get(group))
+                    .sum();
+                let mut left = being_deleted;
                 for target in census.targets.iter().filter(|t| {
-                    t.consumer == view.uid
+                    judged.get(&t.group) == Some(judge)
                         && kinds.get(t.kind).is_some_and(|k| k.name == "namespaces")
                 }) {
                     if self
-                        .namespace_holds_only(&kinds, &target.name, &view.uid, spec)
+                        .namespace_holds_only(&target.name, judge, &judged, spec)
                         .await
                     {
                         left += 1;
                     }
                 }
-                if left == 0 {
-                    view.step = super::decide(
-                        &Facts {
-                            now,
-                            lease: lease_facts.get(view.uid.as_str()).copied(),
-                            lease_ever_seen: had_lease.contains(view.uid.as_str()),
-                            objects: 0,
-                        },
-                        &policy_checked,
-                    );
+                if left == 0
+                    && let Judge::Heartbeat(key) = judge
+                {
+                    view.step = decide(key, 0);
                 }
             }
         }
         let mut more_to_do = false;
         if complete {
-            let acting: HashMap<&str, (Action, bool)> = views
+            let acting: HashMap<&Judge, (Action, bool)> = views
                 .iter()
-                .filter_map(|v| {
+                .filter_map(|(judge, v)| {
                     let action = v.step.act?;
-                    // Namespaces go last: once nothing else of the consumer is left.
-                    Some((v.uid.as_str(), (action, only_namespaces_left(&v.objects))))
+                    // Namespaces go last: once nothing else of the heartbeat's is left.
+                    Some((judge, (action, only_namespaces_left(&v.objects))))
                 })
                 .collect();
             more_to_do = self
-                .act(&name, spec, &kinds, &census.targets, &acting)
+                .act(&name, spec, &kinds, &mut census, &judged, &acting)
                 .await;
+        }
+        self.keep(&name, generation, kinds, census.clone(), more_to_do);
+
+        // The record, with each heartbeat's stale mark; written only when it changed.
+        {
+            let mut memories = self.memory.locked();
+            if let Some((memory, _)) = memories.get_mut(&name) {
+                for (judge, view) in &views {
+                    if let Judge::Heartbeat(key) = judge {
+                        memory.judged(key, view.step.stale_since);
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.persist(&name).await {
+            problems.push(e);
         }
 
         // The status and the metrics.
-        let desired = if !complete {
+        let views: Vec<ConsumerView> = views.into_iter().map(|(_, v)| v).collect();
+        let desired = if !problems.is_empty() {
             Desired::new(
                 "Ready",
                 false,
@@ -343,14 +511,15 @@ impl Reaper {
             )
         } else if let Some(warning) = warning {
             Desired::new("Ready", false, "StaleAfterTooShort", warning)
-        } else if census.untracked > 0 {
+        } else if census.untracked > 0 || unremembered > 0 {
             Desired::new(
                 "Ready",
                 false,
                 "TooManyConsumers",
                 format!(
-                    "{} objects of consumers beyond the first {MAX_CONSUMERS} were not looked at",
-                    census.untracked
+                    "{} objects of consumers beyond the first {MAX_CONSUMERS}, and {unremembered} heartbeats beyond the first {}, were not judged (never acted on)",
+                    census.untracked,
+                    super::memory::MAX_REMEMBERED
                 ),
             )
         } else {
@@ -368,11 +537,14 @@ impl Reaper {
                 .with_label_values(&[&name, facts::state_name(state)])
                 .set(n as f64);
         }
-        tracing::debug!(policy = %name, consumers = views.len(), generation, "swept");
+        tracing::debug!(policy = %name, heartbeats = views.len(), generation, "swept");
 
-        // When to look again: the next state change, at the exact second; soon while acting.
+        // When to look again: the next state change, at the exact second; while acting, when
+        // the delete budget has a token again.
         if more_to_do {
-            return interval.min(Duration::from_secs(1));
+            let per_minute = f64::from(spec.deletes_per_minute.max(1));
+            return interval
+                .min(Duration::from_secs_f64(60.0 / per_minute).max(Duration::from_millis(100)));
         }
         let next = views
             .iter()
@@ -387,23 +559,120 @@ impl Reaper {
         }
     }
 
-    fn remember<'a>(&self, uids: impl Iterator<Item = &'a String>) {
-        let mut had = self.had_lease.locked();
-        for uid in uids {
-            if had.len() < MAX_REMEMBERED {
-                had.insert(uid.clone());
-            }
+    /// Reads the record of `policy` from [`MEMORY_CONFIGMAP`] once per term as leader.
+    async fn restore(&self, policy: &str) -> Result<(), String> {
+        if self.memory.locked().contains_key(policy) {
+            return Ok(());
         }
+        let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let found = maps.get_opt(MEMORY_CONFIGMAP).await.map_err(|e| {
+            format!(
+                "read the reaper's record {}/{MEMORY_CONFIGMAP}: {e}",
+                self.namespace
+            )
+        })?;
+        let text = found
+            .and_then(|m| m.data)
+            .and_then(|mut d| d.remove(&memory_key(policy)));
+        let memory = match text.as_deref().map(Memory::restore) {
+            Some(Ok(memory)) => memory,
+            Some(Err(error)) => {
+                // Every grace starts afresh: longer, never shorter.
+                tracing::warn!(policy, %error, "the reaper's record is unreadable; starting anew");
+                Memory::default()
+            }
+            None => Memory::default(),
+        };
+        tracing::info!(
+            policy,
+            remembered = memory.len(),
+            "the reaper's record read"
+        );
+        self.memory
+            .locked()
+            .insert(policy.to_owned(), (memory, text.unwrap_or_default()));
+        Ok(())
     }
 
-    /// Remembers the consumers a policy's status says had a Lease (after a restart).
-    pub fn seed(&self, policy: &ReaperPolicy) {
-        let listed = policy.status.iter().flat_map(|s| &s.consumers);
-        let had: Vec<String> = listed
-            .filter(|c| c.state != facts::state_name(State::NoLease))
-            .map(|c| c.uid.clone())
-            .collect();
-        self.remember(had.iter());
+    /// Writes the record of `policy` when what must survive a restart changed.
+    async fn persist(&self, policy: &str) -> Result<(), String> {
+        let text = {
+            let memories = self.memory.locked();
+            let Some((memory, written)) = memories.get(policy) else {
+                return Ok(());
+            };
+            let text = memory.persisted();
+            if text == *written || (written.is_empty() && text == "{}") {
+                return Ok(());
+            }
+            text
+        };
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": MEMORY_CONFIGMAP },
+            "data": { memory_key(policy): text },
+        });
+        Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace)
+            .patch(
+                MEMORY_CONFIGMAP,
+                &PatchParams::apply(&format!("{FIELD_MANAGER}-{policy}")).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|e| {
+                format!(
+                    "write the reaper's record {}/{MEMORY_CONFIGMAP}: {e}",
+                    self.namespace
+                )
+            })?;
+        if let Some((_, written)) = self.memory.locked().get_mut(policy) {
+            *written = text;
+        }
+        Ok(())
+    }
+
+    /// The targets of the last full read, when they may be acted on still: the same policy
+    /// generation, read within `interval`, some heartbeat acting, and targets left.
+    fn kept(
+        &self,
+        policy: &str,
+        generation: Option<i64>,
+        interval: Duration,
+        acting: bool,
+    ) -> Option<(Vec<Kind>, Census)> {
+        let mut pending = self.pending.locked();
+        let kept = pending.remove(policy)?;
+        (acting
+            && kept.generation == generation
+            && kept.read_at.elapsed() < interval
+            && !kept.census.targets.is_empty())
+        .then_some((kept.kinds, kept.census))
+    }
+
+    fn keep(
+        &self,
+        policy: &str,
+        generation: Option<i64>,
+        kinds: Vec<Kind>,
+        census: Census,
+        more_to_do: bool,
+    ) {
+        let mut pending = self.pending.locked();
+        if more_to_do {
+            let read_at = pending.get(policy).map_or_else(Instant::now, |p| p.read_at);
+            pending.insert(
+                policy.to_owned(),
+                Pending {
+                    generation,
+                    read_at,
+                    kinds,
+                    census,
+                },
+            );
+        } else {
+            pending.remove(policy);
+        }
     }
 
     async fn read_leases(&self, namespace: &str) -> Result<Vec<LeaseSeen>, String> {
@@ -466,7 +735,6 @@ impl Reaper {
                     name: format!("{}.{}", spec.names.plural, spec.group),
                     resource: ApiResource::from_gvk_with_plural(&gvk, &spec.names.plural),
                     namespaced: spec.scope == "Namespaced",
-                    copy: true,
                 })
             })
             .collect();
@@ -479,7 +747,6 @@ impl Reaper {
                     name: name.into(),
                     resource,
                     namespaced: true,
-                    copy: false,
                 });
             }
         }
@@ -488,20 +755,19 @@ impl Reaper {
                 name: "namespaces".into(),
                 resource: ApiResource::erase::<Namespace>(&()),
                 namespaced: false,
-                copy: false,
             });
         }
         Ok(kinds)
     }
 
-    /// Counts the marked objects of `kind` per consumer, page by page (nothing but the counts and
-    /// the eligible consumers' targets is kept).
+    /// Counts the marked objects of `kind` per group, page by page (nothing but the counts and
+    /// the targets of groups that `may_act` is kept): metadata only, never a payload.
     async fn read_objects(
         &self,
         index: usize,
         kind: &Kind,
         spec: &kbind_shared::api::reaper::ReaperPolicySpec,
-        eligible: &HashSet<&str>,
+        may_act: &(dyn Fn(&Group) -> bool + Sync),
         census: &mut Census,
     ) -> Result<(), String> {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &kind.resource);
@@ -518,21 +784,26 @@ impl Reaper {
                 let Some(consumer) = facts::consumer_uid(meta) else {
                     continue;
                 };
+                let group: Group = (
+                    consumer.to_owned(),
+                    facts::heartbeat_record(meta).map(str::to_owned),
+                );
                 if facts::is_protected(meta, &spec.protect_label) {
-                    census.count(consumer, "protected");
+                    census.count(&group, "protected");
                     continue;
                 }
-                census.count(consumer, &kind.name);
-                if meta.deletion_timestamp.is_some() && census.objects.contains_key(consumer) {
-                    *census.deleting.entry(consumer.to_owned()).or_default() += 1;
+                if !census.count(&group, &kind.name) {
+                    continue;
                 }
-                if eligible.contains(consumer) && meta.deletion_timestamp.is_none() {
+                if meta.deletion_timestamp.is_some() {
+                    *census.deleting.entry(group.clone()).or_default() += 1;
+                } else if may_act(&group) {
                     census.targets.push(Target {
                         kind: index,
                         namespace: meta.namespace.clone(),
                         name: object.name_any(),
                         object_uid: meta.uid.clone().unwrap_or_default(),
-                        consumer: consumer.to_owned(),
+                        group,
                     });
                 }
             }
@@ -543,33 +814,45 @@ impl Reaper {
         }
     }
 
-    /// Acts on the targets of the consumers in `acting`, within the delete budget; namespaces
-    /// only of consumers with nothing else left, and only when no copy there is another's,
-    /// unmarked or protected. Returns whether work remains (the budget ran out).
+    /// Acts on the targets of the heartbeats in `acting`, within the delete budget; namespaces
+    /// only of heartbeats with nothing else left, and only when the namespace holds nothing but
+    /// that heartbeat's objects. Acted targets leave `census`. Returns whether work remains (the
+    /// budget ran out).
     async fn act(
         &self,
         policy: &str,
         spec: &kbind_shared::api::reaper::ReaperPolicySpec,
         kinds: &[Kind],
-        targets: &[Target],
-        acting: &HashMap<&str, (Action, bool)>,
+        census: &mut Census,
+        judged: &BTreeMap<Group, Judge>,
+        acting: &HashMap<&Judge, (Action, bool)>,
     ) -> bool {
         let per_minute = f64::from(spec.deletes_per_minute.max(1));
+        let targets = std::mem::take(&mut census.targets);
+        let mut remaining = Vec::new();
+        let mut out_of_budget = false;
         for target in targets {
-            let Some(&(action, only_namespaces)) = acting.get(target.consumer.as_str()) else {
+            let Some(judge) = judged.get(&target.group) else {
                 continue;
             };
-            let Some(kind) = kinds.get(target.kind) else {
+            let (Some(&(action, only_namespaces)), Some(kind)) =
+                (acting.get(judge), kinds.get(target.kind))
+            else {
                 continue;
             };
+            if out_of_budget {
+                remaining.push(target);
+                continue;
+            }
             let is_namespace = kind.name == "namespaces";
             if is_namespace && !only_namespaces {
+                remaining.push(target);
                 continue;
             }
             if is_namespace
                 && action == Action::Delete
                 && !self
-                    .namespace_holds_only(kinds, &target.name, &target.consumer, spec)
+                    .namespace_holds_only(&target.name, judge, judged, spec)
                     .await
             {
                 continue;
@@ -581,7 +864,9 @@ impl Reaper {
                 bucket.take(now, per_minute, per_minute / 60.0)
             };
             if !allowed {
-                return true;
+                out_of_budget = true;
+                remaining.push(target);
+                continue;
             }
             let api: Api<DynamicObject> = match (&target.namespace, kind.namespaced) {
                 (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &kind.resource),
@@ -615,49 +900,74 @@ impl Reaper {
             };
             match result {
                 Ok(()) => {
-                    tracing::info!(policy, consumer = %target.consumer, api = %kind.name, namespace = ?target.namespace, name = %target.name, action = action_name, "reaped");
+                    tracing::info!(policy, consumer = %target.group.0, heartbeat = ?target.group.1, api = %kind.name, namespace = ?target.namespace, name = %target.name, action = action_name, "reaped");
                     self.metrics
                         .reaper_objects_total
                         .with_label_values(&[policy, &kind.name, action_name])
                         .inc();
+                    census.acted(&target, &kind.name, action);
                 }
                 // Gone, or replaced by another object of the same name: nothing to do.
-                Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 409 => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 409 => {
+                    census.acted(&target, &kind.name, Action::Orphan);
+                }
                 Err(e) => {
-                    tracing::warn!(policy, consumer = %target.consumer, api = %kind.name, name = %target.name, error = %e, "could not reap");
+                    tracing::warn!(policy, consumer = %target.group.0, api = %kind.name, name = %target.name, error = %e, "could not reap");
                 }
             }
         }
-        false
+        census.targets = remaining;
+        out_of_budget
     }
 
-    /// Whether the namespace holds, among the copies' APIs, nothing but `consumer`'s unprotected
-    /// objects — and is not protected itself.
+    /// Whether the namespace holds nothing but objects `judge` answers for (unprotected) and
+    /// what Kubernetes puts in every namespace — checked whole: every namespaced kind the
+    /// provider serves that can be listed, by metadata. Anything else (another consumer's
+    /// object, a protected one, a Pod, a kind the reaper may not list) keeps the namespace.
     async fn namespace_holds_only(
         &self,
-        kinds: &[Kind],
         namespace: &str,
-        consumer: &str,
+        judge: &Judge,
+        judged: &BTreeMap<Group, Judge>,
         spec: &kbind_shared::api::reaper::ReaperPolicySpec,
     ) -> bool {
-        for kind in kinds.iter().filter(|k| k.copy && k.namespaced) {
+        let resources = match self.namespaced_kinds().await {
+            Ok(resources) => resources,
+            Err(e) => {
+                tracing::warn!(namespace, error = %e, "namespace kept: its kinds could not be discovered");
+                return false;
+            }
+        };
+        for resource in &resources {
             let api: Api<DynamicObject> =
-                Api::namespaced_with(self.client.clone(), namespace, &kind.resource);
+                Api::namespaced_with(self.client.clone(), namespace, resource);
             let mut params = ListParams::default().limit(PAGE);
             loop {
                 let page = match api.list_metadata(&params).await {
                     Ok(page) => page,
                     Err(e) => {
-                        tracing::warn!(namespace, api = %kind.name, error = %e, "namespace kept: its objects could not be read");
+                        tracing::info!(namespace, kind = %resource.plural, error = %e, "namespace kept: its objects could not be read");
                         return false;
                     }
                 };
-                let foreign = page.items.iter().find(|o| {
-                    facts::consumer_uid(&o.metadata) != Some(consumer)
-                        || facts::is_protected(&o.metadata, &spec.protect_label)
+                let other = page.items.iter().find(|o| {
+                    let meta = &o.metadata;
+                    let system = SYSTEM_OBJECTS.iter().any(|(group, plural, name)| {
+                        resource.group == *group
+                            && resource.plural == *plural
+                            && meta.name.as_deref() == Some(*name)
+                    });
+                    let ours = facts::consumer_uid(meta).is_some_and(|uid| {
+                        let group = (
+                            uid.to_owned(),
+                            facts::heartbeat_record(meta).map(str::to_owned),
+                        );
+                        judged.get(&group) == Some(judge)
+                    }) && !facts::is_protected(meta, &spec.protect_label);
+                    !system && !ours
                 });
-                if let Some(other) = foreign {
-                    tracing::info!(namespace, api = %kind.name, object = %other.name_any(), "namespace kept: it holds an object that is not the dead consumer's, or is protected");
+                if let Some(other) = other {
+                    tracing::info!(namespace, kind = %resource.plural, object = %other.name_any(), "namespace kept: it holds an object that is not the dead heartbeat's, or is protected");
                     return false;
                 }
                 match page.metadata.continue_ {
@@ -667,6 +977,33 @@ impl Reaper {
             }
         }
         true
+    }
+
+    /// Every namespaced kind the provider serves that can be listed (Events aside: a record of
+    /// what happened, never a reason to keep a namespace), from aggregated discovery, reused for
+    /// [`DISCOVERY_TTL`].
+    async fn namespaced_kinds(&self) -> Result<Vec<ApiResource>, String> {
+        if let Some((at, kinds)) = self.discovered.locked().as_ref()
+            && at.elapsed() < DISCOVERY_TTL
+        {
+            return Ok(kinds.clone());
+        }
+        let discovery = Discovery::new(self.client.clone())
+            .run_aggregated()
+            .await
+            .map_err(|e| format!("discovery: {e}"))?;
+        let kinds: Vec<ApiResource> = discovery
+            .groups()
+            .flat_map(|group| group.recommended_resources())
+            .filter(|(resource, caps)| {
+                caps.scope == Scope::Namespaced
+                    && caps.supports_operation(kube::discovery::verbs::LIST)
+                    && resource.plural != "events"
+            })
+            .map(|(resource, _)| resource)
+            .collect();
+        *self.discovered.locked() = Some((Instant::now(), kinds.clone()));
+        Ok(kinds)
     }
 
     async fn write_status(
@@ -712,7 +1049,45 @@ fn orphan_patch(object_uid: &str) -> Patch<serde_json::Value> {
     Patch::Merge(kbind_shared::ownership::unmark_patch(object_uid))
 }
 
-/// Whether, of a consumer's objects per API, only namespaces (and protected objects, which are
+/// The one heartbeat each consumer UID has, for those with exactly one (its unrecorded objects
+/// may be that one's: [`Heartbeats::judge`]).
+fn sole_heartbeats(heartbeats: &Heartbeats) -> BTreeMap<&str, &str> {
+    let mut count: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
+    for (key, uid) in &heartbeats.by_key {
+        let entry = count.entry(uid.as_str()).or_insert((0, key.as_str()));
+        entry.0 += 1;
+    }
+    count
+        .into_iter()
+        .filter(|(_, (n, _))| *n == 1)
+        .map(|(uid, (_, key))| (uid, key))
+        .collect()
+}
+
+/// The decision for objects with no Lease to read (`Gone`, `Never`).
+fn decide_plain(
+    heartbeat: Heartbeat,
+    now: i64,
+    objects: &BTreeMap<String, u64>,
+    policy: &super::Policy,
+    countable: impl Fn(&BTreeMap<String, u64>) -> u64,
+) -> super::Step {
+    super::decide(
+        &Facts {
+            now,
+            heartbeat,
+            objects: countable(objects),
+        },
+        policy,
+    )
+}
+
+/// The data key of a policy's record in [`MEMORY_CONFIGMAP`].
+fn memory_key(policy: &str) -> String {
+    format!("{policy}.json")
+}
+
+/// Whether, of a heartbeat's objects per API, only namespaces (and protected objects, which are
 /// never acted on) are left.
 fn only_namespaces_left(objects: &BTreeMap<String, u64>) -> bool {
     objects

@@ -43,6 +43,11 @@ pub const MAX_LISTED_CONSUMERS: usize = 100;
         type_ = "integer",
         json_path = ".status.counts.noLease"
     ),
+    printcolumn(
+        name = "Unaccounted",
+        type_ = "integer",
+        json_path = ".status.counts.unaccounted"
+    ),
     printcolumn(name = "Last sweep", type_ = "date", json_path = ".status.lastSweep")
 )]
 #[serde(rename_all = "camelCase")]
@@ -135,11 +140,11 @@ pub struct ReaperPolicyStatus {
     /// The provider API server's time of the last sweep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sweep: Option<Time>,
-    /// Consumers by state, all of them.
+    /// Heartbeats (and consumers' objects no heartbeat accounts for) by state, all of them.
     #[serde(default)]
     pub counts: ConsumerCounts,
-    /// The consumers, the most urgent first (Reaping, Stale, NoLease, Left, Live, Reaped), at
-    /// most 100.
+    /// The heartbeats, the most urgent first (Reaping, Stale, Unaccounted, NoLease, Left, Live,
+    /// Reaped), at most 100.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consumers: Vec<ConsumerStatus>,
 }
@@ -160,23 +165,30 @@ pub struct ConsumerCounts {
     pub no_lease: u32,
     /// Deleted their Connection in an orderly way: never touched.
     pub left: u32,
+    /// Objects no heartbeat the reaper can judge accounts for (written through a Connection
+    /// whose Lease is outside `leaseNamespaces`, or by one of several it cannot tell apart):
+    /// never touched.
+    #[serde(default)]
+    pub unaccounted: u32,
 }
 
-/// One consumer as the reaper sees it.
+/// One heartbeat (one Connection of a consumer) as the reaper sees it, or a consumer's objects
+/// no heartbeat accounts for (`NoLease`, `Unaccounted`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConsumerStatus {
     /// The consumer cluster's UID (its objects' `core.kbind.io/consumer-cluster-uid`).
     pub uid: String,
-    /// `Live`, `Stale`, `Reaping`, `Reaped`, `NoLease` or `Left`.
+    /// `Live`, `Stale`, `Reaping`, `Reaped`, `NoLease`, `Left` or `Unaccounted`.
     pub state: String,
-    /// Its Connections' names, from their Leases.
+    /// Its Connection's name, from its Lease.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<String>,
-    /// Its heartbeat Leases, `<namespace>/<name>`.
+    /// Its heartbeat Lease, `<namespace>/<name>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leases: Vec<String>,
-    /// When the provider's API server last recorded a renewal of one of its Leases.
+    /// The provider API server's time of the sweep at which the reaper last saw its Lease
+    /// renewed (changed), or first saw it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_renewal: Option<Time>,
     /// When its state changes by itself next (Live → Stale, Stale → Reaping), server time.

@@ -114,15 +114,12 @@ async fn sweep_until(
     stop: &tokio_util::sync::CancellationToken,
 ) {
     let policies: Api<ReaperPolicy> = Api::all(client.clone());
-    let mut seeded = false;
+    // A new term as leader: what a previous leader observed is read from its record.
+    reaper.forget();
     while !stop.is_cancelled() {
         let mut next = interval;
         match policies.list(&ListParams::default()).await {
             Ok(list) => {
-                if !seeded {
-                    list.items.iter().for_each(|p| reaper.seed(p));
-                    seeded = true;
-                }
                 for policy in &list.items {
                     if stop.is_cancelled() {
                         return;

@@ -64,14 +64,13 @@ pub async fn gather(provider: &Client) -> Result<Report, String> {
                         let seen =
                             facts::lease_seen(&lease.namespace().unwrap_or_default(), lease)?;
                         Some(LeaseRow {
-                            lease: seen.name,
+                            renewed: facts::written_at(&lease.metadata, &["f:spec", "f:renewTime"])
+                                .and_then(facts::time)
+                                .map(|t| t.0.to_string()),
+                            lease: seen.key,
                             consumer: seen.uid,
                             connection: seen.connection,
-                            renewed: facts::time(seen.facts.renewed).map(|t| t.0.to_string()),
-                            left: seen
-                                .facts
-                                .disconnected
-                                .is_some_and(|d| d >= seen.facts.renewed),
+                            left: seen.left,
                         })
                     })
                     .collect(),
@@ -107,7 +106,7 @@ pub fn render(report: &Report) -> String {
         };
         let counts = &status.counts;
         out.push_str(&format!(
-            "ReaperPolicy {} (last sweep {}): {} live, {} stale, {} reaping, {} reaped, {} without a Lease, {} left\n",
+            "ReaperPolicy {} (last sweep {}): {} live, {} stale, {} reaping, {} reaped, {} without a Lease, {} left, {} unaccounted\n",
             view::cell(name),
             status
                 .last_sweep
@@ -119,7 +118,8 @@ pub fn render(report: &Report) -> String {
             counts.reaping,
             counts.reaped,
             counts.no_lease,
-            counts.left
+            counts.left,
+            counts.unaccounted
         ));
         let rows: Vec<Vec<String>> = status
             .consumers

@@ -78,6 +78,8 @@ struct Kind {
     name: String,
     resource: ApiResource,
     namespaced: bool,
+    /// Where it is read; empty: everywhere.
+    namespaces: Vec<String>,
 }
 
 /// A group of objects: one consumer UID, and the heartbeat record they carry (if any).
@@ -735,6 +737,7 @@ impl Reaper {
                     name: format!("{}.{}", spec.names.plural, spec.group),
                     resource: ApiResource::from_gvk_with_plural(&gvk, &spec.names.plural),
                     namespaced: spec.scope == "Namespaced",
+                    namespaces: Vec::new(),
                 })
             })
             .collect();
@@ -747,6 +750,7 @@ impl Reaper {
                     name: name.into(),
                     resource,
                     namespaced: true,
+                    namespaces: spec.related_namespaces.clone(),
                 });
             }
         }
@@ -755,6 +759,7 @@ impl Reaper {
                 name: "namespaces".into(),
                 resource: ApiResource::erase::<Namespace>(&()),
                 namespaced: false,
+                namespaces: Vec::new(),
             });
         }
         Ok(kinds)
@@ -770,7 +775,29 @@ impl Reaper {
         may_act: &(dyn Fn(&Group) -> bool + Sync),
         census: &mut Census,
     ) -> Result<(), String> {
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &kind.resource);
+        if kind.namespaces.is_empty() {
+            let api = Api::all_with(self.client.clone(), &kind.resource);
+            return self
+                .read_from(api, index, kind, spec, may_act, census)
+                .await;
+        }
+        for namespace in &kind.namespaces {
+            let api = Api::namespaced_with(self.client.clone(), namespace, &kind.resource);
+            self.read_from(api, index, kind, spec, may_act, census)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn read_from(
+        &self,
+        api: Api<DynamicObject>,
+        index: usize,
+        kind: &Kind,
+        spec: &kbind_shared::api::reaper::ReaperPolicySpec,
+        may_act: &(dyn Fn(&Group) -> bool + Sync),
+        census: &mut Census,
+    ) -> Result<(), String> {
         let mut params = ListParams::default()
             .labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
             .limit(PAGE);

@@ -79,9 +79,14 @@ pub struct ReaperPolicySpec {
     #[serde(default)]
     pub include_related: bool,
 
-    /// Include the namespaces kbind created for the consumer: deleted (with everything in them)
-    /// only once the consumer's own objects in them are gone and none of the policy's APIs holds
-    /// an object there of another consumer, an unmarked one or a protected one.
+    /// Where related copies are looked for (their metadata only); empty: every namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related_namespaces: Vec<String>,
+
+    /// Include the namespaces kbind created for the consumer: deleted only once nothing is left
+    /// in them — by a metadata list of every kind the provider serves — but what Kubernetes puts
+    /// in every namespace and the dead heartbeat's own unprotected objects (with `Orphan`: their
+    /// markers stripped instead).
     #[serde(default)]
     pub include_namespaces: bool,
 

@@ -20,10 +20,21 @@ use kube::{Api, ResourceExt};
 
 const PROGRAM: &str = "kbind-reaper";
 
-/// kbind's provider-side reaper. Its kubeconfig (`--kubeconfig`, else in-cluster) is the
-/// provider's; `--namespace` holds its leader and clock Leases.
+/// kbind's provider-side reaper: runs on a PROVIDER cluster, tells live consumers from dead ones
+/// by what it observes of their heartbeat Leases, and reports them — or, only where a
+/// ReaperPolicy says so and after both graces, orphans or deletes a dead consumer's copies.
 #[derive(Parser, Debug)]
-#[command(name = "kbind-reaper", version, about)]
+#[command(
+    name = "kbind-reaper",
+    version,
+    about,
+    mut_arg("kubeconfig", |a| a.help("Kubeconfig of the PROVIDER cluster the reaper runs on [default: in-cluster, else $KUBECONFIG, else ~/.kube/config]")),
+    mut_arg("namespace", |a| a.help("The reaper's own namespace: its leader and clock Leases and its record (ConfigMap kbind-reaper-memory) [default: $POD_NAMESPACE, else kbind]")),
+    mut_arg("metrics_auth", |a| a.help("Serve `/metrics` only to a bearer token the provider API server authenticates and allows to `get` the non-resource URL `/metrics`")),
+    mut_arg("identity", |a| a.help("This process's name: the reaper's leader Lease holder [default: $POD_NAME, else <hostname>-<pid>]")),
+    mut_arg("provider_secret_namespaces", |a| a.hide(true)),
+    mut_arg("allow_insecure_providers", |a| a.hide(true)),
+)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
@@ -153,6 +164,23 @@ mod tests {
         );
         assert_eq!(parse_offset("0s"), Ok(jiff::SignedDuration::ZERO));
         assert!(parse_offset("soon").is_err());
+    }
+
+    #[test]
+    fn help_speaks_of_the_provider_and_lists_no_consumer_side_flag() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        assert!(
+            help.contains("Kubeconfig of the PROVIDER cluster"),
+            "{help}"
+        );
+        for consumer_side in [
+            "consumer cluster",
+            "--provider-secret-namespaces",
+            "--allow-insecure-providers",
+        ] {
+            assert!(!help.contains(consumer_side), "{consumer_side}: {help}");
+        }
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct Need {
     /// The namespace it is needed in; `None`: cluster-wide.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// The one object it is needed on (RBAC `resourceNames`); `None`: any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub verbs: Vec<String>,
 }
 
@@ -52,6 +55,7 @@ fn need(why: &str, group: &str, resource: &str, namespace: Option<&str>, verbs: 
         resource: resource.into(),
         path: String::new(),
         namespace: namespace.map(str::to_owned),
+        name: None,
         verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
     }
 }
@@ -67,7 +71,8 @@ pub struct RelatedUse {
 
 /// Everything kbind does on a provider for a Connection, and no more (#33.7): read its identity,
 /// discover its exports (the export marks on CRDs, and OpenAPI documents for that source), keep
-/// the heartbeat Lease in `lease_namespace`, create namespaces for the objects it copies, write
+/// the heartbeat Lease `lease` (namespace, name) — only that one, by name, so that no consumer may
+/// write another's heartbeat in a namespace they share — create namespaces for the objects it copies, write
 /// the APIs the Connection's bindings list (`apis`: group and resource — taken from the bindings,
 /// so a failed discovery leaves nothing out), and read or write related Secrets/ConfigMaps where
 /// the bindings' entries use them (read where the provider is the source, write where it is the
@@ -76,7 +81,7 @@ pub struct RelatedUse {
 pub fn needs(
     source: SchemaSource,
     active: Option<ActiveSchemaSource>,
-    lease_namespace: &str,
+    lease: (&str, &str),
     apis: &[(String, String)],
     related: &[RelatedUse],
     provider_events: &EventsScope,
@@ -105,13 +110,25 @@ pub fn needs(
             None,
             &["create"],
         ),
+        // RBAC cannot limit a create by name; the reaper never trusts a Lease by where it is,
+        // only by its name and holder, so creating others' names gains nothing.
         need(
-            "renew the heartbeat Lease",
+            "create the heartbeat Lease",
             "coordination.k8s.io",
             "leases",
-            Some(lease_namespace),
-            &["get", "create", "update", "patch"],
+            Some(lease.0),
+            &["create"],
         ),
+        Need {
+            name: Some(lease.1.to_owned()),
+            ..need(
+                "renew the heartbeat Lease (its own only)",
+                "coordination.k8s.io",
+                "leases",
+                Some(lease.0),
+                &["get", "update", "patch"],
+            )
+        },
     ];
     let openapi = source == SchemaSource::OpenApi || active == Some(ActiveSchemaSource::OpenApi);
     // Every source reads the export marks on CRDs (the OpenAPI source exports only marked APIs).
@@ -137,6 +154,7 @@ pub fn needs(
                 resource: String::new(),
                 path: path.into(),
                 namespace: None,
+                name: None,
                 verbs: vec!["get".into()],
             });
         }
@@ -294,7 +312,9 @@ pub fn missing_rbac(connection: &str, user: &str, checks: &[Check]) -> Option<St
     let mut by_scope: BTreeMap<Option<String>, Vec<Value>> = BTreeMap::new();
     for check in checks.iter().filter(|c| !c.missing.is_empty()) {
         let need = &check.need;
-        let rule = if need.path.is_empty() {
+        let rule = if let Some(name) = &need.name {
+            json!({ "apiGroups": [need.group], "resources": [need.resource], "resourceNames": [name], "verbs": check.missing })
+        } else if need.path.is_empty() {
             json!({ "apiGroups": [need.group], "resources": [need.resource], "verbs": check.missing })
         } else {
             json!({ "nonResourceURLs": [need.path], "verbs": check.missing })
@@ -478,6 +498,7 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
     );
     let provider_events = events_scope(&cluster_bindings, &bindings, name);
     let lease_namespace = heartbeat::lease_namespace(provider.provider.kubeconfig.namespace());
+    let lease_name = heartbeat::lease_name(name, &status.local_cluster_uid);
     let user = Api::<SelfSubjectReview>::all(client.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await
@@ -488,7 +509,7 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
     for need in needs(
         connection.spec.schema.source,
         status.active_schema_source,
-        lease_namespace,
+        (lease_namespace, &lease_name),
         &apis,
         &related,
         &provider_events,
@@ -526,6 +547,7 @@ async fn may(client: &Client, need: &Need, verb: &str) -> Result<bool, String> {
                 group: Some(need.group.clone()),
                 resource: Some(need.resource.clone()),
                 namespace: need.namespace.clone(),
+                name: need.name.clone(),
                 verb: Some(verb.into()),
                 ..Default::default()
             }),
@@ -633,7 +655,15 @@ mod tests {
         needs
             .iter()
             .map(|n| {
-                if n.path.is_empty() {
+                if let Some(name) = &n.name {
+                    format!(
+                        "{}/{} {:?} {name} {}",
+                        n.group,
+                        n.resource,
+                        n.namespace,
+                        n.verbs.join(",")
+                    )
+                } else if n.path.is_empty() {
                     format!(
                         "{}/{} {:?} {}",
                         n.group,
@@ -657,7 +687,8 @@ mod tests {
             "/namespaces None get",
             "core.kcp.io/logicalclusters None get",
             "/namespaces None create",
-            "coordination.k8s.io/leases Some(\"kbind\") get,create,update,patch",
+            "coordination.k8s.io/leases Some(\"kbind\") create",
+            "coordination.k8s.io/leases Some(\"kbind\") c-0123456789 get,update,patch",
         ];
         let crd = "apiextensions.k8s.io/customresourcedefinitions None get,list,watch";
         let apiservices = "apiregistration.k8s.io/apiservices None list";
@@ -726,7 +757,7 @@ mod tests {
             let got = kinds(&needs(
                 source,
                 active,
-                "kbind",
+                ("kbind", "c-0123456789"),
                 &apis,
                 &uses,
                 &EventsScope::Nowhere,
@@ -740,7 +771,7 @@ mod tests {
         let got = kinds(&needs(
             SchemaSource::Crd,
             None,
-            "kbind",
+            ("kbind", "c-0123456789"),
             &[],
             &[],
             everywhere,
@@ -751,7 +782,14 @@ mod tests {
         );
         assert_eq!(got.len(), base.len() + 2, "{got:?}");
         let two = EventsScope::Namespaces(["team-a".to_owned(), "team-b".to_owned()].into());
-        let some = kinds(&needs(SchemaSource::Crd, None, "kbind", &[], &[], &two));
+        let some = kinds(&needs(
+            SchemaSource::Crd,
+            None,
+            ("kbind", "c-0123456789"),
+            &[],
+            &[],
+            &two,
+        ));
         assert_eq!(
             some[base.len() + 1..],
             [
@@ -780,7 +818,7 @@ mod tests {
         let all = needs(
             SchemaSource::Crd,
             None,
-            "kbind",
+            ("kbind", "c-0123456789"),
             &[("example.org".to_owned(), "widgets".to_owned())],
             &[],
             &EventsScope::Nowhere,
@@ -793,7 +831,8 @@ mod tests {
             .cloned()
             .map(|n| match (n.resource.as_str(), n.namespace.is_some()) {
                 ("widgets", _) => check(n, &["create", "delete"]),
-                ("leases", _) => check(n, &["create"]),
+                ("leases", _) if n.name.is_none() => check(n, &["create"]),
+                ("leases", _) => check(n, &["patch"]),
                 _ => check(n, &[]),
             })
             .collect();
@@ -826,9 +865,13 @@ mod tests {
             documents[3]["metadata"],
             json!({ "name": "kbind-provider-c", "namespace": "kbind" })
         );
+        // The heartbeat Lease by name only: no consumer may write another's heartbeat.
         assert_eq!(
             documents[3]["rules"],
-            json!([{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"] }])
+            json!([
+                { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"] },
+                { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["c-0123456789"], "verbs": ["patch"] },
+            ])
         );
         assert_eq!(
             documents[1]["subjects"],

@@ -16,6 +16,7 @@ use kbind_e2e::tools::{chart_dir, helm_checked};
 use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::ClusterBinding;
 use kbind_shared::api::reaper::ReaperPolicy;
+use kbind_shared::heartbeat::go_lease_name;
 use kbind_shared::keys;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -31,33 +32,50 @@ const PROTECT: &str = "reaper.kbind.io/protect";
 /// The reaper chart's RBAC, rendered for these values (`action`, Secrets/ConfigMaps and
 /// Namespaces included), and its CRD, applied to the provider.
 async fn install_reaper_rbac(provider: &Client, lease_namespace: &str, action: &str) {
+    install_reaper_rbac_with(provider, lease_namespace, action, &[]).await;
+}
+
+/// [`install_reaper_rbac`] with more `--set` values.
+async fn install_reaper_rbac_with(
+    provider: &Client,
+    lease_namespace: &str,
+    action: &str,
+    sets: &[&str],
+) {
     let action = format!("action={action}");
     let chart = chart_dir().with_file_name("kbind-reaper");
     let chart = chart.display().to_string();
     let lease_namespaces = format!("leaseNamespaces={{{lease_namespace}}}");
-    let rbac = helm_checked(&[
-        "template",
-        "r",
-        &chart,
-        "--kube-version",
-        "1.36.3",
-        "-n",
-        REAPER_NAMESPACE,
-        "--show-only",
-        "templates/rbac.yaml",
-        "--set",
-        "apis[0].group=example.org",
-        "--set",
-        "apis[0].resources[0]=widgets",
-        "--set",
-        &action,
-        "--set",
-        "includeRelated=true",
-        "--set",
-        "includeNamespaces=true",
-        "--set",
-        &lease_namespaces,
-    ])
+    let rbac = helm_checked(
+        &[
+            "template",
+            "r",
+            &chart,
+            "--kube-version",
+            "1.36.3",
+            "-n",
+            REAPER_NAMESPACE,
+            "--show-only",
+            "templates/rbac.yaml",
+            "--show-only",
+            "templates/fence.yaml",
+            "--set",
+            "apis[0].group=example.org",
+            "--set",
+            "apis[0].resources[0]=widgets",
+            "--set",
+            &action,
+            "--set",
+            "includeRelated=true",
+            "--set",
+            "includeNamespaces=true",
+            "--set",
+            &lease_namespaces,
+        ]
+        .into_iter()
+        .chain(sets.iter().flat_map(|set| ["--set", *set]))
+        .collect::<Vec<_>>(),
+    )
     .unwrap();
     let crd = std::fs::read_to_string(
         chart_dir()
@@ -142,7 +160,7 @@ async fn lease_of_a(provider: &Client) -> (String, String) {
     (namespace, uid)
 }
 
-/// Writes another consumer's heartbeat Lease once, as the Go reference would (its own field
+/// Writes another consumer's heartbeat Lease once, as the Go konnector would (its own field
 /// manager, its own clock).
 async fn write_lease(
     provider: &Client,
@@ -233,7 +251,7 @@ fn keep_b_alive(provider: Client, namespace: String) -> tokio::task::JoinHandle<
     tokio::spawn(async move {
         loop {
             // A failed renewal is one missed beat, as for any consumer.
-            let _ = write_lease(&provider, &namespace, "other-consumer-b", UID_B).await;
+            let _ = write_lease(&provider, &namespace, &go_lease_name(UID_B), UID_B).await;
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     })
@@ -353,7 +371,7 @@ async fn a_dead_consumer_is_reaped_after_both_graces_and_nothing_else_is_touched
     // Where A's heartbeat is, and its UID.
     let (lease_namespace, uid_a) = lease_of_a(&provider).await;
 
-    // Consumer B: alive, in the Go reference's form. Consumer C: never had a Lease.
+    // Consumer B: alive, in the Go konnector's form. Consumer C: never had a Lease.
     let _b = keep_b_alive(provider.clone(), lease_namespace.clone());
     create_marked_namespace(&provider, "team-b", UID_B).await;
     create_marked_namespace(&provider, "team-c", UID_C).await;
@@ -601,7 +619,7 @@ async fn orphan_strips_a_dead_consumers_markers_and_a_consumer_that_left_is_neve
 
     // Consumer D renewed its Lease once and died; its copy and namespace remain.
     const UID_D: &str = "consumer-d-dead";
-    write_lease(&provider, &lease_namespace, "dead-consumer-d", UID_D)
+    write_lease(&provider, &lease_namespace, &go_lease_name(UID_D), UID_D)
         .await
         .unwrap();
     create_marked_namespace(&provider, "team-d", UID_D).await;
@@ -686,4 +704,652 @@ async fn orphan_strips_a_dead_consumers_markers_and_a_consumer_that_left_is_neve
         metric_sum(&text, "kbind_reaper_consumers", &[("state", "Left")]),
         f64::from(status.counts.left)
     );
+}
+
+/// The provider admin's kubeconfig with its context's namespace set: a Connection using it keeps
+/// its heartbeat Lease there (HB-2).
+fn with_context_namespace(kubeconfig: &str, namespace: &str) -> String {
+    let mut value: serde_yaml::Value = serde_yaml::from_str(kubeconfig).unwrap();
+    value["contexts"][0]["context"]["namespace"] = serde_yaml::Value::from(namespace);
+    serde_yaml::to_string(&value).unwrap()
+}
+
+/// Writes a heartbeat Lease in kbind's form for `connection` of consumer `uid`, as a consumer
+/// (or a co-tenant forging one) would.
+async fn write_kbind_lease(provider: &Client, namespace: &str, connection: &str, uid: &str) {
+    let name = kbind_shared::heartbeat::lease_name(connection, uid);
+    let body = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "labels": { keys::MANAGED_LABEL: keys::TRUE },
+            "annotations": {
+                keys::CONSUMER_CLUSTER_UID_ANNOTATION: uid,
+                keys::CONNECTION_ANNOTATION: connection,
+            },
+        },
+        "spec": {
+            "holderIdentity": uid,
+            "leaseDurationSeconds": 1,
+            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now()),
+        },
+    });
+    // A failed renewal is one missed beat.
+    let _ = Api::<Lease>::namespaced(provider.clone(), namespace)
+        .patch(
+            &name,
+            &PatchParams::apply("someone").force(),
+            &Patch::Apply(&body),
+        )
+        .await;
+}
+
+/// A Widget copy of consumer `uid` written through the Connection whose heartbeat is `heartbeat`
+/// (`None`: a copy without the record, as the Go konnector writes them).
+fn copy_of(namespace: &str, name: &str, uid: &str, heartbeat: Option<&str>) -> DynamicObject {
+    let mut object = foreign_widget(namespace, name, uid);
+    if let Some(record) = heartbeat {
+        object
+            .annotations_mut()
+            .insert(keys::HEARTBEAT_ANNOTATION.into(), record.into());
+    }
+    object
+}
+
+fn gadget_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    kbind_e2e::fixtures::crd("gadgets", "example.org", "Gadget", &[])
+}
+
+/// Whether `result` is the API server's refusal (403: RBAC, or the reaper's admission fence).
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 403 => s.message,
+        other => panic!("{what} was not refused: {other:?}"),
+    }
+}
+
+/// Each object's UID and whether kbind's markers are still on it and it is not being deleted:
+/// what "untouched by the reaper" means for a live consumer's object.
+async fn intact(api: &Api<DynamicObject>, name: &str) -> (String, bool) {
+    let object = api.get(name).await.unwrap();
+    let marked = object.labels().get(keys::MANAGED_LABEL).map(String::as_str) == Some(keys::TRUE)
+        || object.labels().is_empty();
+    (
+        object.metadata.uid.clone().unwrap_or_default(),
+        marked && object.metadata.deletion_timestamp.is_none(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_co_tenant_can_make_the_reaper_touch_a_live_consumer() {
+    // Consumer A is real kbind whose heartbeat lives in tenant-a, a namespace the policy does
+    // not read; its copies record that heartbeat.
+    let mut s = SyncEnv::start_full(
+        "reaper-adversaries",
+        &[0, 1, 2],
+        None,
+        &[],
+        &["--heartbeat-lease-duration=1s"],
+    )
+    .await;
+    let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
+    let provider_admin = s.env.cluster("provider").admin_kubeconfig();
+    put_kubeconfig(
+        &consumer,
+        "provider-kubeconfig",
+        &with_context_namespace(&provider_admin, "tenant-a"),
+    )
+    .await;
+    wait_cluster_binding_ready(&consumer, "widgets").await;
+    ensure_namespace(&consumer, "team-a").await.unwrap();
+    let provider_a = widget_copies(&provider, "team-a");
+    for name in ["w1", "w2"] {
+        create_and_wait_copy(&widgets(&consumer, "team-a"), &provider_a, name, 1).await;
+    }
+    let uid_a = uid_of_kube_system(&consumer).await;
+    let a_record = kbind_shared::heartbeat::record(Some("tenant-a"), "provider", &uid_a);
+    let a_lease = wait_for("A's heartbeat in tenant-a", 60, || async {
+        Ok(Api::<Lease>::namespaced(provider.clone(), "tenant-a")
+            .get_opt(&kbind_shared::heartbeat::lease_name("provider", &uid_a))
+            .await
+            .map_err(|e| e.to_string())?)
+    })
+    .await;
+    assert!(a_lease.spec.is_some());
+    // A's copies carry the record of the heartbeat of the Connection that wrote them.
+    wait_for("A's copies to record A's heartbeat", 60, || async {
+        let w1 = provider_a.get("w1").await.map_err(|e| e.to_string())?;
+        Ok((annotation(&w1, keys::HEARTBEAT_ANNOTATION) == Some(a_record.as_str())).then_some(()))
+    })
+    .await;
+
+    // The other consumers, kept as other implementations would, in the namespace the policy
+    // reads (kbind): B alive (the Go konnector's form), D dead, E with two Connections.
+    const UID_D: &str = "consumer-d-dead-000";
+    const UID_E: &str = "consumer-e-0000000000";
+    let watched = "kbind";
+    ensure_namespace(&provider, watched).await.unwrap();
+    install_crd(&provider, &gadget_crd()).await.unwrap();
+    let _b = keep_b_alive(provider.clone(), watched.to_owned());
+    write_lease(&provider, watched, &go_lease_name(UID_D), UID_D)
+        .await
+        .unwrap();
+    write_kbind_lease(&provider, watched, "x", UID_E).await;
+    let e_y = tokio::spawn({
+        let provider = provider.clone();
+        async move {
+            loop {
+                write_kbind_lease(&provider, watched, "y", UID_E).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+    // A co-tenant clears B's managedFields right after each of its renewals.
+    let b_lease = go_lease_name(UID_B);
+    let clearing = tokio::spawn({
+        let provider = provider.clone();
+        let b_lease = b_lease.clone();
+        async move {
+            let leases = Api::<Lease>::namespaced(provider, watched);
+            loop {
+                let _ = leases
+                    .patch(
+                        &b_lease,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({ "metadata": { "managedFields": [{}] } })),
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        }
+    });
+    // A co-tenant's fake Lease for A, in kbind's very name form, where the policy reads: A had
+    // no visible heartbeat, and this one is never renewed.
+    write_kbind_lease(&provider, watched, "provider", &uid_a).await;
+
+    // B's objects: a copy in team-b, and in the namespaces dead D created, something each:
+    // team-x1 a Gadget (an API the policy does not list), team-x2 a related Secret, team-x3 the
+    // provider's own PVC. D's copies sit beside them; team-d holds only D's.
+    create_marked_namespace(&provider, "team-b", UID_B).await;
+    widget_copies(&provider, "team-b")
+        .create(
+            &PostParams::default(),
+            &copy_of("team-b", "b1", UID_B, None),
+        )
+        .await
+        .unwrap();
+    for namespace in ["team-x1", "team-x2", "team-x3", "team-d"] {
+        create_marked_namespace(&provider, namespace, UID_D).await;
+        widget_copies(&provider, namespace)
+            .create(
+                &PostParams::default(),
+                &copy_of(namespace, "d1", UID_D, None),
+            )
+            .await
+            .unwrap();
+    }
+    let gadgets = |ns: &str| {
+        let gvk = kube::api::GroupVersionKind::gvk("example.org", "v1", "Gadget");
+        Api::<DynamicObject>::namespaced_with(
+            provider.clone(),
+            ns,
+            &kube::api::ApiResource::from_gvk_with_plural(&gvk, "gadgets"),
+        )
+    };
+    let mut gadget = copy_of("team-x1", "g1", UID_B, None);
+    gadget.types = Some(kube::api::TypeMeta {
+        api_version: "example.org/v1".into(),
+        kind: "Gadget".into(),
+    });
+    gadgets("team-x1")
+        .create(&PostParams::default(), &gadget)
+        .await
+        .unwrap();
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {
+            "name": "b-settings", "namespace": "team-x2",
+            "labels": { keys::MANAGED_LABEL: keys::TRUE },
+            "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: UID_B },
+        },
+        "stringData": { "k": "v" },
+    }))
+    .unwrap();
+    let secrets =
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(provider.clone(), "team-x2");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": { "name": "data", "namespace": "team-x3" },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": { "requests": { "storage": "1Gi" } },
+        },
+    }))
+    .unwrap();
+    let claims = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        provider.clone(),
+        "team-x3",
+    );
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    // E's copies, each written through one of its Connections (the record as kbind writes it).
+    create_marked_namespace(&provider, "team-e", UID_E).await;
+    for (name, connection) in [("e-x1", "x"), ("e-y1", "y")] {
+        let record = kbind_shared::heartbeat::record(Some(watched), connection, UID_E);
+        widget_copies(&provider, "team-e")
+            .create(
+                &PostParams::default(),
+                &copy_of("team-e", name, UID_E, Some(&record)),
+            )
+            .await
+            .unwrap();
+    }
+
+    // The reaper on Delete with its chart's RBAC and admission fence, its host clock hours off.
+    let policy = json!({
+        "leaseNamespaces": [watched],
+        "staleAfter": "12s",
+        "deleteAfter": "20s",
+        "action": "Delete",
+        "apis": ["widgets.example.org"],
+        "includeRelated": true,
+        "includeNamespaces": true,
+        "deletesPerMinute": 600,
+    });
+    let flags = [
+        "--host-clock-offset=-5h",
+        "--leader-election-lease-duration=3s",
+    ];
+    let (reaper_index, _metrics) =
+        start_reaper(&mut s.env, &provider, watched, policy, &flags).await;
+
+    // The fence, tried with the reaper's own token: each forbidden write is refused by RBAC or
+    // by the admission policy, and what it must do is allowed.
+    let account = s
+        .env
+        .cluster("provider")
+        .mint_service_account_user(REAPER_NAMESPACE, SERVICE_ACCOUNT)
+        .await
+        .unwrap();
+    let reaper_client = kbind_e2e::cluster::client_for(&account.kubeconfig)
+        .await
+        .unwrap();
+    let mut unmarked = widget("provider-own", 1);
+    unmarked.metadata.namespace = Some("team-b".into());
+    widget_copies(&provider, "team-b")
+        .create(&PostParams::default(), &unmarked)
+        .await
+        .unwrap();
+    let fenced = refused(
+        widget_copies(&reaper_client, "team-b")
+            .delete("provider-own", &Default::default())
+            .await,
+        "deleting a Widget without kbind's marker",
+    );
+    assert!(fenced.contains("kbind-reaper may only change"), "{fenced}");
+    refused(
+        Api::<Lease>::namespaced(reaper_client.clone(), watched)
+            .patch(
+                &b_lease,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "labels": { "x": "y" } } })),
+            )
+            .await,
+        "writing a consumer's Lease",
+    );
+    refused(
+        Api::<Namespace>::all(reaper_client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "metadata": { "name": "made-by-reaper" } }))
+                    .unwrap(),
+            )
+            .await,
+        "creating a namespace",
+    );
+    let fenced = refused(
+        Api::<ConfigMap>::namespaced(reaper_client.clone(), REAPER_NAMESPACE)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "metadata": { "name": "not-its-record" } }))
+                    .unwrap(),
+            )
+            .await,
+        "creating a ConfigMap that is not its record",
+    );
+    assert!(fenced.contains("kbind-reaper may only change"), "{fenced}");
+    let throwaway = copy_of("team-b", "throwaway", "nobody-0000000", None);
+    widget_copies(&provider, "team-b")
+        .create(&PostParams::default(), &throwaway)
+        .await
+        .unwrap();
+    widget_copies(&reaper_client, "team-b")
+        .delete("throwaway", &Default::default())
+        .await
+        .expect("a marked object may be deleted");
+
+    // What must never be touched, before the reaper acts.
+    let live: Vec<(Api<DynamicObject>, &str)> = vec![
+        (provider_a.clone(), "w1"),
+        (provider_a.clone(), "w2"),
+        (widget_copies(&provider, "team-b"), "b1"),
+        (widget_copies(&provider, "team-b"), "provider-own"),
+        (widget_copies(&provider, "team-e"), "e-y1"),
+        (gadgets("team-x1"), "g1"),
+    ];
+    let mut before = Vec::new();
+    for (api, name) in &live {
+        before.push(intact(api, name).await);
+    }
+    assert!(before.iter().all(|(_, ok)| *ok), "{before:?}");
+
+    // D goes stale; the reaper restarts mid-grace (its host clock off the other way): the grace
+    // goes on from its record, neither reset nor shortened.
+    let d_key = format!("{watched}/{}", go_lease_name(UID_D));
+    wait_state(&provider, UID_D, "Stale", 60).await;
+    let next_of = |status: &kbind_shared::api::reaper::ReaperPolicyStatus| {
+        status
+            .consumers
+            .iter()
+            .find(|c| c.leases == [d_key.clone()])
+            .and_then(|c| c.next_change.clone())
+    };
+    let status = policy_status(&provider).await.unwrap();
+    let due = next_of(&status).expect("D's next change");
+    let swept = status.last_sweep.clone();
+    s.env.process(reaper_index).kill();
+    let kubeconfig = s.env.dir().join("reaper.kubeconfig");
+    let restarted = s
+        .env
+        .start_kbind(
+            "kbind-reaper",
+            "reaper-again",
+            &[
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--namespace={REAPER_NAMESPACE}"),
+                "--metrics-bind-address=0".into(),
+                format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
+                "--sweep-interval=2s".into(),
+                "--host-clock-offset=+7h".into(),
+                "--leader-election-lease-duration=3s".into(),
+            ],
+            &[("POD_NAME", "reaper-1")],
+        )
+        .unwrap();
+    let after_restart = wait_for("a sweep of the restarted reaper", 60, || async {
+        let status = policy_status(&provider).await?;
+        Ok((status.last_sweep != swept).then_some(status))
+    })
+    .await;
+    assert_eq!(
+        next_of(&after_restart),
+        Some(due),
+        "the grace is neither reset nor shortened by a restart: {after_restart:#?}"
+    );
+    let d1 = widget_copies(&provider, "team-d").get("d1").await.unwrap();
+    assert!(
+        d1.metadata.deletion_timestamp.is_none(),
+        "nothing of D is deleted before its grace ends"
+    );
+
+    // D's copies go, and team-d with them; team-x1..3 stay, each for what else it holds.
+    let namespaces: Api<Namespace> = Api::all(provider.clone());
+    for namespace in ["team-x1", "team-x2", "team-x3", "team-d"] {
+        wait_gone(
+            &widget_copies(&provider, namespace),
+            "d1",
+            &format!("D's copy in {namespace} reaped"),
+            90,
+        )
+        .await;
+    }
+    wait_for("team-d to be deleted", 60, || async {
+        Ok(namespaces
+            .get_opt("team-d")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none_or(|n| n.metadata.deletion_timestamp.is_some())
+            .then_some(()))
+    })
+    .await;
+    wait_state(&provider, UID_D, "Reaped", 60).await;
+    // Well past every grace of the fake Lease for A and of B's cleared Lease.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    for namespace in ["team-x1", "team-x2", "team-x3", "team-e"] {
+        let kept = namespaces.get(namespace).await.unwrap();
+        assert!(
+            kept.metadata.deletion_timestamp.is_none(),
+            "{namespace} holds something that is not D's: kept"
+        );
+    }
+    let mut after = Vec::new();
+    for (api, name) in &live {
+        after.push(intact(api, name).await);
+    }
+    assert_eq!(before, after, "no live object touched");
+    assert!(secrets.get_opt("b-settings").await.unwrap().is_some());
+    assert!(claims.get_opt("data").await.unwrap().is_some());
+    // E's copy written through its lapsed Connection goes; the other's stays.
+    wait_gone(
+        &widget_copies(&provider, "team-e"),
+        "e-x1",
+        "E's copy through its lapsed Connection reaped",
+        60,
+    )
+    .await;
+    let status = policy_status(&provider).await.unwrap();
+    let state = |uid: &str, lease: Option<&str>| {
+        status
+            .consumers
+            .iter()
+            .filter(|c| c.uid == uid && lease.is_none_or(|l| c.leases == [l.to_owned()]))
+            .map(|c| c.state.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(state(UID_B, None), ["Live"], "{status:#?}");
+    assert!(
+        state(&uid_a, None).contains(&"Unaccounted".to_owned()),
+        "{status:#?}"
+    );
+    let e_y_key = format!(
+        "{watched}/{}",
+        kbind_shared::heartbeat::lease_name("y", UID_E)
+    );
+    assert_eq!(state(UID_E, Some(&e_y_key)), ["Live"], "{status:#?}");
+    assert!(status.counts.unaccounted >= 1);
+
+    // `kubectl kbind consumers` shows what the policy's status says, and the Leases.
+    let consumer_kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+    let provider_kubeconfig = s.env.cluster("provider").admin_kubeconfig_path();
+    let provider_path = provider_kubeconfig.display().to_string();
+    let run = kbind_e2e::fixtures::plugin(
+        &consumer_kubeconfig,
+        &[
+            "consumers",
+            "--provider-kubeconfig",
+            &provider_path,
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run}");
+    let report = run.json();
+    let listed: Vec<(String, String)> = report["policies"][0][1]["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["uid"].as_str().unwrap().to_owned(),
+                c["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let fresh = policy_status(&provider).await.unwrap();
+    assert!(
+        listed.contains(&(UID_D.to_owned(), "Reaped".to_owned()))
+            && listed.contains(&(UID_B.to_owned(), "Live".to_owned())),
+        "{listed:?}"
+    );
+    assert_eq!(
+        report["policies"][0][1]["counts"]["unaccounted"],
+        json!(fresh.counts.unaccounted)
+    );
+    let leases: Vec<&str> = report["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["lease"].as_str().unwrap())
+        .collect();
+    for key in [d_key.as_str(), e_y_key.as_str()] {
+        assert!(leases.contains(&key), "{key} in {leases:?}");
+    }
+    let text = kbind_e2e::fixtures::plugin(
+        &consumer_kubeconfig,
+        &["consumers", "--provider-kubeconfig", &provider_path],
+    )
+    .await;
+    assert!(
+        text.stdout.contains("unaccounted") && text.stdout.contains("SEEN RENEWED"),
+        "{text}"
+    );
+    e_y.abort();
+    clearing.abort();
+    assert!(s.env.process(restarted).is_running(), "the reaper runs on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_report_mode_the_reaper_may_write_nothing_and_reads_related_copies_only_where_named() {
+    // The chart's RBAC and fence for Report, tried with its ServiceAccount's token.
+    let env = kbind_e2e::TestEnv::start("reaper-report-rbac", &["provider"])
+        .await
+        .unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    for namespace in [REAPER_NAMESPACE, "kbind", "team-a", "team-b"] {
+        ensure_namespace(&provider, namespace).await.unwrap();
+    }
+    install_reaper_rbac_with(
+        &provider,
+        "kbind",
+        "Report",
+        &["relatedNamespaces={team-a}"],
+    )
+    .await;
+    let account = env
+        .cluster("provider")
+        .mint_service_account_user(REAPER_NAMESPACE, SERVICE_ACCOUNT)
+        .await
+        .unwrap();
+    let reaper = kbind_e2e::cluster::client_for(&account.kubeconfig)
+        .await
+        .unwrap();
+    let w = copy_of("team-a", "w", "dead-consumer-0000", None);
+    widget_copies(&provider, "team-a")
+        .create(&PostParams::default(), &w)
+        .await
+        .unwrap();
+    for namespace in ["team-a", "team-b"] {
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+            "metadata": {
+                "name": "related", "namespace": namespace,
+                "labels": { keys::MANAGED_LABEL: keys::TRUE },
+                "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "dead-consumer-0000" },
+            },
+            "stringData": { "k": "v" },
+        }))
+        .unwrap();
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(provider.clone(), namespace)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+
+    // What a sweep reads: allowed.
+    let params = kube::api::ListParams::default();
+    Api::<DynamicObject>::all_with(reaper.clone(), &widget_resource())
+        .list_metadata(&params)
+        .await
+        .expect("the copies' metadata");
+    let related =
+        |ns: &str| Api::<k8s_openapi::api::core::v1::Secret>::namespaced(reaper.clone(), ns);
+    related("team-a")
+        .list_metadata(&params)
+        .await
+        .expect("related copies' metadata where named");
+    // No write verb at all.
+    refused(
+        widget_copies(&reaper, "team-a")
+            .delete("w", &Default::default())
+            .await,
+        "deleting a marked copy in Report",
+    );
+    refused(
+        widget_copies(&reaper, "team-a")
+            .patch(
+                "w",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "labels": { "x": "y" } } })),
+            )
+            .await,
+        "patching a marked copy in Report",
+    );
+    refused(
+        related("team-a")
+            .delete("related", &Default::default())
+            .await,
+        "deleting a related copy in Report",
+    );
+    refused(
+        Api::<Namespace>::all(reaper.clone())
+            .delete("team-a", &Default::default())
+            .await,
+        "deleting a namespace in Report",
+    );
+    // Related copies nowhere else; and no read of other kinds (that is only for Delete's
+    // whole-namespace check).
+    refused(
+        related("team-b").list_metadata(&params).await,
+        "listing Secrets where relatedNamespaces does not name",
+    );
+    refused(
+        Api::<k8s_openapi::api::core::v1::Secret>::all(reaper.clone())
+            .list_metadata(&params)
+            .await,
+        "listing Secrets cluster-wide",
+    );
+    refused(
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(reaper.clone(), "team-a")
+            .list_metadata(&params)
+            .await,
+        "listing Pods in Report",
+    );
+    // Its own clock Lease: allowed; anyone else's Lease in its namespace: fenced.
+    let clock = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": { "name": "kbind-reaper-clock" }, "spec": { "holderIdentity": "r" },
+    });
+    Api::<Lease>::namespaced(reaper.clone(), REAPER_NAMESPACE)
+        .patch(
+            "kbind-reaper-clock",
+            &PatchParams::apply("kbind-reaper"),
+            &Patch::Apply(&clock),
+        )
+        .await
+        .expect("its own clock Lease");
+    let fenced = refused(
+        Api::<Lease>::namespaced(reaper.clone(), REAPER_NAMESPACE)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "metadata": { "name": "someone-elses" } }))
+                    .unwrap(),
+            )
+            .await,
+        "creating another Lease",
+    );
+    assert!(fenced.contains("kbind-reaper may only change"), "{fenced}");
 }

@@ -129,6 +129,7 @@ pub fn render(report: &Report) -> String {
                     view::cell(&c.uid),
                     view::cell(&c.state),
                     view::cell(&c.connections.join(",")),
+                    view::cell(&c.leases.join(",")),
                     c.last_renewal
                         .as_ref()
                         .map(|t| t.0.to_string())
@@ -152,7 +153,8 @@ pub fn render(report: &Report) -> String {
                 "CONSUMER",
                 "STATE",
                 "CONNECTIONS",
-                "RENEWED",
+                "LEASE",
+                "SEEN RENEWED",
                 "NEXT CHANGE",
                 "OBJECTS",
             ],
@@ -190,7 +192,7 @@ pub fn render(report: &Report) -> String {
                 })
                 .collect();
             out.push_str(
-                "Heartbeat Leases (renewal times as the provider's API server recorded them):\n",
+                "Heartbeat Leases (renewal times as the provider's API server stamped them; whoever may write a Lease can clear them — the reaper goes by what it saw change):\n",
             );
             out.push_str(&view::table(
                 &["LEASE", "CONSUMER", "CONNECTION", "RENEWED", "LEFT"],

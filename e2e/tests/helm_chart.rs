@@ -954,6 +954,80 @@ fn the_reaper_chart_grants_only_what_its_action_needs() {
                 .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "kbind")
                 .expect("a Role in the Lease namespace");
             assert_eq!(heartbeats["rules"][0]["verbs"], serde_json::json!(["list"]));
+            // Its own Leases and record by name only; the fence is on by default.
+            let own = docs
+                .iter()
+                .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "kbind-reaper")
+                .expect("a Role in its own namespace");
+            for rule in own["rules"].as_array().unwrap() {
+                let writes = rule["verbs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v != "create");
+                assert_eq!(writes, rule.get("resourceNames").is_some(), "{rule}");
+            }
+            assert!(
+                docs.iter()
+                    .any(|d| d["kind"] == "ValidatingAdmissionPolicy"),
+                "the admission fence"
+            );
+            // Whole-namespace reads only with includeNamespaces and Delete.
+            let namespaces = format!("includeNamespaces={include}");
+            let extra = [&extra[..], &["--set", &namespaces]].concat();
+            let docs = yaml_documents(&reaper_template(&extra).unwrap()).unwrap();
+            let reads_all = docs
+                .iter()
+                .filter(|d| d["kind"] == "ClusterRole")
+                .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+                .any(|r| r["resources"] == serde_json::json!(["*"]));
+            assert_eq!(
+                reads_all,
+                include && action == "Delete",
+                "{action} {include}"
+            );
         }
     }
+    // Related copies only in the namespaces named, when named.
+    let scoped = [
+        &widgets[..],
+        &[
+            "--set",
+            "includeRelated=true",
+            "--set",
+            "relatedNamespaces={team-a,team-b}",
+        ],
+    ]
+    .concat();
+    let docs = yaml_documents(&reaper_template(&scoped).unwrap()).unwrap();
+    let cluster_wide = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole")
+        .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+        .any(|r| r["resources"] == serde_json::json!(["secrets", "configmaps"]));
+    assert!(
+        !cluster_wide,
+        "no cluster-wide Secret read when relatedNamespaces names some"
+    );
+    let related_roles: Vec<&str> = docs
+        .iter()
+        .filter(|d| {
+            d["kind"] == "Role"
+                && d["rules"][0]["resources"] == serde_json::json!(["secrets", "configmaps"])
+        })
+        .filter_map(|d| d["metadata"]["namespace"].as_str())
+        .collect();
+    assert_eq!(related_roles, ["team-a", "team-b"]);
+    let policy = docs.iter().find(|d| d["kind"] == "ReaperPolicy").unwrap();
+    assert_eq!(
+        policy["spec"]["relatedNamespaces"],
+        serde_json::json!(["team-a", "team-b"])
+    );
+    let off = [&widgets[..], &["--set", "admissionFence=false"]].concat();
+    let docs = yaml_documents(&reaper_template(&off).unwrap()).unwrap();
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "ValidatingAdmissionPolicy")
+    );
 }

@@ -498,7 +498,16 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
     );
     let provider_events = events_scope(&cluster_bindings, &bindings, name);
     let lease_namespace = heartbeat::lease_namespace(provider.provider.kubeconfig.namespace());
-    let lease_name = heartbeat::lease_name(name, &status.local_cluster_uid);
+    // The heartbeat's name derives from this consumer's identity, which the Connection records
+    // once it first reached the provider: read it here when it has not yet.
+    let local_uid = if status.local_cluster_uid.is_empty() {
+        kbind_shared::identity::cluster_identity(consumer)
+            .await
+            .map_err(|e| format!("cannot read this consumer cluster's identity: {e}"))?
+    } else {
+        status.local_cluster_uid.clone()
+    };
+    let lease_name = heartbeat::lease_name(name, &local_uid);
     let user = Api::<SelfSubjectReview>::all(client.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await

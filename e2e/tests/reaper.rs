@@ -125,6 +125,14 @@ async fn start_reaper(
         .await
         .unwrap();
     let metrics = format!("127.0.0.1:{}", free_port());
+    let index = run_reaper(env, "reaper", &metrics, extra);
+    (index, metrics)
+}
+
+/// Starts `kbind-reaper` as a process (log `<log>.log`) with the ServiceAccount kubeconfig
+/// [`start_reaper`] wrote, serving metrics on `metrics`, with `extra` flags; its index.
+fn run_reaper(env: &mut kbind_e2e::TestEnv, log: &str, metrics: &str, extra: &[&str]) -> usize {
+    let kubeconfig = env.dir().join("reaper.kubeconfig");
     let mut args = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--namespace={REAPER_NAMESPACE}"),
@@ -134,10 +142,8 @@ async fn start_reaper(
         "--log-level=info,kbind_schema_manager=debug".into(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
-    let index = env
-        .start_kbind("kbind-reaper", "reaper", &args, &[("POD_NAME", "reaper-0")])
-        .unwrap();
-    (index, metrics)
+    env.start_kbind("kbind-reaper", log, &args, &[("POD_NAME", log)])
+        .unwrap()
 }
 
 /// Waits for consumer A's heartbeat Lease (the first kbind-managed Lease on the provider);
@@ -1061,24 +1067,15 @@ async fn no_co_tenant_can_make_the_reaper_touch_a_live_consumer() {
     let due = next_of(&status).expect("D's next change");
     let swept = status.last_sweep.clone();
     s.env.process(reaper_index).kill();
-    let kubeconfig = s.env.dir().join("reaper.kubeconfig");
-    let restarted = s
-        .env
-        .start_kbind(
-            "kbind-reaper",
-            "reaper-again",
-            &[
-                format!("--kubeconfig={}", kubeconfig.display()),
-                format!("--namespace={REAPER_NAMESPACE}"),
-                "--metrics-bind-address=0".into(),
-                format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
-                "--sweep-interval=2s".into(),
-                "--host-clock-offset=+7h".into(),
-                "--leader-election-lease-duration=3s".into(),
-            ],
-            &[("POD_NAME", "reaper-1")],
-        )
-        .unwrap();
+    let restarted = run_reaper(
+        &mut s.env,
+        "reaper-again",
+        "0",
+        &[
+            "--host-clock-offset=+7h",
+            "--leader-election-lease-duration=3s",
+        ],
+    );
     let after_restart = wait_for("a sweep of the restarted reaper", 60, || async {
         let status = policy_status(&provider).await?;
         Ok((status.last_sweep != swept).then_some(status))
@@ -1352,4 +1349,261 @@ async fn in_report_mode_the_reaper_may_write_nothing_and_reads_related_copies_on
         "creating another Lease",
     );
     assert!(fenced.contains("kbind-reaper may only change"), "{fenced}");
+}
+
+/// How one heartbeat fares in the chaos test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Renewed throughout.
+    Lives,
+    /// Stops for a few seconds at a time — far less than `staleAfter` — and comes back.
+    Flaps,
+    /// Stops for good at some moment.
+    Dies,
+}
+
+/// One heartbeat of a simulated consumer, the copies written through its Connection, and
+/// whether its renewals run.
+struct Beat {
+    uid: String,
+    /// `None`: the Go konnector's form (one Lease, copies without the record).
+    connection: Option<String>,
+    name: String,
+    fate: Fate,
+    alive: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    copies: Vec<(String, String, String)>,
+}
+
+impl Beat {
+    async fn renew(&self, provider: &Client) {
+        match &self.connection {
+            Some(connection) => write_kbind_lease(provider, "kbind", connection, &self.uid).await,
+            None => {
+                let _ = write_lease(provider, "kbind", &self.name, &self.uid).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_no_live_consumer_loses_an_object_and_every_dead_one_is_reaped_in_bound() {
+    // Consumers die, flap and are forged (copied Leases, Leases claiming their UID, cleared
+    // managedFields) while the reaper restarts with its host clock anywhere; seeded, replayable.
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut rng = kbind_e2e::chaos::Lcg(kbind_e2e::chaos::seed(49));
+    let mut env = kbind_e2e::TestEnv::start("reaper-chaos", &["provider"])
+        .await
+        .unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    for namespace in ["kbind", "kbind-2"] {
+        ensure_namespace(&provider, namespace).await.unwrap();
+    }
+    let mut beats: Vec<Beat> = Vec::new();
+    for i in 0..6 {
+        let uid = format!("{i:02}-chaos-consumer");
+        let connections: Vec<Option<&str>> = match (i % 3, rng.below(2)) {
+            (0, _) => vec![None],
+            (_, 0) => vec![Some("p")],
+            _ => vec![Some("p"), Some("q")],
+        };
+        let namespace = format!("chaos-{i}");
+        create_marked_namespace(&provider, &namespace, &uid).await;
+        for connection in connections {
+            let name = match connection {
+                Some(c) => kbind_shared::heartbeat::lease_name(c, &uid),
+                None => go_lease_name(&uid),
+            };
+            let record = connection.map(|_| format!("kbind/{name}"));
+            let mut copies = Vec::new();
+            for j in 0..2 {
+                let copy = format!("{}-{j}", connection.unwrap_or("go"));
+                let made = widget_copies(&provider, &namespace)
+                    .create(
+                        &PostParams::default(),
+                        &copy_of(&namespace, &copy, &uid, record.as_deref()),
+                    )
+                    .await
+                    .unwrap();
+                copies.push((namespace.clone(), copy, made.metadata.uid.unwrap()));
+            }
+            let fate = match rng.below(3) {
+                0 => Fate::Lives,
+                1 => Fate::Flaps,
+                _ => Fate::Dies,
+            };
+            beats.push(Beat {
+                uid: uid.clone(),
+                connection: connection.map(str::to_owned),
+                name,
+                fate,
+                alive: std::sync::Arc::new(true.into()),
+                copies,
+            });
+        }
+    }
+    // Every fate at least once.
+    let count = beats.len();
+    beats[0].fate = Fate::Lives;
+    beats[count - 1].fate = Fate::Dies;
+    if !beats.iter().any(|b| b.fate == Fate::Flaps) {
+        beats[1].fate = Fate::Flaps;
+    }
+    for beat in &beats {
+        eprintln!("{} {:?}: {:?}", beat.uid, beat.connection, beat.fate);
+    }
+    let beats = std::sync::Arc::new(beats);
+    let renewers: Vec<_> = (0..beats.len())
+        .map(|i| {
+            let (beats, provider) = (beats.clone(), provider.clone());
+            tokio::spawn(async move {
+                loop {
+                    if beats[i].alive.load(Relaxed) {
+                        beats[i].renew(&provider).await;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let policy = json!({
+        "leaseNamespaces": ["kbind", "kbind-2"],
+        "staleAfter": "12s",
+        "deleteAfter": "6s",
+        "action": "Delete",
+        "apis": ["widgets.example.org"],
+        "includeNamespaces": true,
+        "deletesPerMinute": 600,
+    });
+    let handover = "--leader-election-lease-duration=3s";
+    let (mut reaper, _) =
+        start_reaper(&mut env, &provider, "kbind,kbind-2", policy, &[handover]).await;
+    let start = std::time::Instant::now();
+    let mut last_disruption = start;
+    let mut restarts = 0;
+    let leases = Api::<Lease>::namespaced(provider.clone(), "kbind");
+    let forged = Api::<Lease>::namespaced(provider.clone(), "kbind-2");
+    let mut step = 0;
+    while start.elapsed() < Duration::from_secs(90) {
+        step += 1;
+        let beat = &beats[rng.below(beats.len() as u64) as usize];
+        let live = beat.fate != Fate::Dies;
+        match rng.below(6) {
+            0 if beat.fate == Fate::Dies && beat.alive.load(Relaxed) => {
+                eprintln!("step {step}: {} {:?} dies", beat.uid, beat.connection);
+                beat.alive.store(false, Relaxed);
+                last_disruption = last_disruption.max(std::time::Instant::now());
+            }
+            1 if beat.fate == Fate::Flaps && beat.alive.load(Relaxed) => {
+                let pause = Duration::from_secs(2 + rng.below(4));
+                eprintln!(
+                    "step {step}: {} {:?} pauses {pause:?}",
+                    beat.uid, beat.connection
+                );
+                beat.alive.store(false, Relaxed);
+                let alive = beat.alive.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(pause).await;
+                    alive.store(true, Relaxed);
+                });
+            }
+            2 if live => {
+                // A copy of a live consumer's Lease where the policy also reads, never renewed.
+                eprintln!("step {step}: a copy of {}'s Lease in kbind-2", beat.name);
+                if let Ok(Some(mut copy)) = leases.get_opt(&beat.name).await {
+                    copy.metadata = kube::api::ObjectMeta {
+                        name: copy.metadata.name.clone(),
+                        labels: copy.metadata.labels.clone(),
+                        annotations: copy.metadata.annotations.clone(),
+                        ..Default::default()
+                    };
+                    let _ = forged.create(&PostParams::default(), &copy).await;
+                }
+            }
+            3 if live => {
+                eprintln!(
+                    "step {step}: a Lease claiming {} under a name of its own",
+                    beat.uid
+                );
+                let _ = write_lease(&provider, "kbind", &format!("forged-{step}"), &beat.uid).await;
+            }
+            4 if live => {
+                eprintln!("step {step}: {}'s managedFields cleared", beat.name);
+                let _ = leases
+                    .patch(
+                        &beat.name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({ "metadata": { "managedFields": [{}] } })),
+                    )
+                    .await;
+            }
+            5 => {
+                restarts += 1;
+                let offset = format!("--host-clock-offset={}h", rng.below(13) as i64 - 6);
+                eprintln!("step {step}: the reaper restarts ({offset})");
+                env.process(reaper).kill();
+                reaper = run_reaper(
+                    &mut env,
+                    &format!("reaper-{restarts}"),
+                    "0",
+                    &[handover, &offset],
+                );
+                last_disruption = std::time::Instant::now();
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    for beat in beats.iter().filter(|b| b.fate == Fate::Dies) {
+        if beat.alive.swap(false, Relaxed) {
+            last_disruption = std::time::Instant::now();
+        }
+    }
+    for beat in beats.iter().filter(|b| b.fate == Fate::Flaps) {
+        beat.alive.store(true, Relaxed);
+    }
+
+    // The bound, from the later of a heartbeat's death and the reaper's last restart:
+    // staleAfter + deleteAfter + two sweeps + the leader handover (12 + 6 + 4 + 3 s), then the
+    // deletes at deletesPerMinute.
+    let bound = Duration::from_secs(12 + 6 + 4 + 3 + 5);
+    let deadline = last_disruption + bound;
+    for beat in beats.iter().filter(|b| b.fate == Fate::Dies) {
+        for (namespace, name, _) in &beat.copies {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            wait_gone(
+                &widget_copies(&provider, namespace),
+                name,
+                &format!("{}'s copy {namespace}/{name} within the bound", beat.uid),
+                left.as_secs().max(1),
+            )
+            .await;
+        }
+    }
+    for beat in beats.iter().filter(|b| b.fate != Fate::Dies) {
+        for (namespace, name, uid) in &beat.copies {
+            let copy = widget_copies(&provider, namespace)
+                .get_opt(name)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| {
+                    panic!("{:?} {}'s {namespace}/{name} deleted", beat.fate, beat.uid)
+                });
+            assert_eq!(
+                copy.metadata.uid.as_ref(),
+                Some(uid),
+                "{namespace}/{name} replaced"
+            );
+            assert!(
+                copy.metadata.deletion_timestamp.is_none(),
+                "{namespace}/{name} being deleted"
+            );
+        }
+    }
+    for renewer in renewers {
+        renewer.abort();
+    }
+    assert!(env.process(reaper).is_running(), "the reaper runs on");
 }

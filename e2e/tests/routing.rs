@@ -698,19 +698,6 @@ async fn a_schema_drift_on_one_provider_holds_only_that_routes_objects() {
     assert!(!names(&s.provider).await.contains("us"));
 }
 
-/// A small deterministic generator (the chaos test replays the same edits for a seed).
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
-}
-
 /// The pins of the consumer Widgets, by name (the Connection part only).
 async fn pins(consumer: &Client) -> std::collections::BTreeMap<String, String> {
     widgets(consumer, NS)
@@ -748,12 +735,7 @@ async fn never_both_toward(
 
 #[tokio::test]
 async fn chaos_random_label_pin_and_binding_edits_never_leave_an_object_on_two_providers() {
-    let seed = std::env::var("KBIND_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(36);
-    eprintln!("chaos seed {seed} (KBIND_CHAOS_SEED replays it)");
-    let mut rng = Lcg(seed);
+    let mut rng = kbind_e2e::chaos::Lcg(kbind_e2e::chaos::seed(36));
     let (s, second) = three_clusters("routing_chaos", widget_crd()).await;
     route_us_to_second(&s.consumer, "Ready=True").await;
     let objects: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();

@@ -146,6 +146,25 @@ fn run_reaper(env: &mut kbind_e2e::TestEnv, log: &str, metrics: &str, extra: &[&
         .unwrap()
 }
 
+/// A policy deleting Widget copies, related copies and namespaces of heartbeats in
+/// `lease_namespace` stale for `stale_after`, `delete_after` later, 600 a minute.
+fn delete_everything_after(
+    lease_namespace: &str,
+    stale_after: &str,
+    delete_after: &str,
+) -> serde_json::Value {
+    json!({
+        "leaseNamespaces": [lease_namespace],
+        "staleAfter": stale_after,
+        "deleteAfter": delete_after,
+        "action": "Delete",
+        "apis": ["widgets.example.org"],
+        "includeRelated": true,
+        "includeNamespaces": true,
+        "deletesPerMinute": 600,
+    })
+}
+
 /// Waits for consumer A's heartbeat Lease (the first kbind-managed Lease on the provider);
 /// returns its namespace and A's UID.
 async fn lease_of_a(provider: &Client) -> (String, String) {
@@ -397,16 +416,7 @@ async fn a_dead_consumer_is_reaped_after_both_graces_and_nothing_else_is_touched
         .unwrap();
 
     // The reaper: its chart's RBAC, its ServiceAccount's token, its host clock six hours ahead.
-    let policy = json!({
-        "leaseNamespaces": [lease_namespace],
-        "staleAfter": "12s",
-        "deleteAfter": "20s",
-        "action": "Delete",
-        "apis": ["widgets.example.org"],
-        "includeRelated": true,
-        "includeNamespaces": true,
-        "deletesPerMinute": 600,
-    });
+    let policy = delete_everything_after(&lease_namespace, "12s", "20s");
     let (reaper_index, metrics) = start_reaper(
         &mut s.env,
         &provider,
@@ -723,24 +733,9 @@ fn with_context_namespace(kubeconfig: &str, namespace: &str) -> String {
 /// Writes a heartbeat Lease in kbind's form for `connection` of consumer `uid`, as a consumer
 /// (or a co-tenant forging one) would.
 async fn write_kbind_lease(provider: &Client, namespace: &str, connection: &str, uid: &str) {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+    let body = kbind_shared::heartbeat::lease_body(connection, uid, 1, None, None, &now);
     let name = kbind_shared::heartbeat::lease_name(connection, uid);
-    let body = json!({
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": name,
-            "labels": { keys::MANAGED_LABEL: keys::TRUE },
-            "annotations": {
-                keys::CONSUMER_CLUSTER_UID_ANNOTATION: uid,
-                keys::CONNECTION_ANNOTATION: connection,
-            },
-        },
-        "spec": {
-            "holderIdentity": uid,
-            "leaseDurationSeconds": 1,
-            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now()),
-        },
-    });
     // A failed renewal is one missed beat.
     let _ = Api::<Lease>::namespaced(provider.clone(), namespace)
         .patch(
@@ -817,10 +812,10 @@ async fn no_co_tenant_can_make_the_reaper_touch_a_live_consumer() {
     let uid_a = uid_of_kube_system(&consumer).await;
     let a_record = kbind_shared::heartbeat::record(Some("tenant-a"), "provider", &uid_a);
     let a_lease = wait_for("A's heartbeat in tenant-a", 60, || async {
-        Ok(Api::<Lease>::namespaced(provider.clone(), "tenant-a")
+        Api::<Lease>::namespaced(provider.clone(), "tenant-a")
             .get_opt(&kbind_shared::heartbeat::lease_name("provider", &uid_a))
             .await
-            .map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())
     })
     .await;
     assert!(a_lease.spec.is_some());
@@ -955,16 +950,7 @@ async fn no_co_tenant_can_make_the_reaper_touch_a_live_consumer() {
     }
 
     // The reaper on Delete with its chart's RBAC and admission fence, its host clock hours off.
-    let policy = json!({
-        "leaseNamespaces": [watched],
-        "staleAfter": "12s",
-        "deleteAfter": "20s",
-        "action": "Delete",
-        "apis": ["widgets.example.org"],
-        "includeRelated": true,
-        "includeNamespaces": true,
-        "deletesPerMinute": 600,
-    });
+    let policy = delete_everything_after(watched, "12s", "20s");
     let flags = [
         "--host-clock-offset=-5h",
         "--leader-election-lease-duration=3s",

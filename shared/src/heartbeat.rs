@@ -3,6 +3,9 @@
 //! ([`keys::HEARTBEAT_ANNOTATION`]), and which Leases the provider's reaper accepts as speaking for
 //! a consumer (kbind's form, or the Go konnector's older `consumer-<uid>`, VER-1).
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use serde_json::{Value, json};
+
 use crate::keys;
 
 /// HB-3: `<connection>-<first 10 chars of the consumer UID>`.
@@ -43,6 +46,44 @@ pub fn speaks_for(name: &str, holder: Option<&str>, uid: &str, connection: Optio
     kbind_form || name == go_lease_name(uid)
 }
 
+/// The server-side apply body of a heartbeat renewal (HB-3): the Lease of `connection` for the
+/// consumer `local_uid`, held by it, renewed at `renewed`; `acquired` and `interval_secs` (the
+/// renew interval, [`keys::HEARTBEAT_INTERVAL_ANNOTATION`]) when known.
+pub fn lease_body(
+    connection: &str,
+    local_uid: &str,
+    duration_secs: u64,
+    interval_secs: Option<u64>,
+    acquired: Option<&MicroTime>,
+    renewed: &MicroTime,
+) -> Value {
+    let mut body = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": lease_name(connection, local_uid),
+            "labels": { keys::MANAGED_LABEL: keys::TRUE },
+            "annotations": {
+                keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
+                keys::CONNECTION_ANNOTATION: connection,
+            },
+        },
+        "spec": {
+            "holderIdentity": local_uid,
+            "leaseDurationSeconds": duration_secs.max(1),
+            "renewTime": renewed,
+        },
+    });
+    if let Some(interval) = interval_secs {
+        body["metadata"]["annotations"][keys::HEARTBEAT_INTERVAL_ANNOTATION] =
+            json!(interval.max(1).to_string());
+    }
+    if let Some(acquired) = acquired {
+        body["spec"]["acquireTime"] = json!(acquired);
+    }
+    body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +102,34 @@ mod tests {
             "kbind/provider-0123456789"
         );
         assert_eq!(record(Some("t"), "p", "u"), "t/p-u");
+    }
+
+    #[test]
+    fn a_renewal_names_the_lease_as_the_reaper_accepts_it() {
+        let at = MicroTime(jiff::Timestamp::from_second(1_000).unwrap());
+        let body = lease_body("provider", "0123456789abcdef", 60, Some(30), Some(&at), &at);
+        let name = body["metadata"]["name"].as_str().unwrap();
+        let holder = body["spec"]["holderIdentity"].as_str();
+        assert!(speaks_for(
+            name,
+            holder,
+            "0123456789abcdef",
+            Some("provider")
+        ));
+        assert_eq!(
+            body["metadata"]["annotations"][keys::HEARTBEAT_INTERVAL_ANNOTATION],
+            "30"
+        );
+        assert_eq!(body["spec"]["leaseDurationSeconds"], 60);
+        assert!(body["spec"].get("acquireTime").is_some());
+        let bare = lease_body("p", "u", 0, None, None, &at);
+        assert_eq!(bare["spec"]["leaseDurationSeconds"], 1);
+        assert!(bare["spec"].get("acquireTime").is_none());
+        assert!(
+            bare["metadata"]["annotations"]
+                .get(keys::HEARTBEAT_INTERVAL_ANNOTATION)
+                .is_none()
+        );
     }
 
     #[test]

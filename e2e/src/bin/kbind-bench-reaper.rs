@@ -61,27 +61,11 @@ fn namespace(i: usize) -> String {
 
 async fn renew(provider: &Client, i: usize) {
     let uid = uid(i);
-    let name = kbind_shared::heartbeat::lease_name("p", &uid);
-    let body = json!({
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": name,
-            "labels": { keys::MANAGED_LABEL: keys::TRUE },
-            "annotations": {
-                keys::CONSUMER_CLUSTER_UID_ANNOTATION: uid,
-                keys::CONNECTION_ANNOTATION: "p",
-            },
-        },
-        "spec": {
-            "holderIdentity": uid,
-            "leaseDurationSeconds": 1,
-            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now()),
-        },
-    });
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+    let body = kbind_shared::heartbeat::lease_body("p", &uid, 1, None, None, &now);
     let _ = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(provider.clone(), "kbind")
         .patch(
-            &name,
+            &kbind_shared::heartbeat::lease_name("p", &uid),
             &PatchParams::apply("bench").force(),
             &Patch::Apply(&body),
         )

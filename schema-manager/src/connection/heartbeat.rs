@@ -67,25 +67,14 @@ pub async fn renew(
             .and_then(|s| s.acquire_time)
             .unwrap_or_else(|| now.clone()),
     };
-    let lease_body = json!({
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": name,
-            "labels": { keys::MANAGED_LABEL: keys::TRUE },
-            "annotations": {
-                keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
-                keys::CONNECTION_ANNOTATION: connection,
-                keys::HEARTBEAT_INTERVAL_ANNOTATION: timing.interval.as_secs().max(1).to_string(),
-            },
-        },
-        "spec": {
-            "holderIdentity": local_uid,
-            "leaseDurationSeconds": timing.duration.as_secs().max(1),
-            "acquireTime": acquired,
-            "renewTime": now,
-        },
-    });
+    let lease_body = kbind_shared::heartbeat::lease_body(
+        connection,
+        local_uid,
+        timing.duration.as_secs(),
+        Some(timing.interval.as_secs()),
+        Some(&acquired),
+        &now,
+    );
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut result = leases
         .patch(&name, &params, &Patch::Apply(&lease_body))

@@ -91,14 +91,15 @@ impl Reaper {
                     let params = DeleteParams {
                         preconditions: Some(Preconditions {
                             uid: Some(target.object_uid.clone()),
-                            resource_version: None,
+                            resource_version: Some(target.version.clone())
+                                .filter(|v| !v.is_empty()),
                         }),
                         ..Default::default()
                     };
                     api.delete(&target.name, &params).await.map(|_| ())
                 }
                 Action::Orphan => {
-                    let patch = orphan_patch(&target.object_uid);
+                    let patch = orphan_patch(&target.object_uid, &target.version);
                     let params = PatchParams {
                         field_manager: Some(FIELD_MANAGER.into()),
                         ..Default::default()
@@ -121,9 +122,14 @@ impl Reaper {
                         .inc();
                     census.acted(&target, &kind.name, action);
                 }
-                // Gone, or replaced by another object of the same name: nothing to do.
-                Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 409 => {
+                // Gone: nothing to do.
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
                     census.acted(&target, &kind.name, Action::Orphan);
+                }
+                // Replaced by another object of the same name, or written since it was read:
+                // the next full read judges it afresh.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    tracing::debug!(policy, api = %kind.name, namespace = ?target.namespace, name = %target.name, "changed since it was read: left for a fresh read");
                 }
                 Err(e) => {
                     tracing::warn!(policy, consumer = %target.group.0, api = %kind.name, name = %target.name, error = %e, "could not reap");
@@ -222,8 +228,13 @@ impl Reaper {
 }
 
 /// The patch that orphans an object ([`kbind_shared::ownership::unmark_patch`]).
-fn orphan_patch(object_uid: &str) -> Patch<serde_json::Value> {
-    Patch::Merge(kbind_shared::ownership::unmark_patch(object_uid))
+fn orphan_patch(object_uid: &str, version: &str) -> Patch<serde_json::Value> {
+    let mut patch = kbind_shared::ownership::unmark_patch(object_uid);
+    if !version.is_empty() {
+        // Optimistic concurrency: an object written since it was read is not orphaned.
+        patch["metadata"]["resourceVersion"] = serde_json::json!(version);
+    }
+    Patch::Merge(patch)
 }
 
 /// Whether, of a heartbeat's objects per API, only namespaces (and protected objects, which are
@@ -232,4 +243,30 @@ pub(super) fn only_namespaces_left(objects: &BTreeMap<String, u64>) -> bool {
     objects
         .iter()
         .all(|(api, n)| *n == 0 || api == "namespaces" || api == "protected")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_orphaning_is_for_the_object_as_it_was_read() {
+        let Patch::Merge(patch) = orphan_patch("u-1", "42") else {
+            panic!("a merge patch");
+        };
+        assert_eq!(patch["metadata"]["uid"], "u-1");
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+        assert!(patch["metadata"]["labels"][kbind_shared::keys::MANAGED_LABEL].is_null());
+        let Patch::Merge(unversioned) = orphan_patch("u-1", "") else {
+            panic!("a merge patch");
+        };
+        assert!(unversioned["metadata"].get("resourceVersion").is_none());
+        let mut objects =
+            BTreeMap::from([("namespaces".to_owned(), 2), ("protected".to_owned(), 1)]);
+        assert!(only_namespaces_left(&objects));
+        objects.insert("widgets.example.org".to_owned(), 1);
+        assert!(!only_namespaces_left(&objects));
+        objects.insert("widgets.example.org".to_owned(), 0);
+        assert!(only_namespaces_left(&objects));
+    }
 }

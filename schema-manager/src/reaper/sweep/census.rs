@@ -43,6 +43,9 @@ pub(super) struct Target {
     pub(super) namespace: Option<String>,
     pub(super) name: String,
     pub(super) object_uid: String,
+    /// Its `resourceVersion` when read: the action's precondition, so that an object written
+    /// since (re-recorded by a live Connection, say) is left for a fresh read to judge.
+    pub(super) version: String,
     pub(super) group: Group,
 }
 
@@ -292,6 +295,7 @@ impl Reaper {
                         namespace: meta.namespace.clone(),
                         name: object.name_any(),
                         object_uid: meta.uid.clone().unwrap_or_default(),
+                        version: meta.resource_version.clone().unwrap_or_default(),
                         group,
                     });
                 }

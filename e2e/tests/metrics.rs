@@ -91,6 +91,28 @@ async fn lag_histograms_count_every_delivered_change_and_the_backlog_drains() {
         metric_sum(&text, "kbind_sync_lag_seconds_sum", &[("op", "spec_up")]) > 0.0,
         "delays are real"
     );
+    // Nothing failed and no binding asked for provider Events: the dashboard's "Failed writes"
+    // and "Provider Events" panels read 0 — the series exist from the start, at 0.
+    for series in [
+        r#"kbind_reconcile_errors_total{controller="sync",reason="consumer"} 0"#,
+        r#"kbind_reconcile_errors_total{controller="sync",reason="provider"} 0"#,
+        r#"kbind_provider_events_total{api="widgets.example.org",result="mirrored"} 0"#,
+        r#"kbind_provider_events_total{api="widgets.example.org",result="error"} 0"#,
+    ] {
+        assert!(text.lines().any(|l| l == series), "{series} in {text}");
+    }
+    let manager = s.manager.metrics().await.unwrap();
+    for controller in ["connection", "clusterbinding", "binding"] {
+        for reason in ["consumer", "provider", "finalizer"] {
+            let series = format!(
+                r#"kbind_reconcile_errors_total{{controller="{controller}",reason="{reason}"}} 0"#
+            );
+            assert!(
+                manager.lines().any(|l| l == series),
+                "{series} in {manager}"
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -134,6 +134,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Creates the series of `counter` for each value of its last label, at 0, under `first`:
+    /// an operator's query sees 0 from the start, not "no data" until the first event.
+    pub fn init_counters(counter: &IntCounterVec, first: &str, values: &[&str]) {
+        for value in values {
+            counter.with_label_values(&[first, value]);
+        }
+    }
+
     /// A fresh registry with every kbind metric in it.
     #[allow(
         clippy::expect_used,

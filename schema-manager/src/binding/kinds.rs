@@ -34,6 +34,9 @@ pub enum Error {
     Finalizer(#[from] Box<finalizer::Error<Error>>),
 }
 
+/// Every reason a failed binding reconcile is counted under ([`Error`]'s metric labels).
+pub const REASONS: [&str; 3] = ["consumer", "provider", "finalizer"];
+
 impl crate::context::ReconcileError for Error {
     fn metric_label(&self) -> Option<&'static str> {
         Some(match self {
@@ -97,5 +100,35 @@ impl Scoped for ClusterBinding {
     }
     fn describe(&self) -> String {
         format!("ClusterBinding {}", self.name_any())
+    }
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::*;
+    use crate::context::ReconcileError;
+
+    #[test]
+    fn every_failed_reconcile_is_counted_under_a_reason_initialized_at_start() {
+        let api = |code| {
+            let reason = if code == 409 { "Conflict" } else { "InternalError" };
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                ..kube::core::Status::failure("x", reason)
+            }))
+        };
+        for error in [
+            Error::Consumer(api(500)),
+            Error::Provider {
+                action: "delete a copy".into(),
+                source: api(500),
+            },
+            Error::Finalizer(Box::new(kube::runtime::finalizer::Error::UnnamedObject)),
+        ] {
+            let label = error.metric_label().unwrap();
+            assert!(REASONS.contains(&label), "{label}");
+        }
+        assert_eq!(Error::Consumer(api(409)).metric_label(), None);
+        assert_eq!(Error::Draining("x".into()).metric_label(), None);
     }
 }

@@ -37,6 +37,16 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs both binding controllers on this term's caches until `stop`.
 pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken) {
+    for controller in [
+        <ClusterBinding as kinds::Scoped>::CONTROLLER,
+        <Binding as kinds::Scoped>::CONTROLLER,
+    ] {
+        kbind_shared::metrics::Metrics::init_counters(
+            &ctx.metrics.reconcile_errors_total,
+            controller,
+            &kinds::REASONS,
+        );
+    }
     let cluster_bindings = controller::<ClusterBinding>(ctx.clone(), &caches, stop.clone());
     let bindings = controller::<Binding>(ctx.clone(), &caches, stop.clone());
     let both = futures::future::join(cluster_bindings, bindings);

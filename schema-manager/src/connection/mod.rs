@@ -46,6 +46,11 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs the Connection controller on this term's caches until `stop` is cancelled.
 pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken) {
+    kbind_shared::metrics::Metrics::init_counters(
+        &ctx.metrics.reconcile_errors_total,
+        "connection",
+        &status::REASONS,
+    );
     let client = ctx.client.clone();
     // A Connection's kubeconfig Secret or its provider's identity changed (identity watches
     // started in an earlier term announce too); every Connection after missed changes.

@@ -34,6 +34,9 @@ pub enum Error {
     Finalizer(#[from] Box<finalizer::Error<Error>>),
 }
 
+/// Every reason a failed Connection reconcile is counted under ([`Error`]'s metric labels).
+pub const REASONS: [&str; 4] = ["consumer", "local_identity", "provider", "finalizer"];
+
 impl crate::context::ReconcileError for Error {
     fn metric_label(&self) -> Option<&'static str> {
         Some(match self {
@@ -96,4 +99,32 @@ pub(super) async fn write_status(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::ReconcileError;
+
+    #[test]
+    fn every_failed_reconcile_is_counted_under_a_reason_initialized_at_start() {
+        let api = |code| {
+            let reason = if code == 409 { "Conflict" } else { "InternalError" };
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                ..kube::core::Status::failure("x", reason)
+            }))
+        };
+        for error in [
+            Error::Consumer(api(500)),
+            Error::Provider("refused".into()),
+            Error::Finalizer(Box::new(finalizer::Error::UnnamedObject)),
+        ] {
+            let label = error.metric_label().unwrap();
+            assert!(REASONS.contains(&label), "{label}");
+        }
+        // A race (409) and a drain wait are not failures.
+        assert_eq!(Error::Consumer(api(409)).metric_label(), None);
+        assert_eq!(Error::Draining(1).metric_label(), None);
+    }
 }

@@ -455,5 +455,11 @@ mod tests {
         };
         let error = validate(&short, lease).unwrap_err();
         assert!(error.contains("ten Lease durations (600s)"), "{error}");
+        // Exactly ten Lease durations is enough.
+        let exact = Policy {
+            stale_after: Duration::from_secs(600),
+            ..policy(Action::Delete)
+        };
+        assert!(validate(&exact, lease).is_ok());
     }
 }

@@ -60,6 +60,19 @@ pub(super) enum Admit {
     RateLimited,
 }
 
+/// Every `result` of `kbind_provider_events_total`: the [`Admit`] labels, and what else becomes
+/// of a provider Event (its object paused, an Event older than the copy, a failed write, a
+/// failed watch).
+pub(super) const RESULTS: [&str; 7] = [
+    "mirrored",
+    "duplicate",
+    "rate_limited",
+    "paused",
+    "stale",
+    "error",
+    "watch_error",
+];
+
 impl Admit {
     fn label(self) -> &'static str {
         match self {
@@ -383,6 +396,13 @@ mod tests {
     use super::*;
     use kbind_shared::api::ProviderEventType;
     use serde_json::json;
+
+    #[test]
+    fn every_admission_is_a_known_result() {
+        for admit in [Admit::Copy, Admit::Duplicate, Admit::RateLimited] {
+            assert!(RESULTS.contains(&admit.label()), "{admit:?}");
+        }
+    }
 
     #[test]
     fn each_provider_event_is_copied_once_and_a_chatty_object_is_slowed() {

@@ -50,6 +50,17 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     else {
         return;
     };
+    let metrics = &ctx.metrics;
+    kbind_shared::metrics::Metrics::init_counters(
+        &metrics.reconcile_errors_total,
+        "sync",
+        &Error::REASONS,
+    );
+    kbind_shared::metrics::Metrics::init_counters(
+        &metrics.provider_events_total,
+        &spec.api,
+        &events::RESULTS,
+    );
     let (worker, writers) = Worker::new(ctx.clone(), spec, provider);
     let (_feeds, consumer_changes, provider_triggers) = feeds::start(&worker, writers);
     // Decisions read the provider cache: nothing syncs before it has listed (waited for once

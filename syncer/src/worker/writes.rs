@@ -43,6 +43,9 @@ impl Error {
             Error::Fenced => None,
         }
     }
+
+    /// Every [`Error::metric_label`].
+    pub const REASONS: [&'static str; 2] = ["consumer", "provider"];
 }
 
 /// The `result` label of `kbind_sync_operations_total` for a failed request: `forbidden` (RBAC),
@@ -266,6 +269,18 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_failed_sync_is_counted_under_a_reason_initialized_at_start() {
+        for error in [
+            Error::Consumer(api(500, "InternalError")),
+            Error::Provider(api(500, "InternalError")),
+        ] {
+            let label = error.metric_label().unwrap();
+            assert!(Error::REASONS.contains(&label), "{label}");
+        }
+        assert_eq!(Error::Fenced.metric_label(), None);
+    }
 
     fn api(code: u16, reason: &str) -> kube::Error {
         kube::Error::Api(Box::new(kube::core::Status {

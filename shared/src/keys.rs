@@ -105,7 +105,7 @@ pub const DISCONNECTED_ANNOTATION: &str = "core.kbind.io/disconnected";
 /// Annotation on every provider object kbind writes (copies, related copies, the namespaces it
 /// creates): the heartbeat Lease of the Connection that wrote it, `<namespace>/<name>` — so the
 /// provider's reaper judges each copy by the liveness of the Connection that wrote it, never by
-/// another Connection's (see [`crate::heartbeat`]).
+/// another Connection's (the `heartbeat` module names the Lease).
 pub const HEARTBEAT_ANNOTATION: &str = "core.kbind.io/heartbeat";
 /// Default Lease name of the schema manager's leader election.
 pub const DEFAULT_LEADER_ELECTION_ID: &str = "kbind-schema-manager";

@@ -257,6 +257,20 @@ pub fn raced(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(s) if s.is_conflict())
 }
 
+/// An API server's answer with `code` (409 as a conflict), for the reconcilers' error tests.
+#[cfg(test)]
+pub fn api_error(code: u16) -> kube::Error {
+    let reason = if code == 409 {
+        "Conflict"
+    } else {
+        "InternalError"
+    };
+    kube::Error::Api(Box::new(kube::core::Status {
+        code,
+        ..kube::core::Status::failure("x", reason)
+    }))
+}
+
 impl Context {
     /// Counts a reconcile of `controller` that did not finish in `kbind_reconcile_errors_total`
     /// (a drain wait is not counted).

@@ -108,13 +108,7 @@ mod tests {
 
     #[test]
     fn every_failed_reconcile_is_counted_under_a_reason_initialized_at_start() {
-        let api = |code| {
-            let reason = if code == 409 { "Conflict" } else { "InternalError" };
-            kube::Error::Api(Box::new(kube::core::Status {
-                code,
-                ..kube::core::Status::failure("x", reason)
-            }))
-        };
+        let api = crate::context::api_error;
         for error in [
             Error::Consumer(api(500)),
             Error::Provider("refused".into()),

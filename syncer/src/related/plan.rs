@@ -1023,6 +1023,21 @@ mod tests {
             step(Some(&go_copy), provider, &want, &MARKER, fail),
             Step::Apply
         );
+        // A copy from before copies recorded their Connection's heartbeat: current without a
+        // write of its own; one recording another heartbeat: applied.
+        let mut unrecorded = ours(&want, "1");
+        unrecorded.annotations.remove(keys::HEARTBEAT_ANNOTATION);
+        assert_eq!(
+            step(Some(&unrecorded), provider, &want, &MARKER, fail),
+            Step::Nothing
+        );
+        unrecorded
+            .annotations
+            .insert(keys::HEARTBEAT_ANNOTATION.into(), "elsewhere/x".into());
+        assert_eq!(
+            step(Some(&unrecorded), provider, &want, &MARKER, fail),
+            Step::Apply
+        );
         for (existing, side, policy, want_step) in cases {
             let got = step(existing, side, &want, &MARKER, policy);
             match (&got, &want_step) {

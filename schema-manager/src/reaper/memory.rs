@@ -168,6 +168,7 @@ mod tests {
         // Gone, then back: a renewal when seen again.
         memory.gone_unless("kbind", &|_| false);
         assert!(memory.was_seen("kbind/a"));
+        assert!(!memory.was_seen("kbind/never"));
         assert_eq!(memory.observe("kbind/a", "12", 200), observed(200, None));
         // Other namespaces are not touched by a read of one.
         memory.observe("team/b", "1", 200);

@@ -207,11 +207,13 @@ mod tests {
     #[test]
     fn the_record_is_bounded() {
         let mut memory = Memory::default();
+        assert!(memory.is_empty());
         for i in 0..MAX_REMEMBERED {
             memory.observe(&format!("kbind/l{i}"), "1", 100);
         }
         assert_eq!(memory.observe("kbind/one-too-many", "1", 100), None);
         assert_eq!(memory.len(), MAX_REMEMBERED);
+        assert!(!memory.is_empty());
         assert!(memory.observe("kbind/l0", "2", 120).is_some());
     }
 }

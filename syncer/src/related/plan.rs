@@ -915,6 +915,7 @@ mod tests {
                         "core.kbind.io/consumer-cluster-uid": "consumer-1",
                         "core.kbind.io/related-binding": "b-1",
                         "core.kbind.io/related-entries": entries[0].id,
+                        "core.kbind.io/heartbeat": "kbind/provider-consumer-1",
                     },
                 },
                 "data": { "k": "1" },

@@ -69,4 +69,14 @@ pub struct Args {
         default_value_t = 16
     )]
     pub max_related_bindings_per_namespace: u32,
+
+    /// The most Bindings served in one namespace, the oldest first (both programs must agree:
+    /// the chart sets one value); the rest bind nothing and say `TooManyBindings`.
+    /// ClusterBindings are not counted
+    #[arg(
+        long,
+        env = "KBIND_MAX_BINDINGS_PER_NAMESPACE",
+        default_value_t = kbind_shared::binding_cap::DEFAULT_MAX_PER_NAMESPACE
+    )]
+    pub max_bindings_per_namespace: u32,
 }

@@ -6,6 +6,7 @@
 pub mod api;
 pub mod apply;
 pub mod backoff;
+pub mod binding_cap;
 pub mod cache;
 pub mod cli;
 pub mod client;

@@ -72,6 +72,9 @@ pub struct Metrics {
     /// or paused on the route of `connection` (every API has at least the route of the
     /// Connection serving it).
     pub route_objects: GaugeVec,
+    /// `kbind_bindings_past_cap{namespace}`: a namespace's Bindings past
+    /// `--max-bindings-per-namespace` (only namespaces that have some), which the syncer ignores.
+    pub bindings_past_cap: GaugeVec,
     /// `kbind_sync_operations_total{api,op,result}`
     pub sync_operations_total: IntCounterVec,
     /// `kbind_provider_events_total{api,result}`
@@ -254,6 +257,12 @@ impl Metrics {
                 "kbind_route_objects",
                 "Objects per route (#36: several Connections serving one API)",
                 &["connection", "api", "state"],
+            ),
+            bindings_past_cap: gauge_vec(
+                &registry,
+                "kbind_bindings_past_cap",
+                "Bindings of a namespace past --max-bindings-per-namespace: they bind nothing",
+                &["namespace"],
             ),
             sync_operations_total: counter_vec(
                 &registry,
@@ -617,6 +626,7 @@ mod tests {
         m.sync_operations_total
             .with_label_values(&["widgets.example.org", "spec_up", "ok"])
             .inc();
+        m.bindings_past_cap.with_label_values(&["team-a"]).set(3.0);
         m.provider_events_total
             .with_label_values(&["widgets.example.org", "mirrored"])
             .inc();
@@ -646,6 +656,7 @@ mod tests {
             "kbind_work_queue_depth",
             "kbind_api_requests_total",
             "kbind_syncer_assigned_apis",
+            "kbind_bindings_past_cap",
             "kbind_leader",
         ] {
             assert!(

@@ -42,4 +42,14 @@ pub struct Args {
     /// (Ki, Mi suffixes)
     #[arg(long, env = "KBIND_RELATED_BYTES_PER_ENTRY", default_value = "16Mi", value_parser = parse_bytes)]
     pub related_bytes_per_entry: u64,
+
+    /// The most Bindings served in one namespace, the oldest first (both programs must agree:
+    /// the chart sets one value); the rest bind nothing and say `TooManyBindings`.
+    /// ClusterBindings are not counted
+    #[arg(
+        long,
+        env = "KBIND_MAX_BINDINGS_PER_NAMESPACE",
+        default_value_t = kbind_shared::binding_cap::DEFAULT_MAX_PER_NAMESPACE
+    )]
+    pub max_bindings_per_namespace: u32,
 }

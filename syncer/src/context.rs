@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kbind_shared::api::{Binding, BindingSpec, BindingStatus, ClusterBinding, Connection};
+use kbind_shared::api::{
+    Binding, BindingSpec, BindingStatus, ClusterBinding, Connection, ConnectionAccess,
+};
 use kbind_shared::metrics::Metrics;
 use kbind_shared::resolve::BindingObject;
 use kbind_shared::resolve::{self, Resolution};
@@ -17,6 +19,7 @@ use kube::{Api, Client};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+use crate::bindings::{Index, Touched};
 use crate::membership::Membership;
 
 /// Bounds on what a provider can make this replica write to the consumer (#32.2).
@@ -40,6 +43,8 @@ pub struct Settings {
     pub provider_secrets: kbind_shared::credential::SecretPolicy,
     /// What a provider can make it write.
     pub limits: Limits,
+    /// The most Bindings served per namespace (`--max-bindings-per-namespace`).
+    pub max_bindings_per_namespace: u32,
 }
 
 /// Shared by the workers of this replica.
@@ -62,9 +67,11 @@ pub struct Context {
     pub limits: Limits,
     cluster_bindings: Store<ClusterBinding>,
     bindings: Store<Binding>,
+    /// The served bindings by API and namespace: what every lookup reads.
+    index: Arc<std::sync::Mutex<Index>>,
     connections: Store<Connection>,
     connection_changes: Arc<tokio::sync::Notify>,
-    binding_changes: broadcast::Sender<()>,
+    binding_changes: broadcast::Sender<Touched>,
     /// One provider client per Connection and credential digest, shared by its workers (one
     /// connection pool and TLS setup per provider, not per API).
     provider_clients: std::sync::Mutex<std::collections::HashMap<String, (String, Client)>>,
@@ -86,12 +93,21 @@ impl Context {
             workers,
             provider_secrets,
             limits,
+            max_bindings_per_namespace,
         }: Settings,
     ) -> Self {
-        let (binding_changes, _) = broadcast::channel(64);
+        let (binding_changes, _) = broadcast::channel(1024);
+        let index = Arc::new(std::sync::Mutex::new(Index::new(
+            max_bindings_per_namespace,
+        )));
+        let feed = Feed {
+            index: index.clone(),
+            changes: binding_changes.clone(),
+            metrics: metrics.clone(),
+        };
         let cluster_bindings =
-            changes_cache::<ClusterBinding>(Api::all(client.clone()), binding_changes.clone());
-        let bindings = changes_cache::<Binding>(Api::all(client.clone()), binding_changes.clone());
+            indexed_cache::<ClusterBinding>(Api::all(client.clone()), feed.clone(), index_cluster);
+        let bindings = indexed_cache::<Binding>(Api::all(client.clone()), feed.clone(), index_binding);
         // A Connection's access rules decide what its bindings may do: a change of them is a
         // binding change too (every worker rescans its objects); any other Connection change only
         // wakes whoever waits on `connection_changes` (which workers should run).
@@ -108,7 +124,7 @@ impl Context {
                     let Ok(event) = event else { return };
                     woken.notify_one();
                     if access_changed(&mut access.locked(), event) {
-                        let _ = changes.send(());
+                        let _ = changes.send(Touched::Everything);
                     }
                 },
             )
@@ -116,6 +132,9 @@ impl Context {
         let _ = cluster_bindings.wait_until_ready().await;
         let _ = bindings.wait_until_ready().await;
         let _ = connections.wait_until_ready().await;
+        // The index's re-list may run just after the caches report ready: fill it here too.
+        feed.relist(|index| index.relist_cluster(cluster_bindings.state()));
+        feed.relist(|index| index.relist_bindings(bindings.state()));
         Self {
             client,
             metrics,
@@ -127,6 +146,7 @@ impl Context {
             limits,
             cluster_bindings,
             bindings,
+            index,
             connections,
             connection_changes,
             binding_changes,
@@ -226,76 +246,57 @@ impl Context {
             .retain(|connection, _| in_use(connection));
     }
 
-    /// RES over the caches: the binding of `connection` (the one serving `api` here) covering an
-    /// instance of `api` in `namespace`, within what the Connection's access rules allow (checked
-    /// here, not trusted to the binding's status).
+    /// RES over the binding index: the served binding of `connection` (the one serving `api`
+    /// here) covering an instance of `api` in `namespace`, within what the Connection's access
+    /// rules allow (checked here, not trusted to the binding's status).
     pub fn resolve(
         &self,
         connection: &str,
         api: &str,
         namespace: Option<&str>,
     ) -> Option<Resolution> {
-        let cluster_bindings = self.cluster_bindings.state();
-        let bindings = self.bindings.state();
-        let found = resolve::resolve_served_by(
+        let serving = self.connection(connection);
+        self.index.locked().resolve(
             connection,
             api,
             namespace,
-            cluster_bindings.iter().map(|b| b.as_ref()),
-            bindings.iter().map(|b| b.as_ref()),
-        )?;
-        let serving = self.connection(connection);
-        Some(resolve::within_access(
-            found,
             serving.as_ref().map(|c| &c.spec.access),
-        ))
+        )
     }
 
-    /// The Connections other than `served_by` that bindings offer as routes for `api`
+    /// The Connections other than `served_by` that served bindings offer as routes for `api`
     /// ([`resolve::route_connections`]): none, and the API is not routed.
     pub fn route_connections(
         &self,
         api: &str,
         served_by: &str,
     ) -> std::collections::BTreeSet<String> {
-        let cluster_bindings = self.cluster_bindings.state();
-        let bindings = self.bindings.state();
-        resolve::route_connections(
-            api,
-            served_by,
-            cluster_bindings.iter().map(|b| b.as_ref()),
-            bindings.iter().map(|b| b.as_ref()),
-        )
+        self.index.locked().route_connections(api, served_by)
     }
 
-    /// Every binding of `api` as routing sees it ([`resolve::offers`]), the Connections' pinned
-    /// providers and access rules from the cache.
-    pub fn route_offers(&self, api: &str) -> Vec<kbind_shared::routing::Offer> {
-        let cluster_bindings = self.cluster_bindings.state();
-        let bindings = self.bindings.state();
-        resolve::offers(
-            api,
-            cluster_bindings.iter().map(|b| b.as_ref()),
-            bindings.iter().map(|b| b.as_ref()),
-            |name| {
-                let connection = self.connection(name)?;
-                let cluster = connection.status.as_ref()?.remote_cluster_uid.clone();
-                (!cluster.is_empty()).then(|| (cluster, connection.spec.access.clone()))
-            },
-        )
+    /// The offers routing weighs for an instance of `api` in `namespace` ([`resolve::offers`]),
+    /// the Connections' pinned providers and access rules from the cache.
+    pub fn route_offers(
+        &self,
+        api: &str,
+        namespace: Option<&str>,
+    ) -> Vec<kbind_shared::routing::Offer> {
+        self.index
+            .locked()
+            .offers(api, namespace, |name| self.pinned_provider(name))
     }
 
-    /// Where bindings ask for the provider's Events about `api`'s objects served through
+    /// The cluster UID a Connection is pinned to, and its access rules (`None` while unknown).
+    pub fn pinned_provider(&self, name: &str) -> Option<(String, ConnectionAccess)> {
+        let connection = self.connection(name)?;
+        let cluster = connection.status.as_ref()?.remote_cluster_uid.clone();
+        (!cluster.is_empty()).then(|| (cluster, connection.spec.access.clone()))
+    }
+
+    /// Where served bindings ask for the provider's Events about `api`'s objects served through
     /// `connection` ([`resolve::provider_events_scope`]).
     pub fn provider_events_scope(&self, connection: &str, api: &str) -> resolve::EventsScope {
-        let cluster_bindings = self.cluster_bindings.state();
-        let bindings = self.bindings.state();
-        resolve::provider_events_scope(
-            connection,
-            api,
-            cluster_bindings.iter().map(|b| b.as_ref()),
-            bindings.iter().map(|b| b.as_ref()),
-        )
+        self.index.locked().provider_events_scope(connection, api)
     }
 
     /// The Connection `name`, from the cache.
@@ -327,13 +328,15 @@ impl Context {
         }
     }
 
-    /// A stream that yields whenever any binding changes (SCTL-6 binding triggers).
-    pub fn binding_changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static + use<> {
+    /// A stream of what binding changes alter (SCTL-6 binding triggers); a change of a binding
+    /// past its namespace's cap, or one no lookup sees, yields nothing.
+    pub fn binding_changes(&self) -> impl futures::Stream<Item = Touched> + Send + 'static + use<> {
         let receiver = self.binding_changes.subscribe();
-        // A lagged receiver missed some changes, which means "something changed" all the same.
+        // A lagged receiver missed some changes: they may have touched anything.
         futures::stream::unfold(receiver, |mut receiver| async move {
             match receiver.recv().await {
-                Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => Some(((), receiver)),
+                Ok(touched) => Some((touched, receiver)),
+                Err(broadcast::error::RecvError::Lagged(_)) => Some((Touched::Everything, receiver)),
                 Err(broadcast::error::RecvError::Closed) => None,
             }
         })
@@ -358,19 +361,114 @@ fn access_changed(
     }
 }
 
-/// A cache of all `K` that announces each change on `changes`.
-fn changes_cache<K>(api: Api<K>, changes: broadcast::Sender<()>) -> Store<K>
+/// Where binding events go: the index, the announcements of what they altered, and the gauge of
+/// Bindings past the cap.
+#[derive(Clone)]
+struct Feed {
+    index: Arc<std::sync::Mutex<Index>>,
+    changes: broadcast::Sender<Touched>,
+    metrics: Metrics,
+}
+
+impl Feed {
+    /// Applies one change to the index and announces what it altered.
+    fn change(&self, change: impl FnOnce(&mut Index) -> Option<Touched>, namespace: Option<&str>) {
+        let (touched, past) = {
+            let mut index = self.index.locked();
+            let touched = change(&mut index);
+            (touched, namespace.map(|ns| index.past_cap_in(ns)))
+        };
+        if let (Some(namespace), Some(past)) = (namespace, past) {
+            let gauge = &self.metrics.bindings_past_cap;
+            if past == 0 {
+                let _ = gauge.remove_label_values(&[namespace]);
+            } else {
+                gauge.with_label_values(&[namespace]).set(past as f64);
+            }
+        }
+        if let Some(touched) = touched {
+            let _ = self.changes.send(touched);
+        }
+    }
+
+    /// Applies a re-list and announces it.
+    fn relist(&self, relist: impl FnOnce(&mut Index) -> Touched) {
+        let past = {
+            let mut index = self.index.locked();
+            relist(&mut index);
+            index.past_cap()
+        };
+        let gauge = &self.metrics.bindings_past_cap;
+        gauge.reset();
+        for (namespace, count) in past {
+            gauge.with_label_values(&[&namespace]).set(count as f64);
+        }
+        let _ = self.changes.send(Touched::Everything);
+    }
+}
+
+/// A cache of all `K` whose events `apply` feeds to the binding index once the cache holds them.
+fn indexed_cache<K>(
+    api: Api<K>,
+    feed: Feed,
+    apply: fn(&Feed, &Store<K>, &watcher::Event<K>),
+) -> Store<K>
 where
     K: kbind_shared::cache::Cacheable,
 {
-    kbind_shared::cache::spawn(
+    let (reader, writer) = kube::runtime::reflector::store();
+    let store = reader.clone();
+    kbind_shared::cache::observe(
+        writer,
         api,
         watcher::Config::default(),
         CancellationToken::new(),
-        move || {
-            let _ = changes.send(());
+        move |event| {
+            if let Ok(event) = event {
+                apply(&feed, &store, event);
+            }
         },
-    )
+    );
+    reader
+}
+
+/// A ClusterBinding event into the index (the store's copy: no second one is kept).
+fn index_cluster(feed: &Feed, store: &Store<ClusterBinding>, event: &watcher::Event<ClusterBinding>) {
+    use kube::ResourceExt;
+    match event {
+        watcher::Event::Apply(b) => {
+            let held = store
+                .get(&ObjectRef::from_obj(b))
+                .unwrap_or_else(|| Arc::new(b.clone()));
+            feed.change(|index| index.apply_cluster(held), None);
+        }
+        watcher::Event::Delete(b) => feed.change(|index| index.remove_cluster(&b.name_any()), None),
+        watcher::Event::InitDone => feed.relist(|index| index.relist_cluster(store.state())),
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    }
+}
+
+/// A Binding event into the index.
+fn index_binding(feed: &Feed, store: &Store<Binding>, event: &watcher::Event<Binding>) {
+    use kube::ResourceExt;
+    match event {
+        watcher::Event::Apply(b) => {
+            let held = store
+                .get(&ObjectRef::from_obj(b))
+                .unwrap_or_else(|| Arc::new(b.clone()));
+            let namespace = b.namespace().unwrap_or_default();
+            feed.change(|index| index.apply_binding(held), Some(&namespace));
+        }
+        watcher::Event::Delete(b) => {
+            let namespace = b.namespace().unwrap_or_default();
+            feed.change(
+                |index| index.remove_binding(&namespace, &b.name_any()),
+                Some(&namespace),
+            );
+        }
+        watcher::Event::InitDone => feed.relist(|index| index.relist_bindings(store.state())),
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    }
 }
 
 /// A ClusterBinding or a Binding, from the caches.

@@ -2,6 +2,7 @@
 //! spec up, status down and deletion for the share of the work assigned to them.
 #![forbid(unsafe_code)]
 
+mod bindings;
 mod cli;
 mod context;
 mod credentials;
@@ -82,6 +83,7 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
                         .unwrap_or(usize::MAX),
                 },
             },
+            max_bindings_per_namespace: args.max_bindings_per_namespace,
         },
     );
     let ctx = tokio::select! {

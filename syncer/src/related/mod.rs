@@ -48,6 +48,7 @@ const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// Runs until `stop`, or until the binding is gone or replaced.
 pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) {
+    let namespace = spec.namespace.clone();
     let who = describe(&spec);
     let Some(provider) = ctx
         .provider_client(&spec.kubeconfig, &spec.digest, &spec.connection, &who)
@@ -139,7 +140,11 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
         swept_unused: Mutex::new(false),
     };
     tracing::info!(binding = %who, entries = entries.len(), "related resources worker started");
-    let bindings = ctx.binding_changes();
+    // Only what may alter its binding's namespace (a change of another namespace's Bindings
+    // wakes nobody here).
+    let bindings = futures::StreamExt::filter(ctx.binding_changes(), move |touched| {
+        std::future::ready(touched.reaches(namespace.as_deref()))
+    });
     let mut bindings = std::pin::pin!(bindings);
     loop {
         let wait = worker.pass().await;

@@ -215,7 +215,13 @@ pub(super) fn event_name(object: &str, event_uid: &str) -> String {
 /// and copies what [`copy_of`] and the [`Throttle`] let through. The watches follow the bindings.
 pub(super) async fn mirror(worker: Arc<Worker>) {
     // A burst of binding changes (a namespace user's flood of Bindings) is one look at the scope.
-    let mut bindings = worker.ctx.binding_changes().ready_chunks(1024).boxed();
+    let api = worker.spec.api.clone();
+    let mut bindings = worker
+        .ctx
+        .binding_changes()
+        .filter(move |touched| std::future::ready(touched.concerns_api(&api)))
+        .ready_chunks(1024)
+        .boxed();
     let mut throttle = Throttle::new(Instant::now());
     let scope = || {
         worker

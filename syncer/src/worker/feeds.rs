@@ -115,7 +115,7 @@ fn provider(
                         continue;
                     }
                     let now = std::time::Instant::now();
-                    for object in worker.with_work() {
+                    for object in worker.with_work(&crate::bindings::Reach::All) {
                         worker
                             .pending
                             .locked()
@@ -180,7 +180,7 @@ fn consumer(
                         continue;
                     }
                     let now = std::time::Instant::now();
-                    for object in worker.with_work() {
+                    for object in worker.with_work(&crate::bindings::Reach::All) {
                         let deleting = object.metadata.deletion_timestamp.is_some();
                         worker.pending.locked().consumer_changed(
                             pending::key(object.as_ref()),

@@ -20,6 +20,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
+use crate::bindings::Reach;
 use crate::context::Context;
 
 mod backlog;
@@ -99,21 +100,25 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     report::forget(&worker);
 }
 
-/// A binding change (which may bind or unbind the API for any object) and the periodic backstop
-/// resync look at every object, and sync the ones with work to do. (A burst of binding events is
-/// one look.)
+/// A binding change (which may bind or unbind the API for some objects) looks at the objects it
+/// may concern — in the changed binding's namespace, or all for a ClusterBinding — and the
+/// periodic backstop resync at every object; each syncs the ones with work to do. (A burst of
+/// binding events is one look; a change of another API's bindings, or of a Binding past its
+/// namespace's cap, none.)
 fn rescans(
     worker: &Arc<Worker>,
 ) -> impl futures::Stream<Item = ObjectRef<Instance>> + Send + use<> {
     let worker = worker.clone();
-    futures::stream::select(
-        worker.ctx.binding_changes(),
-        resync_ticks(worker.ctx.resync_interval),
-    )
-    .ready_chunks(1024)
-    .flat_map(move |_| {
+    let api = worker.spec.api.clone();
+    let bindings = worker
+        .ctx
+        .binding_changes()
+        .ready_chunks(1024)
+        .map(move |burst| Reach::of(&api, &burst));
+    let ticks = resync_ticks(worker.ctx.resync_interval).map(|()| Reach::All);
+    futures::stream::select(bindings, ticks).flat_map(move |reach| {
         let references: Vec<ObjectRef<Instance>> = worker
-            .with_work()
+            .with_work(&reach)
             .iter()
             .map(|o| ObjectRef::from_obj_with(o.as_ref(), worker.dyntype.clone()))
             .collect();

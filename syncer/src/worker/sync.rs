@@ -315,24 +315,24 @@ pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gat
             object.metadata.finalizers.as_deref().unwrap_or_default(),
         );
     };
-    let offers = worker.ctx.route_offers(&worker.spec.api);
-    let candidates = routing::candidates(
-        &offers,
-        &worker.spec.api,
-        object.metadata.namespace.as_deref(),
-    );
+    let namespace = object.metadata.namespace.as_deref();
+    let offers = worker.ctx.route_offers(&worker.spec.api, namespace);
+    let candidates = routing::candidates(&offers, &worker.spec.api, namespace);
     let pin = routing::read_pin(
         object
             .annotations()
             .get(keys::ROUTE_ANNOTATION)
             .map(String::as_str),
         |connection| {
-            offers
-                .iter()
-                .map(|o| &o.route)
-                .chain(std::iter::once(&spec.route))
-                .find(|r| r.connection == connection && !r.cluster.is_empty())
-                .map(|r| r.cluster.clone())
+            // A bare Connection name: one of the API's routes, completed with its pinned provider.
+            if connection == spec.route.connection {
+                return (!spec.route.cluster.is_empty()).then(|| spec.route.cluster.clone());
+            }
+            let routes = worker.ctx.route_connections(&worker.spec.api, &spec.served_by);
+            (connection == spec.served_by || routes.contains(connection))
+                .then(|| worker.ctx.pinned_provider(connection))
+                .flatten()
+                .map(|(cluster, _)| cluster)
         },
     );
     let orphan = object
@@ -809,12 +809,16 @@ impl Worker {
         }
     }
 
-    /// The consumer objects (this worker's cache of them) whose sync has something to do.
-    pub(super) fn with_work(&self) -> Vec<Arc<Instance>> {
+    /// The consumer objects within `reach` (this worker's cache of them) whose sync has
+    /// something to do.
+    pub(super) fn with_work(&self, reach: &crate::bindings::Reach) -> Vec<Arc<Instance>> {
+        if *reach == crate::bindings::Reach::Nothing {
+            return Vec::new();
+        }
         self.consumer_objects
             .state()
             .into_iter()
-            .filter(|o| self.has_work(o))
+            .filter(|o| reach.covers(o.metadata.namespace.as_deref()) && self.has_work(o))
             .collect()
     }
 }

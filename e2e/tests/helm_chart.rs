@@ -123,6 +123,7 @@ fn chart_lints_clean_and_its_schema_rejects_bad_values() {
             "/sizing/syncer/perObjectKiB",
         ),
         ("sizing.nodes=3", "nodes"),
+        ("maxBindingsPerNamespace=0", "/maxBindingsPerNamespace"),
     ] {
         let err = template_err(&["--set", bad]);
         assert!(err.contains("schema") && err.contains(why), "{bad}: {err}");
@@ -218,6 +219,15 @@ fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
             .filter_map(|e| e["name"].as_str())
             .collect();
         assert_eq!(env, ["POD_NAME", "POD_NAMESPACE"]);
+        // Both programs serve the same Bindings per namespace (the index and the condition agree).
+        assert!(
+            container["args"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!("--max-bindings-per-namespace=100")),
+            "{}",
+            container["args"]
+        );
         assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
         assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     }

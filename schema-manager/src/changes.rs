@@ -64,11 +64,13 @@ pub enum Topic {
     Instances,
     /// Which related-resources Bindings a namespace serves.
     RelatedServed,
+    /// A Binding let in under the per-namespace cap.
+    LetIn,
 }
 
 impl Topic {
     /// How many topics there are.
-    const COUNT: usize = Kind::ALL.len() + 5;
+    const COUNT: usize = Kind::ALL.len() + 6;
 
     /// Its channel's index.
     fn index(self) -> usize {
@@ -79,6 +81,7 @@ impl Topic {
             Topic::Marked => Kind::ALL.len() + 2,
             Topic::Instances => Kind::ALL.len() + 3,
             Topic::RelatedServed => Kind::ALL.len() + 4,
+            Topic::LetIn => Kind::ALL.len() + 5,
         }
     }
 
@@ -110,6 +113,9 @@ pub enum Change {
     Instances(String),
     /// The set of related-resources Bindings namespace `0` serves changed.
     RelatedServed(String),
+    /// Another Binding of its namespace left, and Binding `0` may now be within the
+    /// per-namespace cap (`--max-bindings-per-namespace`).
+    LetIn(ObjectKey),
 }
 
 impl Change {
@@ -122,6 +128,7 @@ impl Change {
             Change::Marked(_) => Topic::Marked,
             Change::Instances(_) => Topic::Instances,
             Change::RelatedServed(_) => Topic::RelatedServed,
+            Change::LetIn(_) => Topic::LetIn,
         }
     }
 }
@@ -196,6 +203,7 @@ mod tests {
             Topic::Marked,
             Topic::Instances,
             Topic::RelatedServed,
+            Topic::LetIn,
         ]);
         let mut indexes: Vec<usize> = topics.iter().map(|t| t.index()).collect();
         indexes.sort_unstable();

@@ -39,6 +39,8 @@ pub struct Settings {
     /// The most Bindings of one namespace whose related resources are served
     /// (`--max-related-bindings-per-namespace`).
     pub max_related_bindings_per_namespace: u32,
+    /// The most Bindings served per namespace, the oldest first (`--max-bindings-per-namespace`).
+    pub max_bindings_per_namespace: u32,
 }
 
 /// Shared by the reconcilers.

@@ -54,6 +54,7 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
             autobind_grace_period: args.autobind_grace_period,
             related_resources: args.related_resources,
             max_related_bindings_per_namespace: args.max_related_bindings_per_namespace,
+            max_bindings_per_namespace: args.max_bindings_per_namespace,
         },
         args.common.namespace(),
     ));

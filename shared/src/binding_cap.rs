@@ -44,8 +44,45 @@ impl Seniority {
 
 /// Whether the Binding at `me` is served, with `others` the places of the other Bindings in its
 /// namespace: fewer than `cap` of them come before it.
-pub fn served<'a>(me: &Seniority, others: impl IntoIterator<Item = &'a Seniority>, cap: u32) -> bool {
-    let ahead = others.into_iter().filter(|o| *o < me).take(cap as usize).count();
+pub fn served<'a>(
+    me: &Seniority,
+    others: impl IntoIterator<Item = &'a Seniority>,
+    cap: u32,
+) -> bool {
+    let ahead = others
+        .into_iter()
+        .filter(|o| *o < me)
+        .take(cap as usize)
+        .count();
+    ahead < cap as usize
+}
+
+/// [`served`] over metadata, without building a place per Binding (the schema manager asks it
+/// of every Binding of a namespace that may hold thousands): `me` is served when fewer than
+/// `cap` of `others` (its namespace's other Bindings; those being deleted do not count) come
+/// before it. Not served while being deleted.
+pub fn served_among<'a>(
+    me: &ObjectMeta,
+    others: impl IntoIterator<Item = &'a ObjectMeta>,
+    cap: u32,
+) -> bool {
+    fn place(meta: &ObjectMeta) -> (bool, Option<jiff::Timestamp>, &str) {
+        let created = meta.creation_timestamp.as_ref().map(|t| t.0);
+        (
+            created.is_none(),
+            created,
+            meta.name.as_deref().unwrap_or_default(),
+        )
+    }
+    if me.deletion_timestamp.is_some() {
+        return false;
+    }
+    let mine = place(me);
+    let ahead = others
+        .into_iter()
+        .filter(|o| o.deletion_timestamp.is_none() && place(o) < mine)
+        .take(cap as usize)
+        .count();
     ahead < cap as usize
 }
 
@@ -106,6 +143,40 @@ mod tests {
     }
 
     #[test]
+    fn served_among_agrees_with_served() {
+        let metas = [
+            meta("z-old", Some(10), false),
+            meta("a", Some(20), false),
+            meta("b", Some(20), false),
+            meta("0-undated", None, false),
+            meta("0-leaving", Some(1), true),
+        ];
+        for cap in 0..5 {
+            for (i, me) in metas.iter().enumerate() {
+                let others = || {
+                    metas
+                        .iter()
+                        .enumerate()
+                        .filter(move |(j, _)| *j != i)
+                        .map(|(_, m)| m)
+                };
+                let by_place = Seniority::of(me).is_some_and(|mine| {
+                    let places: Vec<Seniority> = others().filter_map(Seniority::of).collect();
+                    served(&mine, &places, cap)
+                });
+                assert_eq!(
+                    served_among(me, others(), cap),
+                    by_place,
+                    "{me:?} cap {cap}"
+                );
+            }
+        }
+        // The one leaving does not count: with cap 1, the oldest staying is served.
+        assert!(served_among(&metas[0], &metas[1..], 1));
+        assert!(!served_among(&metas[4], &metas[..4], 5));
+    }
+
+    #[test]
     fn a_binding_being_deleted_no_longer_counts() {
         assert_eq!(Seniority::of(&meta("gone", Some(1), true)), None);
         assert_eq!(place("b", Some(1)).name(), "b");
@@ -113,7 +184,11 @@ mod tests {
 
     #[test]
     fn a_departure_lets_in_the_first_past_the_cap() {
-        let remaining = [place("a", Some(1)), place("b", Some(2)), place("c", Some(3))];
+        let remaining = [
+            place("a", Some(1)),
+            place("b", Some(2)),
+            place("c", Some(3)),
+        ];
         assert_eq!(let_in(&remaining, 2), Some(&remaining[1]));
         assert_eq!(let_in(&remaining, 3), Some(&remaining[2]));
         assert_eq!(let_in(&remaining, 4), None);
@@ -123,7 +198,12 @@ mod tests {
     #[test]
     fn the_message_names_the_namespace_the_cap_and_the_remedy() {
         let m = message("team-a", 100);
-        for part in ["team-a", "100 oldest", "--max-bindings-per-namespace", "ResourceQuota"] {
+        for part in [
+            "team-a",
+            "100 oldest",
+            "--max-bindings-per-namespace",
+            "ResourceQuota",
+        ] {
             assert!(m.contains(part), "{m}");
         }
     }

@@ -35,7 +35,10 @@ impl Touched {
     /// ClusterBinding's change, or everything, does).
     pub fn reaches(&self, namespace: Option<&str>) -> bool {
         match self {
-            Touched::Everything | Touched::Apis { namespace: None, .. } => true,
+            Touched::Everything
+            | Touched::Apis {
+                namespace: None, ..
+            } => true,
             Touched::Apis {
                 namespace: Some(touched),
                 ..
@@ -81,7 +84,10 @@ impl Reach {
                     }
                     Reach::Nothing => reach = Reach::Namespaces([namespace.clone()].into()),
                 },
-                Touched::Apis { namespace: None, .. } | Touched::Everything => return Reach::All,
+                Touched::Apis {
+                    namespace: None, ..
+                }
+                | Touched::Everything => return Reach::All,
             }
         }
         reach
@@ -322,14 +328,18 @@ impl Index {
             }
         }
         for (name, binding) in &after {
-            if before.get(name).is_none_or(|was| !Arc::ptr_eq(was, binding)) {
+            if before
+                .get(name)
+                .is_none_or(|was| !Arc::ptr_eq(was, binding))
+            {
                 self.index_binding(binding, &mut apis);
                 altered = true;
             }
         }
         // A served binding replaced by an equal one (a label, an annotation) alters no lookup.
         if let Some(old) = &old
-            && let (Some(was), Some(now)) = (before.get(&old.name_any()), after.get(&old.name_any()))
+            && let (Some(was), Some(now)) =
+                (before.get(&old.name_any()), after.get(&old.name_any()))
             && same(was.as_ref(), now.as_ref())
         {
             return None;

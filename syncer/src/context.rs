@@ -107,7 +107,8 @@ impl Context {
         };
         let cluster_bindings =
             indexed_cache::<ClusterBinding>(Api::all(client.clone()), feed.clone(), index_cluster);
-        let bindings = indexed_cache::<Binding>(Api::all(client.clone()), feed.clone(), index_binding);
+        let bindings =
+            indexed_cache::<Binding>(Api::all(client.clone()), feed.clone(), index_binding);
         // A Connection's access rules decide what its bindings may do: a change of them is a
         // binding change too (every worker rescans its objects); any other Connection change only
         // wakes whoever waits on `connection_changes` (which workers should run).
@@ -336,7 +337,9 @@ impl Context {
         futures::stream::unfold(receiver, |mut receiver| async move {
             match receiver.recv().await {
                 Ok(touched) => Some((touched, receiver)),
-                Err(broadcast::error::RecvError::Lagged(_)) => Some((Touched::Everything, receiver)),
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    Some((Touched::Everything, receiver))
+                }
                 Err(broadcast::error::RecvError::Closed) => None,
             }
         })
@@ -433,7 +436,11 @@ where
 }
 
 /// A ClusterBinding event into the index (the store's copy: no second one is kept).
-fn index_cluster(feed: &Feed, store: &Store<ClusterBinding>, event: &watcher::Event<ClusterBinding>) {
+fn index_cluster(
+    feed: &Feed,
+    store: &Store<ClusterBinding>,
+    event: &watcher::Event<ClusterBinding>,
+) {
     use kube::ResourceExt;
     match event {
         watcher::Event::Apply(b) => {

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kbind_shared::api::{Binding, ClusterBinding, Connection};
+use kbind_shared::binding_cap;
 use kbind_shared::conditions::{self, types};
 use kbind_shared::resolve::BindingObject;
 use kube::runtime::Controller;
@@ -81,18 +82,24 @@ fn concerns<B: BindingObject>(binding: &B, change: &Change) -> bool {
             binding.meta().namespace.as_ref() == Some(namespace)
                 && !spec.related_resources.is_empty()
         }
+        Change::LetIn(key) => {
+            key.namespace.is_some()
+                && binding.meta().namespace == key.namespace
+                && binding.meta().name.as_ref() == Some(&key.name)
+        }
         Change::Cached(..) | Change::ConnectionInput(_) => false,
     }
 }
 
 /// The topics [`concerns`] reads.
-const TOPICS: [Topic; 6] = [
+const TOPICS: [Topic; 7] = [
     Topic::Cached(Kind::Connection),
     Topic::Cached(Kind::Crd),
     Topic::ProviderSchema,
     Topic::Marked,
     Topic::Instances,
     Topic::RelatedServed,
+    Topic::LetIn,
 ];
 
 /// The bindings in `store` a change concerns; every binding after missed changes.
@@ -149,6 +156,9 @@ fn error_policy<B: Scoped>(binding: Arc<B>, error: &Error, ctx: Arc<Context>) ->
 }
 
 async fn reconcile<B: Scoped>(binding: Arc<B>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if binding.meta().deletion_timestamp.is_some() {
+        let_in_next(binding.as_ref(), &ctx).await;
+    }
     let api = B::api(&ctx.client, &binding);
     let key = binding.describe();
     let result = crate::context::finalized(
@@ -218,8 +228,12 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
                     "Connection {connection_name} is not Ready yet{why}"
                 ))
             });
-            // Nothing is installed or synced for a Binding the Connection does not serve.
-            outcome::access_denied(c, binding.namespace().as_deref()).or(pending)
+            // Nothing is installed or synced for a Binding the Connection does not serve, nor
+            // for one past its namespace's cap.
+            match outcome::access_denied(c, binding.namespace().as_deref()) {
+                Some(denied) => Some(denied),
+                None => past_cap(binding.as_ref(), ctx).await.or(pending),
+            }
         }
     };
     // Related resources that get no work unit say why (a namespace's flood of Bindings is capped).
@@ -262,8 +276,11 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
                 });
                 states.push((api.name.clone(), state));
             }
-            // A Binding that may not use its Connection holds nothing installed.
-            let bound = (gate.reason == outcome::NOT_ALLOWED).then(Vec::new);
+            // A Binding that may not use its Connection, or is past the cap, holds nothing
+            // installed.
+            let bound = [outcome::NOT_ALLOWED, binding_cap::TOO_MANY_BINDINGS]
+                .contains(&gate.reason)
+                .then(Vec::new);
             (vec![gate], bound)
         }
     };
@@ -280,6 +297,53 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
     } else {
         requeue
     })
+}
+
+/// `Ready=False` (`TooManyBindings`) for a Binding past its namespace's cap
+/// ([`binding_cap::served_among`], the same decision the syncer's index makes): it binds nothing.
+async fn past_cap<B: Scoped>(binding: &B, ctx: &Context) -> Option<conditions::Desired<'static>> {
+    let namespace = binding.meta().namespace.as_deref()?;
+    let (_, bindings) = ctx.all_bindings().await.ok()?;
+    let cap = ctx.settings.max_bindings_per_namespace;
+    let others = bindings
+        .iter()
+        .filter(|b| {
+            b.metadata.namespace.as_deref() == Some(namespace)
+                && b.metadata.name != binding.meta().name
+        })
+        .map(|b| &b.metadata);
+    (!binding_cap::served_among(binding.meta(), others, cap)).then(|| {
+        conditions::Desired::new(
+            types::READY,
+            false,
+            binding_cap::TOO_MANY_BINDINGS,
+            binding_cap::message(namespace, cap),
+        )
+    })
+}
+
+/// A Binding leaving (being deleted) frees its place under its namespace's cap: the one it lets
+/// in is evaluated again at once, not at its next resync.
+async fn let_in_next<B: Scoped>(binding: &B, ctx: &Context) {
+    let Some(namespace) = binding.meta().namespace.as_deref() else {
+        return;
+    };
+    let Ok((_, bindings)) = ctx.all_bindings().await else {
+        return;
+    };
+    let mut remaining: Vec<binding_cap::Seniority> = bindings
+        .iter()
+        .filter(|b| b.metadata.namespace.as_deref() == Some(namespace))
+        .filter_map(|b| binding_cap::Seniority::of(&b.metadata))
+        .collect();
+    remaining.sort();
+    if let Some(next) = binding_cap::let_in(&remaining, ctx.settings.max_bindings_per_namespace) {
+        ctx.changes
+            .announce(Change::LetIn(kbind_shared::cache::ObjectKey {
+                namespace: Some(namespace.to_owned()),
+                name: next.name().to_owned(),
+            }));
+    }
 }
 
 /// `RelatedResourcesSynced=False` when the binding's related resources get no work unit because
@@ -421,6 +485,10 @@ mod tests {
 
     #[test]
     fn a_change_concerns_exactly_the_bindings_it_can_alter() {
+        let in_ns = |namespace: &str, name: &str| ObjectKey {
+            namespace: Some(namespace.into()),
+            name: name.into(),
+        };
         let widgets = "widgets.example.org";
         let schema = |connection: &str, api: &str| Change::ProviderSchema {
             connection: connection.into(),
@@ -457,6 +525,10 @@ mod tests {
             (Change::Instances(widgets.into()), false, false, true),
             (Change::RelatedServed("team-a".into()), false, false, true),
             (Change::RelatedServed("team-b".into()), false, false, false),
+            // A place under the cap freed: only the Binding let in.
+            (Change::LetIn(in_ns("team-a", "b")), false, true, false),
+            (Change::LetIn(in_ns("team-b", "b")), false, false, false),
+            (Change::LetIn(key("c")), false, false, false),
             // Its own kind is the controller's own trigger; a Connection's inputs are the
             // Connection controller's.
             (

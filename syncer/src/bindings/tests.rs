@@ -25,9 +25,8 @@ fn status(apis: &[&str], connection: &str) -> BindingStatus {
 fn binding(namespace: &str, name: &str, created: i64, apis: &[&str]) -> Arc<Binding> {
     let mut b = Binding::new(name, BindingSpec::new("p", apis));
     b.metadata.namespace = Some(namespace.into());
-    b.metadata.creation_timestamp = Some(Time(
-        jiff::Timestamp::from_second(created).expect("valid"),
-    ));
+    b.metadata.creation_timestamp =
+        Some(Time(jiff::Timestamp::from_second(created).expect("valid")));
     b.status = Some(status(apis, "p"));
     Arc::new(b)
 }
@@ -54,7 +53,10 @@ fn resolved(index: &Index, namespace: &str) -> Option<String> {
 #[test]
 fn a_binding_is_found_in_its_own_namespace_only() {
     let mut index = Index::new(10);
-    assert_eq!(index.apply_binding(binding("a", "one", 1, &[W])), in_ns(&[W], "a"));
+    assert_eq!(
+        index.apply_binding(binding("a", "one", 1, &[W])),
+        in_ns(&[W], "a")
+    );
     assert_eq!(resolved(&index, "a").as_deref(), Some("one"));
     assert_eq!(resolved(&index, "b"), None);
     assert_eq!(index.resolve("p", G, Some("a"), None), None);
@@ -83,8 +85,16 @@ fn a_cluster_binding_wins_everywhere_and_touches_every_namespace() {
 #[test]
 fn a_flood_past_the_cap_is_indexed_by_nobody_and_wakes_nobody() {
     let mut index = Index::new(2);
-    assert!(index.apply_binding(binding("a", "old-1", 1, &[W])).is_some());
-    assert!(index.apply_binding(binding("a", "old-2", 2, &[G])).is_some());
+    assert!(
+        index
+            .apply_binding(binding("a", "old-1", 1, &[W]))
+            .is_some()
+    );
+    assert!(
+        index
+            .apply_binding(binding("a", "old-2", 2, &[G]))
+            .is_some()
+    );
     for n in 0..50 {
         // Older by name ("0-…" < "old-…") but newer by age: never let in.
         let flood = binding("a", &format!("0-flood-{n}"), 100 + n, &[W]);
@@ -164,7 +174,10 @@ fn routes_are_counted_as_bindings_come_and_go() {
     index.apply_binding(route("c", "to-r", 1));
     let offers = index.offers(W, Some("a"), |_| None);
     assert_eq!(
-        offers.iter().map(|o| o.binding.as_str()).collect::<Vec<_>>(),
+        offers
+            .iter()
+            .map(|o| o.binding.as_str())
+            .collect::<Vec<_>>(),
         ["a/to-r"]
     );
 }
@@ -177,7 +190,10 @@ fn events_scope_follows_the_served_bindings() {
         b.spec.provider_events = Some(serde_json::from_str("{}").expect("valid"));
         Arc::new(b)
     };
-    assert_eq!(index.provider_events_scope("p", W), resolve::EventsScope::Nowhere);
+    assert_eq!(
+        index.provider_events_scope("p", W),
+        resolve::EventsScope::Nowhere
+    );
     index.apply_binding(asking("a", "one"));
     assert_eq!(
         index.provider_events_scope("p", W),
@@ -186,7 +202,10 @@ fn events_scope_follows_the_served_bindings() {
     let mut cluster = (*cluster_binding("all", &[W])).clone();
     cluster.spec.binding.provider_events = Some(serde_json::from_str("{}").expect("valid"));
     index.apply_cluster(Arc::new(cluster));
-    assert_eq!(index.provider_events_scope("p", W), resolve::EventsScope::Everywhere);
+    assert_eq!(
+        index.provider_events_scope("p", W),
+        resolve::EventsScope::Everywhere
+    );
 }
 
 #[test]

@@ -328,7 +328,9 @@ pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gat
             if connection == spec.route.connection {
                 return (!spec.route.cluster.is_empty()).then(|| spec.route.cluster.clone());
             }
-            let routes = worker.ctx.route_connections(&worker.spec.api, &spec.served_by);
+            let routes = worker
+                .ctx
+                .route_connections(&worker.spec.api, &spec.served_by);
             (connection == spec.served_by || routes.contains(connection))
                 .then(|| worker.ctx.pinned_provider(connection))
                 .flatten()

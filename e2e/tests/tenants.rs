@@ -525,6 +525,122 @@ async fn a_flood_of_bindings_from_one_namespace_is_capped_reported_and_stops_nob
     wait_binding(&flood, &name(2), "RelatedResourcesSynced=True").await;
 }
 
+#[tokio::test]
+async fn a_namespace_past_its_binding_cap_binds_nothing_more_and_slows_nobody() {
+    // #50.2: both programs serve 3 Bindings per namespace here (the oldest). Past the cap a
+    // Binding says TooManyBindings, the syncer's gauge counts it, and the syncer ignores it even
+    // when its status is forged to "bound"; when an older one goes, the next is let in at once
+    // (no resync: it is 10 minutes away) and its objects sync. Another namespace never waits.
+    let mut s = SyncEnv::start_full(
+        "tenants_binding_cap",
+        &[0, 1],
+        None,
+        &[],
+        &[
+            "--max-bindings-per-namespace=3",
+            "--binding-resync-interval=10m",
+        ],
+    )
+    .await;
+    s.restart_syncer("syncer-capped", &["--max-bindings-per-namespace=3"])
+        .await;
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    for namespace in ["crowd", "team-a"] {
+        ensure_namespace(&s.consumer, namespace).await.unwrap();
+    }
+    Api::<Binding>::namespaced(s.consumer.clone(), "team-a")
+        .create(&PostParams::default(), &team_binding("team-a", "Fail"))
+        .await
+        .unwrap();
+    let crowd: Api<Binding> = Api::namespaced(s.consumer.clone(), "crowd");
+    // Three served Bindings of an API the provider does not export (they count all the same),
+    // then one for the Widgets: ties in age are broken by name, so "b…" come first.
+    for i in 0..3 {
+        let mut b = Binding::new(
+            &format!("b{i}"),
+            binding_spec("provider", &["gadgets.example.org"]),
+        );
+        b.metadata.namespace = Some("crowd".into());
+        crowd.create(&PostParams::default(), &b).await.unwrap();
+    }
+    let mut late = team_binding("crowd", "Fail");
+    late.metadata.name = Some("c-widgets".into());
+    crowd.create(&PostParams::default(), &late).await.unwrap();
+    let b = wait_binding(&crowd, "c-widgets", "Ready=False/TooManyBindings").await;
+    let status = b.status.unwrap_or_default();
+    let message = &kbind_shared::conditions::find(&status.conditions, "Ready")
+        .unwrap()
+        .message;
+    assert!(
+        message.contains("namespace crowd has more Bindings than kbind serves there: the 3 oldest"),
+        "{message}"
+    );
+    assert!(status.apis.iter().all(|a| !a.bound), "{:?}", status.apis);
+    wait_for("the syncer counts one Binding past the cap", 30, || async {
+        let metrics = s.syncer.metrics().await?;
+        Ok((metric_sum(
+            &metrics,
+            "kbind_bindings_past_cap",
+            &[("namespace", "crowd")],
+        ) == 1.0)
+            .then_some(()))
+    })
+    .await;
+
+    // Its status forged to "bound" while the schema manager is stopped: the syncer still ignores
+    // it — a Widget in crowd gets no finalizer and no copy, while team-a's sync.
+    s.env.process(s.manager.index).signal("STOP").unwrap();
+    let forged = json!({ "status": {
+        "apis": [{ "name": "widgets.example.org", "connection": "provider", "bound": true,
+                   "reason": "AsExpected" }],
+        "conditions": [{ "type": "Ready", "status": "True", "reason": "AsExpected", "message": "",
+                         "lastTransitionTime": "2026-01-01T00:00:00Z" }],
+    } });
+    crowd
+        .patch_status("c-widgets", &PatchParams::default(), &Patch::Merge(&forged))
+        .await
+        .unwrap();
+    widgets(&s.consumer, "crowd")
+        .create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w0", 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        widgets(&s.provider, "crowd")
+            .get_opt("w")
+            .await
+            .unwrap()
+            .is_none(),
+        "a Widget covered only by a Binding past the cap reached the provider"
+    );
+    let w = widgets(&s.consumer, "crowd").get("w").await.unwrap();
+    assert!(w.finalizers().is_empty(), "{:?}", w.finalizers());
+    s.env.process(s.manager.index).signal("CONT").unwrap();
+
+    // An older one goes: c-widgets is let in (Ready at once, long before any resync) and the
+    // Widget syncs.
+    crowd.delete("b0", &DeleteParams::default()).await.unwrap();
+    wait_binding(&crowd, "c-widgets", "Ready=True").await;
+    wait_for(
+        "the Widget of the Binding let in reaches the provider",
+        60,
+        || async {
+            Ok(widgets(&s.provider, "crowd")
+                .get_opt("w")
+                .await
+                .map_err(|e| e.to_string())?
+                .map(|_| ()))
+        },
+    )
+    .await;
+    wait_for("the syncer counts none past the cap", 30, || async {
+        let metrics = s.syncer.metrics().await?;
+        Ok((!metrics.contains("kbind_bindings_past_cap{namespace=\"crowd\"}")).then_some(()))
+    })
+    .await;
+}
+
 /// `kbind_sync_operations_total` of the syncer's consumer status writes (status, or the record).
 async fn status_writes(syncer: &Program) -> f64 {
     let metrics = syncer.metrics().await.unwrap();

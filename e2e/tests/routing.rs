@@ -805,3 +805,96 @@ async fn chaos_random_label_pin_and_binding_edits_never_leave_an_object_on_two_p
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
+    // #50.3: Connection `provider` serves the Widgets through team-a's Binding only; namespace
+    // `bystanders` has Widgets no binding covers. A tenant in team-r makes the API routed with a
+    // selecting Binding to Connection `second`, and deletes it, again and again: the bystanders'
+    // Widgets are never written (no NoRoute annotation, no record, no Event) — before, every
+    // uncovered object was marked NoRoute and kept the mark after the route went.
+    let s = SyncEnv::start_with("routing_uncovered", &[0, 1], None, &["second"]).await;
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    let second = s.env.cluster("second").admin_client().await.unwrap();
+    install_crd(&second, &widget_crd()).await.unwrap();
+    connect_to(
+        &s.consumer,
+        "second",
+        &s.env.cluster("second").admin_kubeconfig(),
+    )
+    .await;
+    for namespace in [NS, "team-r", "bystanders"] {
+        ensure_namespace(&s.consumer, namespace).await.unwrap();
+    }
+    let mut served = Binding::new("widgets", binding_spec("provider", &[API]));
+    served.metadata.namespace = Some(NS.into());
+    let in_a: Api<Binding> = Api::namespaced(s.consumer.clone(), NS);
+    in_a.create(&PostParams::default(), &served).await.unwrap();
+    wait_binding(&in_a, "widgets", "Ready=True").await;
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, NS, "a0", 1).await;
+    let bystanders = widgets(&s.consumer, "bystanders");
+    for i in 0..100 {
+        bystanders
+            .create(&PostParams::default(), &widget(&format!("b{i}"), 1))
+            .await
+            .unwrap();
+    }
+    let versions = || async {
+        bystanders
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|w| (w.name_any(), w.resource_version().unwrap_or_default()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let before = versions().await;
+    assert_eq!(before.len(), 100);
+    let in_r: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-r");
+    for round in 0..5 {
+        let mut route = Binding::new("route", selecting("second", "region", "us"));
+        route.metadata.namespace = Some("team-r".into());
+        in_r.create(&PostParams::default(), &route).await.unwrap();
+        wait_binding(&in_r, "route", "Ready=True").await;
+        if round == 0 {
+            // The route is in effect: team-r's selected Widget goes to `second`.
+            let mut w = widget("r0", 1);
+            w.metadata.labels = Some([("region".to_owned(), "us".to_owned())].into());
+            widgets(&s.consumer, "team-r")
+                .create(&PostParams::default(), &w)
+                .await
+                .unwrap();
+            wait_for("team-r's Widget on the second provider", 60, || async {
+                Ok(widgets(&second, "team-r")
+                    .get_opt("r0")
+                    .await
+                    .unwrap()
+                    .map(|_| ()))
+            })
+            .await;
+        } else {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        in_r.delete("route", &Default::default()).await.unwrap();
+        wait_for("the route Binding gone", 60, || async {
+            Ok(in_r.get_opt("route").await.unwrap().is_none().then_some(()))
+        })
+        .await;
+    }
+    // team-a's objects still sync: whatever was due to the bystanders had its turn by then.
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, NS, "a1", 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = versions().await;
+    let written: Vec<&String> = after
+        .iter()
+        .filter(|(name, version)| before.get(*name) != Some(version))
+        .map(|(name, _)| name)
+        .collect();
+    assert!(written.is_empty(), "uncovered Widgets written: {written:?}");
+    let b0 = bystanders.get("b0").await.unwrap();
+    assert!(
+        annotation(&b0, "core.kbind.io/conflict").is_none(),
+        "{b0:?}"
+    );
+}

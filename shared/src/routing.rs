@@ -414,6 +414,10 @@ pub enum Gate {
     Hold(Reason, String),
     /// Another route's business, or nothing to do.
     Idle,
+    /// No admitted binding covers it, it is pinned nowhere and holds no copy: routing leaves it
+    /// alone — no mark, no record, no Event — as if the API were not routed (a tenant's route
+    /// Binding elsewhere never touches it).
+    Uncovered,
 }
 
 /// [`Gate`] for the worker of route `mine`: `served_by` is the Connection serving the CRD,
@@ -465,6 +469,9 @@ pub fn gate(
             },
         )
         .collect();
+    if candidates.is_empty() && *pin == Pin::None && held.is_empty() {
+        return Gate::Uncovered;
+    }
     let pin = match (pin, held.as_slice()) {
         (Pin::None, [only]) => Pin::Set(only.clone()),
         (pin, _) => pin.clone(),
@@ -1130,6 +1137,51 @@ mod tests {
             "{changed:?}"
         );
         assert_eq!((&changed[0], &changed[2]), (&idle, &idle));
+    }
+
+    /// An object no admitted binding covers, pinned nowhere and holding no copy, is left alone
+    /// by every route's worker; one pinned or holding a copy is still routing's business.
+    #[test]
+    fn routing_touches_only_what_it_covers() {
+        let mine = route("eu");
+        let gate_of = |pin: &Pin, finalizers: &[String], candidates: &[Candidate]| {
+            gate(
+                &mine,
+                "eu",
+                pin,
+                finalizers,
+                candidates,
+                &labels(&[]),
+                false,
+            )
+        };
+        let selecting = vec![candidate("us-only", "us", Some("region=us"))];
+        let syncer = vec![keys::SYNCER_FINALIZER.to_owned()];
+        // (case, gate)
+        let cases: [(&str, Gate); 4] = [
+            ("uncovered", gate_of(&Pin::None, &[], &[])),
+            (
+                "covered by a selecting binding it does not match: held, reported",
+                gate_of(&Pin::None, &[], &selecting),
+            ),
+            (
+                "uncovered but pinned",
+                gate_of(&Pin::Set(route("us")), &[], &[]),
+            ),
+            (
+                "uncovered but holding a copy",
+                gate_of(&Pin::None, &syncer, &[]),
+            ),
+        ];
+        assert_eq!(cases[0].1, Gate::Uncovered, "{}", cases[0].0);
+        for (case, got) in &cases[1..] {
+            assert_ne!(*got, Gate::Uncovered, "{case}");
+        }
+        assert!(
+            matches!(&cases[1].1, Gate::Hold(Reason::NoRoute, _)),
+            "{:?}",
+            cases[1].1
+        );
     }
 
     #[test]

@@ -179,6 +179,32 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
     let spec = binding.binding_spec();
     let connection_name = spec.connection_ref.name.clone();
 
+    // A Binding past its namespace's cap binds nothing, holds nothing and costs nothing more: it
+    // says so once, and is looked at again only when it changes or an older one leaves.
+    if let Some(past) = past_cap(binding.as_ref(), ctx).await {
+        let states: Vec<(String, ApiState)> = spec
+            .apis
+            .iter()
+            .map(|api| {
+                let state = ApiState::Gated {
+                    reason: past.reason,
+                    message: past.message.clone(),
+                };
+                (api.name.clone(), state)
+            })
+            .collect();
+        let entries = outcome::entries(&connection_name, &states, &[]);
+        write_status(
+            binding.as_ref(),
+            ctx,
+            vec![past],
+            Some(Vec::new()),
+            Some(entries),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+
     // What the binding holds against what it lists: let go of the rest first, so a moved API is
     // drained from its old provider before anything is installed for the new one.
     let held = ledger::held(binding.binding_status(), spec);
@@ -228,12 +254,8 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
                     "Connection {connection_name} is not Ready yet{why}"
                 ))
             });
-            // Nothing is installed or synced for a Binding the Connection does not serve, nor
-            // for one past its namespace's cap.
-            match outcome::access_denied(c, binding.namespace().as_deref()) {
-                Some(denied) => Some(denied),
-                None => past_cap(binding.as_ref(), ctx).await.or(pending),
-            }
+            // Nothing is installed or synced for a Binding the Connection does not serve.
+            outcome::access_denied(c, binding.namespace().as_deref()).or(pending)
         }
     };
     // Related resources that get no work unit say why (a namespace's flood of Bindings is capped).
@@ -276,11 +298,8 @@ async fn apply<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action, Erro
                 });
                 states.push((api.name.clone(), state));
             }
-            // A Binding that may not use its Connection, or is past the cap, holds nothing
-            // installed.
-            let bound = [outcome::NOT_ALLOWED, binding_cap::TOO_MANY_BINDINGS]
-                .contains(&gate.reason)
-                .then(Vec::new);
+            // A Binding that may not use its Connection holds nothing installed.
+            let bound = (gate.reason == outcome::NOT_ALLOWED).then(Vec::new);
             (vec![gate], bound)
         }
     };

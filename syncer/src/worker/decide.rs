@@ -37,6 +37,10 @@ pub struct Facts<'a> {
     /// the API has one route, or this worker's route is the object's). A route that is not the
     /// object's reaches here as `bound: None`.
     pub routing: Option<Routing>,
+    /// This worker speaks for the object when no binding has it bound (the API is not routed,
+    /// or it is and no route covers, pins or holds it, and this is the serving Connection's
+    /// worker): a mark kbind left on it is this worker's to clear.
+    pub speaks_when_unbound: bool,
 }
 
 /// Routing's word on an object of a routed API, for this worker's route.
@@ -75,6 +79,9 @@ pub enum Step {
     Delete,
     /// SYNC-4: no binding has the API bound for it: nothing to do.
     Idle,
+    /// No binding has the API bound for it any more, and it still carries kbind's conflict
+    /// annotation from when one had: the annotation goes (it says nothing true now).
+    Unmark,
     /// OWN-2: the provider object is not ours to write: record `reason` on the consumer object,
     /// announcing it (Warning Event, metric) when it is new. No finalizer (QRK-18).
     Conflict {
@@ -131,7 +138,11 @@ pub fn decide(facts: &Facts<'_>) -> Step {
         _ => {}
     }
     let Some(policy) = facts.bound else {
-        return Step::Idle;
+        return if facts.conflict.is_some() && facts.speaks_when_unbound {
+            Step::Unmark
+        } else {
+            Step::Idle
+        };
     };
     // Paused wins over everything but a deletion: no finalizer, no conflict annotation, no
     // provider write while the user holds it.
@@ -236,6 +247,7 @@ mod tests {
             conflict,
             paused: None,
             routing: None,
+            speaks_when_unbound: true,
         }
     }
 
@@ -385,6 +397,25 @@ mod tests {
                 Step::Idle,
             ),
             (
+                "not bound any more, kbind's mark left: it goes",
+                facts(
+                    false,
+                    None,
+                    ours(false),
+                    true,
+                    Some(CONFLICT_OWNED_BY_ANOTHER),
+                ),
+                Step::Unmark,
+            ),
+            (
+                "not bound here, another route's worker speaks for it: its mark stays",
+                Facts {
+                    speaks_when_unbound: false,
+                    ..facts(false, None, None, false, Some("NoRoute"))
+                },
+                Step::Idle,
+            ),
+            (
                 "new object: finalizer first",
                 facts(false, FAIL, None, false, None),
                 Step::AddFinalizer,
@@ -520,6 +551,12 @@ mod tests {
         let cases: Vec<(&str, Step, bool, Rest)> = vec![
             ("deleting", Step::Delete, true, Rest::Work),
             ("not bound", Step::Idle, false, Rest::Unbound),
+            (
+                "not bound, a mark to clear",
+                Step::Unmark,
+                false,
+                Rest::Work,
+            ),
             (
                 "a recorded conflict",
                 conflict(CONFLICT_FOREIGN, Owner::Unmarked, false),

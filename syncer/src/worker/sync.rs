@@ -42,6 +42,11 @@ pub(super) async fn sync(
     let spec_up = match decide(&facts) {
         Step::Delete => return delete(&object, &worker).await,
         Step::Idle => return Ok(Action::await_change()),
+        Step::Unmark => {
+            worker.set_conflict(&object, None).await?;
+            worker.mark(&object, None);
+            return Ok(Action::await_change());
+        }
         Step::Release => return release(&object, &worker).await,
         Step::Held { reason, announce } => {
             let message = match &gate {
@@ -372,9 +377,18 @@ fn facts<'a>(
         )
         .filter(|r| r.is_bound())
         // Another route's object is not this worker's to sync.
-        .filter(|_| !matches!(gate, Some(routing::Gate::Idle)));
+        .filter(|_| !matches!(gate, Some(routing::Gate::Idle | routing::Gate::Uncovered)));
+    let speaks_when_unbound = match gate {
+        None => true,
+        Some(routing::Gate::Uncovered) => worker
+            .spec
+            .routing
+            .as_ref()
+            .is_some_and(|r| r.route.connection == r.served_by),
+        Some(_) => false,
+    };
     let routing = match gate {
-        None | Some(routing::Gate::Idle | routing::Gate::Pin(_)) => None,
+        None | Some(routing::Gate::Idle | routing::Gate::Uncovered | routing::Gate::Pin(_)) => None,
         Some(routing::Gate::Sync { changed }) => changed.as_ref().map(|_| Routing::Changed),
         Some(routing::Gate::Release { .. }) => Some(Routing::Release),
         Some(routing::Gate::Hold(reason, _)) => Some(Routing::Hold(reason.as_str())),
@@ -399,6 +413,7 @@ fn facts<'a>(
             .map(String::as_str),
         paused,
         routing,
+        speaks_when_unbound,
     }
 }
 

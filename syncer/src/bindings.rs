@@ -208,14 +208,40 @@ impl Index {
         Touched::Everything
     }
 
-    /// A re-list of every Binding: the index holds exactly `all`.
+    /// A re-list of every Binding: the index holds exactly `all` (built at once: a re-list of a
+    /// namespace's flood costs one insertion per Binding, not a re-index each).
     pub fn relist_bindings(&mut self, all: Vec<Arc<Binding>>) -> Touched {
-        let old: Vec<(String, String)> = self.places.keys().cloned().collect();
-        for (namespace, name) in old {
-            self.remove_binding(&namespace, &name);
+        let served: Vec<Arc<Binding>> = self
+            .queues
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .iter()
+            .flat_map(|ns| self.served(ns).into_values())
+            .collect();
+        let mut apis = BTreeSet::new();
+        for binding in &served {
+            self.unindex_binding(binding, &mut apis);
         }
+        self.queues.clear();
+        self.places.clear();
         for binding in all {
-            self.apply_binding(binding);
+            let Some(place) = Seniority::of(&binding.metadata) else {
+                continue;
+            };
+            let namespace = binding.namespace().unwrap_or_default();
+            self.places
+                .insert((namespace.clone(), binding.name_any()), place.clone());
+            self.queues
+                .entry(namespace)
+                .or_default()
+                .insert(place, binding);
+        }
+        let namespaces: Vec<String> = self.queues.keys().cloned().collect();
+        for namespace in namespaces {
+            for binding in self.served(&namespace).into_values() {
+                self.index_binding(&binding, &mut apis);
+            }
         }
         Touched::Everything
     }

@@ -125,11 +125,12 @@ async fn main() {
     }
     // When each (name, size) first showed on the provider.
     let seen: Arc<Mutex<HashMap<(String, i64), Instant>>> = Arc::default();
-    {
+    let watching = {
         let seen = seen.clone();
         let provider = widgets(&s.provider, "victim");
         tokio::spawn(async move {
             let mut events = watcher::watcher(provider, watcher::Config::default())
+                .default_backoff()
                 .applied_objects()
                 .boxed();
             while let Some(event) = events.next().await {
@@ -140,8 +141,8 @@ async fn main() {
                     .entry((object.name_any(), size))
                     .or_insert_with(Instant::now);
             }
-        });
-    }
+        })
+    };
     let syncer_pid = s.env.process_ref(s.syncer.index).pid();
     let flood: Api<Binding> = Api::namespaced(s.consumer.clone(), "flood");
     let victims = widgets(&s.consumer, "victim");
@@ -229,4 +230,5 @@ async fn main() {
             percentile(&lags, 0.99),
         );
     }
+    watching.abort();
 }

@@ -221,6 +221,16 @@ fn a_relist_holds_exactly_what_it_lists() {
     assert_eq!(resolved(&index, "a"), None);
     assert_eq!(resolved(&index, "b").as_deref(), Some("kept"));
     assert_eq!(index.resolve("p", G, None, Some(&Default::default())), None);
+    // A re-list applies the cap as events do.
+    let mut capped = Index::new(1);
+    capped.relist_bindings(vec![
+        binding("a", "young", 2, &[W]),
+        binding("a", "old", 1, &[W]),
+    ]);
+    assert_eq!(resolved(&capped, "a").as_deref(), Some("old"));
+    assert_eq!(capped.past_cap(), [("a".to_owned(), 1)].into());
+    assert_eq!(capped.remove_binding("a", "old"), in_ns(&[W], "a"));
+    assert_eq!(resolved(&capped, "a").as_deref(), Some("young"));
 }
 
 #[test]

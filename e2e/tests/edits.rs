@@ -216,14 +216,7 @@ fn record(client: &Client) -> (Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>) {
 #[tokio::test]
 async fn moving_an_api_to_another_connection_drains_the_old_provider_before_the_new_one_gets_it() {
     let s = SyncEnv::start_with("edits_move_api", &[0, 1, 2], None, &["second"]).await;
-    let second = s.env.cluster("second").admin_client().await.unwrap();
-    install_crd(&second, &widget_crd()).await.unwrap();
-    connect_to(
-        &s.consumer,
-        "second",
-        &s.env.cluster("second").admin_kubeconfig(),
-    )
-    .await;
+    let second = s.connect_second().await;
     wait_cluster_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     let all: BTreeSet<String> = (0..10).map(|i| format!("w{i}")).collect();

@@ -815,14 +815,7 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
     // uncovered object was marked NoRoute and kept the mark after the route went.
     let s = SyncEnv::start_with("routing_uncovered", &[0, 1], None, &["second"]).await;
     wait_connection(&s.consumer, "provider", "Ready=True").await;
-    let second = s.env.cluster("second").admin_client().await.unwrap();
-    install_crd(&second, &widget_crd()).await.unwrap();
-    connect_to(
-        &s.consumer,
-        "second",
-        &s.env.cluster("second").admin_kubeconfig(),
-    )
-    .await;
+    let second = s.connect_second().await;
     for namespace in [NS, "team-r", "bystanders"] {
         ensure_namespace(&s.consumer, namespace).await.unwrap();
     }

@@ -117,6 +117,29 @@ fn team_binding(namespace: &str, policy: &str) -> Binding {
     b
 }
 
+/// Forges the status of Binding `name` to say the Widgets are bound through `provider` (as anyone
+/// who may write `bindings/status` could).
+async fn forge_bound(bindings: &Api<Binding>, name: &str) {
+    let forged = json!({ "status": {
+        "apis": [{ "name": "widgets.example.org", "connection": "provider", "bound": true,
+                   "reason": "AsExpected" }],
+        "conditions": [{ "type": "Ready", "status": "True", "reason": "AsExpected", "message": "",
+                         "lastTransitionTime": "2026-01-01T00:00:00Z" }],
+    } });
+    bindings
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&forged))
+        .await
+        .unwrap();
+}
+
+/// The consumer Widget `namespace/name` has no provider copy and no finalizer (`why` otherwise).
+async fn assert_not_synced(s: &SyncEnv, namespace: &str, name: &str, why: &str) {
+    let copy = widgets(&s.provider, namespace).get_opt(name).await.unwrap();
+    assert!(copy.is_none(), "{why}");
+    let w = widgets(&s.consumer, namespace).get(name).await.unwrap();
+    assert!(w.finalizers().is_empty(), "{:?}", w.finalizers());
+}
+
 #[tokio::test]
 async fn a_forged_binding_status_syncs_nothing_the_connection_forbids() {
     // #32.7: the Connection serves Bindings in team-a only. team-b's Binding is refused; someone
@@ -145,15 +168,7 @@ async fn a_forged_binding_status_syncs_nothing_the_connection_forbids() {
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w0", 1).await;
 
     s.env.process(s.manager.index).signal("STOP").unwrap();
-    let forged = json!({ "status": {
-        "apis": [{ "name": "widgets.example.org", "connection": "provider", "bound": true,
-                   "reason": "AsExpected" }],
-        "conditions": [{ "type": "Ready", "status": "True", "reason": "AsExpected", "message": "",
-                         "lastTransitionTime": "2026-01-01T00:00:00Z" }],
-    } });
-    in_b.patch_status("widgets", &PatchParams::default(), &Patch::Merge(&forged))
-        .await
-        .unwrap();
+    forge_bound(&in_b, "widgets").await;
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
     widgets(&s.consumer, "team-b")
         .create(&PostParams::default(), &widget("forged", 1))
@@ -167,16 +182,13 @@ async fn a_forged_binding_status_syncs_nothing_the_connection_forbids() {
         b.status.unwrap().apis.iter().any(|a| a.bound),
         "the forged status must still be in place for this test to mean anything"
     );
-    assert!(
-        widgets(&s.provider, "team-b")
-            .get_opt("forged")
-            .await
-            .unwrap()
-            .is_none(),
-        "a Widget of a namespace the Connection does not serve reached the provider"
-    );
-    let w = widgets(&s.consumer, "team-b").get("forged").await.unwrap();
-    assert!(w.finalizers().is_empty(), "{:?}", w.finalizers());
+    assert_not_synced(
+        &s,
+        "team-b",
+        "forged",
+        "a Widget of a namespace the Connection does not serve reached the provider",
+    )
+    .await;
     s.env.process(s.manager.index).signal("CONT").unwrap();
 }
 
@@ -590,32 +602,20 @@ async fn a_namespace_past_its_binding_cap_binds_nothing_more_and_slows_nobody() 
     // Its status forged to "bound" while the schema manager is stopped: the syncer still ignores
     // it — a Widget in crowd gets no finalizer and no copy, while team-a's sync.
     s.env.process(s.manager.index).signal("STOP").unwrap();
-    let forged = json!({ "status": {
-        "apis": [{ "name": "widgets.example.org", "connection": "provider", "bound": true,
-                   "reason": "AsExpected" }],
-        "conditions": [{ "type": "Ready", "status": "True", "reason": "AsExpected", "message": "",
-                         "lastTransitionTime": "2026-01-01T00:00:00Z" }],
-    } });
-    crowd
-        .patch_status("c-widgets", &PatchParams::default(), &Patch::Merge(&forged))
-        .await
-        .unwrap();
+    forge_bound(&crowd, "c-widgets").await;
     widgets(&s.consumer, "crowd")
         .create(&PostParams::default(), &widget("w", 1))
         .await
         .unwrap();
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w0", 1).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        widgets(&s.provider, "crowd")
-            .get_opt("w")
-            .await
-            .unwrap()
-            .is_none(),
-        "a Widget covered only by a Binding past the cap reached the provider"
-    );
-    let w = widgets(&s.consumer, "crowd").get("w").await.unwrap();
-    assert!(w.finalizers().is_empty(), "{:?}", w.finalizers());
+    assert_not_synced(
+        &s,
+        "crowd",
+        "w",
+        "a Widget covered only by a Binding past the cap reached the provider",
+    )
+    .await;
     s.env.process(s.manager.index).signal("CONT").unwrap();
 
     // An older one goes: c-widgets is let in (Ready at once, long before any resync) and the

@@ -560,10 +560,13 @@ async fn a_namespace_past_its_binding_cap_binds_nothing_more_and_slows_nobody() 
     for namespace in ["crowd", "team-a"] {
         ensure_namespace(&s.consumer, namespace).await.unwrap();
     }
-    Api::<Binding>::namespaced(s.consumer.clone(), "team-a")
+    let team_a: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-a");
+    team_a
         .create(&PostParams::default(), &team_binding("team-a", "Fail"))
         .await
         .unwrap();
+    // Bound before the schema manager is stopped below.
+    wait_binding(&team_a, "widgets", "Ready=True").await;
     let crowd: Api<Binding> = Api::namespaced(s.consumer.clone(), "crowd");
     // Three served Bindings of an API the provider does not export (they count all the same),
     // then one for the Widgets: ties in age are broken by name, so "b…" come first.

@@ -218,16 +218,14 @@ fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
             .iter()
             .filter_map(|e| e["name"].as_str())
             .collect();
-        assert_eq!(env, ["POD_NAME", "POD_NAMESPACE"]);
-        // Both programs serve the same Bindings per namespace (the index and the condition agree).
-        assert!(
-            container["args"]
-                .as_array()
-                .unwrap()
-                .contains(&serde_json::json!("--max-bindings-per-namespace=100")),
-            "{}",
-            container["args"]
+        // Both programs serve the same Bindings per namespace (the index and the condition
+        // agree), set as an environment variable: a previous version run by this chart in a
+        // skewed upgrade ignores it, where it would refuse an unknown flag.
+        assert_eq!(
+            env,
+            ["POD_NAME", "POD_NAMESPACE", "KBIND_MAX_BINDINGS_PER_NAMESPACE"]
         );
+        assert_eq!(container["env"][2]["value"], "100");
         assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
         assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     }

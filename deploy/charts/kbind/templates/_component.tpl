@@ -73,6 +73,10 @@ spec:
               valueFrom: {fieldRef: {fieldPath: metadata.name}}
             - name: POD_NAMESPACE
               valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+            {{- /* A setting both programs share, as an environment variable (not a flag): a
+            version that does not know it yet, run by this chart in a skewed upgrade, ignores it. */}}
+            - name: KBIND_MAX_BINDINGS_PER_NAMESPACE
+              value: {{ $root.Values.maxBindingsPerNamespace | quote }}
           ports:
             - {name: metrics, containerPort: {{ $root.Values.metrics.port }}, protocol: TCP}
             - {name: probe, containerPort: {{ $root.Values.healthProbe.port }}, protocol: TCP}

@@ -21,7 +21,6 @@
 {{/* Both programs refuse provider Secrets outside these namespaces (as the RBAC does), and
 insecure transport to a provider unless allowed; both serve the same Bindings per namespace. */}}
 {{- define "kbind.provider-secret-namespaces" -}}
-- --max-bindings-per-namespace={{ .Values.maxBindingsPerNamespace }}
 - --provider-secret-namespaces={{ join "," (default (list .Release.Namespace) .Values.providerSecretNamespaces) }}
 - --allow-insecure-providers={{ .Values.allowInsecureProviders | default false }}
 - --metrics-auth={{ .Values.metrics.auth.enabled | default false }}

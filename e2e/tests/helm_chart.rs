@@ -223,7 +223,11 @@ fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
         // skewed upgrade ignores it, where it would refuse an unknown flag.
         assert_eq!(
             env,
-            ["POD_NAME", "POD_NAMESPACE", "KBIND_MAX_BINDINGS_PER_NAMESPACE"]
+            [
+                "POD_NAME",
+                "POD_NAMESPACE",
+                "KBIND_MAX_BINDINGS_PER_NAMESPACE"
+            ]
         );
         assert_eq!(container["env"][2]["value"], "100");
         assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");

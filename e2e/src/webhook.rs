@@ -111,6 +111,18 @@ impl Drop for DenyingWebhook {
 impl DenyingWebhook {
     /// Starts a webhook that denies every review with `code` and `message`.
     pub async fn start(code: u16, message: &str) -> Result<Self, String> {
+        Self::listen(Some((code, message.to_owned()))).await
+    }
+
+    /// Starts a webhook that accepts each review and never answers it: every write it admits
+    /// hangs for the configuration's `timeoutSeconds` (5), then fails — a provider whose writes
+    /// hang.
+    pub async fn hanging() -> Result<Self, String> {
+        Self::listen(None).await
+    }
+
+    /// Serves reviews: denied with `answer`, or never answered.
+    async fn listen(answer: Option<(u16, String)>) -> Result<Self, String> {
         let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])
             .map_err(|e| e.to_string())?;
         let ca_pem = certified.cert.pem();
@@ -131,13 +143,19 @@ impl DenyingWebhook {
             .await
             .map_err(|e| e.to_string())?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-        let message = message.to_owned();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (acceptor, message) = (acceptor.clone(), message.clone());
+                let (acceptor, answer) = (acceptor.clone(), answer.clone());
                 tokio::spawn(async move {
-                    if let Ok(stream) = acceptor.accept(stream).await {
-                        let _ = serve(stream, code, &message).await;
+                    let Ok(mut stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    match answer {
+                        Some((code, message)) => {
+                            let _ = serve(stream, code, &message).await;
+                        }
+                        // Read everything, answer nothing, until the caller gives up.
+                        None => while stream.read(&mut [0u8; 8192]).await.is_ok_and(|n| n > 0) {},
                     }
                 });
             }

@@ -444,6 +444,112 @@ async fn an_undelivered_generation_never_shows_synced_and_its_wait_survives_a_re
     wait_backlog_drained(&s.syncer, API).await;
 }
 
+/// What `kubectl get` showed of w1 at one moment: how long after the change, and its Delivery,
+/// Generation and Synced-Generation columns.
+#[derive(Debug)]
+struct Sample {
+    after: std::time::Duration,
+    delivery: String,
+    generation: i64,
+    synced_generation: i64,
+}
+
+/// Polls `kubectl get` for w1 every 100 ms for `span` after `changed`.
+async fn sample_columns(
+    s: &SyncEnv,
+    changed: std::time::Instant,
+    span: std::time::Duration,
+) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    while changed.elapsed() < span {
+        let (columns, row) = table(&s.consumer, "team-a", "w1").await;
+        let at = |name: &str| columns.iter().position(|c| c == name).unwrap();
+        samples.push(Sample {
+            after: changed.elapsed(),
+            delivery: row[at("Delivery")].as_str().unwrap_or_default().to_owned(),
+            generation: row[at("Generation")].as_i64().unwrap_or_default(),
+            synced_generation: row[at("Synced-Generation")].as_i64().unwrap_or_default(),
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    samples
+}
+
+/// The bound the Delivery column keeps (docs/user-guide.md, "Delivery"): a change still
+/// undelivered this long after it was made no longer shows `Synced`.
+const PENDING_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Asserts that no sample later than [`PENDING_BOUND`] said `Synced` beside a Synced-Generation
+/// behind the Generation, and that the column did come to say `Pending`.
+fn assert_never_synced_behind(samples: &[Sample], provider: &str) {
+    let misleading: Vec<&Sample> = samples
+        .iter()
+        .filter(|x| {
+            x.after > PENDING_BOUND && x.delivery == "Synced" && x.synced_generation < x.generation
+        })
+        .collect();
+    assert!(
+        misleading.is_empty(),
+        "{provider}: Synced for an undelivered generation after {PENDING_BOUND:?}: {misleading:?}"
+    );
+    assert!(
+        samples.iter().any(|x| x.delivery == "Pending"),
+        "{provider}: never Pending: {samples:?}"
+    );
+}
+
+#[tokio::test]
+async fn delivery_never_says_synced_for_a_generation_a_hanging_or_unreachable_provider_lacks() {
+    // #50.4: a change the provider does not take — its writes hang (an admission webhook that
+    // never answers), then it cannot be reached at all (its API server paused) — shows Pending in
+    // `kubectl get`, polled every 100 ms, within 2 s of the change; never Synced beside an older
+    // Synced-Generation after that. Once delivered, the record is Synced again, whole.
+    let s = SyncEnv::start("delivery_overdue", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w1", 1).await;
+    wait_record(&s, "Synced", 1).await;
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    let span = std::time::Duration::from_secs(6);
+
+    let hook = kbind_e2e::webhook::DenyingWebhook::hanging().await.unwrap();
+    kbind_e2e::webhook::register(
+        &s.provider,
+        "hangs",
+        Some(&hook),
+        &["CREATE", "UPDATE"],
+        "widgets",
+        None,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let changed = std::time::Instant::now();
+    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 2 } })).await;
+    let samples = sample_columns(&s, changed, span).await;
+    assert_never_synced_behind(&samples, "a provider whose writes hang");
+    kbind_e2e::webhook::unregister(&s.provider, "hangs")
+        .await
+        .unwrap();
+    let delivered = wait_record(&s, "Synced", 2).await;
+    assert!(
+        delivered.get("message").is_none() && delivered.get("since").is_none(),
+        "a delivered record keeps nothing of the Pending one: {delivered}"
+    );
+
+    s.env.cluster("provider").signal_apiserver("STOP").unwrap();
+    let changed = std::time::Instant::now();
+    merge_patch(&consumer_widgets, "w1", &json!({ "spec": { "size": 3 } })).await;
+    let samples = sample_columns(&s, changed, span).await;
+    s.env.cluster("provider").signal_apiserver("CONT").unwrap();
+    assert_never_synced_behind(&samples, "an unreachable provider");
+    let delivered = wait_record(&s, "Synced", 3).await;
+    assert!(
+        delivered.get("message").is_none() && delivered.get("since").is_none(),
+        "{delivered}"
+    );
+}
+
 #[tokio::test]
 async fn a_refused_consumer_status_write_is_a_consumer_reconcile_error() {
     // #33.9: the consumer's own admission (a webhook denying Widget status writes in one

@@ -287,6 +287,54 @@ pub fn with_record(provider_status: Option<&Value>, record: &Value) -> Value {
     Value::Object(status)
 }
 
+/// Every field a record may have ([`status_schema`]).
+pub const RECORD_FIELDS: [&str; 5] = ["generation", "state", "time", "message", "since"];
+
+/// How long a change may wait undelivered while its record still says [`SYNCED`] for an older
+/// generation: after this, the record says [`PENDING`] ([`awaiting`]), written once and only
+/// for a change still undelivered then — a change delivered sooner costs no write for it.
+pub const PENDING_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The record of a change that has not reached the provider after [`PENDING_AFTER`]: queued
+/// behind others, or written and not answered yet (a provider that hangs or cannot be reached).
+pub fn awaiting(current: Option<&Value>, since: Option<&Time>) -> Value {
+    refused(
+        current,
+        PENDING,
+        "not delivered yet: waiting for its turn, or for the provider to answer",
+        since,
+    )
+}
+
+/// Makes the `status` merge `patch` set kbind's record whole, when it touches the record at
+/// all: every field of `record`, and a null for each field it lacks. The patch is a diff
+/// against the object as a cache saw it, and a record written meanwhile (a [`PENDING`] record
+/// written while a delivery was under way) must not survive in the fields the diff left out.
+pub fn set_record_whole(patch: &mut Value, record: Option<&Value>) {
+    let (Some(patch), Some(Value::Object(record))) = (patch.as_object_mut(), record) else {
+        return;
+    };
+    if !patch.contains_key(FIELD) {
+        return;
+    }
+    let whole: serde_json::Map<String, Value> = RECORD_FIELDS
+        .iter()
+        .map(|k| {
+            (
+                (*k).to_owned(),
+                record.get(*k).cloned().unwrap_or(Value::Null),
+            )
+        })
+        .chain(
+            record
+                .iter()
+                .filter(|(k, _)| !RECORD_FIELDS.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        )
+        .collect();
+    patch.insert(FIELD.to_owned(), Value::Object(whole));
+}
+
 /// The record in a consumer status, if any.
 pub fn record_of(status: Option<&Value>) -> Option<&Value> {
     status.and_then(|s| s.get(FIELD))
@@ -427,6 +475,49 @@ mod tests {
         assert_eq!(status_changed_at(&meta(entries)), Some(at(300)));
         assert_eq!(status_changed_at(&meta(vec![])), None);
         assert_eq!(changed_at(&ObjectMeta::default()), None);
+    }
+
+    #[test]
+    fn a_patch_that_touches_the_record_sets_it_whole() {
+        let synced = json!({ "state": SYNCED, "generation": 2, "time": "2026-12-06T00:00:02Z" });
+        let cases = [
+            // The cache saw Synced 1; a Pending record was written meanwhile: the diff alone
+            // would leave its state, message and since.
+            (
+                json!({ "kbindSync": { "generation": 2, "time": "2026-12-06T00:00:02Z" } }),
+                Some(
+                    json!({ "state": SYNCED, "generation": 2, "time": "2026-12-06T00:00:02Z",
+                             "message": null, "since": null }),
+                ),
+            ),
+            // A patch of the provider's status alone leaves the record be.
+            (json!({ "phase": "Ready" }), None),
+        ];
+        for (patch, want) in cases {
+            let mut patch = patch;
+            set_record_whole(&mut patch, Some(&synced));
+            assert_eq!(patch.get(FIELD).cloned(), want, "{patch}");
+        }
+        let mut untouched = json!({ "kbindSync": { "state": PENDING } });
+        set_record_whole(&mut untouched, None);
+        assert_eq!(untouched, json!({ "kbindSync": { "state": PENDING } }));
+    }
+
+    #[test]
+    fn a_late_change_is_recorded_as_pending_with_the_last_delivery_kept() {
+        let current = json!({ "state": SYNCED, "generation": 1, "time": "2026-12-06T00:00:01Z" });
+        let since = Time("2026-12-06T00:00:05Z".parse().unwrap());
+        let record = awaiting(Some(&current), Some(&since));
+        assert_eq!(record["state"], PENDING);
+        assert_eq!(record["generation"], 1);
+        assert_eq!(record["time"], "2026-12-06T00:00:01Z");
+        assert_eq!(record["since"], "2026-12-06T00:00:05Z");
+        assert!(
+            record["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("not delivered yet")),
+            "{record}"
+        );
     }
 
     #[test]

@@ -100,6 +100,16 @@ pub fn waiting(f: &Facts<'_>) -> Option<(Waiting, Option<Seconds>)> {
     }
 }
 
+/// Whether the object's record says [`State::Synced`] while its current generation waits to
+/// reach the provider: the `Delivery` column would say `Synced` for a generation the provider
+/// does not have. Once the change has waited [`kbind_shared::delivery::PENDING_AFTER`], the
+/// record must say Pending (#50.4). A never-delivered object (no record: the column is empty),
+/// a refusal and a pause already say what is true.
+pub fn says_synced_while_waiting(f: &Facts<'_>) -> bool {
+    matches!(waiting(f), Some((Waiting::Pending, _)))
+        && f.record.is_some_and(|r| r.state == State::Synced)
+}
+
 /// How long ago `since` was at `now` (zero for a time in the future: clocks differ).
 pub fn age(since: Option<Seconds>, now: jiff::Timestamp) -> Duration {
     since
@@ -148,6 +158,107 @@ mod tests {
             state,
             generation: std::num::NonZeroI64::new(generation),
             since: since.map(at),
+        }
+    }
+
+    #[test]
+    fn only_a_synced_record_of_an_older_generation_would_mislead() {
+        let base = Facts {
+            generation: Some(3),
+            deletion: None,
+            has_finalizer: true,
+            bound: true,
+            conflict: false,
+            has_delivery: true,
+            record: None,
+            changed_at: Some(at(1_000)),
+        };
+        let behind = record(State::Synced, 2, None);
+        let current = record(State::Synced, 3, None);
+        let pending = record(State::Pending, 2, Some(900));
+        let rejected = record(State::Rejected, 2, Some(900));
+        let paused = record(State::Paused, 2, None);
+        let foreign = record(State::Other, 2, None);
+        let cases: Vec<(&str, Facts, bool)> = vec![
+            (
+                "Synced, an older generation",
+                Facts {
+                    record: Some(&behind),
+                    ..base
+                },
+                true,
+            ),
+            (
+                "Synced, this generation",
+                Facts {
+                    record: Some(&current),
+                    ..base
+                },
+                false,
+            ),
+            ("no record: the column is empty", base, false),
+            (
+                "Pending already",
+                Facts {
+                    record: Some(&pending),
+                    ..base
+                },
+                false,
+            ),
+            (
+                "Rejected",
+                Facts {
+                    record: Some(&rejected),
+                    ..base
+                },
+                false,
+            ),
+            (
+                "Paused",
+                Facts {
+                    record: Some(&paused),
+                    ..base
+                },
+                false,
+            ),
+            (
+                "someone else's state",
+                Facts {
+                    record: Some(&foreign),
+                    ..base
+                },
+                false,
+            ),
+            (
+                "unbound",
+                Facts {
+                    record: Some(&behind),
+                    bound: false,
+                    ..base
+                },
+                false,
+            ),
+            (
+                "in conflict",
+                Facts {
+                    record: Some(&behind),
+                    conflict: true,
+                    ..base
+                },
+                false,
+            ),
+            (
+                "being deleted",
+                Facts {
+                    record: Some(&behind),
+                    deletion: Some(at(2_000)),
+                    ..base
+                },
+                false,
+            ),
+        ];
+        for (case, facts, want) in cases {
+            assert_eq!(says_synced_while_waiting(&facts), want, "{case}");
         }
     }
 

@@ -16,8 +16,8 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinHandle;
 
-use super::pending;
 use super::state::{Side, Worker, Writers};
+use super::{overdue, pending};
 
 /// The consumer objects to sync, as the consumer feed delivers them (the controller's own stream).
 pub(super) type ConsumerChanges = UnboundedReceiver<Result<Instance, watcher::Error>>;
@@ -36,12 +36,15 @@ impl Drop for Feeds {
 }
 
 /// Starts both feeds of `worker` into the caches `writers` write.
+/// `overdue` receives the consumer changes to look at again if they stay undelivered
+/// ([`overdue::note`]).
 pub(super) fn start(
     worker: &Arc<Worker>,
     writers: Writers,
+    overdue: overdue::Sender,
 ) -> (Feeds, ConsumerChanges, ProviderTriggers) {
     let (provider, triggers) = provider(worker.clone(), writers.provider);
-    let (consumer, changes) = consumer(worker.clone(), writers.consumer);
+    let (consumer, changes) = consumer(worker.clone(), writers.consumer, overdue);
     (Feeds([provider, consumer]), changes, triggers)
 }
 
@@ -143,6 +146,7 @@ fn provider(
 fn consumer(
     worker: Arc<Worker>,
     writer: reflector::store::Writer<Instance>,
+    overdue: overdue::Sender,
 ) -> (JoinHandle<()>, ConsumerChanges) {
     let api: Api<Instance> = Api::all_with(worker.ctx.client.clone(), &worker.dyntype);
     let buckets = worker.spec.buckets.clone();
@@ -168,6 +172,7 @@ fn consumer(
                         .echoes
                         .locked()
                         .showed(&pending::key(&o), o.metadata.resource_version.as_deref());
+                    overdue::note(&worker, &o, std::time::Instant::now(), &overdue);
                     o
                 }
                 Ok(watcher::Event::Delete(o)) => {
@@ -187,6 +192,7 @@ fn consumer(
                             now,
                             deleting,
                         );
+                        overdue::note(&worker, &object, now, &overdue);
                         if sender.unbounded_send(Ok(object.as_ref().clone())).is_err() {
                             return;
                         }

@@ -6,7 +6,8 @@
 //! two watches that fill the caches and start syncs), [`sync`] (one object's sync: facts,
 //! [`decide`], the step's writes), [`writes`] (each write and what it leaves behind), [`report`]
 //! (the backlog gauges and objects per unit), [`events`] (provider Events copied onto consumer
-//! objects, for the bindings that ask).
+//! objects, for the bindings that ask), [`overdue`] (a change still undelivered after a second
+//! says so).
 
 use kbind_shared::sync::Locked;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ mod decide;
 mod echoes;
 mod events;
 mod feeds;
+mod overdue;
 mod pending;
 mod report;
 mod state;
@@ -63,7 +65,8 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         &events::RESULTS,
     );
     let (worker, writers) = Worker::new(ctx.clone(), spec, provider);
-    let (_feeds, consumer_changes, provider_triggers) = feeds::start(&worker, writers);
+    let (overdue_tx, overdue_rx) = futures::channel::mpsc::unbounded();
+    let (_feeds, consumer_changes, provider_triggers) = feeds::start(&worker, writers, overdue_tx);
     // Decisions read the provider cache: nothing syncs before it has listed (waited for once
     // here; a Store's readiness wakes only the last of several concurrent waiters).
     tokio::select! {
@@ -96,6 +99,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         _ = worker.drain(&stop) => {}
         _ = report::gauges(&worker) => {}
         _ = events::mirror(worker.clone()) => {}
+        _ = overdue::run(worker.clone(), overdue_rx) => {}
     }
     report::forget(&worker);
 }

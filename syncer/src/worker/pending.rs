@@ -180,6 +180,12 @@ impl Pending {
         );
     }
 
+    /// Whether kbind wrote the spec of `key` to the provider at or after `at` (and no status
+    /// change for it has been written since).
+    pub fn applied_since(&self, key: &Key, at: Instant) -> bool {
+        self.applied.get(key).is_some_and(|a| a.at >= at)
+    }
+
     /// How much longer a delivery record for `key` should wait for the provider's status change
     /// ([`Self::record_wait`] after the spec was written); `None` once it need not.
     pub fn record_wait_left(&mut self, key: &Key, now: Instant) -> Option<Duration> {
@@ -454,6 +460,19 @@ mod tests {
         unpaced.status_written(key("a"), t0);
         assert_eq!(unpaced.status_write_wait(&key("a"), t0), None);
         assert!(unpaced.status_written.is_empty());
+    }
+
+    #[test]
+    fn a_spec_write_counts_as_delivering_only_changes_seen_before_it() {
+        let mut p = Pending::default();
+        let t0 = Instant::now();
+        assert!(!p.applied_since(&key("a"), t0));
+        p.spec_applied(key("a"), t0 + Duration::from_millis(500));
+        assert!(p.applied_since(&key("a"), t0));
+        assert!(!p.applied_since(&key("a"), t0 + Duration::from_secs(1)));
+        assert!(!p.applied_since(&key("b"), t0));
+        p.status_carried(&key("a"), t0 + Duration::from_secs(2));
+        assert!(!p.applied_since(&key("a"), t0));
     }
 
     #[test]

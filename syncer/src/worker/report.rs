@@ -133,17 +133,38 @@ impl Worker {
         wall: jiff::Timestamp,
     ) -> Option<(backlog::Waiting, Duration)> {
         let namespace = object.metadata.namespace.as_deref();
-        let bound = *bound.entry(namespace).or_insert_with(|| {
-            self.ctx
-                .resolve(&self.spec.connection, &self.spec.api, namespace)
-                .is_some_and(|r| r.is_bound())
-        }) && (self.spec.routing.is_none()
-            // A routed API's object waits on its own route only (#36).
-            || matches!(
-                super::sync::gate_of(self, object),
-                Some(kbind_shared::routing::Gate::Sync { .. } | kbind_shared::routing::Gate::Pin(_))
-            ));
-        backlog::waiting(&backlog::Facts {
+        let bound = *bound
+            .entry(namespace)
+            .or_insert_with(|| self.binds_in(namespace));
+        backlog::waiting(&self.backlog_facts(object, bound))
+            .map(|(state, since)| (state, backlog::age(since, wall)))
+    }
+
+    /// Whether a binding binds the API in `namespace` for this worker's Connection.
+    pub(super) fn binds_in(&self, namespace: Option<&str>) -> bool {
+        self.ctx
+            .resolve(&self.spec.connection, &self.spec.api, namespace)
+            .is_some_and(|r| r.is_bound())
+    }
+
+    /// What `object` says about itself for the backlog; `bound`: a binding binds its API in its
+    /// namespace ([`Self::binds_in`]).
+    pub(super) fn backlog_facts<'a>(
+        &self,
+        object: &'a Instance,
+        bound: bool,
+    ) -> backlog::Facts<'a> {
+        let bound = bound
+            && (self.spec.routing.is_none()
+                // A routed API's object waits on its own route only (#36).
+                || matches!(
+                    super::sync::gate_of(self, object),
+                    Some(
+                        kbind_shared::routing::Gate::Sync { .. }
+                            | kbind_shared::routing::Gate::Pin(_)
+                    )
+                ));
+        backlog::Facts {
             generation: object.metadata.generation,
             deletion: object
                 .metadata
@@ -156,7 +177,6 @@ impl Worker {
             has_delivery: self.spec.has_delivery,
             record: object.delivery.as_ref(),
             changed_at: object.changed_at,
-        })
-        .map(|(state, since)| (state, backlog::age(since, wall)))
+        }
     }
 }

@@ -271,8 +271,16 @@ pub(super) async fn sync(
             worker.pending.locked().give_back(key, seen);
             return Ok(Action::requeue(wait));
         }
+        // A record that says anything but Synced (a late change's Pending, a refusal that a
+        // retry overcame) is corrected at once: only a Synced record may wait to be carried.
+        let record_says_synced = object
+            .delivery
+            .as_ref()
+            .is_none_or(|r| r.state == delivery::State::Synced);
         if !delivery::differs_beyond_record(current, Some(&status)) {
-            let wait = worker.pending.locked().record_wait_left(&key, now);
+            let wait = record_says_synced
+                .then(|| worker.pending.locked().record_wait_left(&key, now))
+                .flatten();
             if let Some(wait) = wait {
                 // Only the record is new: the status change the provider makes for this spec
                 // will carry it, in the one consumer write a change costs. If none comes soon
@@ -546,7 +554,9 @@ async fn status_down(
         return Ok(());
     }
     let current = object.status.as_ref().map(Json::value).unwrap_or(json!({}));
-    let patch = json!({ "status": ownership::merge_patch(&current, &status) });
+    let mut status_patch = ownership::merge_patch(&current, &status);
+    delivery::set_record_whole(&mut status_patch, delivery::record_of(Some(&status)));
+    let patch = json!({ "status": status_patch });
     worker.fence()?;
     match worker
         .consumer_api(object.namespace().as_deref())

@@ -891,3 +891,100 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
         "{b0:?}"
     );
 }
+
+#[tokio::test]
+async fn a_pin_to_a_connection_the_namespace_may_not_use_says_not_allowed() {
+    // #50.3: Connection `second` lets only team-r's Bindings use it. A team-a Widget pinned to it
+    // is held as NotAllowed, naming that rule — before, NoRoute said "which no binding covering it
+    // offers", which sends a new user looking for a binding they may not make. So while the API
+    // has one route, and once team-r's selecting Binding makes it routed.
+    let s = SyncEnv::start_with("routing_not_allowed", &[0, 1], None, &["second"]).await;
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    let second = s.connect_second().await;
+    let connections: Api<kbind_shared::api::Connection> = Api::all(s.consumer.clone());
+    connections
+        .patch(
+            "second",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({ "spec": { "access": { "bindingNamespaces": ["team-r"] } } }),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_connection(&s.consumer, "second", "Ready=True").await;
+    for namespace in [NS, "team-r"] {
+        ensure_namespace(&s.consumer, namespace).await.unwrap();
+    }
+    let mut served = Binding::new("widgets", binding_spec("provider", &[API]));
+    served.metadata.namespace = Some(NS.into());
+    let in_a: Api<Binding> = Api::namespaced(s.consumer.clone(), NS);
+    in_a.create(&PostParams::default(), &served).await.unwrap();
+    wait_binding(&in_a, "widgets", "Ready=True").await;
+
+    let mut pinned = widget("pinned", 1);
+    pinned.metadata.annotations =
+        Some([("core.kbind.io/route".to_owned(), "second".to_owned())].into());
+    widgets(&s.consumer, NS)
+        .create(&PostParams::default(), &pinned)
+        .await
+        .unwrap();
+    let says_not_allowed = |w: &DynamicObject| {
+        let message = w.data["status"]["kbindSync"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            message.contains("namespace team-a may not use")
+                && message.contains("spec.access.bindingNamespaces"),
+            "{message}"
+        );
+    };
+    let held = wait_conflict(&s.consumer, "pinned", Some("NotAllowed")).await;
+    says_not_allowed(&held);
+    assert!(
+        held.finalizers().is_empty(),
+        "nothing written anywhere: {held:?}"
+    );
+
+    let in_r: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-r");
+    let mut route = Binding::new("route", selecting("second", "region", "us"));
+    route.metadata.namespace = Some("team-r".into());
+    in_r.create(&PostParams::default(), &route).await.unwrap();
+    wait_binding(&in_r, "route", "Ready=True").await;
+    // Routed now, with `second`'s worker running: team-r's selected Widget reaches it. The
+    // routed workers decide on the pinned Widget again (a change of it, too): still NotAllowed.
+    let mut r0 = widget("r0", 1);
+    r0.metadata.labels = Some([("region".to_owned(), "us".to_owned())].into());
+    widgets(&s.consumer, "team-r")
+        .create(&PostParams::default(), &r0)
+        .await
+        .unwrap();
+    wait_for("team-r's Widget on the second provider", 60, || async {
+        Ok(widgets(&second, "team-r")
+            .get_opt("r0")
+            .await
+            .unwrap()
+            .map(|_| ()))
+    })
+    .await;
+    merge_patch(
+        &widgets(&s.consumer, NS),
+        "pinned",
+        &json!({ "spec": { "size": 2 } }),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = consumer_widget(&s.consumer, "pinned").await;
+    assert_eq!(
+        annotation(&held, "core.kbind.io/conflict"),
+        Some("NotAllowed"),
+        "{held:?}"
+    );
+    says_not_allowed(&held);
+    assert!(events_about(&s.consumer, "pinned", "NotAllowed").await >= 1);
+    assert!(
+        names(&s.provider).await.is_empty(),
+        "nothing of team-a reached a provider"
+    );
+}

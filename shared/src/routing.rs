@@ -81,15 +81,19 @@ pub enum Reason {
     RouteChanged,
     /// Its route's provider serves a schema that does not agree.
     SchemaMismatch,
+    /// Its pin names a Connection its namespace may not use (the Connection's
+    /// `spec.access.bindingNamespaces`).
+    NotAllowed,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 4] = [
+    pub const ALL: [Reason; 5] = [
         Reason::AmbiguousRoute,
         Reason::NoRoute,
         Reason::RouteChanged,
         Reason::SchemaMismatch,
+        Reason::NotAllowed,
     ];
 
     /// The reason a conflict annotation names, if it is one of routing's.
@@ -104,6 +108,7 @@ impl Reason {
             Reason::NoRoute => "NoRoute",
             Reason::RouteChanged => "RouteChanged",
             Reason::SchemaMismatch => "SchemaMismatch",
+            Reason::NotAllowed => "NotAllowed",
         }
     }
 }
@@ -424,7 +429,10 @@ pub enum Gate {
 /// `pin` the instance's pin ([`read_pin`]), `finalizers` its finalizers (which routes hold a
 /// copy), `candidates` the bindings covering it and `labels` its labels. An instance without a
 /// pin whose copy is held on exactly one route is pinned there (objects synced before routing
-/// existed); a move happens only through the pin.
+/// existed); a move happens only through the pin. `barred` says why the instance's namespace
+/// may not use a Connection, if it may not ([`barred`]): a pin to it is held as
+/// [`Reason::NotAllowed`], not as a route nobody offers.
+#[allow(clippy::too_many_arguments)]
 pub fn gate(
     mine: &Route,
     served_by: &str,
@@ -433,6 +441,7 @@ pub fn gate(
     candidates: &[Candidate],
     labels: &BTreeMap<String, String>,
     orphan: bool,
+    barred: &dyn Fn(&str) -> Option<String>,
 ) -> Gate {
     let route_of = |connection: &str| -> Route {
         if connection == mine.connection {
@@ -490,7 +499,19 @@ pub fn gate(
             deleting: false,
         });
     let choice = choose(candidates, labels);
-    match decide(&pin, copy.as_ref(), &choice, candidates, orphan) {
+    let step = match (
+        decide(&pin, copy.as_ref(), &choice, candidates, orphan),
+        &pin,
+    ) {
+        (Step::Hold(Reason::NoRoute, message), Pin::Set(route)) => {
+            match barred(&route.connection) {
+                Some(why) => Step::Hold(Reason::NotAllowed, why),
+                None => Step::Hold(Reason::NoRoute, message),
+            }
+        }
+        (step, _) => step,
+    };
+    match step {
         Step::Hold(reason, message) => {
             let reporter = held.first().map_or(served_by, |r| r.connection.as_str());
             if reporter == mine.connection {
@@ -512,7 +533,12 @@ pub fn gate(
 /// serving Connection's worker sees it — `None`: sync it as usual. An object still holding
 /// another route's finalizer waits until that copy is released (never two copies); one pinned
 /// to another Connection is held (`NoRoute`), never moved back silently.
-pub fn unrouted(served_by: &str, pin: Option<&str>, finalizers: &[String]) -> Option<Gate> {
+pub fn unrouted(
+    served_by: &str,
+    pin: Option<&str>,
+    finalizers: &[String],
+    barred: &dyn Fn(&str) -> Option<String>,
+) -> Option<Gate> {
     if finalizers
         .iter()
         .any(|f| f.starts_with(keys::ROUTE_FINALIZER_PREFIX))
@@ -524,6 +550,11 @@ pub fn unrouted(served_by: &str, pin: Option<&str>, finalizers: &[String]) -> Op
     if connection == served_by {
         return None;
     }
+    if let Pin::Set(route) = read_pin(Some(pin), |_| Some(String::new()))
+        && let Some(why) = barred(&route.connection)
+    {
+        return Some(Gate::Hold(Reason::NotAllowed, why));
+    }
     let message = match read_pin(Some(pin), |_| Some(String::new())) {
         Pin::Invalid(message) => message,
         _ => format!(
@@ -533,6 +564,26 @@ pub fn unrouted(served_by: &str, pin: Option<&str>, finalizers: &[String]) -> Op
         ),
     };
     Some(Gate::Hold(Reason::NoRoute, message))
+}
+
+/// Why an instance in `namespace` may not be pinned to Connection `connection`, whose access
+/// rules allow Bindings only in `allowed` (`None`: everywhere) — `None` when it may. Only a
+/// namespaced instance can be barred (ClusterBindings, made by cluster administrators, may use
+/// any Connection).
+pub fn barred(
+    connection: &str,
+    namespace: Option<&str>,
+    allowed: Option<&[String]>,
+) -> Option<String> {
+    let (namespace, allowed) = (namespace?, allowed?);
+    if allowed.iter().any(|n| n == namespace) {
+        return None;
+    }
+    Some(format!(
+        "pinned to Connection {connection}, which namespace {namespace} may not use (its \
+         spec.access.bindingNamespaces does not list {namespace}); change or remove {} to sync it",
+        keys::ROUTE_ANNOTATION
+    ))
 }
 
 /// Whether an object is on a route already — pinned (its annotation) or holding a copy (kbind's
@@ -1108,6 +1159,7 @@ mod tests {
                         &candidates,
                         &labels(object),
                         false,
+                        &|_| None,
                     )
                 })
                 .collect::<Vec<_>>()
@@ -1153,6 +1205,7 @@ mod tests {
                 candidates,
                 &labels(&[]),
                 false,
+                &|_| None,
             )
         };
         let selecting = vec![candidate("us-only", "us", Some("region=us"))];
@@ -1187,20 +1240,79 @@ mod tests {
     #[test]
     fn an_unrouted_api_never_syncs_what_another_route_holds_or_is_pinned_to() {
         let fin = |f: &str| vec![f.to_owned()];
-        assert_eq!(unrouted("eu", None, &[]), None);
-        assert_eq!(unrouted("eu", None, &fin(keys::SYNCER_FINALIZER)), None);
-        assert_eq!(unrouted("eu", Some("eu/uid-eu"), &[]), None);
-        assert_eq!(unrouted("eu", Some("eu"), &[]), None);
+        assert_eq!(unrouted("eu", None, &[], &|_| None), None);
         assert_eq!(
-            unrouted("eu", None, &fin(&finalizer("us", "eu"))),
+            unrouted("eu", None, &fin(keys::SYNCER_FINALIZER), &|_| None),
+            None
+        );
+        assert_eq!(unrouted("eu", Some("eu/uid-eu"), &[], &|_| None), None);
+        assert_eq!(unrouted("eu", Some("eu"), &[], &|_| None), None);
+        assert_eq!(
+            unrouted("eu", None, &fin(&finalizer("us", "eu")), &|_| None),
             Some(Gate::Idle)
         );
         assert!(
-            matches!(unrouted("eu", Some("us/uid-us"), &[]), Some(Gate::Hold(Reason::NoRoute, m)) if m.contains("Connection us"))
+            matches!(unrouted("eu", Some("us/uid-us"), &[], &|_| None), Some(Gate::Hold(Reason::NoRoute, m)) if m.contains("Connection us"))
         );
         assert!(
-            matches!(unrouted("eu", Some("a/b/c"), &[]), Some(Gate::Hold(Reason::NoRoute, m)) if m.contains("not <connection>"))
+            matches!(unrouted("eu", Some("a/b/c"), &[], &|_| None), Some(Gate::Hold(Reason::NoRoute, m)) if m.contains("not <connection>"))
         );
+    }
+
+    /// A pin to a Connection the object's namespace may not use says so, naming the access
+    /// rule — routed or not; a pin to one it may use but no binding offers stays `NoRoute`.
+    #[test]
+    fn a_pin_to_a_connection_the_namespace_may_not_use_is_not_allowed() {
+        let only_b = vec!["team-b".to_owned()];
+        assert_eq!(barred("us", Some("team-b"), Some(&only_b)), None);
+        assert_eq!(barred("us", Some("team-a"), None), None);
+        assert_eq!(barred("us", None, Some(&only_b)), None);
+        let why = barred("us", Some("team-a"), Some(&only_b)).unwrap();
+        assert!(
+            why.contains("Connection us")
+                && why.contains("namespace team-a may not use")
+                && why.contains("spec.access.bindingNamespaces"),
+            "{why}"
+        );
+        let bars = |c: &str| barred(c, Some("team-a"), (c == "us").then_some(only_b.as_slice()));
+        // Routed: the served route's worker reports it.
+        let held = gate(
+            &route("eu"),
+            "eu",
+            &Pin::Set(route("us")),
+            &[],
+            &[candidate("all", "eu", None)],
+            &labels(&[]),
+            false,
+            &bars,
+        );
+        assert!(
+            matches!(&held, Gate::Hold(Reason::NotAllowed, m) if *m == why),
+            "{held:?}"
+        );
+        let offered_nowhere = gate(
+            &route("eu"),
+            "eu",
+            &Pin::Set(route("gold")),
+            &[],
+            &[candidate("all", "eu", None)],
+            &labels(&[]),
+            false,
+            &bars,
+        );
+        assert!(
+            matches!(&offered_nowhere, Gate::Hold(Reason::NoRoute, m) if m.contains("no binding")),
+            "{offered_nowhere:?}"
+        );
+        // Unrouted: the same words.
+        assert_eq!(
+            unrouted("eu", Some("us"), &[], &bars),
+            Some(Gate::Hold(Reason::NotAllowed, why))
+        );
+        assert!(matches!(
+            unrouted("eu", Some("gold"), &[], &bars),
+            Some(Gate::Hold(Reason::NoRoute, _))
+        ));
     }
 
     #[test]

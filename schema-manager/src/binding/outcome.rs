@@ -328,7 +328,7 @@ fn conflicts_condition(marks: &Marks) -> Desired<'static> {
     }
     if r > 0 {
         parts.push(format!(
-            "{r} held or reported by routing (AmbiguousRoute, NoRoute, RouteChanged, SchemaMismatch: see each object's core.kbind.io/conflict)"
+            "{r} held or reported by routing (AmbiguousRoute, NoRoute, RouteChanged, SchemaMismatch, NotAllowed: see each object's core.kbind.io/conflict)"
         ));
     }
     let reason = match (f, o, r) {

@@ -47,7 +47,7 @@ pub struct Facts<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Routing {
     /// Written to no provider: the conflict annotation says why (`AmbiguousRoute`, `NoRoute`,
-    /// `SchemaMismatch`).
+    /// `SchemaMismatch`, `NotAllowed`).
     Hold(&'static str),
     /// The user moved it elsewhere: this route's copy goes (deleted or orphaned), then this
     /// route's finalizer.

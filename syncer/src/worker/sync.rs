@@ -318,6 +318,12 @@ pub(super) async fn sync(
 
 /// #36: what routing says about `object` for this worker's route, when its API is routed.
 pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gate> {
+    let namespace = object.metadata.namespace.as_deref();
+    // A pin to a Connection this namespace may not use says so, naming the access rule.
+    let barred = |connection: &str| {
+        let (_, access) = worker.ctx.pinned_provider(connection)?;
+        routing::barred(connection, namespace, access.binding_namespaces.as_deref())
+    };
     let Some(spec) = worker.spec.routing.as_ref() else {
         return routing::unrouted(
             &worker.spec.connection,
@@ -326,9 +332,9 @@ pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gat
                 .get(keys::ROUTE_ANNOTATION)
                 .map(String::as_str),
             object.metadata.finalizers.as_deref().unwrap_or_default(),
+            &barred,
         );
     };
-    let namespace = object.metadata.namespace.as_deref();
     let offers = worker.ctx.route_offers(&worker.spec.api, namespace);
     let candidates = routing::candidates(&offers, &worker.spec.api, namespace);
     let pin = routing::read_pin(
@@ -364,6 +370,7 @@ pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gat
         &candidates,
         object.metadata.labels.as_ref().unwrap_or(&empty),
         orphan,
+        &barred,
     ))
 }
 

@@ -26,8 +26,9 @@ const AUDIT_POLICY: &str = "audit-policy.yaml";
 const AUDIT_LOG: &str = "audit.log";
 /// At Metadata level (no bodies): every request of the users [`Cluster::mint_user`] makes (the
 /// restricted credentials tests hand kbind — denied ones too, which the API server's request
-/// metrics do not count), writes to the test APIs and to kbind's own objects by anyone, and
-/// Lease writes in kbind's namespace (the syncers' memberships); nothing else.
+/// metrics do not count), writes to the test APIs and to kbind's own objects by anyone, reads of
+/// the test APIs' collections (a LIST, or a WATCH — a streaming list is one), and Lease writes in
+/// kbind's namespace (the syncers' memberships); nothing else.
 const AUDIT_POLICY_YAML: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -39,6 +40,10 @@ rules:
   resources:
   - group: example.org
   - group: core.kbind.io
+- level: Metadata
+  verbs: [list, watch]
+  resources:
+  - group: example.org
 - level: Metadata
   verbs: [create, update, patch]
   namespaces: [kbind-system]
@@ -65,6 +70,8 @@ pub struct Audited {
     pub user: String,
     /// The answer's HTTP code.
     pub code: u16,
+    /// The client's User-Agent.
+    pub user_agent: String,
 }
 
 /// A running cluster. Dropping it stops every process it started.
@@ -629,7 +636,11 @@ impl Cluster {
         let text = std::fs::read_to_string(self.dir.join(AUDIT_LOG)).unwrap_or_default();
         text.lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .filter(|event| event["stage"] == "ResponseComplete")
+            // A WATCH is kept from when it started (it completes when it ends, if ever).
+            .filter(|event| {
+                event["stage"] == "ResponseComplete" && event["verb"] != "watch"
+                    || event["stage"] == "ResponseStarted" && event["verb"] == "watch"
+            })
             .map(|event| {
                 let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
                 Audited {
@@ -640,6 +651,7 @@ impl Cluster {
                     name: text(&event["objectRef"]["name"]),
                     user: text(&event["user"]["username"]),
                     code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
+                    user_agent: text(&event["userAgent"]),
                 }
             })
             .collect()

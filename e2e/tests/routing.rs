@@ -812,7 +812,9 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
     // `bystanders` has Widgets no binding covers. A tenant in team-r makes the API routed with a
     // selecting Binding to Connection `second`, and deletes it, again and again: the bystanders'
     // Widgets are never written (no NoRoute annotation, no record, no Event) — before, every
-    // uncovered object was marked NoRoute and kept the mark after the route went.
+    // uncovered object was marked NoRoute and kept the mark after the route went. And the
+    // flips restart no worker: once the route's worker runs, no API server serves another LIST
+    // of Widgets (before, every flip restarted the serving worker: a re-list of both sides).
     let s = SyncEnv::start_with("routing_uncovered", &[0, 1], None, &["second"]).await;
     wait_connection(&s.consumer, "provider", "Ready=True").await;
     let second = s.connect_second().await;
@@ -826,7 +828,7 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
     wait_binding(&in_a, "widgets", "Ready=True").await;
     create_widget_and_wait_upstream(&s.consumer, &s.provider, NS, "a0", 1).await;
     let bystanders = widgets(&s.consumer, "bystanders");
-    for i in 0..100 {
+    for i in 0..1000 {
         bystanders
             .create(&PostParams::default(), &widget(&format!("b{i}"), 1))
             .await
@@ -843,9 +845,38 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
             .collect::<std::collections::BTreeMap<_, _>>()
     };
     let before = versions().await;
-    assert_eq!(before.len(), 100);
+    assert_eq!(before.len(), 1000);
+    // Reads of Widget collections each API server served (a LIST, or a WATCH: a streaming list
+    // is one), from their audit logs — Kubernetes' own controllers' aside, and the reads of the
+    // tenant's own namespace (the schema manager counts the team-r objects a route's schema
+    // would affect, a bounded LIST of that namespace: the tenant's own cost).
+    let lists = || {
+        ["consumer", "provider", "second"]
+            .into_iter()
+            .map(|cluster| {
+                s.env
+                    .cluster(cluster)
+                    .audited()
+                    .into_iter()
+                    .filter(|a| {
+                        a.resource == "widgets"
+                            && matches!(a.verb.as_str(), "list" | "watch")
+                            && !a.user_agent.starts_with("kube-controller-manager/")
+                            && a.namespace != "team-r"
+                    })
+                    .map(|a| {
+                        format!(
+                            "{cluster} {} {} {} {}",
+                            a.verb, a.namespace, a.user, a.user_agent
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut lists_before = None;
     let in_r: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-r");
-    for round in 0..5 {
+    for round in 0..10 {
         let mut route = Binding::new("route", selecting("second", "region", "us"));
         route.metadata.namespace = Some("team-r".into());
         in_r.create(&PostParams::default(), &route).await.unwrap();
@@ -866,6 +897,7 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
                     .map(|_| ()))
             })
             .await;
+            lists_before = Some(lists());
         } else {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
@@ -875,6 +907,7 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
         })
         .await;
     }
+    let lists_after = lists();
     // team-a's objects still sync: whatever was due to the bystanders had its turn by then.
     create_widget_and_wait_upstream(&s.consumer, &s.provider, NS, "a1", 1).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -885,6 +918,16 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
         .map(|(name, _)| name)
         .collect();
     assert!(written.is_empty(), "uncovered Widgets written: {written:?}");
+    let lists_before = lists_before.unwrap();
+    let extra: Vec<&String> = lists_after
+        .iter()
+        .zip(&lists_before)
+        .flat_map(|(after, before)| &after[before.len()..])
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "reads of Widgets on the consumer, the provider and the second provider: {extra:#?}"
+    );
     let b0 = bystanders.get("b0").await.unwrap();
     assert!(
         annotation(&b0, "core.kbind.io/conflict").is_none(),

@@ -25,6 +25,43 @@ use crate::context::Context;
 /// How often the assignment is recomputed without a change event.
 const ROUND: Duration = Duration::from_millis(500);
 
+/// How long a route's units stay assigned after the last binding offering it went (#50.3): a
+/// tenant's route Binding deleted and created again within this time starts no syncer worker
+/// and re-lists nothing (a route worker with no route has nothing to do).
+const ROUTE_LINGER: Duration = Duration::from_secs(300);
+
+/// The routes recently offered per API, and when each was last offered.
+#[derive(Debug, Default)]
+struct Lingering(BTreeMap<(String, String), std::time::Instant>);
+
+impl Lingering {
+    /// The route Connections of `api` to assign at `now`: those `offered` now (remembered as
+    /// offered at `now`), and those offered less than [`ROUTE_LINGER`] ago.
+    fn routes(
+        &mut self,
+        api: &str,
+        offered: &BTreeSet<String>,
+        now: std::time::Instant,
+    ) -> BTreeSet<String> {
+        for connection in offered {
+            self.0.insert((api.to_owned(), connection.clone()), now);
+        }
+        self.0
+            .iter()
+            .filter(|((a, _), at)| a == api && now.saturating_duration_since(**at) < ROUTE_LINGER)
+            .map(|((_, connection), _)| connection.clone())
+            .collect()
+    }
+
+    /// Forgets what lingered past [`ROUTE_LINGER`] at `now`, and every route of an API not in
+    /// `apis` (its CRD is gone, deleting or being handed over: its units go at once).
+    fn retain(&mut self, apis: &BTreeSet<String>, now: std::time::Instant) {
+        self.0.retain(|(api, _), at| {
+            apis.contains(api) && now.saturating_duration_since(*at) < ROUTE_LINGER
+        });
+    }
+}
+
 /// The live members (current Leases) and what each reports: incarnation, the assignment
 /// generation it applied, the units it runs. An unreadable annotation reads as zero or nothing.
 fn members(leases: &[Lease], now: jiff::Timestamp) -> BTreeMap<String, Member> {
@@ -100,8 +137,9 @@ pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken)
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let mut changes = std::pin::pin!(ctx.changes.subscribe(&crate::changes::Topic::cached()));
     let mut weights = Weights::default();
+    let mut lingering = Lingering::default();
     loop {
-        if let Err(e) = round(&ctx, &caches, &maps, &mut weights).await {
+        if let Err(e) = round(&ctx, &caches, &maps, &mut weights, &mut lingering).await {
             tracing::warn!(error = %e, "assignment round failed");
         }
         tokio::select! {
@@ -119,8 +157,13 @@ pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken)
 /// buckets), then the related resources of each binding that lists some and is admitted
 /// ([`shard::related_admission`]) — only of Connections that exist and are Ready (a binding
 /// naming anything else adds nothing to the assignment); and how many bindings' related
-/// resources were not admitted.
-fn units(caches: &TermCaches, settings: &crate::context::Settings) -> (Vec<String>, usize) {
+/// resources were not admitted. A route that went away stays a while ([`Lingering`]).
+fn units(
+    caches: &TermCaches,
+    settings: &crate::context::Settings,
+    lingering: &mut Lingering,
+) -> (Vec<String>, usize) {
+    let now = std::time::Instant::now();
     let ready: BTreeSet<String> = caches
         .connections
         .state()
@@ -131,6 +174,7 @@ fn units(caches: &TermCaches, settings: &crate::context::Settings) -> (Vec<Strin
     let cluster_bindings = caches.cluster_bindings.state();
     let bindings = caches.bindings.state();
     let mut apis = BTreeSet::new();
+    let mut served = BTreeSet::new();
     for crd in caches.managed_crds() {
         // A CRD being handed over to another Connection has no units: its syncers stop, and
         // the binding taking it over waits for that (`Context::runs_api`).
@@ -154,12 +198,14 @@ fn units(caches: &TermCaches, settings: &crate::context::Settings) -> (Vec<Strin
             .unwrap_or(settings.namespace_buckets);
         // Each route of the API (#36: a binding of another Connection admitted for the objects
         // it selects) is a unit of its own, so sharding spreads routes.
-        let routes = kbind_shared::resolve::route_connections(
+        let offered = kbind_shared::resolve::route_connections(
             &crd.name_any(),
             connection,
             cluster_bindings.iter().map(|b| b.as_ref()),
             bindings.iter().map(|b| b.as_ref()),
         );
+        served.insert(crd.name_any());
+        let routes = lingering.routes(&crd.name_any(), &offered, now);
         for connection in
             std::iter::once(connection).chain(routes.iter().filter(|c| ready.contains(*c)))
         {
@@ -170,6 +216,7 @@ fn units(caches: &TermCaches, settings: &crate::context::Settings) -> (Vec<Strin
             );
         }
     }
+    lingering.retain(&served, now);
     let connection = |name: &str| {
         caches
             .connections
@@ -233,6 +280,7 @@ async fn round(
     caches: &TermCaches,
     maps: &Api<ConfigMap>,
     weights: &mut Weights,
+    lingering: &mut Lingering,
 ) -> Result<(), kube::Error> {
     let leases: Vec<Lease> = caches
         .member_leases
@@ -247,7 +295,7 @@ async fn round(
         .collect();
     let names: BTreeSet<String> = live.keys().cloned().collect();
     ctx.set_running_units(running.values().flatten().cloned().collect());
-    let (candidates, refused) = units(caches, &ctx.settings);
+    let (candidates, refused) = units(caches, &ctx.settings, lingering);
     let (units, left_out) = shard::fit(&candidates, &names);
     ctx.metrics
         .assignment_unassigned_units
@@ -296,6 +344,40 @@ async fn round(
 mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
+
+    #[test]
+    fn a_route_that_went_away_stays_assigned_a_while() {
+        let t0 = std::time::Instant::now();
+        let set = |names: &[&str]| -> BTreeSet<String> {
+            names.iter().map(|n| (*n).to_owned()).collect()
+        };
+        let mut l = Lingering::default();
+        let api = "widgets.example.org";
+        // (case, offered now, seconds after t0, routes assigned)
+        let cases: [(&str, &[&str], u64, &[&str]); 6] = [
+            ("offered", &["second"], 0, &["second"]),
+            ("gone: still assigned", &[], 10, &["second"]),
+            ("back: nothing moved", &["second"], 20, &["second"]),
+            ("gone again, within the linger", &[], 300, &["second"]),
+            ("gone for the whole linger", &[], 320, &[]),
+            ("another route", &["third"], 330, &["third"]),
+        ];
+        for (case, offered, after, want) in cases {
+            let now = t0 + Duration::from_secs(after);
+            assert_eq!(l.routes(api, &set(offered), now), set(want), "{case}");
+            l.retain(&set(&[api]), now);
+        }
+        // Another API's routes are its own; an API whose CRD goes forgets its routes at once.
+        assert_eq!(
+            l.routes("other", &set(&[]), t0 + Duration::from_secs(331)),
+            set(&[])
+        );
+        l.retain(&set(&["other"]), t0 + Duration::from_secs(331));
+        assert_eq!(
+            l.routes(api, &set(&[]), t0 + Duration::from_secs(331)),
+            set(&[])
+        );
+    }
 
     #[test]
     fn hostile_lease_times_neither_panic_nor_hold_work() {

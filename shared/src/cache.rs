@@ -5,6 +5,7 @@
 //! what it drops and for what the decisions still find).
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -310,6 +311,47 @@ pub struct Instance {
     pub changed_at: Option<crate::delivery::Seconds>,
     /// Its delivery record ([`crate::delivery::summary`]).
     pub delivery: Option<crate::delivery::Summary>,
+    /// Its labels, compact: what a routed API's selectors read (#36). Kept whether the API is
+    /// routed or not, so that it becomes routed without a re-list (#50.3).
+    pub labels: Labels,
+}
+
+/// An object's labels in one allocation — `key\0value\0key\0value…` (neither a label key nor
+/// a value can hold a NUL) — instead of a map, which costs hundreds of bytes per object for a
+/// single label; none: no allocation at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Labels(Option<Box<str>>);
+
+impl Labels {
+    /// `labels`, compact.
+    pub fn of(labels: Option<&BTreeMap<String, String>>) -> Self {
+        let Some(labels) = labels.filter(|l| !l.is_empty()) else {
+            return Labels(None);
+        };
+        let mut text = String::new();
+        for (key, value) in labels {
+            if !text.is_empty() {
+                text.push('\0');
+            }
+            text.push_str(key);
+            text.push('\0');
+            text.push_str(value);
+        }
+        Labels(Some(text.into_boxed_str()))
+    }
+
+    /// The labels as a map (what a selector matches).
+    pub fn map(&self) -> BTreeMap<String, String> {
+        let Some(text) = &self.0 else {
+            return BTreeMap::new();
+        };
+        let mut parts = text.split('\0');
+        let mut map = BTreeMap::new();
+        while let (Some(key), Some(value)) = (parts.next(), parts.next()) {
+            map.insert(key.to_owned(), value.to_owned());
+        }
+        map
+    }
 }
 
 /// An [`Instance`] as its JSON holds it.
@@ -330,6 +372,7 @@ impl From<RawInstance> for Instance {
             changed_at: crate::delivery::changed_at(&raw.metadata)
                 .and_then(|t| crate::delivery::Seconds::of(&t)),
             delivery: crate::delivery::summary(status.as_ref()),
+            labels: Labels::of(raw.metadata.labels.as_ref()),
             metadata: raw.metadata,
             spec: present(raw.spec).as_ref().map(Json::new),
             status: status.as_ref().map(Json::new),
@@ -344,6 +387,7 @@ impl Instance {
             changed_at: crate::delivery::changed_at(&metadata)
                 .and_then(|t| crate::delivery::Seconds::of(&t)),
             delivery: crate::delivery::summary(status),
+            labels: Labels::of(metadata.labels.as_ref()),
             metadata,
             spec: spec.map(Json::new),
             status: status.map(Json::new),
@@ -392,21 +436,10 @@ const CONSUMER_ANNOTATIONS: [&str; 4] = [
 
 /// What the syncer's consumer cache keeps of an instance's metadata: identity (name, namespace,
 /// UID), the resourceVersion a finalizer patch is guarded by, generation (the delivery record),
-/// deletion, finalizers, and kbind's three annotations ([`CONSUMER_ANNOTATIONS`]). Gone: labels,
-/// every other annotation (kubectl's last-applied copy can be as large as the object),
+/// deletion, finalizers, and kbind's annotations ([`CONSUMER_ANNOTATIONS`]). Gone: labels (the
+/// instance keeps them compact, [`Labels`]), every other annotation (kubectl's last-applied copy can be as large as the object),
 /// `managedFields`, owner references, timestamps.
 pub fn consumer_metadata(meta: &mut ObjectMeta) {
-    consumer_metadata_keeping(meta, false);
-}
-
-/// [`consumer_metadata`], keeping the labels too when `labels`: a routed API's objects choose
-/// their route by them (#36).
-pub fn consumer_metadata_keeping(meta: &mut ObjectMeta, labels: bool) {
-    let labels = if labels {
-        meta.labels.take().filter(|l| !l.is_empty())
-    } else {
-        None
-    };
     let annotations = meta.annotations.take().map(|mut all| {
         all.retain(|k, _| CONSUMER_ANNOTATIONS.contains(&k.as_str()));
         all
@@ -420,7 +453,6 @@ pub fn consumer_metadata_keeping(meta: &mut ObjectMeta, labels: bool) {
         deletion_timestamp: meta.deletion_timestamp.take(),
         finalizers: meta.finalizers.take().filter(|f| !f.is_empty()),
         annotations: annotations.filter(|a| !a.is_empty()),
-        labels,
         ..Default::default()
     };
 }
@@ -743,6 +775,36 @@ mod tests {
         let c: Json = serde_json::from_str(r#"{"a":{"x":null,"y":[1,2.5]},"b":2}"#).unwrap();
         assert_ne!(a, c);
         assert_eq!(format!("{a:?}"), "Json(34 bytes)");
+    }
+
+    #[test]
+    fn labels_are_kept_compact_and_read_back_whole() {
+        let cases: [&[(&str, &str)]; 4] = [
+            &[],
+            &[("app", "bench")],
+            &[
+                ("region", "us"),
+                ("tier", ""),
+                ("app.kubernetes.io/name", "w"),
+            ],
+            &[("a", "x=y")],
+        ];
+        for labels in cases {
+            let map: BTreeMap<String, String> = labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            let compact = Labels::of(Some(&map));
+            assert_eq!(compact.map(), map, "{labels:?}");
+            assert_eq!(
+                compact == Labels::default(),
+                labels.is_empty(),
+                "{labels:?}"
+            );
+        }
+        assert_eq!(Labels::of(None).map(), BTreeMap::new());
+        let object: Instance = serde_json::from_value(instance()).unwrap();
+        assert_eq!(Some(object.labels.map()), object.metadata.labels);
     }
 
     #[test]

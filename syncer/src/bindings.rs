@@ -282,6 +282,13 @@ impl Index {
             .unwrap_or_default()
     }
 
+    /// Whether served bindings offer any route for `api` besides `served_by`.
+    pub fn routed(&self, api: &str, served_by: &str) -> bool {
+        self.routes
+            .get(&(api.to_owned(), served_by.to_owned()))
+            .is_some_and(|routes| !routes.is_empty())
+    }
+
     /// Where served bindings ask for provider Events ([`resolve::provider_events_scope`]).
     pub fn provider_events_scope(&self, connection: &str, api: &str) -> resolve::EventsScope {
         let Some(of_api) = self.by_api.get(api) else {

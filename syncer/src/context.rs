@@ -275,6 +275,12 @@ impl Context {
         self.index.locked().route_connections(api, served_by)
     }
 
+    /// Whether `api` is routed: served bindings offer a route besides `served_by` (as it stands
+    /// now — a running worker reads it live, #50.3).
+    pub fn routed(&self, api: &str, served_by: &str) -> bool {
+        self.index.locked().routed(api, served_by)
+    }
+
     /// The offers routing weighs for an instance of `api` in `namespace` ([`resolve::offers`]),
     /// the Connections' pinned providers and access rules from the cache.
     pub fn route_offers(

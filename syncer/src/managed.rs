@@ -45,8 +45,9 @@ struct Key {
     /// The bound APIs whose objects say where a ClusterBinding's provider copies may land
     /// (related workers).
     bound_apis: Vec<String>,
-    /// The route an API worker serves, when its API is routed (#36).
-    routing: Option<worker::RouteSpec>,
+    /// The route an API worker serves (#36). Whether its API is routed is not part of it: the
+    /// running worker reads that live (#50.3).
+    route: Option<worker::RouteSpec>,
 }
 
 /// A worker to run.
@@ -153,7 +154,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             credentials: &credentials,
             mine: &mine,
         };
-        let mut wanted = desired_workers(&ctx, &inputs);
+        let mut wanted = desired_workers(&inputs);
         wanted.extend(desired_related(&ctx, &inputs));
         credentials.retain(connections.state().iter().map(|c| c.as_ref()));
         // A Connection no wanted worker uses any more (deleted, not Ready, assigned elsewhere)
@@ -405,7 +406,7 @@ fn desired_related(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
             local_uid: local_uid.clone(),
             credentials,
             access: access.clone(),
-            routing: None,
+            route: None,
         };
         let spec = related::RelatedSpec {
             namespace: namespace.clone(),
@@ -454,7 +455,7 @@ fn bound_resources(
 
 /// SCTL-2 … SCTL-5: the API workers that should run (for the assigned units only), keyed by CRD
 /// name.
-fn desired_workers(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work)> {
+fn desired_workers(inputs: &Inputs) -> HashMap<String, (Key, Work)> {
     let mut wanted = HashMap::new();
     for crd in inputs.crds.state() {
         let name = crd.name_any();
@@ -471,17 +472,16 @@ fn desired_workers(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
             tracing::warn!(crd = %name, "managed CRD has no {} annotation; not syncing it", keys::CONNECTION_ANNOTATION);
             continue;
         };
-        // #36: other Connections routing some of its objects make the API routed; every route
-        // (the serving Connection's included) then has a worker per assigned unit.
-        let routes = ctx.route_connections(&name, &connection_name);
-        let routed = !routes.is_empty();
+        // #36: other Connections routing some of its objects are routes of their own; each
+        // route assigned here (the serving Connection's included) has a worker. The assignment
+        // keeps a route that went away a while (it may come back: a tenant's route Binding
+        // created and deleted again restarts and re-lists nothing, #50.3).
         let mut connections: BTreeSet<&str> = BTreeSet::new();
         for unit in inputs.mine {
             if let Unit::Api {
                 connection, api, ..
             } = unit
                 && *api == name
-                && (*connection == connection_name || routes.contains(connection))
             {
                 connections.insert(connection.as_str());
             }
@@ -515,13 +515,13 @@ fn desired_workers(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
                 kubeconfig,
                 digest: credentials,
             } = credential;
-            let routing = routed.then(|| worker::RouteSpec {
+            let route = worker::RouteSpec {
                 route: kbind_shared::routing::Route {
                     connection: connection.to_owned(),
                     cluster: remote_uid,
                 },
                 served_by: connection_name.clone(),
-            });
+            };
             let key = Key {
                 units: units.iter().map(ToString::to_string).collect(),
                 uid: crd.metadata.uid.clone().unwrap_or_default(),
@@ -531,7 +531,7 @@ fn desired_workers(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
                 credentials,
                 access: Default::default(),
                 bound_apis: Vec::new(),
-                routing: routing.clone(),
+                route: Some(route.clone()),
             };
             let spec = WorkerSpec {
                 api: name.clone(),
@@ -545,7 +545,7 @@ fn desired_workers(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
                 kubeconfig,
                 digest: key.credentials.clone(),
                 buckets,
-                routing,
+                route,
             };
             // The serving Connection's worker keeps the CRD's name (as before routing).
             let worker_name = if connection == connection_name {

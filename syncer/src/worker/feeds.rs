@@ -151,14 +151,11 @@ fn consumer(
     let api: Api<Instance> = Api::all_with(worker.ctx.client.clone(), &worker.dyntype);
     let buckets = worker.spec.buckets.clone();
     let seen = worker.clone();
-    let routed = worker.spec.routing.is_some();
     let events = reflector::reflector(
         writer,
         kbind_shared::streaming::instances(api, watcher::Config::default())
             .filter(move |e| std::future::ready(buckets.keep(e)))
-            .modify(move |o| {
-                kbind_shared::cache::consumer_metadata_keeping(&mut o.metadata, routed)
-            })
+            .modify(|o| kbind_shared::cache::consumer_metadata(&mut o.metadata))
             .inspect(move |event| seen.saw_consumer_event(event)),
     )
     .default_backoff();

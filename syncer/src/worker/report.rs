@@ -68,7 +68,7 @@ pub(super) fn forget(worker: &Worker) {
     ctx.membership.forget_objects(units.keys());
     ctx.set_object_counts(api, connection, None);
     // A routed API's other routes may still count syncs in this gauge (this one's are drained).
-    if worker.spec.routing.is_none() {
+    if worker.routing().is_none() {
         let _ = ctx.metrics.work_queue_depth.remove_label_values(&[api]);
     }
     for gauge in [
@@ -155,7 +155,7 @@ impl Worker {
         bound: bool,
     ) -> backlog::Facts<'a> {
         let bound = bound
-            && (self.spec.routing.is_none()
+            && (self.routing().is_none()
                 // A routed API's object waits on its own route only (#36).
                 || matches!(
                     super::sync::gate_of(self, object),

@@ -41,10 +41,9 @@ pub struct WorkerSpec {
     pub digest: String,
     /// Which namespaces' objects this worker syncs.
     pub buckets: Buckets,
-    /// Set when several Connections serve the API (#36): this worker is one route's, and each
-    /// object syncs only on the route it is pinned to. `None`: the API has one route, and every
-    /// object in a bound scope syncs with the Connection serving it (no pin is written).
-    pub routing: Option<RouteSpec>,
+    /// This worker's route (#36): its Connection and provider, and the Connection serving the
+    /// CRD. Whether the API is routed is read live ([`Worker::routing`]).
+    pub route: RouteSpec,
 }
 
 /// One route's worker of a routed API.
@@ -59,9 +58,10 @@ pub struct RouteSpec {
 impl WorkerSpec {
     /// The finalizer an object holds while this worker's provider has its copy.
     pub fn finalizer(&self) -> std::borrow::Cow<'static, str> {
-        match &self.routing {
-            Some(r) => kbind_shared::routing::finalizer(&self.connection, &r.served_by).into(),
-            None => kbind_shared::keys::SYNCER_FINALIZER.into(),
+        if self.connection == self.route.served_by {
+            kbind_shared::keys::SYNCER_FINALIZER.into()
+        } else {
+            kbind_shared::routing::finalizer(&self.connection, &self.route.served_by).into()
         }
     }
 
@@ -146,6 +146,18 @@ impl Listed {
 }
 
 impl Worker {
+    /// This worker's route when the API is routed now (#36) — always for another Connection's
+    /// route; for the serving Connection's, while served bindings offer another route — and
+    /// `None` while the API has one route: every object in a bound scope syncs with the
+    /// Connection serving it (no pin is written). Read live, so a route Binding coming or going
+    /// restarts nothing (#50.3).
+    pub(super) fn routing(&self) -> Option<&RouteSpec> {
+        let route = &self.spec.route;
+        (self.spec.connection != route.served_by
+            || self.ctx.routed(&self.spec.api, &route.served_by))
+        .then_some(route)
+    }
+
     /// A worker for `spec` with the `provider` client: its state, empty, and the writers of its
     /// caches.
     pub(super) fn new(

@@ -115,9 +115,7 @@ pub(super) async fn sync(
             // A routed object is pinned to this route in the same write, before anything is
             // written here (#36).
             let pin = worker
-                .spec
-                .routing
-                .as_ref()
+                .routing()
                 .filter(|_| !object.annotations().contains_key(keys::ROUTE_ANNOTATION))
                 .map(|r| r.route.pin_text());
             worker.set_finalizers(&object, finalizers, pin).await?;
@@ -324,7 +322,7 @@ pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gat
         let (_, access) = worker.ctx.pinned_provider(connection)?;
         routing::barred(connection, namespace, access.binding_namespaces.as_deref())
     };
-    let Some(spec) = worker.spec.routing.as_ref() else {
+    let Some(spec) = worker.routing() else {
         return routing::unrouted(
             &worker.spec.connection,
             object
@@ -361,14 +359,13 @@ pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gat
         .get(keys::DELETION_POLICY_ANNOTATION)
         .map(String::as_str)
         == Some(keys::DELETION_POLICY_ORPHAN);
-    let empty = std::collections::BTreeMap::new();
     Some(routing::gate(
         &spec.route,
         &spec.served_by,
         &pin,
         object.metadata.finalizers.as_deref().unwrap_or_default(),
         &candidates,
-        object.metadata.labels.as_ref().unwrap_or(&empty),
+        &object.labels.map(),
         orphan,
         &barred,
     ))
@@ -396,9 +393,7 @@ fn facts<'a>(
     let speaks_when_unbound = match gate {
         None => true,
         Some(routing::Gate::Uncovered) => worker
-            .spec
-            .routing
-            .as_ref()
+            .routing()
             .is_some_and(|r| r.route.connection == r.served_by),
         Some(_) => false,
     };

@@ -619,6 +619,15 @@ impl Cluster {
             .expect("every cluster runs its processes")
     }
 
+    /// The CPU time this cluster's processes (API server, etcd, controller manager) have used so
+    /// far, in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        self.processes
+            .iter()
+            .map(|p| crate::measure::cpu_seconds(p.pid()))
+            .sum()
+    }
+
     /// Sends a signal to this cluster's kube-apiserver (`STOP` pauses it: the cluster becomes
     /// unreachable without losing state; `CONT` resumes it).
     pub fn signal_apiserver(&self, signal: &str) -> Result<(), String> {

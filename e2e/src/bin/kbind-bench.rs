@@ -10,7 +10,11 @@
 //!
 //! With `--minimal`, phase 1 first runs with the minimal client ([`kbind_e2e::minimal`]) in place
 //! of kbind's syncer, on the same two API servers, so that kbind's throughput is printed beside
-//! the best a client can do there. `--restart` restarts the syncer at the end and times it until
+//! the best a client can do there. `--pairs P` measures that ratio fairly: P pairs of batches of
+//! N objects, kbind and the minimal client alternating on the same clusters (the first of each
+//! pair alternating too), so that the machine's drift between runs falls on both alike; it prints
+//! each pair's ratio, their median and spread, and where the CPU went (both control planes and
+//! kbind, per object), then stops. `--restart` restarts the syncer at the end and times it until
 //! ready and caught up, counting its writes and its peak memory. `--idle-secs` counts requests at
 //! rest; `--json` writes every figure with its goal (issue #15).
 
@@ -65,6 +69,11 @@ struct Args {
     /// Run phase 1 with the minimal client first, for the throughput kbind is measured against.
     #[arg(long)]
     minimal: bool,
+    /// Instead of the phases: this many pairs of batches of `--objects`, kbind and the minimal
+    /// client alternating on the same clusters; prints the throughput ratio's median and spread
+    /// and the CPU per object of both control planes and of kbind.
+    #[arg(long, default_value_t = 0)]
+    pairs: usize,
     /// After the other phases: restart the syncer and time it until ready and caught up.
     #[arg(long)]
     restart: bool,
@@ -111,6 +120,13 @@ struct Bulk {
     created: Duration,
     synced_up: Duration,
     all_back: Duration,
+    /// CPU seconds both clusters' control planes used meanwhile.
+    control_planes: f64,
+}
+
+/// CPU seconds both clusters' control planes have used so far.
+fn control_planes_cpu(s: &SyncEnv) -> f64 {
+    s.env.cluster("consumer").cpu_seconds() + s.env.cluster("provider").cpu_seconds()
 }
 
 /// Creates `n` Widgets named `<prefix><i>` (16 in flight) and times them until every provider
@@ -121,6 +137,7 @@ async fn bulk(
     provider: &Api<kube::api::DynamicObject>,
     prefix: &str,
     n: usize,
+    control_planes: impl Fn() -> f64,
 ) -> Bulk {
     use kube::runtime::reflector;
     let writer = reflector::store::Writer::new(widget_resource());
@@ -147,6 +164,7 @@ async fn bulk(
     );
     let _ = copies.wait_until_ready().await;
     let _ = statuses.wait_until_ready().await;
+    let cpu_start = control_planes();
     let started = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
@@ -184,12 +202,14 @@ async fn bulk(
     .await
     .unwrap();
     let all_back = started.elapsed();
+    let control_planes = control_planes() - cpu_start;
     provider_watch.abort();
     consumer_watch.abort();
     Bulk {
         created,
         synced_up,
         all_back,
+        control_planes,
     }
 }
 
@@ -206,7 +226,7 @@ async fn minimal_bulk(s: &mut SyncEnv, n: usize) -> Bulk {
         widgets(&s.provider, NAMESPACE),
     );
     let tasks = kbind_e2e::minimal::start(consumer.clone(), provider.clone(), 8);
-    let figures = bulk(&consumer, &provider, "m", n).await;
+    let figures = bulk(&consumer, &provider, "m", n, || control_planes_cpu(s)).await;
     for task in tasks {
         task.abort();
     }
@@ -268,6 +288,133 @@ async fn minimal_bulk(s: &mut SyncEnv, n: usize) -> Bulk {
         .wait_ready("the syncer after the minimal client", 60)
         .await;
     figures
+}
+
+/// One kbind batch of the interleaved measure: `n` Widgets in namespace `bench`, timed with the
+/// CPU both programs used; then deleted (kbind deletes the copies) and waited for on both sides,
+/// so that every batch starts from the same empty state.
+async fn kbind_batch(s: &SyncEnv, n: usize, prefix: &str) -> (Bulk, f64) {
+    let (consumer, provider) = (widgets(&s.consumer, "bench"), widgets(&s.provider, "bench"));
+    let pids = [
+        s.env.process_ref(s.manager.index).pid(),
+        s.env.process_ref(s.syncer.index).pid(),
+    ];
+    let kbind_cpu = || pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>();
+    let before = kbind_cpu();
+    let figures = bulk(&consumer, &provider, prefix, n, || control_planes_cpu(s)).await;
+    let used = kbind_cpu() - before;
+    let _ = consumer
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await;
+    for api in [&consumer, &provider] {
+        eventually(
+            "the kbind batch gone",
+            Duration::from_secs(3600),
+            || async {
+                let left = api
+                    .list_metadata(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len();
+                Ok((left == 0).then_some(()))
+            },
+        )
+        .await
+        .unwrap();
+    }
+    (figures, used)
+}
+
+/// The median and the extremes of `values`.
+fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = if sorted.is_empty() {
+        0.0
+    } else if sorted.len() % 2 == 1 {
+        sorted[sorted.len() / 2]
+    } else {
+        (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+    };
+    (
+        median,
+        sorted.first().copied().unwrap_or_default(),
+        sorted.last().copied().unwrap_or_default(),
+    )
+}
+
+/// `--pairs`: kbind against the minimal client, interleaved (see the module's documentation).
+async fn interleaved(s: &mut SyncEnv, n: usize, pairs: usize, json_path: Option<&std::path::Path>) {
+    let rate = |b: &Bulk| n as f64 / b.all_back.as_secs_f64();
+    let (mut ratios, mut rows) = (Vec::new(), Vec::new());
+    let (mut kbind_planes, mut minimal_planes, mut kbind_own) =
+        (Vec::new(), Vec::new(), Vec::new());
+    println!(
+        "kbind against the minimal client, interleaved: {pairs} pairs of {n} objects \
+         (statuses back, objects/s; this machine: {} cores)",
+        std::thread::available_parallelism()
+            .map(|p| p.get())
+            .unwrap_or(0)
+    );
+    for pair in 0..pairs {
+        let prefix = format!("p{pair}-");
+        let minimal_first = pair % 2 == 0;
+        let (minimal, (kbind, used)) = if minimal_first {
+            let minimal = minimal_bulk(s, n).await;
+            (minimal, kbind_batch(s, n, &prefix).await)
+        } else {
+            let kbind = kbind_batch(s, n, &prefix).await;
+            (minimal_bulk(s, n).await, kbind)
+        };
+        let ratio = rate(&kbind) / rate(&minimal);
+        println!(
+            "  pair {} ({} first): minimal client {:>5.0}, kbind {:>5.0}  → {:>5.1} %",
+            pair + 1,
+            if minimal_first { "minimal" } else { "kbind" },
+            rate(&minimal),
+            rate(&kbind),
+            100.0 * ratio
+        );
+        ratios.push(100.0 * ratio);
+        kbind_planes.push(kbind.control_planes * 1000.0 / n as f64);
+        minimal_planes.push(minimal.control_planes * 1000.0 / n as f64);
+        kbind_own.push(used * 1000.0 / n as f64);
+        rows.push(json!({
+            "minimalFirst": minimal_first,
+            "minimalObjectsPerSecond": rate(&minimal),
+            "kbindObjectsPerSecond": rate(&kbind),
+            "kbindPercent": 100.0 * ratio,
+            "controlPlanesMsPerObjectKbind": kbind.control_planes * 1000.0 / n as f64,
+            "controlPlanesMsPerObjectMinimal": minimal.control_planes * 1000.0 / n as f64,
+            "kbindMsPerObject": used * 1000.0 / n as f64,
+        }));
+    }
+    let (median, low, high) = spread(&ratios);
+    println!(
+        "  kbind / minimal client: median {median:.1} % (min {low:.1} %, max {high:.1} %; goal: median >= 90 %)"
+    );
+    let (kp, _, _) = spread(&kbind_planes);
+    let (mp, _, _) = spread(&minimal_planes);
+    let (ko, _, _) = spread(&kbind_own);
+    println!(
+        "  CPU per object (medians): both control planes {kp:.2} ms with kbind, {mp:.2} ms with the \
+         minimal client; kbind itself (both programs) {ko:.2} ms"
+    );
+    if let Some(path) = json_path {
+        let report = json!({
+            "objects": n,
+            "pairs": rows,
+            "kbindPercentMedian": median,
+            "kbindPercentMin": low,
+            "kbindPercentMax": high,
+            "controlPlanesMsPerObjectKbind": kp,
+            "controlPlanesMsPerObjectMinimal": mp,
+            "kbindMsPerObject": ko,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap())
+            .expect("write the report");
+    }
 }
 
 async fn apiserver_metrics(client: &kube::Client) -> String {
@@ -343,6 +490,10 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let manager_pid = s.env.process_ref(s.manager.index).pid();
     let manager_empty = rss_mib(manager_pid);
+    if args.pairs > 0 {
+        interleaved(&mut s, n, args.pairs, args.json.as_deref()).await;
+        return;
+    }
     let minimal = if args.minimal {
         Some(minimal_bulk(&mut s, n).await)
     } else {
@@ -365,7 +516,11 @@ async fn main() {
         created,
         synced_up,
         all_back,
-    } = bulk(&consumer_widgets, &provider_widgets, "w", n).await;
+        control_planes,
+    } = bulk(&consumer_widgets, &provider_widgets, "w", n, || {
+        control_planes_cpu(&s)
+    })
+    .await;
     let cpu_bulk = cpu() - cpu_start;
     let syncer_cpu_bulk = syncer_cpu() - syncer_cpu_start;
     // What the syncer asked for per object, by cluster and verb (the unavoidable: one consumer
@@ -492,6 +647,7 @@ async fn main() {
         created,
         synced_up,
         all_back,
+        control_planes,
     };
     if let Some(minimal) = &minimal {
         println!(

@@ -367,6 +367,13 @@ mod tests {
             assert_eq!(l.routes(api, &set(offered), now), set(want), "{case}");
             l.retain(&set(&[api]), now);
         }
+        // What lingered its whole time is forgotten, not only left unassigned.
+        let mut m = Lingering::default();
+        m.routes(api, &set(&["second"]), t0);
+        m.retain(&set(&[api]), t0 + ROUTE_LINGER - Duration::from_secs(1));
+        assert_eq!(m.0.len(), 1);
+        m.retain(&set(&[api]), t0 + ROUTE_LINGER);
+        assert!(m.0.is_empty());
         // Another API's routes are its own; an API whose CRD goes forgets its routes at once.
         assert_eq!(
             l.routes("other", &set(&[]), t0 + Duration::from_secs(331)),

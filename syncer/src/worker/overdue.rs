@@ -65,6 +65,47 @@ fn worth_a_look(record: Option<&Summary>, generation: Option<i64>) -> bool {
     })
 }
 
+/// When a change seen at `seen` is looked at again.
+fn look_again_at(seen: Instant) -> Instant {
+    seen + delivery::PENDING_AFTER
+}
+
+/// Whether a change to `noted` (a generation) is still undelivered when looked at again: the
+/// object is still at that generation (a newer change was noted on its own), no spec write
+/// delivered it since it was seen (`delivered`; its record follows with the provider's status),
+/// and its record still says Synced for an older generation (`says_synced`,
+/// [`super::backlog::says_synced_while_waiting`]).
+fn still_due(noted: Option<i64>, now: Option<i64>, delivered: bool, says_synced: bool) -> bool {
+    noted == now && !delivered && says_synced
+}
+
+/// The status merge patch of a `Pending` record for an object whose `status` and
+/// `resource_version` the cache shows and whose spec changed at `changed_at`: guarded by that
+/// resourceVersion (a record written meanwhile wins), the last delivery kept, the record whole.
+fn pending_patch(
+    resource_version: Option<&str>,
+    status: Option<&serde_json::Value>,
+    changed_at: Option<delivery::Seconds>,
+) -> serde_json::Value {
+    let since = changed_at.map(delivery::Seconds::time);
+    let mut record = delivery::awaiting(delivery::record_of(status), since.as_ref());
+    if let Some(record) = record.as_object_mut() {
+        record.retain(|_, v| !v.is_null());
+    }
+    let mut status_patch = json!({ delivery::FIELD: record });
+    delivery::set_record_whole(&mut status_patch, Some(&record));
+    json!({
+        "metadata": { "resourceVersion": resource_version },
+        "status": status_patch,
+    })
+}
+
+/// Whether the API server's refusal of the `Pending` record means someone else's write stands:
+/// the object changed since the cache showed it (409), or is gone (404).
+fn superseded(status: &kube::core::Status) -> bool {
+    status.is_conflict() || status.is_not_found()
+}
+
 /// Looks at each noted change once it has waited [`delivery::PENDING_AFTER`] (they arrive in the
 /// order they were seen, so each waits at most that long after the one before), and records the
 /// ones still undelivered as `Pending`. Runs as long as the worker.
@@ -72,7 +113,7 @@ pub(super) async fn run(worker: Arc<Worker>, due: Receiver) {
     due.then(|due| {
         let worker = worker.clone();
         async move {
-            tokio::time::sleep_until((due.seen + delivery::PENDING_AFTER).into()).await;
+            tokio::time::sleep_until(look_again_at(due.seen).into()).await;
             (worker, due)
         }
     })
@@ -92,17 +133,17 @@ fn still_undelivered(worker: &Worker, due: &Due) -> Option<Arc<Instance>> {
     let object = worker
         .consumer_objects
         .get(&worker.reference(due.key.0.as_deref(), &due.key.1))?;
-    if object.metadata.generation != due.generation {
-        // A newer change was noted on its own.
-        return None;
-    }
-    if worker.pending.locked().applied_since(&due.key, due.seen) {
-        // Delivered; the record follows with the provider's status.
-        return None;
-    }
+    let delivered = worker.pending.locked().applied_since(&due.key, due.seen);
     let bound = worker.binds_in(object.metadata.namespace.as_deref());
-    super::backlog::says_synced_while_waiting(&worker.backlog_facts(&object, bound))
-        .then_some(object)
+    let says_synced =
+        super::backlog::says_synced_while_waiting(&worker.backlog_facts(&object, bound));
+    still_due(
+        due.generation,
+        object.metadata.generation,
+        delivered,
+        says_synced,
+    )
+    .then_some(object)
 }
 
 /// Writes the `Pending` record, guarded by the resourceVersion the cache shows.
@@ -111,18 +152,11 @@ async fn record(worker: &Worker, object: &Instance) {
         return;
     }
     let status = object.status.as_ref().map(|s| s.value());
-    let current = delivery::record_of(status.as_ref());
-    let since = object.changed_at.map(delivery::Seconds::time);
-    let mut record = delivery::awaiting(current, since.as_ref());
-    if let Some(record) = record.as_object_mut() {
-        record.retain(|_, v| !v.is_null());
-    }
-    let mut status_patch = json!({ delivery::FIELD: record });
-    delivery::set_record_whole(&mut status_patch, Some(&record));
-    let patch = json!({
-        "metadata": { "resourceVersion": object.metadata.resource_version },
-        "status": status_patch,
-    });
+    let patch = pending_patch(
+        object.metadata.resource_version.as_deref(),
+        status.as_ref(),
+        object.changed_at,
+    );
     match worker
         .consumer_api(object.namespace().as_deref())
         .patch_status(
@@ -137,7 +171,7 @@ async fn record(worker: &Worker, object: &Instance) {
             worker.wrote(object, &written);
         }
         // Someone wrote it meanwhile (a sync's record, most likely): theirs stands.
-        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => {}
+        Err(kube::Error::Api(s)) if superseded(&s) => {}
         Err(e) => {
             worker.count("record", result_label(&e));
             tracing::debug!(api = %worker.spec.api, object = %object.name_any(), error = %e, "cannot record an undelivered change");
@@ -148,6 +182,101 @@ async fn record(worker: &Worker, object: &Instance) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_noted_change_is_looked_at_again_after_the_bound_and_only_if_still_due() {
+        let seen = Instant::now();
+        assert_eq!(look_again_at(seen) - seen, delivery::PENDING_AFTER);
+        // (case, noted, now, delivered, says Synced) → due
+        let cases = [
+            (
+                "undelivered, record says Synced",
+                Some(2),
+                Some(2),
+                false,
+                true,
+                true,
+            ),
+            (
+                "a newer change: noted on its own",
+                Some(2),
+                Some(3),
+                false,
+                true,
+                false,
+            ),
+            (
+                "delivered since it was seen",
+                Some(2),
+                Some(2),
+                true,
+                true,
+                false,
+            ),
+            (
+                "the record says something else",
+                Some(2),
+                Some(2),
+                false,
+                false,
+                false,
+            ),
+        ];
+        for (case, noted, now, delivered, says_synced, want) in cases {
+            assert_eq!(
+                still_due(noted, now, delivered, says_synced),
+                want,
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_pending_record_is_guarded_by_the_version_the_cache_showed_and_set_whole() {
+        let status = json!({
+            "phase": "Ready",
+            delivery::FIELD: { "state": delivery::SYNCED, "generation": 1, "time": "2026-12-06T00:00:01Z" },
+        });
+        let changed = delivery::Seconds::of(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-12-06T00:00:05Z".parse().unwrap(),
+        ));
+        let patch = pending_patch(Some("42"), Some(&status), changed);
+        assert_eq!(patch["metadata"], json!({ "resourceVersion": "42" }));
+        let record = &patch["status"][delivery::FIELD];
+        assert_eq!(record["state"], delivery::PENDING);
+        assert_eq!(record["generation"], 1, "the last delivery is kept");
+        assert_eq!(record["time"], "2026-12-06T00:00:01Z");
+        assert_eq!(record["since"], "2026-12-06T00:00:05Z");
+        assert!(
+            record["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("not delivered yet"))
+        );
+        assert!(
+            patch["status"].get("phase").is_none(),
+            "only the record is written"
+        );
+        // Never delivered before: no generation or time to keep, and nulls say so.
+        let first = pending_patch(Some("7"), None, None);
+        let record = &first["status"][delivery::FIELD];
+        assert_eq!(
+            (&record["generation"], &record["time"], &record["since"]),
+            (&json!(null), &json!(null), &json!(null))
+        );
+    }
+
+    #[test]
+    fn only_a_write_that_beat_it_or_a_gone_object_supersedes_the_record() {
+        let status = |code: u16, reason: &str| kube::core::Status {
+            code,
+            reason: reason.to_owned(),
+            ..Default::default()
+        };
+        assert!(superseded(&status(409, "Conflict")));
+        assert!(superseded(&status(404, "NotFound")));
+        assert!(!superseded(&status(500, "InternalError")));
+        assert!(!superseded(&status(403, "Forbidden")));
+    }
 
     #[test]
     fn only_a_change_behind_a_synced_record_is_looked_at_again() {

@@ -806,6 +806,33 @@ async fn chaos_random_label_pin_and_binding_edits_never_leave_an_object_on_two_p
     .await;
 }
 
+/// team-r's Binding `route`: the Widgets of team-r labelled `region=us` go to Connection
+/// `second`; waits until it is Ready.
+async fn route_team_r_to_second(in_r: &Api<Binding>) {
+    let mut route = Binding::new("route", selecting("second", "region", "us"));
+    route.metadata.namespace = Some("team-r".into());
+    in_r.create(&PostParams::default(), &route).await.unwrap();
+    wait_binding(in_r, "route", "Ready=True").await;
+}
+
+/// Creates team-r's Widget `r0` labelled `region=us` and waits until the second provider has it.
+async fn team_r_widget_on_second(consumer: &Client, second: &Client) {
+    let mut r0 = widget("r0", 1);
+    r0.metadata.labels = Some([("region".to_owned(), "us".to_owned())].into());
+    widgets(consumer, "team-r")
+        .create(&PostParams::default(), &r0)
+        .await
+        .unwrap();
+    wait_for("team-r's Widget on the second provider", 60, || async {
+        Ok(widgets(second, "team-r")
+            .get_opt("r0")
+            .await
+            .unwrap()
+            .map(|_| ()))
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
     // #50.3: Connection `provider` serves the Widgets through team-a's Binding only; namespace
@@ -877,26 +904,10 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
     let mut lists_before = None;
     let in_r: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-r");
     for round in 0..10 {
-        let mut route = Binding::new("route", selecting("second", "region", "us"));
-        route.metadata.namespace = Some("team-r".into());
-        in_r.create(&PostParams::default(), &route).await.unwrap();
-        wait_binding(&in_r, "route", "Ready=True").await;
+        route_team_r_to_second(&in_r).await;
         if round == 0 {
             // The route is in effect: team-r's selected Widget goes to `second`.
-            let mut w = widget("r0", 1);
-            w.metadata.labels = Some([("region".to_owned(), "us".to_owned())].into());
-            widgets(&s.consumer, "team-r")
-                .create(&PostParams::default(), &w)
-                .await
-                .unwrap();
-            wait_for("team-r's Widget on the second provider", 60, || async {
-                Ok(widgets(&second, "team-r")
-                    .get_opt("r0")
-                    .await
-                    .unwrap()
-                    .map(|_| ()))
-            })
-            .await;
+            team_r_widget_on_second(&s.consumer, &second).await;
             lists_before = Some(lists());
         } else {
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -991,26 +1002,10 @@ async fn a_pin_to_a_connection_the_namespace_may_not_use_says_not_allowed() {
     );
 
     let in_r: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-r");
-    let mut route = Binding::new("route", selecting("second", "region", "us"));
-    route.metadata.namespace = Some("team-r".into());
-    in_r.create(&PostParams::default(), &route).await.unwrap();
-    wait_binding(&in_r, "route", "Ready=True").await;
+    route_team_r_to_second(&in_r).await;
     // Routed now, with `second`'s worker running: team-r's selected Widget reaches it. The
     // routed workers decide on the pinned Widget again (a change of it, too): still NotAllowed.
-    let mut r0 = widget("r0", 1);
-    r0.metadata.labels = Some([("region".to_owned(), "us".to_owned())].into());
-    widgets(&s.consumer, "team-r")
-        .create(&PostParams::default(), &r0)
-        .await
-        .unwrap();
-    wait_for("team-r's Widget on the second provider", 60, || async {
-        Ok(widgets(&second, "team-r")
-            .get_opt("r0")
-            .await
-            .unwrap()
-            .map(|_| ()))
-    })
-    .await;
+    team_r_widget_on_second(&s.consumer, &second).await;
     merge_patch(
         &widgets(&s.consumer, NS),
         "pinned",

@@ -118,6 +118,18 @@ mod tests {
         Seniority::of(&meta(name, created, false)).expect("not deleting")
     }
 
+    /// A caller that passes a namespace's Bindings whole, the one asked about among them, gets
+    /// the same answer: a Binding is never ahead of itself.
+    #[test]
+    fn a_binding_among_the_others_is_not_ahead_of_itself() {
+        let (first, second) = (place("a", Some(1)), place("b", Some(2)));
+        assert!(served(&second, [&first, &second], 2));
+        assert!(!served(&second, [&first, &second], 1));
+        let (first, second) = (meta("a", Some(1), false), meta("b", Some(2), false));
+        assert!(served_among(&second, [&first, &second], 2));
+        assert!(!served_among(&second, [&first, &second], 1));
+    }
+
     #[test]
     fn the_oldest_are_served_and_names_break_ties() {
         let old = place("z-old", Some(10));

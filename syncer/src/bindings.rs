@@ -414,7 +414,7 @@ impl Index {
                 .insert(binding.name_any(), binding.clone());
             apis.insert(api);
         }
-        self.count_routes(binding.as_ref(), 1, apis);
+        self.count_routes(binding.as_ref(), true, apis);
     }
 
     fn unindex_cluster(&mut self, binding: &ClusterBinding, apis: &mut BTreeSet<String>) {
@@ -425,7 +425,7 @@ impl Index {
             }
             apis.insert(api);
         }
-        self.count_routes(binding, -1, apis);
+        self.count_routes(binding, false, apis);
     }
 
     fn index_binding(&mut self, binding: &Arc<Binding>, apis: &mut BTreeSet<String>) {
@@ -440,7 +440,7 @@ impl Index {
                 .insert(binding.name_any(), binding.clone());
             apis.insert(api);
         }
-        self.count_routes(binding.as_ref(), 1, apis);
+        self.count_routes(binding.as_ref(), true, apis);
     }
 
     fn unindex_binding(&mut self, binding: &Binding, apis: &mut BTreeSet<String>) {
@@ -457,7 +457,7 @@ impl Index {
             }
             apis.insert(api);
         }
-        self.count_routes(binding, -1, apis);
+        self.count_routes(binding, false, apis);
     }
 
     fn forget_if_empty(&mut self, api: &str) {
@@ -470,8 +470,13 @@ impl Index {
         }
     }
 
-    /// Adds (`by` 1) or takes away (`by` -1) the routes `binding`'s status offers.
-    fn count_routes<B: BindingObject>(&mut self, binding: &B, by: i8, apis: &mut BTreeSet<String>) {
+    /// Adds (`add`) or takes away the routes `binding`'s status offers.
+    fn count_routes<B: BindingObject>(
+        &mut self,
+        binding: &B,
+        add: bool,
+        apis: &mut BTreeSet<String>,
+    ) {
         let Some(status) = binding.binding_status() else {
             return;
         };
@@ -486,7 +491,7 @@ impl Index {
             let key = (entry.name.clone(), route.served_by.clone());
             let routes = self.routes.entry(key.clone()).or_default();
             let count = routes.entry(entry.connection.clone()).or_default();
-            if by > 0 {
+            if add {
                 *count += 1;
             } else {
                 *count = count.saturating_sub(1);

@@ -307,23 +307,24 @@ async fn kbind_batch(s: &SyncEnv, n: usize, prefix: &str) -> (Bulk, f64) {
         .delete_collection(&Default::default(), &ListParams::default())
         .await;
     for api in [&consumer, &provider] {
-        eventually(
-            "the kbind batch gone",
-            Duration::from_secs(3600),
-            || async {
-                let left = api
-                    .list_metadata(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .items
-                    .len();
-                Ok((left == 0).then_some(()))
-            },
-        )
-        .await
-        .unwrap();
+        wait_empty(api, "the kbind batch gone", Duration::from_secs(3600)).await;
     }
     (figures, used)
+}
+
+/// Waits, at most `limit`, until `api` lists no object.
+async fn wait_empty(api: &Api<kube::api::DynamicObject>, what: &str, limit: Duration) {
+    eventually(what, limit, || async {
+        let left = api
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        Ok((left == 0).then_some(()))
+    })
+    .await
+    .unwrap();
 }
 
 /// The median and the extremes of `values`.
@@ -897,21 +898,12 @@ async fn main() {
             .delete_collection(&Default::default(), &ListParams::default())
             .await
             .expect("delete every Widget");
-        eventually(
+        wait_empty(
+            &provider_widgets,
             "every provider copy gone",
             Duration::from_secs(1800),
-            || async {
-                let left = provider_widgets
-                    .list_metadata(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .items
-                    .len();
-                Ok((left == 0).then_some(()))
-            },
         )
-        .await
-        .unwrap();
+        .await;
         let deleted = started.elapsed();
         println!("phase 3: deleted {n} objects");
         println!(

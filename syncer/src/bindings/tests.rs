@@ -267,3 +267,86 @@ fn touched_and_reach_name_the_instances_to_look_at() {
     assert!(reach.covers(Some("a")) && !reach.covers(Some("b")) && !reach.covers(None));
     assert!(Reach::All.covers(None) && !Reach::Nothing.covers(Some("a")));
 }
+
+/// A route offered by a ClusterBinding of Connection `r` for the API `p` serves.
+fn cluster_route(name: &str) -> Arc<ClusterBinding> {
+    let mut b = (*cluster_binding(name, &[W])).clone();
+    b.spec.binding.connection_ref.name = "r".into();
+    b.status = Some(status(&[W], "r"));
+    if let Some(s) = b.status.as_mut() {
+        s.apis[0].route = Some(RouteStatus {
+            served_by: "p".into(),
+            schema_agrees: true,
+            schema_message: String::new(),
+        });
+    }
+    Arc::new(b)
+}
+
+#[test]
+fn an_api_is_routed_while_a_served_binding_offers_another_route() {
+    let mut index = Index::new(10);
+    assert!(!index.routed(W, "p"));
+    index.apply_cluster(cluster_binding("all", &[W]));
+    assert!(
+        !index.routed(W, "p"),
+        "the serving Connection's own binding is no route"
+    );
+    index.apply_cluster(cluster_route("to-r"));
+    assert!(index.routed(W, "p"));
+    assert!(
+        !index.routed(W, "r"),
+        "routed for the Connection serving the CRD only"
+    );
+    assert!(!index.routed(G, "p"));
+    index.remove_cluster("to-r");
+    assert!(
+        !index.routed(W, "p"),
+        "a ClusterBinding's route goes with it"
+    );
+    assert_eq!(index.route_connections(W, "p"), BTreeSet::new());
+    index.remove_cluster("all");
+    assert!(
+        index.by_api.is_empty(),
+        "nothing is kept of an API no binding lists"
+    );
+    index.apply_binding(binding("a", "one", 1, &[W, G]));
+    index.remove_binding("a", "one");
+    assert!(index.by_api.is_empty(), "nor of a namespace's");
+}
+
+#[test]
+fn past_the_cap_is_counted_per_namespace() {
+    let mut index = Index::new(2);
+    for n in 0..5 {
+        index.apply_binding(binding("a", &format!("b{n}"), n, &[W]));
+    }
+    index.apply_binding(binding("b", "only", 1, &[W]));
+    assert_eq!(index.past_cap_in("a"), 3);
+    assert_eq!(index.past_cap_in("b"), 0);
+    assert_eq!(index.past_cap_in("none"), 0);
+}
+
+#[test]
+fn a_binding_is_the_same_only_if_spec_and_status_both_are() {
+    let one = binding("a", "one", 1, &[W]);
+    let mut status_changed = (*one).clone();
+    status_changed.status = Some(status(&[W], "other"));
+    let mut spec_changed = (*one).clone();
+    spec_changed.spec.apis.clear();
+    assert!(same(one.as_ref(), one.as_ref()));
+    assert!(!same(one.as_ref(), &status_changed));
+    assert!(!same(one.as_ref(), &spec_changed));
+}
+
+#[test]
+fn an_api_stays_indexed_while_any_binding_lists_it() {
+    let mut index = Index::new(10);
+    index.apply_cluster(cluster_binding("all", &[W]));
+    index.apply_binding(binding("a", "one", 1, &[W]));
+    index.remove_binding("a", "one");
+    assert_eq!(resolved(&index, "a").as_deref(), Some("all"));
+    index.apply_binding(binding("a", "one", 1, &[W]));
+    index.remove_cluster("all");
+    assert_eq!(resolved(&index, "a").as_deref(), Some("one"));
+}

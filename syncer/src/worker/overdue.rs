@@ -19,7 +19,6 @@ use kbind_shared::cache::Instance;
 use kbind_shared::delivery::{self, State, Summary};
 use kbind_shared::sync::Locked;
 use kube::ResourceExt;
-use kube::api::Patch;
 use serde_json::json;
 
 use super::pending::{self, Key};
@@ -157,15 +156,7 @@ async fn record(worker: &Worker, object: &Instance) {
         status.as_ref(),
         object.changed_at,
     );
-    match worker
-        .consumer_api(object.namespace().as_deref())
-        .patch_status(
-            &object.name_any(),
-            &super::writes::consumer_patch(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
+    match worker.patch_status(object, &patch).await {
         Ok(written) => {
             worker.count("record", "ok");
             worker.wrote(object, &written);

@@ -560,15 +560,7 @@ async fn status_down(
     delivery::set_record_whole(&mut status_patch, delivery::record_of(Some(&status)));
     let patch = json!({ "status": status_patch });
     worker.fence()?;
-    match worker
-        .consumer_api(object.namespace().as_deref())
-        .patch_status(
-            &object.name_any(),
-            &super::writes::consumer_patch(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
+    match worker.patch_status(object, &patch).await {
         Ok(written) => {
             worker.count(op, "ok");
             worker.wrote(object, &written);

@@ -119,6 +119,22 @@ impl Worker {
         kbind_shared::dynamic::scoped(&self.ctx.client, namespace, &self.spec.resource)
     }
 
+    /// A merge patch of `object`'s status subresource (`patch` holds `status`, and may hold a
+    /// `metadata.resourceVersion` precondition), as kbind's field manager.
+    pub(super) async fn patch_status(
+        &self,
+        object: &Instance,
+        patch: &serde_json::Value,
+    ) -> Result<DynamicObject, kube::Error> {
+        self.consumer_api(object.metadata.namespace.as_deref())
+            .patch_status(
+                object.metadata.name.as_deref().unwrap_or_default(),
+                &consumer_patch(),
+                &Patch::Merge(patch),
+            )
+            .await
+    }
+
     pub(super) fn provider_api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
         kbind_shared::dynamic::scoped(&self.provider, namespace, &self.spec.resource)
     }

@@ -1026,3 +1026,48 @@ async fn a_pin_to_a_connection_the_namespace_may_not_use_says_not_allowed() {
         "nothing of team-a reached a provider"
     );
 }
+
+#[tokio::test]
+async fn a_route_binding_gone_takes_routings_mark_and_record_with_it() {
+    // #50.3: team-r's only binding is a selecting route to `second`; its Widget labelled
+    // region=eu matches nothing and is held (NoRoute: annotation, record, Event). The route
+    // Binding deleted, no binding covers the Widget: kbind's annotation and its record both go —
+    // before, `Delivery` went on saying NoRoute for an object kbind no longer had anything to do
+    // with.
+    let s = SyncEnv::start_with("routing_hold_record", &[0, 1], None, &["second"]).await;
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    let second = s.connect_second().await;
+    for namespace in [NS, "team-r"] {
+        ensure_namespace(&s.consumer, namespace).await.unwrap();
+    }
+    let mut served = Binding::new("widgets", binding_spec("provider", &[API]));
+    served.metadata.namespace = Some(NS.into());
+    let in_a: Api<Binding> = Api::namespaced(s.consumer.clone(), NS);
+    in_a.create(&PostParams::default(), &served).await.unwrap();
+    wait_binding(&in_a, "widgets", "Ready=True").await;
+    let in_r: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-r");
+    route_team_r_to_second(&in_r).await;
+    team_r_widget_on_second(&s.consumer, &second).await;
+
+    let team_r = widgets(&s.consumer, "team-r");
+    let mut eu = widget("eu1", 1);
+    eu.metadata.labels = Some([("region".to_owned(), "eu".to_owned())].into());
+    team_r.create(&PostParams::default(), &eu).await.unwrap();
+    wait_for("eu1 held: NoRoute, annotated and recorded", 30, || async {
+        let w = team_r.get("eu1").await.map_err(|e| e.to_string())?;
+        Ok((annotation(&w, "core.kbind.io/conflict") == Some("NoRoute")
+            && w.data["status"]["kbindSync"]["state"] == "NoRoute")
+            .then_some(()))
+    })
+    .await;
+
+    in_r.delete("route", &Default::default()).await.unwrap();
+    let w = wait_for("eu1's mark and record gone", 60, || async {
+        let w = team_r.get("eu1").await.map_err(|e| e.to_string())?;
+        let unmarked = annotation(&w, "core.kbind.io/conflict").is_none()
+            && w.data["status"].get("kbindSync").is_none();
+        Ok(unmarked.then_some(w))
+    })
+    .await;
+    assert!(w.finalizers().is_empty(), "{w:?}");
+}

@@ -237,6 +237,8 @@ pub enum State {
     Forbidden,
     /// [`PAUSED`].
     Paused,
+    /// A routing reason ([`crate::routing::Reason`]): written to no provider, and why (#36).
+    Held,
     /// Anything else (written by someone else).
     Other,
 }
@@ -250,6 +252,7 @@ pub fn summary(status: Option<&Value>) -> Option<Summary> {
         Some(REJECTED) => State::Rejected,
         Some(FORBIDDEN) => State::Forbidden,
         Some(PAUSED) => State::Paused,
+        Some(held) if crate::routing::Reason::parse(held).is_some() => State::Held,
         _ => State::Other,
     };
     Some(Summary {
@@ -551,6 +554,8 @@ mod tests {
             (REJECTED, State::Rejected),
             (FORBIDDEN, State::Forbidden),
             (PAUSED, State::Paused),
+            ("NoRoute", State::Held),
+            ("NotAllowed", State::Held),
             ("Paused?", State::Other),
         ] {
             let record = with_record(None, &refused(None, state, "x", None));

@@ -41,6 +41,8 @@ pub struct Facts<'a> {
     /// or it is and no route covers, pins or holds it, and this is the serving Connection's
     /// worker): a mark kbind left on it is this worker's to clear.
     pub speaks_when_unbound: bool,
+    /// Its delivery record says routing held it (`NoRoute`, …): a mark too, once nothing binds it.
+    pub hold_recorded: bool,
 }
 
 /// Routing's word on an object of a routed API, for this worker's route.
@@ -138,7 +140,7 @@ pub fn decide(facts: &Facts<'_>) -> Step {
         _ => {}
     }
     let Some(policy) = facts.bound else {
-        return if facts.conflict.is_some() && facts.speaks_when_unbound {
+        return if (facts.conflict.is_some() || facts.hold_recorded) && facts.speaks_when_unbound {
             Step::Unmark
         } else {
             Step::Idle
@@ -248,6 +250,7 @@ mod tests {
             paused: None,
             routing: None,
             speaks_when_unbound: true,
+            hold_recorded: false,
         }
     }
 
@@ -406,6 +409,22 @@ mod tests {
                     Some(CONFLICT_OWNED_BY_ANOTHER),
                 ),
                 Step::Unmark,
+            ),
+            (
+                "not bound any more, only routing's record left: it goes too",
+                Facts {
+                    hold_recorded: true,
+                    ..facts(false, None, None, false, None)
+                },
+                Step::Unmark,
+            ),
+            (
+                "routing's record on a bound object is not Unmark's",
+                Facts {
+                    hold_recorded: true,
+                    ..facts(false, FAIL, None, true, None)
+                },
+                sync(false, Some(SpecUp::Create)),
             ),
             (
                 "not bound here, another route's worker speaks for it: its mark stays",

@@ -43,7 +43,14 @@ pub(super) async fn sync(
         Step::Delete => return delete(&object, &worker).await,
         Step::Idle => return Ok(Action::await_change()),
         Step::Unmark => {
-            worker.set_conflict(&object, None).await?;
+            if object.annotations().contains_key(keys::CONFLICT_ANNOTATION) {
+                worker.set_conflict(&object, None).await?;
+            }
+            // Routing's record goes with its mark: no binding covers the object any more, and
+            // `Delivery` must not go on saying why kbind holds it.
+            if let Some(status) = without_hold_record(object.status.as_ref().map(Json::value)) {
+                status_down(&worker, &object, status, "record").await?;
+            }
             worker.mark(&object, None);
             return Ok(Action::await_change());
         }
@@ -314,6 +321,19 @@ pub(super) async fn sync(
     Ok(Action::await_change())
 }
 
+/// The status without kbind's record, when the record says routing held the object (`None`:
+/// it does not, nothing to write).
+fn without_hold_record(status: Option<serde_json::Value>) -> Option<serde_json::Value> {
+    let held = delivery::summary(status.as_ref())?.state == delivery::State::Held;
+    let mut status = status?;
+    held.then(|| {
+        if let Some(map) = status.as_object_mut() {
+            map.remove(delivery::FIELD);
+        }
+        status
+    })
+}
+
 /// #36: what routing says about `object` for this worker's route, when its API is routed.
 pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gate> {
     let namespace = object.metadata.namespace.as_deref();
@@ -424,6 +444,10 @@ fn facts<'a>(
         paused,
         routing,
         speaks_when_unbound,
+        hold_recorded: object
+            .delivery
+            .as_ref()
+            .is_some_and(|d| d.state == delivery::State::Held),
     }
 }
 
@@ -852,5 +876,27 @@ mod tests {
         assert_eq!(super::bounded(Some(&status), 17), Ok(Some(status.clone())));
         assert_eq!(super::bounded(Some(&status), 16), Err(17));
         assert_eq!(super::bounded(None, 0), Ok(None));
+    }
+
+    #[test]
+    fn only_routings_record_goes_with_its_mark() {
+        use serde_json::json;
+        let held = json!({ "phase": "Ready", "kbindSync": { "state": "NoRoute", "message": "x" } });
+        assert_eq!(
+            super::without_hold_record(Some(held)),
+            Some(json!({ "phase": "Ready" }))
+        );
+        for kept in [
+            json!({ "kbindSync": { "state": "Synced", "generation": 1 } }),
+            json!({ "kbindSync": { "state": "Pending" } }),
+            json!({ "phase": "Ready" }),
+        ] {
+            assert_eq!(
+                super::without_hold_record(Some(kept.clone())),
+                None,
+                "{kept}"
+            );
+        }
+        assert_eq!(super::without_hold_record(None), None);
     }
 }

@@ -7,7 +7,8 @@
 //! [`decide`], the step's writes), [`writes`] (each write and what it leaves behind), [`report`]
 //! (the backlog gauges and objects per unit), [`events`] (provider Events copied onto consumer
 //! objects, for the bindings that ask), [`overdue`] (a change still undelivered after a second
-//! says so).
+//! says so), [`in_flight`] (the syncs in progress, each ended by a guard, and the stop that waits
+//! for them).
 
 use kbind_shared::sync::Locked;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ mod decide;
 mod echoes;
 mod events;
 mod feeds;
+mod in_flight;
 mod overdue;
 mod pending;
 mod report;
@@ -170,21 +172,15 @@ fn error_policy(object: Arc<Instance>, error: &Error, worker: Arc<Worker>) -> Ac
 /// One object sync, with `kbind_work_queue_depth` counting syncs in progress (added to and taken
 /// from, so that the routes of one API running side by side add up, #36).
 async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action, Error> {
-    use std::sync::atomic::Ordering;
     let gauge = worker
         .ctx
         .metrics
         .work_queue_depth
         .with_label_values(&[worker.spec.api.as_str()]);
-    worker.in_flight.fetch_add(1, Ordering::SeqCst);
-    gauge.inc();
-    // Counted first, then checked: a stop that sees no sync in flight has seen every sync that
-    // got past this check.
-    if worker.stopping.load(Ordering::SeqCst) {
-        worker.in_flight.fetch_sub(1, Ordering::SeqCst);
-        gauge.dec();
+    // Ends the sync (and its count in the gauge) on every way out.
+    let Some(_sync) = worker.in_flight.start(Some(gauge)) else {
         return Ok(Action::await_change());
-    }
+    };
     let name = object.name_any();
     tracing::trace!(object = %name, "sync start");
     let key = state::object_key(object.as_ref());
@@ -196,8 +192,6 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
     {
         // The echo of kbind's own write syncs it again (`echoes`); its changes wait until then.
         tracing::trace!(object = %name, "the cache does not show kbind's last write yet");
-        worker.in_flight.fetch_sub(1, Ordering::SeqCst);
-        gauge.dec();
         return Ok(Action::await_change());
     }
     let provider_wait = worker
@@ -208,8 +202,6 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
         // The same on the provider side: the echo of kbind's spec-up syncs it again, or, if the
         // write changed nothing (no echo), the wait lapses.
         tracing::trace!(object = %name, "the provider cache does not show kbind's last write yet");
-        worker.in_flight.fetch_sub(1, Ordering::SeqCst);
-        gauge.dec();
         return Ok(Action::requeue(wait));
     }
     let seen = worker.pending.locked().take(&waiting);
@@ -220,7 +212,5 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
         worker.pending.locked().give_back(waiting, seen);
     }
     tracing::trace!(object = %name, ok = result.is_ok(), "sync end");
-    worker.in_flight.fetch_sub(1, Ordering::SeqCst);
-    gauge.dec();
     result
 }

@@ -94,9 +94,8 @@ pub(super) struct Worker {
     /// Objects whose provider status is too large to copy, warned about once each.
     pub(super) oversized: Mutex<HashSet<pending::Key>>,
     pub(super) states: Mutex<states::States>,
-    pub(super) in_flight: std::sync::atomic::AtomicI64,
-    /// Set when the worker stops: no new sync starts.
-    pub(super) stopping: std::sync::atomic::AtomicBool,
+    /// The syncs in progress ([`super::in_flight`]).
+    pub(super) in_flight: super::in_flight::InFlight,
     /// Backoff and log-once for objects whose sync keeps failing.
     pub(super) retries: kbind_shared::backoff::Retries,
     /// Changes seen and not yet synced: the backlog, and what lag is measured from.
@@ -184,7 +183,6 @@ impl Worker {
             oversized: Mutex::default(),
             states: Mutex::default(),
             in_flight: Default::default(),
-            stopping: Default::default(),
             retries: kbind_shared::backoff::Retries::new(
                 Duration::from_secs(1),
                 Duration::from_secs(300),
@@ -263,16 +261,9 @@ impl Worker {
     /// is done. (kube-runtime's own graceful shutdown sometimes kept the controller alive for
     /// seconds with nothing in flight, and a unit cannot move until its worker has stopped.)
     pub(super) async fn drain(&self, stop: &CancellationToken) {
-        use std::sync::atomic::Ordering;
         stop.cancelled().await;
-        self.stopping.store(true, Ordering::SeqCst);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while self.in_flight.load(Ordering::SeqCst) > 0 {
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!(api = %self.spec.api, "in-flight syncs did not finish within 5 s; abandoning them");
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        if !self.in_flight.drain(Duration::from_secs(5)).await {
+            tracing::warn!(api = %self.spec.api, "in-flight syncs did not finish within 5 s; abandoning them");
         }
     }
 }

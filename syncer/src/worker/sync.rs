@@ -22,8 +22,8 @@ use super::states::SyncState;
 use super::writes::{Error, result_label};
 use kbind_shared::routing;
 
-/// One sync: gather the facts, [`decide`], execute the step. `seen`: when the changes it syncs
-/// were first seen, for the lag of the writes that deliver them.
+/// One sync: gather the facts, [`decide`], execute the step (one executor each). `seen`: when the
+/// changes it syncs were first seen, for the lag of the writes that deliver them.
 pub(super) async fn sync(
     object: Arc<Instance>,
     worker: Arc<Worker>,
@@ -33,291 +33,369 @@ pub(super) async fn sync(
     if !worker.ctx.membership.is_current() {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let spec = &worker.spec;
-    let namespace = object.namespace();
-    let object_uid = object.metadata.uid.clone().unwrap_or_default();
     let provider_copy = worker.provider_copy(&object);
     let gate = gate_of(&worker, &object);
     let facts = facts(&worker, &object, provider_copy.as_deref(), gate.as_ref());
-    let spec_up = match decide(&facts) {
-        Step::Delete => return delete(&object, &worker).await,
-        Step::Idle => return Ok(Action::await_change()),
-        Step::Unmark => {
-            if object.annotations().contains_key(keys::CONFLICT_ANNOTATION) {
-                worker.set_conflict(&object, None).await?;
-            }
-            // Routing's record goes with its mark: no binding covers the object any more, and
-            // `Delivery` must not go on saying why kbind holds it.
-            if let Some(status) = without_hold_record(object.status.as_ref().map(Json::value)) {
-                status_down(&worker, &object, status, "record").await?;
-            }
-            worker.mark(&object, None);
-            return Ok(Action::await_change());
-        }
-        Step::Release => return release(&object, &worker).await,
+    let (worker, object) = (worker.as_ref(), object.as_ref());
+    match decide(&facts) {
+        Step::Delete => delete(object, worker).await,
+        Step::Idle => Ok(Action::await_change()),
+        Step::Unmark => unmark(worker, object).await,
+        Step::Release => release(object, worker).await,
         Step::Held { reason, announce } => {
-            let message = match &gate {
-                Some(routing::Gate::Hold(_, message)) => message.as_str(),
-                _ => "",
-            };
-            worker.set_conflict(&object, Some(reason)).await?;
-            record_refusal(&worker, &object, reason, message).await?;
-            if announce {
-                worker
-                    .warn(
-                        &object,
-                        reason,
-                        format!("written to no provider: {message}"),
-                    )
-                    .await;
-                worker.count("route", reason);
-            }
-            worker.mark(&object, Some(SyncState::Conflict));
-            return Ok(Action::await_change());
+            held(worker, object, gate.as_ref(), reason, announce).await
         }
         Step::Conflict {
             reason,
             owner,
             announce,
         } => {
-            worker.set_conflict(&object, Some(reason)).await?;
-            if announce {
-                let owner_text = if owner == Owner::Unmarked {
-                    "exists without kbind's markers"
-                } else {
-                    "is owned by another consumer object or cluster"
-                };
-                let policy = facts.bound.unwrap_or_default();
-                worker
-                    .warn(&object, reason, format!("the provider object {}{} {owner_text}; conflictPolicy {policy:?} leaves it alone", namespace.as_deref().map(|n| format!("{n}/")).unwrap_or_default(), object.name_any()))
-                    .await;
-                worker.count("spec_up", "conflict");
-            }
-            worker.mark(&object, Some(SyncState::Conflict));
-            return Ok(Action::await_change());
+            let policy = facts.bound.unwrap_or_default();
+            conflict(worker, object, policy, reason, owner, announce).await
         }
-        Step::Paused(_) => {
-            // The one write a pause costs: the record saying so (none once it does).
-            if let Some(status) = paused_status(&worker, &object) {
-                status_down(&worker, &object, status, "record").await?;
-            }
-            worker.mark(&object, Some(SyncState::Paused));
-            return Ok(Action::await_change());
-        }
-        Step::WaitForTerminatingCopy => {
-            // Said once on the object (the same record again writes nothing), not per poll.
-            record_refusal(
-                &worker,
-                &object,
-                delivery::PENDING,
-                "waiting for the provider's previous copy to finish terminating",
-            )
-            .await?;
-            return Ok(Action::requeue(Duration::from_secs(1)));
-        }
-        Step::AddFinalizer => {
-            let finalizers =
-                kbind_shared::finalizers::toggled(&object.metadata, &worker.spec.finalizer(), true)
-                    .unwrap_or_default();
-            // A routed object is pinned to this route in the same write, before anything is
-            // written here (#36).
-            let pin = worker
-                .routing()
-                .filter(|_| !object.annotations().contains_key(keys::ROUTE_ANNOTATION))
-                .map(|r| r.route.pin_text());
-            worker.set_finalizers(&object, finalizers, pin).await?;
-            // The change still waits for its spec-up (which the finalizer's echo starts): its
-            // lag runs from when it was first seen, the creation, not from the echo (#33.3).
-            worker
-                .pending
-                .locked()
-                .give_back(pending::key(object.as_ref()), seen);
-            return Ok(Action::await_change());
-        }
+        Step::Paused(_) => paused(worker, object).await,
+        Step::WaitForTerminatingCopy => wait_for_terminating_copy(worker, object).await,
+        Step::AddFinalizer => add_finalizer(worker, object, seen).await,
         Step::Sync {
             clear_conflict,
             spec_up,
             route_changed,
         } => {
             if clear_conflict {
-                let wanted = route_changed.then_some(super::decide::ROUTE_CHANGED);
-                worker.set_conflict(&object, wanted).await?;
-                if let (
-                    Some(reason),
-                    Some(routing::Gate::Sync {
-                        changed: Some(message),
-                    }),
-                ) = (wanted, &gate)
-                {
-                    worker.warn(&object, reason, message.clone()).await;
-                    worker.count("route", reason);
-                }
+                show_route_changed(worker, object, route_changed, gate.as_ref()).await?;
             }
-            spec_up
-        }
-    };
-
-    let mut provider_status = provider_side_status(provider_copy.as_deref(), &object);
-    let mut oversized = provider_copy.as_ref().and_then(|c| c.oversized_status);
-    // When kbind last wrote the copy's spec (the delivery record's time).
-    let mut delivered_at = provider_copy.as_ref().and_then(|c| c.applied_at());
-    if let Some(how) = spec_up {
-        if let Some(ns) = namespace.as_deref()
-            && let Err(e) = worker.ensure_provider_namespace(ns).await
-        {
-            return forbidden_or(&worker, &object, "create the provider namespace", e).await;
-        }
-        let mut body = ownership::spec_up_body(
-            &spec.resource.api_version,
-            &spec.resource.kind,
-            namespace.as_deref(),
-            &object.name_any(),
-            object.spec.as_ref().map(Json::value).as_ref(),
-            &spec.local_uid,
-            &object_uid,
-            &spec.heartbeat(),
-        );
-        // OWN on fresh facts: with no copy in the cache, the first write only creates. Anything
-        // that exists under the name (created in the instant the cache has not seen yet) answers
-        // 409, and the next sync classifies it from the cache — it is never forced over.
-        let creating = how == SpecUp::Create;
-        if creating {
-            kbind_shared::apply::create_only(&mut body);
-        }
-        worker.fence()?;
-        worker
-            .provider_echoes
-            .locked()
-            .writing(pending::key(object.as_ref()));
-        let applied = worker
-            .provider_api(namespace.as_deref())
-            .patch(
-                &object.name_any(),
-                &PatchParams::apply(keys::FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await;
-        if applied.is_err() {
-            worker.provider_echoes.locked().wrote(
-                &pending::key(object.as_ref()),
-                None,
-                std::time::Instant::now(),
-            );
-        }
-        match applied {
-            Ok(applied) => {
-                worker.count("spec_up", "ok");
-                // A new generation is timed from its change as the consumer's API server
-                // recorded it; a drift repair (the same generation again) from its receipt.
-                let new_generation = object.delivery.as_ref().is_none_or(|d| {
-                    d.generation.map(std::num::NonZeroI64::get) != object.metadata.generation
-                });
-                worker.lag(
-                    "spec_up",
-                    seen.first(),
-                    object.changed_at.filter(|_| new_generation),
-                );
-                match bounded(
-                    applied.data.get("status"),
-                    worker.ctx.limits.max_status_bytes,
-                ) {
-                    Ok(status) => {
-                        provider_status = status;
-                        oversized = None;
-                    }
-                    Err(size) => {
-                        provider_status = object.status.as_ref().map(Json::value);
-                        oversized = Some(size);
-                    }
-                }
-                delivered_at = delivery::applied_at(&applied.metadata);
-                worker.provider_echoes.locked().wrote(
-                    &pending::key(object.as_ref()),
-                    applied.metadata.resource_version.as_deref(),
-                    std::time::Instant::now(),
-                );
-                worker
-                    .pending
-                    .locked()
-                    .spec_applied(pending::key(object.as_ref()), std::time::Instant::now());
-            }
-            Err(e) if creating && kbind_shared::apply::exists(&e) => {
-                tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object appeared before the first spec-up; classifying it");
-                return Ok(Action::requeue(Duration::from_millis(200)));
-            }
-            Err(kube::Error::Api(s)) if s.is_not_found() => {
-                // The provider namespace went away under us: forget it, create it next time.
-                if let Some(ns) = namespace.as_deref() {
-                    worker.forget_namespace(ns);
-                }
-                return Err(Error::Provider(kube::Error::Api(s)));
-            }
-            Err(e) => {
-                return forbidden_or(&worker, &object, "apply the spec to the provider", e).await;
-            }
+            let delivered = match spec_up {
+                Some(how) => match push_spec(worker, object, how, seen).await? {
+                    Ok(delivered) => delivered,
+                    Err(action) => return Ok(action),
+                },
+                None => Delivered::as_cached(object, provider_copy.as_deref()),
+            };
+            worker.note_oversized(object, delivered.oversized).await;
+            copy_status(worker, object, provider_copy.as_deref(), delivered, seen).await
         }
     }
+}
 
-    worker.note_oversized(&object, oversized).await;
+/// [`Step::Unmark`]: no binding binds the object any more; kbind's conflict annotation goes, and
+/// with it routing's record: `Delivery` must not go on saying why kbind holds it.
+async fn unmark(worker: &Worker, object: &Instance) -> Result<Action, Error> {
+    if object.annotations().contains_key(keys::CONFLICT_ANNOTATION) {
+        worker.set_conflict(object, None).await?;
+    }
+    if let Some(status) = without_hold_record(object.status.as_ref().map(Json::value)) {
+        status_down(worker, object, status, "record").await?;
+    }
+    worker.mark(object, None);
+    Ok(Action::await_change())
+}
 
-    // SYNC-9: status down, only when it differs — with kbind's delivery record, which says the
-    // current generation reached the provider.
+/// [`Step::Held`] (#36): written to no provider; the annotation and the record say why, and a
+/// Warning Event when it is new.
+async fn held(
+    worker: &Worker,
+    object: &Instance,
+    gate: Option<&routing::Gate>,
+    reason: &str,
+    announce: bool,
+) -> Result<Action, Error> {
+    let message = match gate {
+        Some(routing::Gate::Hold(_, message)) => message.as_str(),
+        _ => "",
+    };
+    worker.set_conflict(object, Some(reason)).await?;
+    record_refusal(worker, object, reason, message).await?;
+    if announce {
+        worker
+            .warn(object, reason, format!("written to no provider: {message}"))
+            .await;
+        worker.count("route", reason);
+    }
+    worker.mark(object, Some(SyncState::Conflict));
+    Ok(Action::await_change())
+}
+
+/// [`Step::Conflict`] (OWN): the provider object is not this consumer object's; `policy` leaves
+/// it alone. The annotation says so, and a Warning Event when it is new.
+async fn conflict(
+    worker: &Worker,
+    object: &Instance,
+    policy: kbind_shared::api::ConflictPolicy,
+    reason: &str,
+    owner: Owner,
+    announce: bool,
+) -> Result<Action, Error> {
+    worker.set_conflict(object, Some(reason)).await?;
+    if announce {
+        let owner_text = if owner == Owner::Unmarked {
+            "exists without kbind's markers"
+        } else {
+            "is owned by another consumer object or cluster"
+        };
+        let namespace = object
+            .namespace()
+            .map(|n| format!("{n}/"))
+            .unwrap_or_default();
+        worker
+            .warn(object, reason, format!("the provider object {namespace}{} {owner_text}; conflictPolicy {policy:?} leaves it alone", object.name_any()))
+            .await;
+        worker.count("spec_up", "conflict");
+    }
+    worker.mark(object, Some(SyncState::Conflict));
+    Ok(Action::await_change())
+}
+
+/// [`Step::Paused`]: the one write a pause costs is the record saying so (none once it does).
+async fn paused(worker: &Worker, object: &Instance) -> Result<Action, Error> {
+    if let Some(status) = paused_status(worker, object) {
+        status_down(worker, object, status, "record").await?;
+    }
+    worker.mark(object, Some(SyncState::Paused));
+    Ok(Action::await_change())
+}
+
+/// [`Step::WaitForTerminatingCopy`]: said once on the object (the same record again writes
+/// nothing), not per poll.
+async fn wait_for_terminating_copy(worker: &Worker, object: &Instance) -> Result<Action, Error> {
+    record_refusal(
+        worker,
+        object,
+        delivery::PENDING,
+        "waiting for the provider's previous copy to finish terminating",
+    )
+    .await?;
+    Ok(Action::requeue(Duration::from_secs(1)))
+}
+
+/// [`Step::AddFinalizer`]: kbind's finalizer before anything is written to the provider — and a
+/// routed object's pin to this route in the same write (#36).
+async fn add_finalizer(worker: &Worker, object: &Instance, seen: Seen) -> Result<Action, Error> {
+    let finalizers =
+        kbind_shared::finalizers::toggled(&object.metadata, &worker.spec.finalizer(), true)
+            .unwrap_or_default();
+    let pin = worker
+        .routing()
+        .filter(|_| !object.annotations().contains_key(keys::ROUTE_ANNOTATION))
+        .map(|r| r.route.pin_text());
+    worker.set_finalizers(object, finalizers, pin).await?;
+    // The change still waits for its spec-up (which the finalizer's echo starts): its lag runs
+    // from when it was first seen, the creation, not from the echo (#33.3).
+    worker
+        .pending
+        .locked()
+        .give_back(pending::key(object), seen);
+    Ok(Action::await_change())
+}
+
+/// The conflict annotation a [`Step::Sync`] wants: none, or `RouteChanged` (#36) — announced
+/// once, when the gate says why.
+async fn show_route_changed(
+    worker: &Worker,
+    object: &Instance,
+    route_changed: bool,
+    gate: Option<&routing::Gate>,
+) -> Result<(), Error> {
+    let wanted = route_changed.then_some(super::decide::ROUTE_CHANGED);
+    worker.set_conflict(object, wanted).await?;
+    if let (
+        Some(reason),
+        Some(routing::Gate::Sync {
+            changed: Some(message),
+        }),
+    ) = (wanted, gate)
+    {
+        worker.warn(object, reason, message.clone()).await;
+        worker.count("route", reason);
+    }
+    Ok(())
+}
+
+/// What the provider has of the object after a sync's spec step: its status (within the size
+/// limit), the size of one too large to copy, and when kbind last wrote its spec.
+struct Delivered {
+    provider_status: Option<serde_json::Value>,
+    oversized: Option<usize>,
+    at: Option<String>,
+}
+
+impl Delivered {
+    /// As the provider cache shows the copy (no spec write this sync).
+    fn as_cached(object: &Instance, copy: Option<&ProviderCopy>) -> Self {
+        Delivered {
+            provider_status: provider_side_status(copy, object),
+            oversized: copy.and_then(|c| c.oversized_status),
+            at: copy.and_then(ProviderCopy::applied_at),
+        }
+    }
+}
+
+/// SYNC-7/8: the spec up, by server-side apply — create only when no copy is cached. `Ok(Err)`:
+/// the sync ends here with that action (a copy appeared meanwhile: classified next time).
+async fn push_spec(
+    worker: &Worker,
+    object: &Instance,
+    how: SpecUp,
+    seen: Seen,
+) -> Result<Result<Delivered, Action>, Error> {
+    let spec = &worker.spec;
+    let namespace = object.namespace();
+    if let Some(ns) = namespace.as_deref()
+        && let Err(e) = worker.ensure_provider_namespace(ns).await
+    {
+        return forbidden_or(worker, object, "create the provider namespace", e)
+            .await
+            .map(Err);
+    }
+    let mut body = ownership::spec_up_body(
+        &spec.resource.api_version,
+        &spec.resource.kind,
+        namespace.as_deref(),
+        &object.name_any(),
+        object.spec.as_ref().map(Json::value).as_ref(),
+        &spec.local_uid,
+        object.metadata.uid.as_deref().unwrap_or_default(),
+        &spec.heartbeat(),
+    );
+    // OWN on fresh facts: with no copy in the cache, the first write only creates. Anything that
+    // exists under the name (created in the instant the cache has not seen yet) answers 409, and
+    // the next sync classifies it from the cache — it is never forced over.
+    let creating = how == SpecUp::Create;
+    if creating {
+        kbind_shared::apply::create_only(&mut body);
+    }
+    worker.fence()?;
+    let key = pending::key(object);
+    worker.provider_echoes.locked().writing(key.clone());
+    let applied = worker
+        .provider_api(namespace.as_deref())
+        .patch(
+            &object.name_any(),
+            &PatchParams::apply(keys::FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await;
+    let now = std::time::Instant::now();
+    let written = applied.as_ref().ok();
+    worker.provider_echoes.locked().wrote(
+        &key,
+        written.and_then(|a| a.metadata.resource_version.as_deref()),
+        now,
+    );
+    match applied {
+        Ok(applied) => {
+            worker.count("spec_up", "ok");
+            // A new generation is timed from its change as the consumer's API server recorded
+            // it; a drift repair (the same generation again) from its receipt.
+            let new_generation = object.delivery.as_ref().is_none_or(|d| {
+                d.generation.map(std::num::NonZeroI64::get) != object.metadata.generation
+            });
+            worker.lag(
+                "spec_up",
+                seen.first(),
+                object.changed_at.filter(|_| new_generation),
+            );
+            worker.pending.locked().spec_applied(key, now);
+            let (provider_status, oversized) = match bounded(
+                applied.data.get("status"),
+                worker.ctx.limits.max_status_bytes,
+            ) {
+                Ok(status) => (status, None),
+                Err(size) => (object.status.as_ref().map(Json::value), Some(size)),
+            };
+            Ok(Ok(Delivered {
+                provider_status,
+                oversized,
+                at: delivery::applied_at(&applied.metadata),
+            }))
+        }
+        Err(e) if creating && kbind_shared::apply::exists(&e) => {
+            tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object appeared before the first spec-up; classifying it");
+            Ok(Err(Action::requeue(Duration::from_millis(200))))
+        }
+        Err(kube::Error::Api(s)) if s.is_not_found() => {
+            // The provider namespace went away under us: forget it, create it next time.
+            if let Some(ns) = namespace.as_deref() {
+                worker.forget_namespace(ns);
+            }
+            Err(Error::Provider(kube::Error::Api(s)))
+        }
+        Err(e) => forbidden_or(worker, object, "apply the spec to the provider", e)
+            .await
+            .map(Err),
+    }
+}
+
+/// SYNC-9: the status down, only when it differs — with kbind's delivery record, which says the
+/// current generation reached the provider; paced per object, and a record alone waits a while
+/// for the provider's status change to carry it.
+async fn copy_status(
+    worker: &Worker,
+    object: &Instance,
+    provider_copy: Option<&ProviderCopy>,
+    delivered: Delivered,
+    seen: Seen,
+) -> Result<Action, Error> {
     let current = object.status.as_ref().map(Json::value);
     let current = current.as_ref();
-    if let Some(status) = desired_status(spec, &object, provider_status, delivered_at)
-        && current != Some(&status)
-    {
-        let key = pending::key(object.as_ref());
-        let now = std::time::Instant::now();
-        // A provider rewriting a status faster than --status-min-interval is copied at that pace;
-        // the next sync copies whatever is latest then.
-        let paced = worker.pending.locked().status_write_wait(&key, now);
-        if let Some(wait) = paced {
-            worker.pending.locked().give_back(key, seen);
-            return Ok(Action::requeue(wait));
-        }
-        // A record that says anything but Synced (a late change's Pending, a refusal that a
-        // retry overcame) is corrected at once: only a Synced record may wait to be carried.
-        let record_says_synced = object
+    let desired = desired_status(
+        &worker.spec,
+        object,
+        delivered.provider_status,
+        delivered.at,
+    );
+    let Some(status) = desired.filter(|status| current != Some(status)) else {
+        worker.mark(object, Some(SyncState::Synced));
+        // The backstop resync is one periodic pass over the whole cache (`resync_ticks` in the
+        // worker), not a timer per object: at rest a synced object costs no scheduler entry.
+        return Ok(Action::await_change());
+    };
+    let key = pending::key(object);
+    let now = std::time::Instant::now();
+    // A provider rewriting a status faster than --status-min-interval is copied at that pace;
+    // the next sync copies whatever is latest then.
+    let paced = worker.pending.locked().status_write_wait(&key, now);
+    if let Some(wait) = paced {
+        worker.pending.locked().give_back(key, seen);
+        return Ok(Action::requeue(wait));
+    }
+    if !delivery::differs_beyond_record(current, Some(&status)) {
+        // A Pending record (a late change's, or a failure's that a retry overcame) is corrected
+        // at once: it would go on saying the spec has not arrived. Any other waits to be carried
+        // (a Paused record after a resume: one write, as always).
+        let says_pending = object
             .delivery
             .as_ref()
-            .is_none_or(|r| r.state == delivery::State::Synced);
-        if !delivery::differs_beyond_record(current, Some(&status)) {
-            let wait = record_says_synced
-                .then(|| worker.pending.locked().record_wait_left(&key, now))
-                .flatten();
-            if let Some(wait) = wait {
-                // Only the record is new: the status change the provider makes for this spec
-                // will carry it, in the one consumer write a change costs. If none comes soon
-                // (how soon is learned from the provider's recent answers), the record is
-                // written on its own.
-                worker.mark(&object, Some(SyncState::Synced));
-                return Ok(Action::requeue(wait));
-            }
-            status_down(&worker, &object, status, "record").await?;
-        } else {
-            status_down(&worker, &object, status, "status_down").await?;
-            worker
-                .pending
-                .locked()
-                .status_carried(&key, seen.provider_latest.unwrap_or(now));
-            // A provider change (or one learned of late: a restart, a resync) is timed from the
-            // provider's API server's record of its status write too; a consumer-side trigger
-            // (a status someone else edited, restored) from its receipt.
-            let provider_side = seen.provider.is_some() || seen.first().is_none();
-            worker.lag(
-                "status_down",
-                seen.provider.or(seen.consumer),
-                provider_copy
-                    .as_ref()
-                    .and_then(|c| c.status_at)
-                    .filter(|_| provider_side),
-            );
+            .is_some_and(|r| r.state == delivery::State::Pending);
+        let wait = (!says_pending)
+            .then(|| worker.pending.locked().record_wait_left(&key, now))
+            .flatten();
+        if let Some(wait) = wait {
+            // Only the record is new: the status change the provider makes for this spec will
+            // carry it, in the one consumer write a change costs. If none comes soon (how soon
+            // is learned from the provider's recent answers), the record is written on its own.
+            worker.mark(object, Some(SyncState::Synced));
+            return Ok(Action::requeue(wait));
         }
+        status_down(worker, object, status, "record").await?;
+    } else {
+        status_down(worker, object, status, "status_down").await?;
+        worker
+            .pending
+            .locked()
+            .status_carried(&key, seen.provider_latest.unwrap_or(now));
+        // A provider change (or one learned of late: a restart, a resync) is timed from the
+        // provider's API server's record of its status write too; a consumer-side trigger (a
+        // status someone else edited, restored) from its receipt.
+        let provider_side = seen.provider.is_some() || seen.first().is_none();
+        worker.lag(
+            "status_down",
+            seen.provider.or(seen.consumer),
+            provider_copy
+                .and_then(|c| c.status_at)
+                .filter(|_| provider_side),
+        );
     }
-    worker.mark(&object, Some(SyncState::Synced));
-    // The backstop resync is one periodic pass over the whole cache (`resync_ticks` in the worker), not a
-    // timer per object: at rest a synced object costs no scheduler entry.
+    worker.mark(object, Some(SyncState::Synced));
     Ok(Action::await_change())
 }
 

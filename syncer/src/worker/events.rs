@@ -343,19 +343,8 @@ async fn handle(worker: &Worker, throttle: &mut Throttle, event: &ProviderEvent)
         return;
     }
     // The Event must be about the copy that exists now, not an earlier one of the same name.
-    match worker.provider_api(namespace).get_opt(name).await {
-        Ok(Some(current)) if current.uid().as_deref() == Some(regarding_uid) => {}
-        Ok(_) => {
-            worker.count_events("stale");
-            return;
-        }
-        Err(e) => {
-            worker.count_events("error");
-            tracing::debug!(api = %worker.spec.api, error = %e, "read the provider copy an Event regards");
-            return;
-        }
-    }
-    if worker.fence().is_err() {
+    if !about_current_copy(worker, namespace, name, regarding_uid).await || worker.fence().is_err()
+    {
         return;
     }
     let consumer_event = ConsumerEvent {
@@ -375,9 +364,37 @@ async fn handle(worker: &Worker, throttle: &mut Throttle, event: &ProviderEvent)
         regarding: Some(object.object_ref(&worker.dyntype)),
         ..Default::default()
     };
+    publish(worker, namespace, &consumer_event).await;
+}
+
+/// Whether the provider copy `namespace/name` that exists now has the UID an Event regards (a
+/// fresh read), counting why not.
+async fn about_current_copy(
+    worker: &Worker,
+    namespace: Option<&str>,
+    name: &str,
+    regarding_uid: &str,
+) -> bool {
+    match worker.provider_api(namespace).get_opt(name).await {
+        Ok(Some(current)) if current.uid().as_deref() == Some(regarding_uid) => true,
+        Ok(_) => {
+            worker.count_events("stale");
+            false
+        }
+        Err(e) => {
+            worker.count_events("error");
+            tracing::debug!(api = %worker.spec.api, error = %e, "read the provider copy an Event regards");
+            false
+        }
+    }
+}
+
+/// Creates the copied Event on the consumer (in `default` for a cluster-scoped object); one
+/// created already under its name is a duplicate.
+async fn publish(worker: &Worker, namespace: Option<&str>, event: &ConsumerEvent) {
     let api =
         Api::<ConsumerEvent>::namespaced(worker.ctx.client.clone(), namespace.unwrap_or("default"));
-    match api.create(&PostParams::default(), &consumer_event).await {
+    match api.create(&PostParams::default(), event).await {
         Ok(_) => worker.count_events(Admit::Copy.label()),
         Err(kube::Error::Api(s)) if s.code == 409 => worker.count_events("duplicate"),
         Err(e) => {

@@ -806,6 +806,16 @@ async fn chaos_random_label_pin_and_binding_edits_never_leave_an_object_on_two_p
     .await;
 }
 
+/// team-a's Binding `widgets` of Connection `provider`, the serving one (it installs the CRD);
+/// waits until it is Ready.
+async fn serve_team_a(consumer: &Client) {
+    let mut served = Binding::new("widgets", binding_spec("provider", &[API]));
+    served.metadata.namespace = Some(NS.into());
+    let in_a: Api<Binding> = Api::namespaced(consumer.clone(), NS);
+    in_a.create(&PostParams::default(), &served).await.unwrap();
+    wait_binding(&in_a, "widgets", "Ready=True").await;
+}
+
 /// team-r's Binding `route`: the Widgets of team-r labelled `region=us` go to Connection
 /// `second`; waits until it is Ready.
 async fn route_team_r_to_second(in_r: &Api<Binding>) {
@@ -848,11 +858,7 @@ async fn a_tenants_route_binding_never_touches_objects_no_binding_covers() {
     for namespace in [NS, "team-r", "bystanders"] {
         ensure_namespace(&s.consumer, namespace).await.unwrap();
     }
-    let mut served = Binding::new("widgets", binding_spec("provider", &[API]));
-    served.metadata.namespace = Some(NS.into());
-    let in_a: Api<Binding> = Api::namespaced(s.consumer.clone(), NS);
-    in_a.create(&PostParams::default(), &served).await.unwrap();
-    wait_binding(&in_a, "widgets", "Ready=True").await;
+    serve_team_a(&s.consumer).await;
     create_widget_and_wait_upstream(&s.consumer, &s.provider, NS, "a0", 1).await;
     let bystanders = widgets(&s.consumer, "bystanders");
     for i in 0..1000 {
@@ -970,11 +976,7 @@ async fn a_pin_to_a_connection_the_namespace_may_not_use_says_not_allowed() {
     for namespace in [NS, "team-r"] {
         ensure_namespace(&s.consumer, namespace).await.unwrap();
     }
-    let mut served = Binding::new("widgets", binding_spec("provider", &[API]));
-    served.metadata.namespace = Some(NS.into());
-    let in_a: Api<Binding> = Api::namespaced(s.consumer.clone(), NS);
-    in_a.create(&PostParams::default(), &served).await.unwrap();
-    wait_binding(&in_a, "widgets", "Ready=True").await;
+    serve_team_a(&s.consumer).await;
 
     let mut pinned = widget("pinned", 1);
     pinned.metadata.annotations =
@@ -1040,11 +1042,7 @@ async fn a_route_binding_gone_takes_routings_mark_and_record_with_it() {
     for namespace in [NS, "team-r"] {
         ensure_namespace(&s.consumer, namespace).await.unwrap();
     }
-    let mut served = Binding::new("widgets", binding_spec("provider", &[API]));
-    served.metadata.namespace = Some(NS.into());
-    let in_a: Api<Binding> = Api::namespaced(s.consumer.clone(), NS);
-    in_a.create(&PostParams::default(), &served).await.unwrap();
-    wait_binding(&in_a, "widgets", "Ready=True").await;
+    serve_team_a(&s.consumer).await;
     let in_r: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-r");
     route_team_r_to_second(&in_r).await;
     team_r_widget_on_second(&s.consumer, &second).await;

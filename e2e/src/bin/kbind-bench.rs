@@ -255,26 +255,13 @@ async fn minimal_bulk(s: &mut SyncEnv, n: usize) -> Bulk {
         .for_each(|()| async {})
         .await;
     for api in [&consumer, &provider] {
-        eventually(
+        wait_empty(
+            api,
             "the minimal client's Widgets gone",
             Duration::from_secs(1200),
-            || async {
-                let left = api
-                    .list_metadata(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .items
-                    .len();
-                if left > 0 {
-                    let _ = api
-                        .delete_collection(&Default::default(), &ListParams::default())
-                        .await;
-                }
-                Ok((left == 0).then_some(()))
-            },
+            true,
         )
-        .await
-        .unwrap();
+        .await;
     }
     s.syncer = start_syncer(
         &mut s.env,
@@ -307,13 +294,25 @@ async fn kbind_batch(s: &SyncEnv, n: usize, prefix: &str) -> (Bulk, f64) {
         .delete_collection(&Default::default(), &ListParams::default())
         .await;
     for api in [&consumer, &provider] {
-        wait_empty(api, "the kbind batch gone", Duration::from_secs(3600)).await;
+        wait_empty(
+            api,
+            "the kbind batch gone",
+            Duration::from_secs(3600),
+            false,
+        )
+        .await;
     }
     (figures, used)
 }
 
-/// Waits, at most `limit`, until `api` lists no object.
-async fn wait_empty(api: &Api<kube::api::DynamicObject>, what: &str, limit: Duration) {
+/// Waits, at most `limit`, until `api` lists no object; `delete`: deleting what is left each time
+/// (a collection delete of many objects can outlast a request's timeout).
+async fn wait_empty(
+    api: &Api<kube::api::DynamicObject>,
+    what: &str,
+    limit: Duration,
+    delete: bool,
+) {
     eventually(what, limit, || async {
         let left = api
             .list_metadata(&ListParams::default())
@@ -321,6 +320,11 @@ async fn wait_empty(api: &Api<kube::api::DynamicObject>, what: &str, limit: Dura
             .map_err(|e| e.to_string())?
             .items
             .len();
+        if left > 0 && delete {
+            let _ = api
+                .delete_collection(&Default::default(), &ListParams::default())
+                .await;
+        }
         Ok((left == 0).then_some(()))
     })
     .await
@@ -902,6 +906,7 @@ async fn main() {
             &provider_widgets,
             "every provider copy gone",
             Duration::from_secs(1800),
+            false,
         )
         .await;
         let deleted = started.elapsed();

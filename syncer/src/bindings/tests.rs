@@ -44,6 +44,17 @@ fn in_ns(apis: &[&str], namespace: &str) -> Option<Touched> {
     })
 }
 
+/// The status of a binding of Connection `r` that binds W as a route of the API `p` serves.
+fn routed_status() -> BindingStatus {
+    let mut s = status(&[W], "r");
+    s.apis[0].route = Some(RouteStatus {
+        served_by: "p".into(),
+        schema_agrees: true,
+        schema_message: String::new(),
+    });
+    s
+}
+
 fn resolved(index: &Index, namespace: &str) -> Option<String> {
     index
         .resolve("p", W, Some(namespace), Some(&Default::default()))
@@ -150,14 +161,7 @@ fn routes_are_counted_as_bindings_come_and_go() {
     let route = |namespace: &str, name: &str, created: i64| {
         let mut b = (*binding(namespace, name, created, &[W])).clone();
         b.spec.connection_ref.name = "r".into();
-        b.status = Some(status(&[W], "r"));
-        if let Some(s) = b.status.as_mut() {
-            s.apis[0].route = Some(RouteStatus {
-                served_by: "p".into(),
-                schema_agrees: true,
-                schema_message: String::new(),
-            });
-        }
+        b.status = Some(routed_status());
         Arc::new(b)
     };
     index.apply_binding(route("a", "to-r", 1));
@@ -272,14 +276,7 @@ fn touched_and_reach_name_the_instances_to_look_at() {
 fn cluster_route(name: &str) -> Arc<ClusterBinding> {
     let mut b = (*cluster_binding(name, &[W])).clone();
     b.spec.binding.connection_ref.name = "r".into();
-    b.status = Some(status(&[W], "r"));
-    if let Some(s) = b.status.as_mut() {
-        s.apis[0].route = Some(RouteStatus {
-            served_by: "p".into(),
-            schema_agrees: true,
-            schema_message: String::new(),
-        });
-    }
+    b.status = Some(routed_status());
     Arc::new(b)
 }
 

@@ -134,8 +134,11 @@ fn still_undelivered(worker: &Worker, due: &Due) -> Option<Arc<Instance>> {
         .get(&worker.reference(due.key.0.as_deref(), &due.key.1))?;
     let delivered = worker.pending.locked().applied_since(&due.key, due.seen);
     let bound = worker.binds_in(object.metadata.namespace.as_deref());
-    let says_synced =
-        super::backlog::says_synced_while_waiting(&worker.backlog_facts(&object, bound));
+    let says_synced = super::backlog::says_synced_while_waiting(&worker.backlog_facts(
+        &object,
+        bound,
+        worker.routing().is_some(),
+    ));
     still_due(
         due.generation,
         object.metadata.generation,

@@ -98,14 +98,18 @@ impl Worker {
         // Whether a binding binds the API, asked once per namespace.
         let mut bound = Default::default();
         let mut tally = backlog::Tally::default();
+        // Asked once per pass, not per object.
+        let routed = self.routing().is_some();
         for object in &objects {
-            if let Some((state, age)) = self.waits(object, &mut bound, wall) {
+            if let Some((state, age)) = self.waits(object, &mut bound, routed, wall) {
                 tally.add(state, age);
             }
         }
         for (key, seen) in self.pending.locked().entries() {
             if let Some(object) = consumer.get(&self.reference(key.0.as_deref(), &key.1))
-                && self.waits(&object, &mut Default::default(), wall).is_some()
+                && self
+                    .waits(&object, &mut Default::default(), routed, wall)
+                    .is_some()
             {
                 // Counted above.
                 continue;
@@ -130,13 +134,14 @@ impl Worker {
         &self,
         object: &'a Instance,
         bound: &mut std::collections::HashMap<Option<&'a str>, bool>,
+        routed: bool,
         wall: jiff::Timestamp,
     ) -> Option<(backlog::Waiting, Duration)> {
         let namespace = object.metadata.namespace.as_deref();
         let bound = *bound
             .entry(namespace)
             .or_insert_with(|| self.binds_in(namespace));
-        backlog::waiting(&self.backlog_facts(object, bound))
+        backlog::waiting(&self.backlog_facts(object, bound, routed))
             .map(|(state, since)| (state, backlog::age(since, wall)))
     }
 
@@ -148,14 +153,16 @@ impl Worker {
     }
 
     /// What `object` says about itself for the backlog; `bound`: a binding binds its API in its
-    /// namespace ([`Self::binds_in`]).
+    /// namespace ([`Self::binds_in`]); `routed`: the API is routed ([`Worker::routing`], asked
+    /// once by the caller for many objects).
     pub(super) fn backlog_facts<'a>(
         &self,
         object: &'a Instance,
         bound: bool,
+        routed: bool,
     ) -> backlog::Facts<'a> {
         let bound = bound
-            && (self.routing().is_none()
+            && (!routed
                 // A routed API's object waits on its own route only (#36).
                 || matches!(
                     super::sync::gate_of(self, object),

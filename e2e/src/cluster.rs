@@ -27,7 +27,7 @@ const AUDIT_LOG: &str = "audit.log";
 /// At Metadata level (no bodies): every request of the users [`Cluster::mint_user`] makes (the
 /// restricted credentials tests hand kbind — denied ones too, which the API server's request
 /// metrics do not count), writes to the test APIs and to kbind's own objects by anyone, reads of
-/// the test APIs' collections (a LIST, or a WATCH — a streaming list is one), and Lease writes in
+/// the test APIs (a GET, a LIST, or a WATCH — a streaming list is one), and Lease writes in
 /// kbind's namespace (the syncers' memberships); nothing else.
 const AUDIT_POLICY_YAML: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -41,7 +41,7 @@ rules:
   - group: example.org
   - group: core.kbind.io
 - level: Metadata
-  verbs: [list, watch]
+  verbs: [get, list, watch]
   resources:
   - group: example.org
 - level: Metadata
@@ -72,6 +72,8 @@ pub struct Audited {
     pub code: u16,
     /// The client's User-Agent.
     pub user_agent: String,
+    /// The request's path and query (a list's or watch's selectors are in it).
+    pub request_uri: String,
 }
 
 /// A running cluster. Dropping it stops every process it started.
@@ -661,6 +663,7 @@ impl Cluster {
                     user: text(&event["user"]["username"]),
                     code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
                     user_agent: text(&event["userAgent"]),
+                    request_uri: text(&event["requestURI"]),
                 }
             })
             .collect()

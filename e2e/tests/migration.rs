@@ -1,9 +1,10 @@
 //! #37: replacing a running Go konnector. Both clusters are brought into the state the Go
 //! konnector leaves them in — written here from its contract (REFERENCE-BEHAVIOUR KEY-*, SYNC-8,
 //! REL-4, HB-3), with its field managers, its markers in both forms, its finalizers, its 16-hex
-//! schema hashes — and kbind is started on them. It must adopt everything without writing to the
-//! provider: no copy, namespace or related copy changes, no conflict appears, the heartbeat goes
-//! on under the same Lease, and the next spec change is one write with one owner.
+//! schema hashes — and kbind is started on them. It must adopt everything writing to the provider
+//! only its label on each copy (one apply each, #50.5): no namespace or related copy changes, no
+//! conflict appears, the heartbeat goes on under the same Lease, and the next spec change is one
+//! write with one owner.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -166,7 +167,7 @@ async fn provider_versions(provider: &Client) -> BTreeMap<String, String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kbind_adopts_the_go_konnectors_state_without_writing_to_the_provider() {
+async fn kbind_adopts_the_go_konnectors_state_writing_only_its_label_to_the_provider() {
     let Pair {
         mut env,
         consumer,
@@ -416,18 +417,52 @@ async fn kbind_adopts_the_go_konnectors_state_without_writing_to_the_provider() 
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    // Nothing of the provider's was written.
-    assert_eq!(
-        provider_versions(&provider).await,
-        before,
-        "no provider object changed"
-    );
+    // Nothing of the provider's was written but, on each copy kbind took over, the label its
+    // provider watch selects this consumer's copies by (#50.5): one apply per copy, read first
+    // (no refused create), its spec and the Go konnector's markers as they were.
+    let kind = |resource: &kube::api::ApiResource| resource.plural.clone();
+    let taken_over: Vec<String> = synced
+        .iter()
+        .map(|(r, o)| format!("{} team-a/{}", kind(r), o.name_any()))
+        .collect();
+    let after = provider_versions(&provider).await;
+    for (key, version) in &before {
+        let changed = after.get(key) != Some(version);
+        assert_eq!(
+            changed,
+            taken_over.contains(key),
+            "{key}: {version} → {:?}",
+            after.get(key)
+        );
+    }
     let written = grown(&writes_before, &apiserver_writes(&provider).await.unwrap());
+    let count = |plural: &str| synced.iter().filter(|(r, _)| r.plural == plural).count() as u64;
     assert_eq!(
         written,
-        BTreeMap::new(),
-        "kbind wrote nothing but its Lease to the provider"
+        BTreeMap::from([
+            ("APPLY example.org/gadgets ".to_owned(), count("gadgets")),
+            ("APPLY example.org/widgets ".to_owned(), count("widgets")),
+        ]),
+        "kbind wrote nothing but its Lease and one label per copy to the provider"
     );
+    for (resource, object) in &synced {
+        let copy = Api::<DynamicObject>::namespaced_with(provider.clone(), "team-a", resource)
+            .get(&object.name_any())
+            .await
+            .unwrap();
+        assert_eq!(
+            copy.labels().get(keys::CONSUMER_CLUSTER_UID_LABEL),
+            Some(&local_uid),
+            "{}",
+            copy.name_any()
+        );
+        assert_eq!(
+            copy.annotations().get(keys::CONSUMER_OBJECT_UID_ANNOTATION),
+            object.metadata.uid.as_ref(),
+            "{}",
+            copy.name_any()
+        );
+    }
     let managed_leases = Api::<Lease>::all(provider.clone())
         .list(&kube::api::ListParams::default().labels("core.kbind.io/managed=true"))
         .await

@@ -13,6 +13,7 @@ use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::{
     ActiveSchemaSource, Binding, ClusterBinding, ClusterBindingSpec, Connection, SchemaSource,
 };
+use kbind_shared::keys;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -922,4 +923,160 @@ async fn a_provider_publishing_many_related_objects_gets_a_bounded_number_copied
         copies().await,
         ["published-0", "published-1", "published-2"]
     );
+}
+
+/// Another consumer cluster's copy of a Widget, as its kbind writes it: kbind's labels and markers
+/// naming that cluster.
+fn another_consumers_copy(name: &str, size: i64) -> kube::api::DynamicObject {
+    let mut copy = widget(name, size);
+    copy.metadata.labels = Some(
+        [
+            (keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned()),
+            (
+                keys::CONSUMER_CLUSTER_UID_LABEL.to_owned(),
+                OTHER_CONSUMER.to_owned(),
+            ),
+        ]
+        .into(),
+    );
+    copy.metadata.annotations = Some(
+        [
+            (
+                keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
+                OTHER_CONSUMER.to_owned(),
+            ),
+            (
+                keys::CONSUMER_OBJECT_UID_ANNOTATION.to_owned(),
+                format!("7f3a9c2e-1b4d-4e6f-8a0c-{:012}", name.len()),
+            ),
+        ]
+        .into(),
+    );
+    copy
+}
+
+/// The consumer cluster UID of the other consumer sharing the provider.
+const OTHER_CONSUMER: &str = "0b2e4c9a-5d1f-4e8b-9a7c-3f6d2e1b0a98";
+
+#[tokio::test]
+async fn another_consumers_copies_are_never_read_and_one_under_a_shared_name_is_a_conflict_until_it_goes()
+ {
+    // #50.5: the syncer's provider watch selects this consumer cluster's copies by their label;
+    // another consumer's are never listed, watched or fetched — but the one under a name this
+    // consumer also uses, read to classify it, which is a conflict until it goes.
+    let s = SyncEnv::start("tenants_own_copies", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    for client in [&s.consumer, &s.provider] {
+        ensure_namespace(client, "team-a").await.unwrap();
+    }
+    let local_uid = Api::<k8s_openapi::api::core::v1::Namespace>::all(s.consumer.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let provider_widgets = widgets(&s.provider, "team-a");
+    let theirs: Vec<String> = (0..20).map(|i| format!("theirs-{i}")).collect();
+    for name in &theirs {
+        provider_widgets
+            .create(&PostParams::default(), &another_consumers_copy(name, 5))
+            .await
+            .unwrap();
+    }
+    // Ours: two that sync, and one under the name of another consumer's copy.
+    for name in ["mine-1", "mine-2"] {
+        create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", name, 1).await;
+        let copy = provider_widgets.get(name).await.unwrap();
+        assert_eq!(
+            copy.labels().get(keys::CONSUMER_CLUSTER_UID_LABEL),
+            Some(&local_uid),
+            "{name} carries this consumer's label"
+        );
+        assert_eq!(
+            copy.annotations()
+                .get(keys::CONSUMER_CLUSTER_UID_ANNOTATION),
+            Some(&local_uid),
+            "{name} keeps the marker annotation"
+        );
+    }
+    let consumer_widgets = widgets(&s.consumer, "team-a");
+    consumer_widgets
+        .create(&PostParams::default(), &widget("theirs-0", 1))
+        .await
+        .unwrap();
+    wait_conflict(&consumer_widgets, "theirs-0", Some("OwnedByAnother")).await;
+    // Their changes reach nothing here; ours still do.
+    for name in &theirs {
+        provider_widgets
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "size": 6 } })),
+            )
+            .await
+            .unwrap();
+    }
+    resize_and_wait_upstream(&consumer_widgets, &provider_widgets, "mine-1", 2).await;
+    assert_eq!(
+        provider_widgets.get("theirs-0").await.unwrap().data["spec"]["size"],
+        6,
+        "another consumer's copy untouched"
+    );
+
+    // The other consumer's copy goes: this consumer's theirs-0 syncs (read again within its wait).
+    provider_widgets
+        .delete("theirs-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_conflict(&consumer_widgets, "theirs-0", None).await;
+    let copy = wait_object(
+        &provider_widgets,
+        "theirs-0",
+        "our copy of theirs-0",
+        30,
+        |c| c.labels().get(keys::CONSUMER_CLUSTER_UID_LABEL) == Some(&local_uid),
+    )
+    .await;
+    assert_eq!(copy.data["spec"]["size"], 1);
+
+    // What kbind's programs asked the provider for Widgets: every list and watch selects this
+    // consumer's label; the only Widget read by name besides its own copies is theirs-0.
+    let reads: Vec<_> = s
+        .env
+        .cluster("provider")
+        .audited()
+        .into_iter()
+        .filter(|a| a.resource == "widgets" && a.user_agent.starts_with("kbind-"))
+        .filter(|a| matches!(a.verb.as_str(), "get" | "list" | "watch"))
+        .collect();
+    let selector = format!(
+        "labelSelector={}",
+        format!("{}={local_uid}", keys::CONSUMER_CLUSTER_UID_LABEL)
+            .replace('/', "%2F")
+            .replace('=', "%3D")
+    );
+    let collections: Vec<_> = reads.iter().filter(|a| a.name.is_empty()).collect();
+    assert!(
+        collections
+            .iter()
+            .any(|a| a.user_agent.starts_with("kbind-syncer/")),
+        "the syncer's watch is audited: {reads:#?}"
+    );
+    for read in &collections {
+        if read.user_agent.starts_with("kbind-syncer/") {
+            assert!(read.request_uri.contains(&selector), "{read:#?}");
+        }
+    }
+    let named: std::collections::BTreeSet<&str> = reads
+        .iter()
+        .filter(|a| a.verb == "get" && a.user_agent.starts_with("kbind-syncer/"))
+        .map(|a| a.name.as_str())
+        .collect();
+    assert!(
+        named
+            .iter()
+            .all(|n| ["mine-1", "mine-2", "theirs-0"].contains(n)),
+        "the syncer read only names this consumer uses: {named:?}"
+    );
+    assert!(named.contains("theirs-0"), "{named:?}");
 }

@@ -471,6 +471,10 @@ pub struct ProviderCopy {
     pub object_marker: Uid,
     /// It carries kbind's managed label.
     pub managed: bool,
+    /// It carries this consumer cluster's UID label (the label a provider watch selects by,
+    /// [`crate::keys::CONSUMER_CLUSTER_UID_LABEL`]): a copy written before the label existed
+    /// lacks it until its next spec-up.
+    pub labelled: bool,
     /// It is being deleted.
     pub terminating: bool,
     /// Its spec.
@@ -568,6 +572,13 @@ impl ProviderCopy {
             .and_then(|t| crate::delivery::Seconds::of(&t));
         let annotations = metadata.annotations.unwrap_or_default();
         let marker = |key: &str| annotations.get(key).map(String::as_str);
+        let label = |key: &str| {
+            metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(key))
+                .map(String::as_str)
+        };
         ProviderCopy {
             cluster_marker: match marker(crate::keys::CONSUMER_CLUSTER_UID_ANNOTATION) {
                 None | Some("") => ClusterMarker::Absent,
@@ -575,11 +586,8 @@ impl ProviderCopy {
                 Some(_) => ClusterMarker::Other,
             },
             object_marker: Uid::new(marker(crate::keys::CONSUMER_OBJECT_UID_ANNOTATION)),
-            managed: metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(crate::keys::MANAGED_LABEL))
-                .is_some_and(|v| v == crate::keys::TRUE),
+            managed: label(crate::keys::MANAGED_LABEL) == Some(crate::keys::TRUE),
+            labelled: label(crate::keys::CONSUMER_CLUSTER_UID_LABEL) == Some(local_uid),
             terminating: metadata.deletion_timestamp.is_some(),
             name: metadata.name.unwrap_or_default().into_boxed_str(),
             namespace: metadata.namespace.map(String::into_boxed_str),
@@ -620,10 +628,11 @@ impl ProviderCopy {
     }
 
     /// "No write when nothing changed": it already carries exactly what a spec-up
-    /// (`ownership::spec_up_body`) would apply: the consumer's `spec`, kbind's label and both
+    /// (`ownership::spec_up_body`) would apply: the consumer's `spec`, kbind's labels and both
     /// markers naming this consumer cluster and the consumer object `object_uid`.
     pub fn is_current(&self, spec: Option<&Json>, object_uid: &str) -> bool {
         self.managed
+            && self.labelled
             && self.cluster_marker == ClusterMarker::Local
             && self.object_marker.is(object_uid)
             && self.spec.as_ref() == spec
@@ -911,6 +920,7 @@ mod tests {
                 cluster_marker: ClusterMarker::Local,
                 object_marker: Uid::Text("o".into()),
                 managed: true,
+                labelled: false,
                 terminating: true,
                 spec: Some(Json::new(
                     &json!({ "size": 3, "nested": { "a": "x", "b": [1, 2] } })
@@ -1079,8 +1089,21 @@ mod tests {
         assert!(!foreign.is_current(consumer(spec.clone()).as_ref(), "o"));
         // Without kbind's label, a spec-up still has something to apply.
         applied["metadata"]["labels"] = json!({});
-        let unlabelled = ProviderCopy::of(serde_json::from_value(applied).unwrap(), "c");
+        let unlabelled = ProviderCopy::of(serde_json::from_value(applied.clone()).unwrap(), "c");
         assert!(!unlabelled.is_current(consumer(spec.clone()).as_ref(), "o"));
+        // A copy written before copies carried the consumer cluster's label (#50.5): its next
+        // spec-up adds it, so that the provider watch selecting by it sees the copy.
+        applied["metadata"]["labels"] = json!({ "core.kbind.io/managed": "true" });
+        let before_the_label =
+            ProviderCopy::of(serde_json::from_value(applied.clone()).unwrap(), "c");
+        assert!(!before_the_label.labelled);
+        assert!(!before_the_label.is_current(consumer(spec.clone()).as_ref(), "o"));
+        assert_eq!(before_the_label.owner("o"), Owner::Ours);
+        // Labelled for another consumer cluster: not this one's label.
+        applied["metadata"]["labels"] =
+            json!({ "core.kbind.io/managed": "true", "core.kbind.io/consumer-cluster-uid": "d" });
+        let mislabelled = ProviderCopy::of(serde_json::from_value(applied).unwrap(), "c");
+        assert!(!mislabelled.labelled);
         // A copy written before copies carried the heartbeat record is current all the same:
         // the record comes with its next change, never with a write of its own.
         let mut unrecorded = crate::ownership::spec_up_body(

@@ -122,13 +122,41 @@ pub fn bound_timeouts_watching(config: &mut Config) {
     config.read_timeout = Some(WATCH_READ_TIMEOUT);
 }
 
+/// The `User-Agent` kbind's programs send: the program's name and kbind's version (e.g.
+/// `kbind-syncer/0.1.0`), so that an API server's audit log and request metrics tell kbind's
+/// requests apart from everyone else's (kube's client sends none of its own).
+pub fn user_agent() -> String {
+    let program = std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "kbind".into());
+    format!("{program}/{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Adds [`user_agent`] to `config`'s headers unless it has one.
+fn identify(config: &mut Config) {
+    if config
+        .headers
+        .iter()
+        .any(|(name, _)| name == http::header::USER_AGENT)
+    {
+        return;
+    }
+    if let Ok(value) = http::HeaderValue::from_str(&user_agent()) {
+        config.headers.push((http::header::USER_AGENT, value));
+    }
+}
+
 /// [`build`], every request but a watch bounded by [`RESPONSE_TIMEOUT`]: for a config with
 /// [`bound_timeouts_watching`].
 pub fn build_watching(
-    config: Config,
+    mut config: Config,
     cluster: &str,
     counter: Option<&IntCounterVec>,
 ) -> Result<Client, kube::Error> {
+    identify(&mut config);
     let builder =
         ClientBuilder::try_from(config)?.with_layer(&ResponseTimeoutLayer(RESPONSE_TIMEOUT));
     Ok(match counter {
@@ -193,10 +221,11 @@ where
 /// A client for `config` whose requests are counted under `cluster` (`consumer` or a Connection
 /// name). Watches keep their own, longer timeouts inside kube.
 pub fn build(
-    config: Config,
+    mut config: Config,
     cluster: &str,
     counter: Option<&IntCounterVec>,
 ) -> Result<Client, kube::Error> {
+    identify(&mut config);
     let builder = ClientBuilder::try_from(config)?;
     Ok(match counter {
         Some(counter) => builder
@@ -209,6 +238,24 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kbinds_requests_name_the_program_and_version() {
+        let agent = user_agent();
+        let (program, version) = agent.split_once('/').unwrap();
+        assert!(!program.is_empty(), "{agent}");
+        assert_eq!(version, env!("CARGO_PKG_VERSION"));
+        let mut config = Config::new("https://127.0.0.1:6443".parse().unwrap());
+        identify(&mut config);
+        identify(&mut config);
+        let agents: Vec<_> = config
+            .headers
+            .iter()
+            .filter(|(n, _)| n == http::header::USER_AGENT)
+            .map(|(_, v)| v.to_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(agents, [agent]);
+    }
 
     fn request(method: Method, uri: &str) -> Request<()> {
         Request::builder().method(method).uri(uri).body(()).unwrap()

@@ -15,6 +15,11 @@ pub const MANAGED_LABEL: &str = "core.kbind.io/managed";
 pub const CONNECTION_ANNOTATION: &str = "core.kbind.io/connection";
 /// KEY-4: ownership marker, part 1: the consumer cluster's identity.
 pub const CONSUMER_CLUSTER_UID_ANNOTATION: &str = "core.kbind.io/consumer-cluster-uid";
+/// KEY-4 in label form, with the same key (as on the provider namespaces kbind creates): on every
+/// provider copy beside the annotation, so that a syncer's provider watch selects exactly its own
+/// consumer cluster's copies and never reads another consumer's (#50.5). The annotation stays the
+/// marker ownership is decided by (the Go konnector and older kbind read and write only it).
+pub const CONSUMER_CLUSTER_UID_LABEL: &str = CONSUMER_CLUSTER_UID_ANNOTATION;
 /// KEY-5: ownership marker, part 2: the consumer object's UID.
 pub const CONSUMER_OBJECT_UID_ANNOTATION: &str = "core.kbind.io/consumer-object-uid";
 /// KEY-6: annotation on related Secret/ConfigMap copies: the UID of the binding that made them.

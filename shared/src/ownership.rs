@@ -69,8 +69,8 @@ pub fn decide(owner: Owner, policy: ConflictPolicy) -> Decision {
     }
 }
 
-/// SYNC-8: the server-side apply body: the consumer's spec plus kbind's label, both UID
-/// annotations and the record of the writing Connection's heartbeat Lease
+/// SYNC-8: the server-side apply body: the consumer's spec plus kbind's labels (managed, and the
+/// consumer cluster's UID a provider watch selects by), both UID annotations and the record of the writing Connection's heartbeat Lease
 /// ([`keys::HEARTBEAT_ANNOTATION`], `heartbeat::record`), and nothing else.
 #[allow(clippy::too_many_arguments)]
 pub fn spec_up_body(
@@ -85,7 +85,10 @@ pub fn spec_up_body(
 ) -> Value {
     let mut metadata = json!({
         "name": name,
-        "labels": { keys::MANAGED_LABEL: keys::TRUE },
+        "labels": {
+            keys::MANAGED_LABEL: keys::TRUE,
+            keys::CONSUMER_CLUSTER_UID_LABEL: local_uid,
+        },
         "annotations": {
             keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
             keys::CONSUMER_OBJECT_UID_ANNOTATION: object_uid,
@@ -244,7 +247,10 @@ mod tests {
                 "apiVersion": "example.org/v1", "kind": "Widget",
                 "metadata": {
                     "name": "w", "namespace": "team-a",
-                    "labels": { "core.kbind.io/managed": "true" },
+                    "labels": {
+                        "core.kbind.io/managed": "true",
+                        "core.kbind.io/consumer-cluster-uid": "c",
+                    },
                     "annotations": {
                         "core.kbind.io/consumer-cluster-uid": "c",
                         "core.kbind.io/consumer-object-uid": "o",

@@ -48,7 +48,17 @@ pub(super) fn start(
     (Feeds([provider, consumer]), changes, triggers)
 }
 
-/// The provider side: a cache of the API's objects, each kept as the facts a sync reads
+/// The provider watch's selection: this consumer cluster's copies, by the label every spec-up
+/// writes (#50.5) — another consumer's objects are never listed, watched or held. Whatever else
+/// stands under a consumer object's name is read when met ([`super::strangers`]).
+fn own_copies(local_uid: &str) -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{}={local_uid}",
+        kbind_shared::keys::CONSUMER_CLUSTER_UID_LABEL
+    ))
+}
+
+/// The provider side: a cache of this consumer cluster's copies of the API's objects, each kept as the facts a sync reads
 /// (`ProviderCopy`); events on them re-sync the consumer object with the same namespace/name
 /// (drift repair, SYNC-12, and conflict re-evaluation, QRK-19). A change is recorded as waiting
 /// before the cache shows it, so that a sync that sees it in the cache also finds when it was
@@ -63,7 +73,7 @@ fn provider(
     let (seen, copied) = (worker.clone(), worker.clone());
     let events = reflector::reflector(
         writer,
-        kbind_shared::streaming::instances(api, watcher::Config::default())
+        kbind_shared::streaming::instances(api, own_copies(&worker.spec.local_uid))
             .filter(move |e| std::future::ready(buckets.keep(e)))
             .inspect(move |event| {
                 // (A re-list's objects are compared once it is complete, below.)
@@ -100,6 +110,8 @@ fn provider(
                         o.name.to_string(),
                     );
                     worker.provider_echoes.locked().cached(&key);
+                    // Shown by the watch: ours and labelled, no stranger any more.
+                    worker.strangers.locked().forget(&key);
                     o
                 }
                 Ok(watcher::Event::Delete(o)) => {

@@ -38,6 +38,7 @@ mod report;
 mod state;
 mod states;
 mod status_delay;
+mod strangers;
 mod sync;
 mod writes;
 

@@ -84,8 +84,11 @@ pub(super) struct Worker {
     pub(super) provider: Client,
     /// The API, as the caches' keys share it.
     pub(super) dyntype: InstanceType,
-    /// The provider's objects of the API, as the facts a sync reads.
+    /// This consumer cluster's copies on the provider (selected by their label), as the facts a
+    /// sync reads.
     pub(super) provider_objects: Store<ProviderCopy>,
+    /// Other provider objects met under consumer objects' names ([`super::strangers`]).
+    pub(super) strangers: Mutex<super::strangers::Strangers>,
     /// The consumer's objects of the API (this worker's buckets).
     pub(super) consumer_objects: Store<Instance>,
     pub(super) recorder: Recorder,
@@ -177,6 +180,7 @@ impl Worker {
             provider,
             dyntype,
             provider_objects: writers.provider.as_reader(),
+            strangers: Mutex::default(),
             consumer_objects: writers.consumer.as_reader(),
             known_namespaces: Mutex::default(),
             warned_no_status: Mutex::new(false),
@@ -223,6 +227,7 @@ impl Worker {
             // Gone from the consumer: nothing of it is synced any more, nor waits.
             Ok(watcher::Event::Delete(o)) => {
                 self.pending.locked().deleted(&pending::key(o));
+                self.strangers.locked().forget(&pending::key(o));
             }
             _ => {}
         }
@@ -236,6 +241,13 @@ impl Worker {
     pub(super) fn provider_copy(&self, object: &Instance) -> Option<Arc<ProviderCopy>> {
         self.provider_objects
             .get(&self.reference(object.namespace().as_deref(), &object.name_any()))
+    }
+
+    /// What the provider holds under `object`'s name as far as is known without a request: the
+    /// cache's copy, else the stranger last read there ([`super::strangers`]), stale or not.
+    pub(super) fn known_copy(&self, object: &Instance) -> Option<Arc<ProviderCopy>> {
+        self.provider_copy(object)
+            .or_else(|| self.strangers.locked().last(&pending::key(object)))
     }
 
     /// Records where `object` stands (`None`: neither synced nor conflicting) and updates the

@@ -19,6 +19,7 @@ use super::pending;
 use super::pending::Seen;
 use super::state::{Worker, WorkerSpec, object_key};
 use super::states::SyncState;
+use super::strangers::Known;
 use super::writes::{Error, result_label};
 use kbind_shared::routing;
 
@@ -33,7 +34,10 @@ pub(super) async fn sync(
     if !worker.ctx.membership.is_current() {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let provider_copy = worker.provider_copy(&object);
+    let provider_copy = match worker.provider_copy(&object) {
+        Some(copy) => Some(copy),
+        None => stranger(&worker, &object).await?,
+    };
     let gate = gate_of(&worker, &object);
     let facts = facts(&worker, &object, provider_copy.as_deref(), gate.as_ref());
     let (worker, object) = (worker.as_ref(), object.as_ref());
@@ -142,7 +146,13 @@ async fn conflict(
         worker.count("spec_up", "conflict");
     }
     worker.mark(object, Some(SyncState::Conflict));
-    Ok(Action::await_change())
+    // A stranger's conflict is looked at again when its read goes stale: no watch event tells
+    // when it goes ([`super::strangers`]).
+    let recheck = worker
+        .strangers
+        .locked()
+        .recheck_in(&pending::key(object), std::time::Instant::now());
+    Ok(recheck.map_or_else(Action::await_change, Action::requeue))
 }
 
 /// [`Step::Paused`]: the one write a pause costs is the record saying so (none once it does).
@@ -284,6 +294,8 @@ async fn push_spec(
     match applied {
         Ok(applied) => {
             worker.count("spec_up", "ok");
+            // Adopted, or labelled: ours now, and the watch shows it.
+            worker.strangers.locked().forget(&key);
             // A new generation is timed from its change as the consumer's API server recorded
             // it; a drift repair (the same generation again) from its receipt.
             let new_generation = object.delivery.as_ref().is_none_or(|d| {
@@ -309,8 +321,14 @@ async fn push_spec(
             }))
         }
         Err(e) if creating && kbind_shared::apply::exists(&e) => {
-            tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object appeared before the first spec-up; classifying it");
-            Ok(Err(Action::requeue(Duration::from_millis(200))))
+            tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object exists under the name; classifying it");
+            // Ours and labelled: the cache shows it shortly. Anything else: decided from what was
+            // read, at once.
+            let wait = match read_stranger(worker, object).await? {
+                Known::Fresh(_) => Duration::from_millis(10),
+                _ => Duration::from_millis(200),
+            };
+            Ok(Err(Action::requeue(wait)))
         }
         Err(kube::Error::Api(s)) if s.is_not_found() => {
             // The provider namespace went away under us: forget it, create it next time.
@@ -814,6 +832,46 @@ async fn release(object: &Instance, worker: &Worker) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
+/// The provider object under `object`'s name that the cache does not show, as far as a sync
+/// decides from it ([`super::strangers`]): the one last read there, read again when stale.
+async fn stranger(worker: &Worker, object: &Instance) -> Result<Option<Arc<ProviderCopy>>, Error> {
+    let known = worker
+        .strangers
+        .locked()
+        .known(&pending::key(object), std::time::Instant::now());
+    let known = match known {
+        Known::Stale => read_stranger(worker, object).await?,
+        known => known,
+    };
+    Ok(match known {
+        Known::Fresh(copy) => Some(copy),
+        Known::Nothing | Known::Stale => None,
+    })
+}
+
+/// Reads the provider object under `object`'s name and records it as a stranger — unless it is
+/// this consumer cluster's labelled copy (the cache shows it shortly) or nothing is there.
+async fn read_stranger(worker: &Worker, object: &Instance) -> Result<Known, Error> {
+    let api: kube::Api<Instance> = match object.namespace() {
+        Some(namespace) => {
+            kube::Api::namespaced_with(worker.provider.clone(), &namespace, &worker.dyntype)
+        }
+        None => kube::Api::all_with(worker.provider.clone(), &worker.dyntype),
+    };
+    let read = api
+        .get_opt(&object.name_any())
+        .await
+        .map_err(Error::Provider)?;
+    let object_uid = object.metadata.uid.as_deref().unwrap_or_default();
+    let copy = read
+        .map(|o| ProviderCopy::of(o, &worker.spec.local_uid))
+        .filter(|c| !(c.labelled && c.owner(object_uid) == Owner::Ours));
+    Ok(worker
+        .strangers
+        .locked()
+        .read(pending::key(object), copy, std::time::Instant::now()))
+}
+
 /// `object`'s provider copy, read fresh, if it is kbind's copy of it (OWN-1).
 async fn our_copy(
     object: &Instance,
@@ -911,6 +969,20 @@ async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
     }
 }
 
+/// Whether the provider should hold something under `object`'s name that the cache does not show:
+/// the object holds this route's finalizer (a copy was written, by kbind or the Go konnector) or
+/// records an ownership conflict. Its sync reads the name first ([`super::strangers`]).
+fn expects_a_copy(worker: &Worker, object: &Instance) -> bool {
+    kbind_shared::finalizers::has(&object.metadata, &worker.spec.finalizer())
+        || matches!(
+            object
+                .annotations()
+                .get(keys::CONFLICT_ANNOTATION)
+                .map(String::as_str),
+            Some(keys::CONFLICT_FOREIGN | keys::CONFLICT_OWNED_BY_ANOTHER)
+        )
+}
+
 impl Worker {
     /// Whether a sync of `object` has anything to do; when not, where it stands is recorded.
     pub(super) fn has_work(&self, object: &Instance) -> bool {
@@ -921,7 +993,12 @@ impl Worker {
             // Its echo syncs it.
             return false;
         }
-        let copy = self.provider_copy(object);
+        let copy = self.known_copy(object);
+        if copy.is_none() && expects_a_copy(self, object) {
+            self.strangers
+                .locked()
+                .expect(pending::key(object), std::time::Instant::now());
+        }
         match at_rest(self, object, copy.as_deref()) {
             Rest::Work => true,
             Rest::Unbound => false,

@@ -200,8 +200,13 @@ pub fn synced_fields_of_copy(copy: &DynamicObject) -> Value {
     if let Some(namespace) = &copy.metadata.namespace {
         metadata["namespace"] = json!(namespace);
     }
-    if let Some(value) = copy.labels().get(keys::MANAGED_LABEL) {
-        metadata["labels"] = json!({ keys::MANAGED_LABEL: value });
+    let labels: serde_json::Map<String, Value> =
+        [keys::MANAGED_LABEL, keys::CONSUMER_CLUSTER_UID_LABEL]
+            .into_iter()
+            .filter_map(|key| Some((key.to_owned(), json!(copy.labels().get(key)?))))
+            .collect();
+    if !labels.is_empty() {
+        metadata["labels"] = Value::Object(labels);
     }
     let markers: serde_json::Map<String, Value> = [
         keys::CONSUMER_CLUSTER_UID_ANNOTATION,
@@ -785,10 +790,36 @@ mod tests {
                 (keys::HEARTBEAT_ANNOTATION, "kbind/provider-consumer-1"),
                 ("provider.example/other", "not kbind's"),
             ],
-            &[(keys::MANAGED_LABEL, keys::TRUE), ("team", "x")],
+            &[
+                (keys::MANAGED_LABEL, keys::TRUE),
+                (keys::CONSUMER_CLUSTER_UID_LABEL, "consumer-1"),
+                ("team", "x"),
+            ],
             spec.clone(),
         );
         assert_eq!(synced_fields_of_copy(&synced), desired);
+        // A copy written before copies carried the consumer cluster's label: the label is the
+        // difference (its next spec-up adds it).
+        let before_the_label = copy(
+            &[
+                (keys::CONSUMER_CLUSTER_UID_ANNOTATION, "consumer-1"),
+                (keys::CONSUMER_OBJECT_UID_ANNOTATION, "c-1"),
+            ],
+            &[(keys::MANAGED_LABEL, keys::TRUE)],
+            spec.clone(),
+        );
+        assert_eq!(
+            unified(
+                &render_yaml(&synced_fields_of_copy(&before_the_label)),
+                &render_yaml(&desired),
+                "a",
+                "b"
+            )
+            .lines()
+            .filter(|l| l.starts_with(['+', '-']) && !l.starts_with("+++") && !l.starts_with("---"))
+            .collect::<Vec<_>>(),
+            ["+    core.kbind.io/consumer-cluster-uid: consumer-1"]
+        );
         assert_eq!(
             unified(
                 &render_yaml(&synced_fields_of_copy(&synced)),

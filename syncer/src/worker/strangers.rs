@@ -1,0 +1,240 @@
+//! Provider objects under a consumer object's name that the provider cache does not show (#50.5).
+//!
+//! The provider watch selects this consumer cluster's copies by their label
+//! (`core.kbind.io/consumer-cluster-uid=<this cluster's UID>`), so another consumer's objects are
+//! never listed, watched or held. What else can stand under a consumer object's name — an object
+//! without kbind's markers, another consumer's copy, or a copy of ours written before copies carried
+//! the label — is met when a create-only spec-up is answered `409` (`kbind_shared::apply`): the
+//! sync then reads that one object, keeps only the facts it decides ownership by (no spec, no
+//! status), and decides from them like from a cached copy. Nothing tells kbind when such an object
+//! changes or goes, so a sync deciding from one reads it again once its entry is stale: one `GET`
+//! after 1 s, then after twice the wait each time the object reads the same, at most every 5
+//! minutes (a conflict resolves within that wait of the foreign object going). A copy of ours that
+//! only lacked the label gets it with its next spec-up and the watch shows it from then on.
+//!
+//! Pure: the map and its waits; the reads are the sync's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kbind_shared::cache::ProviderCopy;
+
+use super::pending::Key;
+
+/// The wait before an object read the first time is read again.
+pub const FIRST_WAIT: Duration = Duration::from_secs(1);
+/// The longest wait between two reads of an object that keeps reading the same.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// The provider objects read because a create-only spec-up found them, by consumer object.
+#[derive(Debug, Default)]
+pub struct Strangers(HashMap<Key, Entry>);
+
+#[derive(Debug)]
+struct Entry {
+    /// What was read (`None`: nothing read yet — a copy is expected, [`Strangers::expect`]).
+    copy: Option<Arc<ProviderCopy>>,
+    read_at: Instant,
+    wait: Duration,
+}
+
+/// What is known of the object under a consumer object's name besides the cache.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Known {
+    /// Nothing: no stranger was met there (or it went).
+    Nothing,
+    /// Read within its wait: decide from it.
+    Fresh(Arc<ProviderCopy>),
+    /// Read longer ago than its wait, or expected and not read yet: read it before deciding.
+    Stale,
+}
+
+impl Strangers {
+    /// What is known under `key` at `now`.
+    pub fn known(&self, key: &Key, now: Instant) -> Known {
+        match self.0.get(key) {
+            None => Known::Nothing,
+            Some(Entry {
+                copy: Some(copy),
+                read_at,
+                wait,
+            }) if now.saturating_duration_since(*read_at) < *wait => Known::Fresh(copy.clone()),
+            Some(_) => Known::Stale,
+        }
+    }
+
+    /// The object last read under `key`, however long ago.
+    pub fn last(&self, key: &Key) -> Option<Arc<ProviderCopy>> {
+        self.0.get(key).and_then(|e| e.copy.clone())
+    }
+
+    /// Something is expected under `key` that the cache does not show (a consumer object that
+    /// holds kbind's finalizer or records an ownership conflict, at a (re-)list): the next sync
+    /// reads it before deciding, instead of trying a create that would be refused — a copy of
+    /// ours written before copies carried the label costs one read and one write, not a refused
+    /// write too.
+    pub fn expect(&mut self, key: Key, now: Instant) {
+        self.0.entry(key).or_insert(Entry {
+            copy: None,
+            read_at: now,
+            wait: Duration::ZERO,
+        });
+    }
+
+    /// The object under `key` was read at `now`: `copy` (its ownership facts), or nothing there.
+    /// The same facts again double the wait before the next read; changed facts start it over.
+    pub fn read(&mut self, key: Key, copy: Option<ProviderCopy>, now: Instant) -> Known {
+        let Some(copy) = copy.map(facts_only) else {
+            self.0.remove(&key);
+            return Known::Nothing;
+        };
+        let wait = match self.0.get(&key) {
+            Some(Entry {
+                copy: Some(last),
+                wait,
+                ..
+            }) if **last == copy => (*wait * 2).clamp(FIRST_WAIT, MAX_WAIT),
+            _ => FIRST_WAIT,
+        };
+        let copy = Arc::new(copy);
+        self.0.insert(
+            key,
+            Entry {
+                copy: Some(copy.clone()),
+                read_at: now,
+                wait,
+            },
+        );
+        Known::Fresh(copy)
+    }
+
+    /// The cache shows the object now (ours and labelled), or the consumer object went: nothing
+    /// under `key` is a stranger any more.
+    pub fn forget(&mut self, key: &Key) {
+        self.0.remove(key);
+    }
+
+    /// When a sync that decided from the stranger under `key` looks again: when its wait ends.
+    pub fn recheck_in(&self, key: &Key, now: Instant) -> Option<Duration> {
+        self.0
+            .get(key)
+            .map(|e| (e.read_at + e.wait).saturating_duration_since(now))
+    }
+
+    /// How many are known.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// The facts ownership is decided by, and nothing of another's data: no spec, no status.
+fn facts_only(copy: ProviderCopy) -> ProviderCopy {
+    ProviderCopy {
+        spec: None,
+        status: None,
+        oversized_status: None,
+        applied_at: None,
+        status_at: None,
+        ..copy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kbind_shared::cache::{ClusterMarker, Uid};
+
+    fn copy(cluster_marker: ClusterMarker, terminating: bool) -> ProviderCopy {
+        ProviderCopy {
+            name: "w".into(),
+            namespace: Some("team-a".into()),
+            cluster_marker,
+            object_marker: Uid::Absent,
+            managed: false,
+            labelled: false,
+            terminating,
+            spec: Some(kbind_shared::cache::Json::new(
+                &serde_json::json!({ "secret": "x" }),
+            )),
+            status: Some(kbind_shared::cache::Json::new(
+                &serde_json::json!({ "phase": "Ready" }),
+            )),
+            oversized_status: None,
+            applied_at: None,
+            status_at: None,
+        }
+    }
+
+    fn key() -> Key {
+        (Some("team-a".into()), "w".into())
+    }
+
+    #[test]
+    fn a_stranger_is_read_again_after_a_wait_that_doubles_while_it_reads_the_same() {
+        let mut strangers = Strangers::default();
+        let t0 = Instant::now();
+        assert_eq!(strangers.known(&key(), t0), Known::Nothing);
+        assert_eq!(strangers.recheck_in(&key(), t0), None);
+        let foreign = copy(ClusterMarker::Absent, false);
+        let mut now = t0;
+        let mut waits = Vec::new();
+        for _ in 0..12 {
+            assert!(matches!(
+                strangers.read(key(), Some(foreign.clone()), now),
+                Known::Fresh(_)
+            ));
+            let wait = strangers.recheck_in(&key(), now).unwrap();
+            waits.push(wait.as_secs());
+            assert!(matches!(
+                strangers.known(&key(), now + wait - Duration::from_millis(1)),
+                Known::Fresh(_)
+            ));
+            assert_eq!(strangers.known(&key(), now + wait), Known::Stale);
+            now += wait;
+        }
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+        // Changed facts (it began terminating) start the wait over.
+        strangers.read(key(), Some(copy(ClusterMarker::Absent, true)), now);
+        assert_eq!(strangers.recheck_in(&key(), now), Some(FIRST_WAIT));
+        // Gone: nothing is known, nothing is read again.
+        assert_eq!(strangers.read(key(), None, now), Known::Nothing);
+        assert_eq!(strangers.known(&key(), now), Known::Nothing);
+        assert_eq!(strangers.len(), 0);
+    }
+
+    #[test]
+    fn only_the_facts_ownership_is_decided_by_are_kept() {
+        let mut strangers = Strangers::default();
+        let now = Instant::now();
+        let Known::Fresh(kept) =
+            strangers.read(key(), Some(copy(ClusterMarker::Other, false)), now)
+        else {
+            panic!("read");
+        };
+        assert_eq!(kept.spec, None);
+        assert_eq!(kept.status, None);
+        assert_eq!(kept.cluster_marker, ClusterMarker::Other);
+        assert_eq!(strangers.last(&key()), Some(kept));
+        strangers.forget(&key());
+        assert_eq!(strangers.known(&key(), now), Known::Nothing);
+        assert_eq!(strangers.last(&key()), None);
+    }
+
+    #[test]
+    fn an_expected_copy_is_read_before_the_first_decision_and_never_replaces_what_was_read() {
+        let mut strangers = Strangers::default();
+        let now = Instant::now();
+        strangers.expect(key(), now);
+        assert_eq!(strangers.known(&key(), now), Known::Stale);
+        assert_eq!(strangers.last(&key()), None);
+        assert_eq!(strangers.recheck_in(&key(), now), Some(Duration::ZERO));
+        strangers.read(key(), Some(copy(ClusterMarker::Absent, false)), now);
+        assert_eq!(strangers.recheck_in(&key(), now), Some(FIRST_WAIT));
+        // Expected again at the next re-list: what was read, and its wait, stay.
+        strangers.expect(key(), now);
+        assert!(matches!(strangers.known(&key(), now), Known::Fresh(_)));
+        assert_eq!(strangers.recheck_in(&key(), now), Some(FIRST_WAIT));
+    }
+}

@@ -1264,3 +1264,94 @@ async fn auto_bind_maintains_a_cluster_binding_named_after_the_connection() {
         "the Connection's deletion took a user's ClusterBinding with it"
     );
 }
+
+/// kbind's Connection CRD as the Go konnector's chart installs it: without the status fields only
+/// kbind writes (`status.verifiedCredential` — the API server prunes it).
+fn go_shaped_connection_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    let mut crd = kbind_e2e::kbind::crd_manifests()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.metadata.name.as_deref() == Some("connections.core.kbind.io"))
+        .unwrap();
+    for version in &mut crd.spec.versions {
+        let status = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("status"))
+            .and_then(|s| s.properties.as_mut())
+            .unwrap();
+        assert!(status.remove("verifiedCredential").is_some());
+    }
+    crd
+}
+
+#[tokio::test]
+async fn core_crds_that_drop_kbinds_fields_are_named_and_nothing_says_ready() {
+    // #53.6: with the Go konnector's core CRDs installed, kbind's status writes lose
+    // status.verifiedCredential and the syncer never starts; the Connection and its bindings must
+    // say so instead of Ready — and recover once kbind's CRDs are installed.
+    let s = SyncEnv::start("connection_core_crds", &[0, 1, 2], None).await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "before", 1).await;
+
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(s.consumer.clone());
+    let apply = kube::api::PatchParams::apply("kbind-e2e").force();
+    crds.patch(
+        "connections.core.kbind.io",
+        &apply,
+        &kube::api::Patch::Apply(go_shaped_connection_crd()),
+    )
+    .await
+    .unwrap();
+    let connection =
+        wait_connection(&s.consumer, "provider", "Ready=False/CoreSchemaOutdated").await;
+    let ready =
+        kbind_shared::conditions::find(&connection.status.unwrap_or_default().conditions, "Ready")
+            .cloned()
+            .unwrap();
+    assert!(
+        ready
+            .message
+            .contains("connections.core.kbind.io lacks status.verifiedCredential"),
+        "{}",
+        ready.message
+    );
+    let bindings: Api<kbind_shared::api::ClusterBinding> = Api::all(s.consumer.clone());
+    let binding = wait_binding(&bindings, "widgets", "Ready=False").await;
+    let message =
+        kbind_shared::conditions::find(&binding.status.unwrap_or_default().conditions, "Ready")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+    assert!(message.contains("status.verifiedCredential"), "{message}");
+    let metrics = s.manager.metrics().await.unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "kbind_connection_ready{connection=\"provider\"} 0"),
+        "{metrics}"
+    );
+
+    // The doctor says so too, and is not satisfied.
+    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+    let doctor = plugin(&kubeconfig, &["doctor", "provider"]).await;
+    assert_ne!(doctor.code, 0, "{doctor}");
+    assert!(
+        doctor
+            .stdout
+            .contains("PROBLEM: the core CRDs installed are not kbind's: connections.core.kbind.io lacks status.verifiedCredential"),
+        "{doctor}"
+    );
+
+    // kbind's CRDs again: Ready, and objects sync.
+    kbind_e2e::kbind::install_crds(&s.consumer).await.unwrap();
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    wait_cluster_binding_ready(&s.consumer, "widgets").await;
+    create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "after", 1).await;
+    let doctor = plugin(&kubeconfig, &["doctor", "provider"]).await;
+    assert!(!doctor.stdout.contains("PROBLEM"), "{doctor}");
+}

@@ -191,6 +191,13 @@ impl TermCaches {
         self.crds.get(&ObjectRef::new(name)).filter(|c| managed(c))
     }
 
+    /// The core CRD `name` (`*.core.kbind.io`), whole, if the cache has it.
+    pub fn core_crd(&self, name: &str) -> Option<Arc<CustomResourceDefinition>> {
+        core(name)
+            .then(|| self.crds.get(&ObjectRef::new(name)))
+            .flatten()
+    }
+
     /// Every managed consumer CRD the cache has.
     pub fn managed_crds(&self) -> Vec<Arc<CustomResourceDefinition>> {
         self.crds
@@ -230,6 +237,13 @@ fn object_ref<K: Resource<DynamicType = ()>>(key: &ObjectKey) -> ObjectRef<K> {
 }
 
 /// Whether a consumer CRD carries kbind's managed label.
+/// Whether the CRD `name` is one of kbind's own API (`*.core.kbind.io`): kept whole, for the
+/// check that it keeps every field kbind writes ([`kbind_shared::api::installed`]).
+pub fn core(name: &str) -> bool {
+    name.strip_suffix(keys::GROUP)
+        .is_some_and(|plural| plural.ends_with('.') && plural.len() > 1)
+}
+
 fn managed(crd: &CustomResourceDefinition) -> bool {
     crd.labels().get(keys::MANAGED_LABEL).map(String::as_str) == Some(keys::TRUE)
 }
@@ -238,7 +252,7 @@ fn managed(crd: &CustomResourceDefinition) -> bool {
 /// to its name, labels, annotations and resourceVersion (and deletion mark).
 fn compact_crd(crd: &mut CustomResourceDefinition) {
     crd.metadata.managed_fields = None;
-    if managed(crd) {
+    if managed(crd) || core(crd.metadata.name.as_deref().unwrap_or_default()) {
         return;
     }
     let meta = std::mem::take(&mut crd.metadata);

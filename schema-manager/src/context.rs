@@ -166,6 +166,25 @@ impl Context {
         self.term().map(|c| c.managed_crds())
     }
 
+    /// What the core CRDs installed lack of kbind's (#53.6), as one message naming each CRD and
+    /// field, from this term's watch; `None` when they keep everything kbind writes (or outside a
+    /// term, where nothing is reconciled).
+    pub fn core_crds_lack(&self) -> Option<String> {
+        let term = self.term()?;
+        let lacks: Vec<(String, kbind_shared::api::installed::Lack)> = expected_core_crds()
+            .iter()
+            .filter_map(|crd| {
+                let name = crd.metadata.name.clone().unwrap_or_default();
+                // One the cache does not show (not listed yet) is not judged: a Connection being
+                // reconciled proves its CRD is there.
+                let installed = term.core_crd(&name)?;
+                let lack = kbind_shared::api::installed::lack(crd, Some(&installed))?;
+                Some((name, lack))
+            })
+            .collect();
+        kbind_shared::api::installed::describe(&lacks)
+    }
+
     /// The ClusterBinding `name` as this term's watch shows it.
     pub fn cached_cluster_binding(&self, name: &str) -> Cached<std::sync::Arc<ClusterBinding>> {
         Cached::from_term(self.term(), |c| {
@@ -257,6 +276,17 @@ pub trait ReconcileError: std::fmt::Display {
 /// since it was read); the controllers retry it at once.
 pub fn raced(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(s) if s.is_conflict())
+}
+
+/// kbind's own core CRDs, as its types generate them (once per process).
+fn expected_core_crds() -> &'static [CustomResourceDefinition] {
+    static CRDS: std::sync::OnceLock<Vec<CustomResourceDefinition>> = std::sync::OnceLock::new();
+    CRDS.get_or_init(|| {
+        kbind_shared::api::crds()
+            .into_iter()
+            .map(|(_, crd)| crd)
+            .collect()
+    })
 }
 
 /// An API server's answer with `code` (409 as a conflict), for the reconcilers' error tests.

@@ -58,6 +58,9 @@ pub mod reasons {
     /// A consumer CRD an API needs is not kbind's to change (another owner, another Connection,
     /// or a reserved group).
     pub const SCHEMA_CONFLICT: &str = "SchemaConflict";
+    /// The core CRDs installed (`*.core.kbind.io`) would prune fields kbind writes: not kbind's
+    /// (the Go konnector's, or an older release's), so nothing can sync (#53.6).
+    pub const CORE_SCHEMA_OUTDATED: &str = "CoreSchemaOutdated";
 }
 
 /// The status of a condition.

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kbind_shared::api::{Connection, ConnectionStatus};
-use kbind_shared::conditions;
+use kbind_shared::conditions::{self, reasons, types};
 use kbind_shared::identity::{IdentityError, cluster_identity_and_source};
 use kbind_shared::keys;
 use kube::runtime::Controller;
@@ -57,10 +57,17 @@ pub async fn run(ctx: Arc<Context>, caches: TermCaches, stop: CancellationToken)
     let store = caches.connections.clone();
     let inputs = ctx
         .changes
-        .subscribe(&[Topic::ConnectionInput])
+        .subscribe(&[Topic::ConnectionInput, Topic::Cached(Kind::Crd)])
         .flat_map(move |change| {
             futures::stream::iter(match change {
                 Some(Change::ConnectionInput(name)) => vec![ObjectRef::new(&name)],
+                // A core CRD changed: whether it keeps kbind's fields is every Connection's
+                // `Ready` (#53.6).
+                Some(Change::Cached(Kind::Crd, key)) if crate::caches::core(&key.name) => store
+                    .state()
+                    .iter()
+                    .map(|c| ObjectRef::from_obj(c.as_ref()))
+                    .collect(),
                 Some(_) => Vec::new(),
                 None => store
                     .state()
@@ -179,6 +186,21 @@ async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Err
     let mut status = before.clone();
     let (outcome, provider_error) = connect(&connection, state, &mut status).await?;
     conditions_for(&mut status, &outcome, &connection);
+    let core_lack = ctx.core_crds_lack();
+    if let Some(ready) = outcome::core_schema_condition(core_lack.as_deref()) {
+        let said = conditions::find(&before.conditions, types::READY).is_some_and(|r| {
+            r.reason == reasons::CORE_SCHEMA_OUTDATED && r.message == ready.message
+        });
+        if !said {
+            tracing::error!(connection = %name, "{}", ready.message);
+        }
+        conditions::set(
+            &mut status.conditions,
+            ready,
+            connection.meta().generation,
+            &Time(jiff::Timestamp::now()),
+        );
+    }
     let kept = kept_crds(ctx, &name).await.map_err(Error::Consumer)?;
     conditions::set(
         &mut status.conditions,
@@ -208,11 +230,13 @@ async fn apply(connection: Arc<Connection>, state: &State) -> Result<Action, Err
     ctx.metrics
         .connection_ready
         .with_label_values(&[&name])
-        .set(if matches!(outcome, Outcome::Ready { .. }) {
-            1.0
-        } else {
-            0.0
-        });
+        .set(
+            if matches!(outcome, Outcome::Ready { .. }) && core_lack.is_none() {
+                1.0
+            } else {
+                0.0
+            },
+        );
     ctx.metrics
         .connection_exported_apis
         .with_label_values(&[&name])

@@ -65,6 +65,21 @@ pub fn not_installed_condition(problems: &[String]) -> Option<Desired<'static>> 
     ))
 }
 
+/// `Ready=False/CoreSchemaOutdated` when the core CRDs installed lack fields kbind writes (`lack`,
+/// [`kbind_shared::api::installed::describe`]): set after the outcome's conditions, whatever they
+/// say — the reconcile goes on (the heartbeat keeps the consumer alive for the provider's
+/// reaper), but no Connection is `Ready` while nothing can sync.
+pub fn core_schema_condition(lack: Option<&str>) -> Option<Desired<'static>> {
+    lack.map(|message| {
+        Desired::new(
+            types::READY,
+            false,
+            reasons::CORE_SCHEMA_OUTDATED,
+            message.to_owned(),
+        )
+    })
+}
+
 /// The conditions `outcome` implies, in setting order. Conditions of steps the reconcile did not
 /// reach are left out (they keep their last value, as in the reference).
 pub fn desired(outcome: &Outcome) -> Vec<Desired<'static>> {
@@ -191,6 +206,27 @@ mod tests {
 
     fn s(a: &str, b: &str) -> (String, String) {
         (a.to_owned(), b.to_owned())
+    }
+
+    #[test]
+    fn outdated_core_crds_un_ready_a_connection_that_is_otherwise_ready() {
+        let ready = Outcome::Ready {
+            server: "https://p".into(),
+            exported: 2,
+            not_installed: vec![],
+            denied: None,
+        };
+        let mut conds = Vec::new();
+        apply(&mut conds, &ready, Some(1), &now());
+        assert_eq!(state(&conds, "Ready"), s("True", "AsExpected"));
+        assert_eq!(core_schema_condition(None), None);
+        let lack = "the core CRDs installed are not kbind's: connections.core.kbind.io lacks status.verifiedCredential";
+        let desired = core_schema_condition(Some(lack)).unwrap();
+        conditions::set(&mut conds, desired, Some(1), &now());
+        assert_eq!(state(&conds, "Ready"), s("False", "CoreSchemaOutdated"));
+        assert_eq!(conditions::find(&conds, "Ready").unwrap().message, lack);
+        // The other conditions still say what the reconcile found.
+        assert_eq!(state(&conds, "Connected"), s("True", "AsExpected"));
     }
 
     #[test]

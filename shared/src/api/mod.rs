@@ -4,6 +4,7 @@
 
 mod binding;
 mod connection;
+pub mod installed;
 pub mod reaper;
 pub mod schema;
 

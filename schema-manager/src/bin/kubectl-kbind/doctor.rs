@@ -395,13 +395,37 @@ pub struct Report {
     /// RBAC granting what is missing, ready to apply on the provider.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub missing_rbac: Option<String>,
+    /// What the core CRDs installed on the consumer lack of kbind's (#53.6): nothing syncs
+    /// until kbind's are installed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub core_crds: Option<String>,
 }
 
 impl Report {
-    /// Nothing missing.
+    /// Nothing missing: no permission, and no field of kbind's core CRDs.
     pub fn healthy(&self) -> bool {
-        self.checks.iter().all(|c| c.missing.is_empty())
+        self.checks.iter().all(|c| c.missing.is_empty()) && self.core_crds.is_none()
     }
+}
+
+/// What the core CRDs installed on the consumer lack of kbind's, as one message (`None`: they
+/// keep every field kbind writes). Read with the user's credential: one it may not read is not
+/// judged.
+async fn core_crds(consumer: &Client) -> Option<String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kbind_shared::api::installed;
+    let api: Api<CustomResourceDefinition> = Api::all(consumer.clone());
+    let mut lacks = Vec::new();
+    for (_, expected) in kbind_shared::api::crds() {
+        let name = expected.metadata.name.clone().unwrap_or_default();
+        let Ok(installed) = api.get_opt(&name).await else {
+            continue;
+        };
+        if let Some(lack) = installed::lack(&expected, installed.as_ref()) {
+            lacks.push((name, lack));
+        }
+    }
+    installed::describe(&lacks)
 }
 
 /// Where each related-resources entry of the Connection's bindings uses the provider:
@@ -541,6 +565,7 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
         connection: name.into(),
         provider_cluster_uid: provider.identity,
         missing_rbac: missing_rbac(name, &user, &checks),
+        core_crds: core_crds(consumer).await,
         identity,
         user,
         checks,
@@ -631,6 +656,9 @@ pub fn render(report: &Report) -> String {
         &["", "RESOURCE", "NAMESPACE", "MISSING", "NEEDED TO"],
         &rows,
     );
+    if let Some(lack) = &report.core_crds {
+        out += &format!("PROBLEM: {}\n", view::line(lack, 600));
+    }
     for note in &report.notes {
         out += &format!("note: {}\n", view::line(note, 300));
     }

@@ -1347,6 +1347,14 @@ async fn core_crds_that_drop_kbinds_fields_are_named_and_nothing_says_ready() {
         "{doctor}"
     );
 
+    let plan = plugin(&kubeconfig, &["migrate", "plan"]).await;
+    assert!(
+        plan.stdout.contains(
+            "the core CRDs installed are not kbind's (connections.core.kbind.io lacks status.verifiedCredential)"
+        ),
+        "{plan}"
+    );
+
     // kbind's CRDs again: Ready, and objects sync.
     kbind_e2e::kbind::install_crds(&s.consumer).await.unwrap();
     wait_connection(&s.consumer, "provider", "Ready=True").await;

@@ -101,6 +101,10 @@ pub struct CoreCrd {
     pub release: Option<String>,
     pub release_namespace: Option<String>,
     pub kept: bool,
+    /// Fields kbind writes that the installed schema drops (the Go konnector's CRDs lack
+    /// `status.verifiedCredential`): nothing syncs until kbind's CRDs are installed (#53.6).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lacks: Vec<String>,
 }
 
 /// The related copies (Secrets, ConfigMaps) on this cluster.
@@ -242,8 +246,21 @@ pub fn steps(
             release.name, release.namespace
         ));
     }
+    let lacking: Vec<String> = core
+        .iter()
+        .filter(|c| !c.lacks.is_empty())
+        .map(|c| format!("{} lacks {}", c.name, c.lacks.join(", ")))
+        .collect();
+    let lacking = if lacking.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; the core CRDs installed are not kbind's ({}) — keep the chart's CRD installation on (or kubectl apply -f deploy/crds/): with them every Connection stays Ready=False/CoreSchemaOutdated and nothing syncs",
+            lacking.join("; ")
+        )
+    };
     steps.push(format!(
-        "install kbind: helm upgrade --install {} deploy/charts/kbind -n {} — it adopts the core CRDs and then every Connection, binding, copy and heartbeat Lease as they are",
+        "install kbind: helm upgrade --install {} deploy/charts/kbind -n {} — it adopts the core CRDs and then every Connection, binding, copy and heartbeat Lease as they are{lacking}",
         release.name, release.namespace
     ));
     let rewrites = apis
@@ -376,7 +393,24 @@ pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, Stri
                 .and_then(|c| c.annotations().get(key).cloned())
                 .map(|v| cell(&v))
         };
+        let expected = kbind_shared::api::crds()
+            .into_iter()
+            .map(|(_, c)| c)
+            .find(|c| c.metadata.name.as_deref() == Some(name));
+        let lacks = match (expected, crd.as_ref()) {
+            (Some(expected), Some(installed)) => {
+                match kbind_shared::api::installed::lack(&expected, Some(installed)) {
+                    Some(kbind_shared::api::installed::Lack::Fields(fields)) => fields,
+                    Some(kbind_shared::api::installed::Lack::Version(version)) => {
+                        vec![format!("version {version}")]
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            _ => Vec::new(),
+        };
         core_crds.push(CoreCrd {
+            lacks,
             name: name.to_owned(),
             present: crd.is_some(),
             release: annotation(HELM_RELEASE_NAME),
@@ -717,6 +751,7 @@ mod tests {
             release: Some("konnector".into()),
             release_namespace: Some("kbind".into()),
             kept: false,
+            lacks: vec!["status.verifiedCredential".into()],
         };
         let pulled = PulledCrd {
             name: "widgets.example.org".into(),
@@ -739,6 +774,14 @@ mod tests {
             all[1]
         );
         assert!(all[2].starts_with("install kbind"));
+        assert!(
+            all[2].contains(&format!(
+                "the core CRDs installed are not kbind's ({} lacks status.verifiedCredential)",
+                CORE_CRDS[0]
+            )),
+            "{}",
+            all[2]
+        );
         assert!(all[3].contains("rewrites 1 pulled CRD"));
         assert!(all[4].starts_with("optional"));
         // After apply: scaled down, the CRDs kept by kbind's release, the hashes kbind's.
@@ -750,6 +793,7 @@ mod tests {
         let kept = CoreCrd {
             release: Some("kbind".into()),
             kept: true,
+            lacks: Vec::new(),
             ..go_owned
         };
         let current = PulledCrd {

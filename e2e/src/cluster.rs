@@ -27,7 +27,8 @@ const AUDIT_LOG: &str = "audit.log";
 /// At Metadata level (no bodies): every request of the users [`Cluster::mint_user`] makes (the
 /// restricted credentials tests hand kbind — denied ones too, which the API server's request
 /// metrics do not count), writes to the test APIs and to kbind's own objects by anyone, reads of
-/// the test APIs (a GET, a LIST, or a WATCH — a streaming list is one), and Lease writes in
+/// the test APIs and of Secrets and ConfigMaps (a GET, a LIST, or a WATCH — a streaming list is
+/// one), and Lease writes in
 /// kbind's namespace (the syncers' memberships); nothing else.
 const AUDIT_POLICY_YAML: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -44,6 +45,11 @@ rules:
   verbs: [get, list, watch]
   resources:
   - group: example.org
+- level: Metadata
+  verbs: [get, list, watch]
+  resources:
+  - group: \"\"
+    resources: [secrets, configmaps]
 - level: Metadata
   verbs: [create, update, patch]
   namespaces: [kbind-system]

@@ -417,13 +417,15 @@ async fn kbind_adopts_the_go_konnectors_state_writing_only_its_label_to_the_prov
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    // Nothing of the provider's was written but, on each copy kbind took over, the label its
-    // provider watch selects this consumer's copies by (#50.5): one apply per copy, read first
-    // (no refused create), its spec and the Go konnector's markers as they were.
+    // Nothing of the provider's was written but, on each copy kbind took over (the related copy
+    // too), the label its provider watches select this consumer's copies by (#50.5): one apply
+    // per copy, read first (no refused create), its spec and the Go konnector's markers as they
+    // were.
     let kind = |resource: &kube::api::ApiResource| resource.plural.clone();
     let taken_over: Vec<String> = synced
         .iter()
         .map(|(r, o)| format!("{} team-a/{}", kind(r), o.name_any()))
+        .chain(["configmap team-a/settings".to_owned()])
         .collect();
     let after = provider_versions(&provider).await;
     for (key, version) in &before {
@@ -440,6 +442,7 @@ async fn kbind_adopts_the_go_konnectors_state_writing_only_its_label_to_the_prov
     assert_eq!(
         written,
         BTreeMap::from([
+            ("APPLY /configmaps ".to_owned(), 1),
             ("APPLY example.org/gadgets ".to_owned(), count("gadgets")),
             ("APPLY example.org/widgets ".to_owned(), count("widgets")),
         ]),

@@ -962,3 +962,97 @@ async fn a_suspended_binding_copies_and_deletes_no_related_object_until_resumed(
     )
     .await;
 }
+
+#[tokio::test]
+async fn another_consumers_related_copies_on_the_provider_are_never_read() {
+    // #50.5 for related resources: kbind's Secret copies on the provider carry the consumer
+    // cluster's label and the syncer's provider-side watches and lists select by it — another
+    // consumer's copies (its Secrets!) in the same namespace are never listed, watched or fetched.
+    let s = SyncEnv::start("related_own_copies", &[0, 1, 2], None).await;
+    let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
+    let local_uid = Api::<Namespace>::all(consumer.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    for client in [&consumer, &provider] {
+        ensure_namespace(client, "team-b").await.unwrap();
+    }
+    // Another consumer's copy of its Secret, as its kbind writes it.
+    let mut theirs = secret("team-b", "their-token", &[], b"another-consumers-secret");
+    theirs.metadata.labels = labels(&[
+        ("core.kbind.io/managed", "true"),
+        (
+            "core.kbind.io/consumer-cluster-uid",
+            "0b2e4c9a-5d1f-4e8b-9a7c-3f6d2e1b0a98",
+        ),
+    ]);
+    theirs.metadata.annotations = Some(
+        [
+            (
+                "core.kbind.io/consumer-cluster-uid".to_owned(),
+                "0b2e4c9a-5d1f-4e8b-9a7c-3f6d2e1b0a98".to_owned(),
+            ),
+            (
+                "core.kbind.io/related-binding".to_owned(),
+                "another-binding".to_owned(),
+            ),
+        ]
+        .into(),
+    );
+    let provider_secrets: Api<Secret> = Api::namespaced(provider.clone(), "team-b");
+    provider_secrets
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(consumer.clone(), "team-b")
+        .create(
+            &PostParams::default(),
+            &secret("team-b", "outbound", &[], b"ours"),
+        )
+        .await
+        .unwrap();
+    allow_secrets_to_provider(&consumer).await;
+    set_cluster_binding(
+        &consumer,
+        json!({ "relatedResources": [
+            { "resource": "secrets", "direction": "FromConsumer", "selector": { "names": ["outbound"] } },
+        ] }),
+    )
+    .await;
+    let copy = wait_object(&provider_secrets, "outbound", "our copy", 30, |_| true).await;
+    assert_eq!(
+        copy.labels().get("core.kbind.io/consumer-cluster-uid"),
+        Some(&local_uid)
+    );
+    assert_eq!(secret_value(&copy), Some(b"ours".to_vec()));
+    wait_status(
+        "RelatedResourcesSynced=True",
+        async || cluster_binding_status(&consumer).await,
+        |s| related_condition(s).is_some_and(|(status, _, _)| status == "True"),
+    )
+    .await;
+    // Their copy is untouched, and kbind read nothing of it.
+    assert_eq!(
+        secret_value(&provider_secrets.get("their-token").await.unwrap()),
+        Some(b"another-consumers-secret".to_vec())
+    );
+    let reads: Vec<_> = s
+        .env
+        .cluster("provider")
+        .audited()
+        .into_iter()
+        .filter(|a| a.resource == "secrets" && a.user_agent.starts_with("kbind-syncer/"))
+        .collect();
+    let selector = format!("core.kbind.io%2Fconsumer-cluster-uid%3D{local_uid}");
+    let collections: Vec<_> = reads
+        .iter()
+        .filter(|a| matches!(a.verb.as_str(), "list" | "watch"))
+        .collect();
+    assert!(!collections.is_empty(), "{reads:#?}");
+    for read in &collections {
+        assert!(read.request_uri.contains(&selector), "{read:#?}");
+    }
+    assert!(reads.iter().all(|a| a.name != "their-token"), "{reads:#?}");
+}

@@ -86,8 +86,10 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
                     client,
                     entry.resource,
                     spec.namespace.as_deref(),
-                    role,
-                    source_filter(&entries, entry.resource, from).filter(|_| role == Role::Source),
+                    match role {
+                        Role::Source => source_filter(&entries, entry.resource, from),
+                        Role::Target => Some(watch::target_selector(side, &spec.local_uid)),
+                    },
                     {
                         // A source keeps its payload only when an entry reads it; kbind's
                         // copies always do (they are compared with what is wanted).

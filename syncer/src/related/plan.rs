@@ -588,7 +588,7 @@ pub fn copy_body(key: &TargetKey, wanted: &Wanted, marker: &Marker<'_>, adopted:
         "metadata": {
             "name": key.name,
             "namespace": key.namespace,
-            "labels": { keys::MANAGED_LABEL: keys::TRUE },
+            "labels": labels(key.side, marker),
             "annotations": annotations,
         },
     });
@@ -596,6 +596,19 @@ pub fn copy_body(key: &TargetKey, wanted: &Wanted, marker: &Marker<'_>, adopted:
         body[field.as_str()] = value.clone();
     }
     body
+}
+
+/// kbind's labels on a copy: managed; on the provider also the consumer cluster's UID, which
+/// the provider-side target watch selects by — another consumer's copies are never read (#50.5).
+fn labels(side: Side, marker: &Marker<'_>) -> BTreeMap<&'static str, String> {
+    let mut labels = BTreeMap::from([(keys::MANAGED_LABEL, keys::TRUE.to_owned())]);
+    if side == Side::Provider {
+        labels.insert(
+            keys::CONSUMER_CLUSTER_UID_LABEL,
+            marker.local_uid.to_owned(),
+        );
+    }
+    labels
 }
 
 fn annotations(wanted: &Wanted, marker: &Marker<'_>) -> BTreeMap<&'static str, String> {
@@ -677,8 +690,9 @@ pub fn step(
     let go_copy = !existing
         .annotations
         .contains_key(keys::RELATED_ENTRIES_ANNOTATION);
-    let meta_same = existing.labels.get(keys::MANAGED_LABEL).map(String::as_str)
-        == Some(keys::TRUE)
+    let meta_same = labels(target_side, marker)
+        .iter()
+        .all(|(k, v)| existing.labels.get(*k) == Some(v))
         && annotations(wanted, marker).iter().all(|(k, v)| {
             existing.annotations.get(*k) == Some(v)
                 || (go_copy && *k == keys::RELATED_ENTRIES_ANNOTATION)
@@ -902,6 +916,15 @@ mod tests {
             copy_body(key, want, &MARKER, true)["metadata"]["annotations"]["core.kbind.io/related-adopted"],
             "true"
         );
+        // On the provider, the consumer cluster's label too: its target watch selects by it.
+        let on_provider = TargetKey {
+            side: Side::Provider,
+            ..key.clone()
+        };
+        assert_eq!(
+            copy_body(&on_provider, want, &MARKER, false)["metadata"]["labels"],
+            json!({ "core.kbind.io/managed": "true", "core.kbind.io/consumer-cluster-uid": "consumer-1" })
+        );
         assert_eq!(
             body,
             json!({
@@ -926,7 +949,15 @@ mod tests {
     }
 
     fn ours(wanted: &Wanted, data: &str) -> Item {
-        let mut t = item("ns", "a", &[(keys::MANAGED_LABEL, keys::TRUE)], data);
+        let mut t = item(
+            "ns",
+            "a",
+            &[
+                (keys::MANAGED_LABEL, keys::TRUE),
+                (keys::CONSUMER_CLUSTER_UID_LABEL, MARKER.local_uid),
+            ],
+            data,
+        );
         for (k, v) in annotations(wanted, &MARKER) {
             t.annotations.insert(k.to_owned(), v);
         }
@@ -976,6 +1007,8 @@ mod tests {
         retyped
             .payload
             .insert("type".into(), json!("kubernetes.io/tls"));
+        let mut unlabelled = ours(&want, "1");
+        unlabelled.labels.remove(keys::CONSUMER_CLUSTER_UID_LABEL);
         let conflict = Step::Conflict(String::new());
         // (existing, target side, policy) → step; any Conflict matches `conflict`.
         let cases: Vec<(Option<&Item>, Side, ConflictPolicy, Step)> = vec![
@@ -984,6 +1017,11 @@ mod tests {
             (None, provider, adopt, Step::Create),
             // Ours and current: nothing; drift is repaired.
             (Some(&current), consumer, fail, Step::Nothing),
+            (Some(&current), provider, fail, Step::Nothing),
+            // A provider copy without the consumer cluster's label (written before it, or by the
+            // Go konnector): the label is applied, once; the consumer side needs none.
+            (Some(&unlabelled), provider, fail, Step::Apply),
+            (Some(&unlabelled), consumer, fail, Step::Nothing),
             (Some(&drifted), provider, fail, Step::Apply),
             // An immutable copy is replaced, not left stale — unless kbind only adopted it.
             (Some(&frozen), consumer, fail, Step::Replace),

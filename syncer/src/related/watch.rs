@@ -101,25 +101,34 @@ pub(super) fn slim(object: &mut DynamicObject, selected: impl Fn(&DynamicObject)
     }
 }
 
+/// The selector of a target watch on `side`: kbind's copies — on the provider only this consumer
+/// cluster's (`local_uid`), by the label every provider copy carries (#50.5), so that another
+/// consumer's related copies are never read.
+pub(super) fn target_selector(side: Side, local_uid: &str) -> String {
+    let managed = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
+    match side {
+        Side::Consumer => managed,
+        Side::Provider => format!("{managed},{}={local_uid}", keys::CONSUMER_CLUSTER_UID_LABEL),
+    }
+}
+
+/// One watch of `kind` in `namespace` (all when `None`), selected by `labels`, each object as
+/// [`slim`] leaves it.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn watch(
     client: Client,
     kind: RelatedResourceKind,
     namespace: Option<&str>,
-    role: Role,
-    source_labels: Option<String>,
+    labels: Option<String>,
     selected: impl Fn(&DynamicObject) -> bool + Send + 'static,
     stop: CancellationToken,
     changes: Arc<Notify>,
 ) -> Watched {
     let resource = resource(kind);
     let api = kbind_shared::dynamic::scoped(&client, namespace, &resource);
-    let config = match (role, source_labels) {
-        (Role::Target, _) => {
-            watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
-        }
-        (Role::Source, Some(labels)) => watcher::Config::default().labels(&labels),
-        (Role::Source, None) => watcher::Config::default(),
+    let config = match labels {
+        Some(labels) => watcher::Config::default().labels(&labels),
+        None => watcher::Config::default(),
     };
     let writer = reflector::store::Writer::<DynamicObject>::new(resource);
     let store = writer.as_reader();

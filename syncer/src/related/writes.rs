@@ -242,11 +242,10 @@ impl Worker {
                     &resource(kind),
                 );
                 let list = api
-                    .list(&ListParams::default().labels(&format!(
-                        "{}={}",
-                        keys::MANAGED_LABEL,
-                        keys::TRUE
-                    )))
+                    .list(
+                        &ListParams::default()
+                            .labels(&super::watch::target_selector(side, &self.spec.local_uid)),
+                    )
                     .await;
                 match list {
                     Ok(list) => {

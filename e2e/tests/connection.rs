@@ -661,9 +661,12 @@ async fn exported_names(consumer: &Client, want: impl Fn(&[String]) -> bool) -> 
 }
 
 #[tokio::test]
-async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_otherwise_which_exports_only_marked_apis()
+async fn auto_falls_through_to_the_openapi_boundary_and_narrows_to_labelled_crds_and_marked_is_an_opt_in()
  {
-    // DISC-2, DISC-3, DISC-4, API-C6 activeSchemaSource; Auto resolves once (#32.8)
+    // DISC-2, DISC-3, DISC-4, API-C6 activeSchemaSource; #53.5: the OpenAPI source exports the
+    // credential's discovery boundary (the seed's contract, what CRD-less providers need), `Auto`
+    // narrows from OpenAPI to CRD once the provider labels exports, and `openAPIExports: Marked`
+    // keeps #32.8's filter as an opt-in.
     let s = setup("conn_auto_source", &[]).await;
     install_crd(&s.provider, &crd("gadgets", "example.org", "Gadget", &[]))
         .await
@@ -675,17 +678,38 @@ async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_other
     create_connection(&s.consumer, &connection("crd-only", "p", SchemaSource::Crd))
         .await
         .unwrap();
+    create_connection(
+        &s.consumer,
+        &connection("openapi", "p", SchemaSource::OpenApi),
+    )
+    .await
+    .unwrap();
+    let mut marked = connection("marked", "p", SchemaSource::OpenApi);
+    marked.spec.schema.openapi_exports = kbind_shared::api::OpenApiExports::Marked;
+    create_connection(&s.consumer, &marked).await.unwrap();
 
-    let auto = wait_connection(&s.consumer, "auto", "Ready=True")
+    for name in ["auto", "openapi"] {
+        let status = wait_connection(&s.consumer, name, "Ready=True")
+            .await
+            .status
+            .unwrap();
+        assert_eq!(
+            status.active_schema_source,
+            Some(ActiveSchemaSource::OpenApi),
+            "{name}"
+        );
+        // The boundary: the unlabelled gadgets, and nothing built in.
+        assert_eq!(status.exported_names(), ["gadgets.example.org"], "{name}");
+    }
+    let marked = wait_connection(&s.consumer, "marked", "Ready=True")
         .await
         .status
         .unwrap();
-    assert_eq!(auto.active_schema_source, Some(ActiveSchemaSource::OpenApi));
-    let names: Vec<&str> = auto.exported_apis.iter().map(|a| a.name.as_str()).collect();
-    // The OpenAPI source exports only what the provider marked (#32.8; the reference exported the
-    // unlabelled gadgets and every other non-built-in API).
-    assert!(names.is_empty(), "OpenAPI exports unmarked APIs: {names:?}");
-
+    assert!(
+        marked.exported_apis.is_empty(),
+        "Marked exports unmarked APIs: {:?}",
+        marked.exported_names()
+    );
     let crd_only = wait_connection(&s.consumer, "crd-only", "Ready=True")
         .await
         .status
@@ -704,15 +728,33 @@ async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_other
     )
     .await
     .unwrap();
-    // Auto resolved once (#32.8): it keeps reading OpenAPI, which now shows the marked API (and
-    // still not gadgets); the CRD source sees it as well.
+    // Auto narrows to the labelled CRD; explicit OpenAPI keeps the boundary (both APIs); Marked
+    // shows the marked one through OpenAPI; the CRD source sees it as well.
     let api: Api<Connection> = Api::all(s.consumer.clone());
-    for (name, source) in [
-        ("auto", ActiveSchemaSource::OpenApi),
-        ("crd-only", ActiveSchemaSource::Crd),
+    for (name, source, names) in [
+        (
+            "auto",
+            ActiveSchemaSource::Crd,
+            &["widgets.example.org"][..],
+        ),
+        (
+            "openapi",
+            ActiveSchemaSource::OpenApi,
+            &["gadgets.example.org", "widgets.example.org"][..],
+        ),
+        (
+            "marked",
+            ActiveSchemaSource::OpenApi,
+            &["widgets.example.org"][..],
+        ),
+        (
+            "crd-only",
+            ActiveSchemaSource::Crd,
+            &["widgets.example.org"][..],
+        ),
     ] {
         eventually(
-            &format!("{name} to show widgets through {source:?}"),
+            &format!("{name} to show {names:?} through {source:?}"),
             Duration::from_secs(15),
             || async {
                 let status = api
@@ -721,7 +763,7 @@ async fn auto_source_picks_crds_when_exported_and_falls_through_to_openapi_other
                     .map_err(|e| e.to_string())?
                     .status
                     .unwrap_or_default();
-                let shows = status.exported_names() == ["widgets.example.org"];
+                let shows = status.exported_names() == names;
                 Ok((status.active_schema_source == Some(source) && shows).then_some(()))
             },
         )

@@ -1,7 +1,9 @@
 //! Discovery of the APIs a provider exports (REFERENCE-BEHAVIOUR §6, DISC-1 … DISC-6).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kbind_shared::api::{ActiveSchemaSource, ApiScope, ExportedApi, SchemaSource};
+use kbind_shared::api::{
+    ActiveSchemaSource, ApiScope, ExportedApi, OpenApiExports, SchemaPolicy, SchemaSource,
+};
 use std::collections::BTreeSet;
 
 use kbind_shared::keys;
@@ -129,26 +131,37 @@ async fn marked_api_services(provider: &Provider) -> Result<BTreeSet<String>, Pr
     }
 }
 
-/// DISC-4, marked (#32.8): every API the provider marked exported ([`Marks`]) for which a CRD can
-/// be synthesized from its OpenAPI documents, with its versions highest first. Unmarked APIs are
-/// neither read nor synthesized.
+/// DISC-4: the APIs of the provider's OpenAPI for which a CRD can be synthesized, with their
+/// versions highest first. `Boundary` (the seed's contract): every non-built-in API the
+/// credential's discovery shows, kbind's own groups excepted. `Marked` (#32.8, opt-in): only
+/// what the provider marked ([`Marks`]); unmarked APIs are then neither read nor synthesized.
 async fn discover_openapi_candidates(
     provider: &Provider,
     documents: &Documents,
+    exports: OpenApiExports,
 ) -> Result<Vec<ExportedApi>, ProviderError> {
-    let marks = Marks {
-        crds: list_exported_crds(provider)
-            .await?
-            .into_iter()
-            .map(|a| a.name)
-            .collect(),
-        group_versions: marked_api_services(provider).await?,
+    let marks = match exports {
+        OpenApiExports::Boundary => None,
+        OpenApiExports::Marked => {
+            let marks = Marks {
+                crds: list_exported_crds(provider)
+                    .await?
+                    .into_iter()
+                    .map(|a| a.name)
+                    .collect(),
+                group_versions: marked_api_services(provider).await?,
+            };
+            if marks == Marks::default() {
+                return Ok(Vec::new());
+            }
+            Some(marks)
+        }
     };
-    if marks == Marks::default() {
-        return Ok(Vec::new());
-    }
     let synthesized = synthesize_from_provider(provider, documents, |group, resource, gv| {
-        marks.exports(group, resource, gv)
+        in_boundary(group)
+            && marks
+                .as_ref()
+                .is_none_or(|m| m.exports(group, resource, gv))
     })
     .await?;
     let mut exports: Vec<ExportedApi> = synthesized
@@ -167,52 +180,73 @@ async fn discover_openapi_candidates(
     Ok(exports)
 }
 
-/// The source a discovery under `source` reads, given the one a previous discovery of the same
-/// Connection recorded (`status.activeSchemaSource`). `Auto` resolves once (LIM-2 fixed): the
-/// first discovery picks CRDs when the provider exports any, else OpenAPI, and from then on the
-/// recorded choice stands — an empty answer (an export label removed for a moment) is just that,
-/// never a fall-through that widens the exports. `None`: `Auto` not resolved yet.
-pub fn resolved_source(
-    source: SchemaSource,
-    recorded: Option<ActiveSchemaSource>,
-) -> Option<ActiveSchemaSource> {
-    match source {
-        SchemaSource::Crd => Some(ActiveSchemaSource::Crd),
-        SchemaSource::OpenApi => Some(ActiveSchemaSource::OpenApi),
-        SchemaSource::Auto => recorded,
+/// Whether the OpenAPI source may export an API of `group` (built-in groups are never read at
+/// all, `openapi::fetch::is_builtin_group`): not kbind's own (`core.kbind.io`, `reaper.kbind.io`
+/// — kbind never installs them as a consumer API).
+pub fn in_boundary(group: &str) -> bool {
+    group != "kbind.io" && !group.ends_with(".kbind.io")
+}
+
+/// What a discovery reads, given the Connection's `source` and the source a previous discovery
+/// recorded (`status.activeSchemaSource`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// Labelled provider CRDs only.
+    Crd,
+    /// The provider's OpenAPI.
+    OpenApi,
+    /// Labelled provider CRDs when there are any, else the provider's OpenAPI.
+    CrdElseOpenApi,
+}
+
+/// `Auto` (DISC-2/3, LIM-2 fixed): labelled CRDs win when there are any — also after an earlier
+/// discovery fell through to OpenAPI (it narrows to CRD once the provider labels exports) — but
+/// once it reads CRDs it stays there: an empty answer (an export label removed for a moment) is
+/// just that, never a fall-through that widens the exports to the whole OpenAPI boundary.
+pub fn reading(source: SchemaSource, recorded: Option<ActiveSchemaSource>) -> Reading {
+    match (source, recorded) {
+        (SchemaSource::Crd, _) | (SchemaSource::Auto, Some(ActiveSchemaSource::Crd)) => {
+            Reading::Crd
+        }
+        (SchemaSource::OpenApi, _) => Reading::OpenApi,
+        (SchemaSource::Auto, None | Some(ActiveSchemaSource::OpenApi)) => Reading::CrdElseOpenApi,
     }
 }
 
-/// DISC-2/3/4: the exported APIs under the Connection's schema source; `recorded` is the source
-/// its status records from an earlier discovery ([`resolved_source`]).
+/// DISC-2/3/4: the exported APIs under the Connection's schema `policy`; `recorded` is the source
+/// its status records from an earlier discovery ([`reading`]).
 pub async fn discover(
     provider: &Provider,
     documents: &Documents,
-    source: SchemaSource,
+    policy: &SchemaPolicy,
     recorded: Option<ActiveSchemaSource>,
 ) -> Result<Exports, ProviderError> {
-    let source = match resolved_source(source, recorded) {
-        Some(ActiveSchemaSource::Crd) => SchemaSource::Crd,
-        Some(ActiveSchemaSource::OpenApi) => SchemaSource::OpenApi,
-        None => SchemaSource::Auto,
+    let openapi = || async {
+        Ok::<_, ProviderError>(Exports {
+            source: ActiveSchemaSource::OpenApi,
+            apis: discover_openapi_candidates(provider, documents, policy.openapi_exports).await?,
+        })
     };
-    match source {
-        SchemaSource::Crd => Ok(Exports {
+    match reading(policy.source, recorded) {
+        Reading::Crd => Ok(Exports {
             source: ActiveSchemaSource::Crd,
             apis: list_exported_crds(provider).await?,
         }),
-        SchemaSource::OpenApi => Ok(Exports {
-            source: ActiveSchemaSource::OpenApi,
-            apis: discover_openapi_candidates(provider, documents).await?,
-        }),
-        SchemaSource::Auto => {
-            // A failed list is an error, not a fall-through (DISC-2).
-            let apis = list_exported_crds(provider).await?;
+        Reading::OpenApi => openapi().await,
+        Reading::CrdElseOpenApi => {
+            // A failed list is an error, not a fall-through (DISC-2) — but once on OpenAPI, a
+            // credential that may no longer list CRDs stays there.
+            let apis = match list_exported_crds(provider).await {
+                Ok(apis) => apis,
+                Err(ProviderError::Forbidden(_))
+                    if recorded == Some(ActiveSchemaSource::OpenApi) =>
+                {
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            };
             if apis.is_empty() {
-                Ok(Exports {
-                    source: ActiveSchemaSource::OpenApi,
-                    apis: discover_openapi_candidates(provider, documents).await?,
-                })
+                openapi().await
             } else {
                 Ok(Exports {
                     source: ActiveSchemaSource::Crd,
@@ -350,23 +384,32 @@ mod tests {
     }
 
     #[test]
-    fn auto_resolves_once_and_keeps_its_choice() {
-        // #32.8: (source, recorded) → what is read
+    fn auto_narrows_to_crd_and_never_widens_from_it() {
+        // (source, recorded) → what is read
         use ActiveSchemaSource::{Crd, OpenApi};
         let cases = [
-            (SchemaSource::Auto, None, None),
-            (SchemaSource::Auto, Some(Crd), Some(Crd)),
-            (SchemaSource::Auto, Some(OpenApi), Some(OpenApi)),
-            (SchemaSource::Crd, Some(OpenApi), Some(Crd)),
-            (SchemaSource::OpenApi, Some(Crd), Some(OpenApi)),
-            (SchemaSource::Crd, None, Some(Crd)),
+            (SchemaSource::Auto, None, Reading::CrdElseOpenApi),
+            // Once on CRDs, an empty list stays empty (the blip, #32.8).
+            (SchemaSource::Auto, Some(Crd), Reading::Crd),
+            // On OpenAPI, labelled CRDs appearing narrow it to CRD (#53.5).
+            (SchemaSource::Auto, Some(OpenApi), Reading::CrdElseOpenApi),
+            (SchemaSource::Crd, Some(OpenApi), Reading::Crd),
+            (SchemaSource::Crd, None, Reading::Crd),
+            (SchemaSource::OpenApi, Some(Crd), Reading::OpenApi),
+            (SchemaSource::OpenApi, None, Reading::OpenApi),
         ];
         for (source, recorded, want) in cases {
-            assert_eq!(
-                resolved_source(source, recorded),
-                want,
-                "{source:?} {recorded:?}"
-            );
+            assert_eq!(reading(source, recorded), want, "{source:?} {recorded:?}");
+        }
+    }
+
+    #[test]
+    fn the_openapi_boundary_leaves_out_kbinds_own_groups() {
+        for group in ["example.org", "widgets.io", "kbind.example.org"] {
+            assert!(in_boundary(group), "{group}");
+        }
+        for group in ["core.kbind.io", "reaper.kbind.io", "kbind.io"] {
+            assert!(!in_boundary(group), "{group}");
         }
     }
 

@@ -402,7 +402,7 @@ async fn connect(
     let exports = match discovery::discover(
         &provider,
         &ctx.documents,
-        connection.spec.schema.source,
+        &connection.spec.schema,
         connection
             .status
             .as_ref()

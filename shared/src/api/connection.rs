@@ -162,6 +162,13 @@ pub struct SchemaPolicy {
     /// Where exported APIs and their schemas come from.
     #[serde(default)]
     pub source: SchemaSource,
+    /// Under the OpenAPI source (chosen, or `Auto` resolved to it): which of the provider's APIs
+    /// are exported. `Boundary` (the default): every non-built-in API the credential's discovery
+    /// shows (kbind's own `*.kbind.io` groups excepted) — what CRD-less providers depend on.
+    /// `Marked`: only APIs the provider marked, a CRD or an APIService labelled
+    /// `core.kbind.io/exported=true`.
+    #[serde(default, rename = "openAPIExports")]
+    pub openapi_exports: OpenApiExports,
     /// Which exported APIs get a CRD on this cluster.
     #[serde(default)]
     pub pull_policy: PullPolicy,
@@ -204,6 +211,16 @@ pub enum SchemaSource {
     /// Non-built-in APIs found through the provider's `/openapi/v3`, synthesized into CRDs.
     #[serde(rename = "OpenAPI")]
     OpenApi,
+}
+
+/// Which APIs the OpenAPI source exports.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum OpenApiExports {
+    /// Every non-built-in API the provider credential's discovery shows.
+    #[default]
+    Boundary,
+    /// Only APIs the provider labelled `core.kbind.io/exported=true` (a CRD, or an APIService).
+    Marked,
 }
 
 /// Which exported APIs get a CRD on this cluster.

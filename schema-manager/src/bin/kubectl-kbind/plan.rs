@@ -507,7 +507,7 @@ pub async fn gather(
                     match discovery::discover(
                         &provider.provider,
                         &documents,
-                        spec.schema.source,
+                        &spec.schema,
                         recorded,
                     )
                     .await

@@ -649,6 +649,48 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
             .await
             .unwrap();
     }
+    // #53.3: a konnector may run as a StatefulSet (a renamed image behind a shell) or a
+    // DaemonSet. (That no first page hides one is `migrate::tests::every_page_of_a_list_is_read`.)
+    ensure_namespace(&consumer, "zz-late").await.unwrap();
+    for (kind, name, container) in [
+        (
+            "Deployment",
+            "konnector",
+            json!({ "name": "main", "image": "ghcr.io/kbind-dev/konnector:v0.4.0" }),
+        ),
+        (
+            "StatefulSet",
+            "agent",
+            json!({ "name": "main", "image": "registry.local/platform/agent:3",
+                    "command": ["/bin/sh", "-c", "exec /konnector --v=2"] }),
+        ),
+        (
+            "DaemonSet",
+            "konnector-ds",
+            json!({ "name": "main", "image": "ghcr.io/kbind-dev/konnector:v0.4.0" }),
+        ),
+    ] {
+        let resource =
+            kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("apps", "v1", kind));
+        let mut spec = json!({ "selector": { "matchLabels": { "app": name } },
+            "template": { "metadata": { "labels": { "app": name } },
+              "spec": { "containers": [container] } } });
+        if kind != "DaemonSet" {
+            spec["replicas"] = json!(1);
+        }
+        if kind == "StatefulSet" {
+            spec["serviceName"] = json!(name);
+        }
+        Api::<DynamicObject>::namespaced_with(consumer.clone(), "zz-late", &resource)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "apiVersion": "apps/v1", "kind": kind,
+                    "metadata": { "name": name }, "spec": spec }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
     let pods: Api<Pod> = Api::namespaced(consumer.clone(), "konnector-system");
     let app = kube::api::ListParams::default().labels("app=konnector");
     let platform_pods: Api<Pod> = Api::namespaced(consumer.clone(), "platform");
@@ -733,12 +775,24 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
         .as_array()
         .unwrap()
         .iter()
-        .map(|k| format!("{}/{} {}", k["namespace"], k["name"], k["pods"]).replace('"', ""))
+        .map(|k| {
+            format!(
+                "{} {}/{} {}",
+                k["kind"], k["namespace"], k["name"], k["stopped"]
+            )
+            .replace('"', "")
+        })
         .collect();
     assert_eq!(
         found,
-        ["konnector-system/konnector 1", "platform/bind-agent 1"],
-        "by image, and by command; kbind's syncer is not one"
+        [
+            "Deployment konnector-system/konnector false",
+            "Deployment platform/bind-agent false",
+            "Deployment zz-late/konnector false",
+            "StatefulSet zz-late/agent false",
+            "DaemonSet zz-late/konnector-ds false",
+        ],
+        "by image, command and args, in every workload kind; kbind's syncer is not one"
     );
     assert_eq!(plan["apis"][0]["name"], "widgets.example.org");
     assert_eq!(plan["apis"][0]["hash"], "Go");
@@ -770,13 +824,45 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
         "{steps:#?}"
     );
     assert!(
-        steps[2].contains("never `helm uninstall` konnector"),
+        steps[3].starts_with("scale StatefulSet zz-late/agent to 0"),
+        "{steps:#?}"
+    );
+    assert!(
+        steps[4].starts_with("stop DaemonSet zz-late/konnector-ds"),
+        "{steps:#?}"
+    );
+    assert!(
+        steps[5].contains("never `helm uninstall` konnector"),
         "{steps:#?}"
     );
 
-    // apply: the Go konnector stopped (its pod gone), the core CRDs kept for kbind's release.
+    // apply: the Go konnectors stopped (their pods gone), the core CRDs kept for kbind's release.
     let applied = plugin_json(&env, &["migrate", "apply"]);
-    assert_eq!(applied["done"].as_array().unwrap().len(), 5, "{applied:#}");
+    assert_eq!(applied["done"].as_array().unwrap().len(), 8, "{applied:#}");
+    let stopped: Vec<bool> = applied["konnectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["stopped"] == true && k["pods"] == 0)
+        .collect();
+    assert_eq!(stopped, [true; 5], "{applied:#}");
+    let daemon_set =
+        Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(consumer.clone(), "zz-late")
+            .get("konnector-ds")
+            .await
+            .unwrap();
+    assert!(
+        daemon_set
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .node_selector
+            .unwrap_or_default()
+            .contains_key("core.kbind.io/go-konnector-stopped-for-kbind"),
+        "the DaemonSet schedules nowhere"
+    );
     assert_eq!(
         deployments
             .get("konnector")

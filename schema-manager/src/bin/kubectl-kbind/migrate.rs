@@ -58,17 +58,29 @@ pub struct Report {
     pub done: Vec<String>,
 }
 
-/// A Deployment running the Go konnector.
+/// A workload running the Go konnector.
 #[derive(Debug, Clone, Serialize)]
 pub struct Konnector {
+    /// `Deployment`, `StatefulSet` or `DaemonSet`.
+    pub kind: String,
     pub namespace: String,
     pub name: String,
     pub image: String,
     pub replicas: i32,
     pub pods: usize,
+    /// Stopped: no replicas, or a DaemonSet with the node selector `apply` sets.
+    pub stopped: bool,
     /// The pod label selector (`k=v,…`).
     #[serde(skip)]
     pub selector: String,
+}
+
+impl Konnector {
+    /// Whether it runs, or may run (a DaemonSet not stopped schedules a pod on every node that
+    /// comes), or its pods are still there.
+    pub fn running(&self) -> bool {
+        !self.stopped || self.pods > 0
+    }
 }
 
 /// A consumer CRD pulled for a Connection.
@@ -127,13 +139,30 @@ pub fn is_go_konnector(image: &str) -> bool {
         || repository == "kbind-konnector"
 }
 
-/// Whether a container's command runs the Go konnector's binary (`konnector` or
-/// `kbind-konnector`, by any path) — for images renamed in a private registry.
-pub fn runs_go_konnector(command: &[String]) -> bool {
-    command.first().is_some_and(|program| {
-        let name = program.rsplit('/').next().unwrap_or(program);
-        name == "konnector" || name == "kbind-konnector"
-    })
+/// Whether a container runs the Go konnector's binary (`konnector` or `kbind-konnector`, by any
+/// path) by its `command` and `args` — for images renamed in a private registry: the program, or
+/// behind a wrapper (a shell's `-c` script, `tini`, `dumb-init`, `env`, `exec`) the first word
+/// that is neither a wrapper nor a flag.
+pub fn runs_go_konnector(command: &[String], args: &[String]) -> bool {
+    const WRAPPERS: [&str; 8] = [
+        "sh",
+        "bash",
+        "ash",
+        "dash",
+        "tini",
+        "dumb-init",
+        "env",
+        "exec",
+    ];
+    let name = |word: &str| word.rsplit('/').next().unwrap_or(word).to_owned();
+    command
+        .iter()
+        .chain(args)
+        .flat_map(|s| s.split_whitespace())
+        .filter(|w| !w.starts_with('-'))
+        .map(name)
+        .find(|w| !WRAPPERS.contains(&w.as_str()))
+        .is_some_and(|program| program == "konnector" || program == "kbind-konnector")
 }
 
 /// The form of a schema hash annotation.
@@ -216,10 +245,17 @@ pub fn steps(
     release: &Release,
 ) -> Vec<String> {
     let mut steps = Vec::new();
-    for k in konnectors.iter().filter(|k| k.replicas > 0 || k.pods > 0) {
+    for k in konnectors.iter().filter(|k| k.running()) {
+        let stop = match k.kind.as_str() {
+            "DaemonSet" => format!(
+                "stop DaemonSet {}/{} (a node selector no node matches)",
+                k.namespace, k.name
+            ),
+            kind => format!("scale {kind} {}/{} to 0", k.namespace, k.name),
+        };
         steps.push(format!(
-            "scale Deployment {}/{} to 0 and wait until its {} pod(s) are gone — the Go konnector may hold no Lease to fence on (apply)",
-            k.namespace, k.name, k.pods
+            "{stop} and wait until its {} pod(s) are gone — the Go konnector may hold no Lease to fence on (apply)",
+            k.pods
         ));
     }
     let foreign: Vec<&CoreCrd> = core
@@ -293,30 +329,126 @@ pub fn adoption_patch(release: &Release) -> serde_json::Value {
     } })
 }
 
+/// A workload that may run the Go konnector, as `gather` reads it.
+struct Workload {
+    kind: &'static str,
+    namespace: String,
+    name: String,
+    template: Option<k8s_openapi::api::core::v1::PodSpec>,
+    selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    /// Desired replicas (a DaemonSet: its scheduled pods).
+    replicas: i32,
+    stopped: bool,
+}
+
+/// Every Deployment, StatefulSet and DaemonSet of the cluster, read page by page (a large cluster
+/// hides no konnector behind a first page).
+async fn workloads(consumer: &Client) -> Result<Vec<Workload>, String> {
+    use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+    let mut all = Vec::new();
+    for d in list_all(&Api::<Deployment>::all(consumer.clone()), "Deployments").await? {
+        let spec = d.spec.clone().unwrap_or_default();
+        all.push(Workload {
+            kind: "Deployment",
+            namespace: d.namespace().unwrap_or_default(),
+            name: d.name_any(),
+            template: spec.template.spec,
+            selector: spec.selector,
+            replicas: spec.replicas.unwrap_or(1),
+            stopped: spec.replicas == Some(0),
+        });
+    }
+    for s in list_all(&Api::<StatefulSet>::all(consumer.clone()), "StatefulSets").await? {
+        let spec = s.spec.clone().unwrap_or_default();
+        all.push(Workload {
+            kind: "StatefulSet",
+            namespace: s.namespace().unwrap_or_default(),
+            name: s.name_any(),
+            template: spec.template.spec,
+            selector: spec.selector,
+            replicas: spec.replicas.unwrap_or(1),
+            stopped: spec.replicas == Some(0),
+        });
+    }
+    for d in list_all(&Api::<DaemonSet>::all(consumer.clone()), "DaemonSets").await? {
+        let spec = d.spec.clone().unwrap_or_default();
+        let stopped = spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.node_selector.as_ref())
+            .is_some_and(|n| n.contains_key(STOPPED_LABEL));
+        all.push(Workload {
+            kind: "DaemonSet",
+            namespace: d.namespace().unwrap_or_default(),
+            name: d.name_any(),
+            template: spec.template.spec,
+            selector: spec.selector,
+            replicas: d.status.map_or(0, |s| s.desired_number_scheduled),
+            stopped,
+        });
+    }
+    Ok(all)
+}
+
+/// Every object `api` lists, [`MAX_LIST`] a page.
+async fn list_all<K>(api: &Api<K>, what: &str) -> Result<Vec<K>, String>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut items = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut params = ListParams::default().limit(MAX_LIST);
+        if let Some(token) = &token {
+            params = params.continue_token(token);
+        }
+        let page = api
+            .list(&params)
+            .await
+            .map_err(|e| view::read_error(what, &e))?;
+        items.extend(page.items);
+        match page.metadata.continue_ {
+            Some(next) if !next.is_empty() => token = Some(next),
+            _ => return Ok(items),
+        }
+    }
+}
+
+/// The patch that stops a `kind` running the Go konnector: no replicas — or, for a DaemonSet,
+/// which has none, a node selector no node matches.
+fn stop_patch(kind: &str) -> serde_json::Value {
+    match kind {
+        "DaemonSet" => json!({ "spec": { "template": { "spec": { "nodeSelector": {
+            STOPPED_LABEL: "true" } } } } }),
+        _ => json!({ "spec": { "replicas": 0 } }),
+    }
+}
+
+/// The node label a stopped DaemonSet's pods would need (no node has it).
+const STOPPED_LABEL: &str = "core.kbind.io/go-konnector-stopped-for-kbind";
+
 /// Reads what the migration needs from the consumer. Only GETs and LISTs.
 pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, String> {
     let limited = ListParams::default().limit(MAX_LIST);
-    let deployments = Api::<Deployment>::all(consumer.clone())
-        .list(&limited)
-        .await
-        .map_err(|e| view::read_error("Deployments", &e))?;
     let mut konnectors = Vec::new();
-    for d in deployments.items {
-        let spec = d.spec.clone().unwrap_or_default();
-        let Some(image) = spec
+    for workload in workloads(consumer).await? {
+        let Some(image) = workload
             .template
-            .spec
             .iter()
             .flat_map(|p| &p.containers)
             .find(|c| {
                 c.image.as_deref().is_some_and(is_go_konnector)
-                    || runs_go_konnector(c.command.as_deref().unwrap_or_default())
+                    || runs_go_konnector(
+                        c.command.as_deref().unwrap_or_default(),
+                        c.args.as_deref().unwrap_or_default(),
+                    )
             })
             .map(|c| c.image.clone().unwrap_or_default())
         else {
             continue;
         };
-        let selector: String = spec
+        let selector: String = workload
             .selector
             .match_labels
             .unwrap_or_default()
@@ -324,11 +456,10 @@ pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, Stri
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(",");
-        let namespace = d.namespace().unwrap_or_default();
         let pods = if selector.is_empty() {
             0
         } else {
-            Api::<Pod>::namespaced(consumer.clone(), &namespace)
+            Api::<Pod>::namespaced(consumer.clone(), &workload.namespace)
                 .list(&ListParams::default().labels(&selector).limit(MAX_LIST))
                 .await
                 .map_err(|e| view::read_error("Pods", &e))?
@@ -336,10 +467,12 @@ pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, Stri
                 .len()
         };
         konnectors.push(Konnector {
-            namespace,
-            name: d.name_any(),
+            kind: workload.kind.to_owned(),
+            namespace: workload.namespace,
+            name: workload.name,
             image: cell(&image),
-            replicas: spec.replicas.unwrap_or(1),
+            replicas: workload.replicas,
+            stopped: workload.stopped,
             pods,
             selector,
         });
@@ -443,25 +576,31 @@ pub async fn apply(
         field_manager: Some("kubectl-kbind".into()),
         ..Default::default()
     };
-    for k in before
-        .konnectors
-        .iter()
-        .filter(|k| k.replicas > 0 || k.pods > 0)
-    {
-        let deployments: Api<Deployment> = Api::namespaced(consumer.clone(), &k.namespace);
-        deployments
-            .patch(
-                &k.name,
-                &params,
-                &Patch::Merge(json!({ "spec": { "replicas": 0 } })),
-            )
+    for k in before.konnectors.iter().filter(|k| k.running()) {
+        let resource = kube::api::ApiResource {
+            group: "apps".into(),
+            version: "v1".into(),
+            api_version: "apps/v1".into(),
+            kind: k.kind.clone(),
+            plural: format!("{}s", k.kind.to_lowercase()),
+        };
+        let workloads: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(consumer.clone(), &k.namespace, &resource);
+        workloads
+            .patch(&k.name, &params, &Patch::Merge(stop_patch(&k.kind)))
             .await
-            .map_err(|e| format!("scale Deployment {}/{} to 0: {e}", k.namespace, k.name))?;
+            .map_err(|e| format!("stop {} {}/{}: {e}", k.kind, k.namespace, k.name))?;
         wait_pods_gone(consumer, k).await?;
-        done.push(format!(
-            "scaled Deployment {}/{} to 0; its pods are gone",
-            k.namespace, k.name
-        ));
+        done.push(match k.kind.as_str() {
+            "DaemonSet" => format!(
+                "stopped DaemonSet {}/{} (node selector {STOPPED_LABEL}=true, which no node has); its pods are gone",
+                k.namespace, k.name
+            ),
+            kind => format!(
+                "scaled {kind} {}/{} to 0; its pods are gone",
+                k.namespace, k.name
+            ),
+        });
     }
     let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
     for core in before.core_crds.iter().filter(|c| c.present) {
@@ -547,7 +686,8 @@ async fn wait_pods_gone(consumer: &Client, k: &Konnector) -> Result<(), String> 
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(format!(
-                "{left} pod(s) of Deployment {}/{} are still there after {}s; kbind must not start while the Go konnector runs",
+                "{left} pod(s) of {} {}/{} are still there after {}s; kbind must not start while the Go konnector runs",
+                k.kind,
                 k.namespace,
                 k.name,
                 POD_WAIT.as_secs()
@@ -561,14 +701,16 @@ async fn wait_pods_gone(consumer: &Client, k: &Konnector) -> Result<(), String> 
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
     if report.konnectors.is_empty() {
-        out.push_str("No Go konnector Deployment found on this cluster.\n\n");
+        out.push_str(
+            "No Go konnector found on this cluster (Deployments, StatefulSets and DaemonSets read, by image, command and args).\n\n",
+        );
     } else {
         let rows: Vec<Vec<String>> = report
             .konnectors
             .iter()
             .map(|k| {
                 vec![
-                    format!("{}/{}", cell(&k.namespace), cell(&k.name)),
+                    format!("{} {}/{}", k.kind, cell(&k.namespace), cell(&k.name)),
                     k.image.clone(),
                     k.replicas.to_string(),
                     k.pods.to_string(),
@@ -577,7 +719,7 @@ pub fn render(report: &Report) -> String {
             .collect();
         out.push_str("Go konnector:\n");
         out.push_str(&view::table(
-            &["DEPLOYMENT", "IMAGE", "REPLICAS", "PODS"],
+            &["WORKLOAD", "IMAGE", "REPLICAS", "PODS"],
             &rows,
         ));
         out.push('\n');
@@ -662,17 +804,90 @@ mod tests {
         ] {
             assert_eq!(is_go_konnector(image), want, "{image}");
         }
-        let command = |c: &[&str]| c.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        for (run, want) in [
-            (command(&["/konnector", "--leader-elect=false"]), true),
-            (command(&["/usr/local/bin/kbind-konnector"]), true),
-            (command(&["konnector"]), true),
-            (command(&["/kbind-syncer"]), false),
-            (command(&["/bin/sh", "-c", "konnector"]), false),
-            (command(&[]), false),
+        let words = |c: &[&str]| c.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        for (command, args, want) in [
+            (
+                words(&["/konnector", "--leader-elect=false"]),
+                words(&[]),
+                true,
+            ),
+            (words(&["/usr/local/bin/kbind-konnector"]), words(&[]), true),
+            (words(&["konnector"]), words(&[]), true),
+            (words(&["/kbind-syncer"]), words(&[]), false),
+            // Behind a shell or an init wrapper, or given as args to the image's entrypoint.
+            (
+                words(&["/bin/sh", "-c", "exec /konnector --v=2"]),
+                words(&[]),
+                true,
+            ),
+            (words(&["/bin/sh", "-c"]), words(&["konnector"]), true),
+            (
+                words(&["/sbin/tini", "--"]),
+                words(&["/usr/bin/konnector"]),
+                true,
+            ),
+            (words(&[]), words(&["/konnector", "--kubeconfig=/k"]), true),
+            (
+                words(&["/bin/sh", "-c", "/kbind-syncer --konnector"]),
+                words(&[]),
+                false,
+            ),
+            (words(&[]), words(&["--konnector-mode"]), false),
+            (words(&[]), words(&[]), false),
         ] {
-            assert_eq!(runs_go_konnector(&run), want, "{run:?}");
+            assert_eq!(
+                runs_go_konnector(&command, &args),
+                want,
+                "{command:?} {args:?}"
+            );
         }
+    }
+
+    #[tokio::test]
+    async fn every_page_of_a_list_is_read() {
+        // #53.3: a cluster with more workloads than one page hides no konnector after the first.
+        // The API server is mocked at the HTTP layer: three pages linked by continue tokens.
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let query = request.uri().query().unwrap_or_default().to_owned();
+            seen.lock().unwrap().push(query.clone());
+            async move {
+                let (names, next) = if query.contains("continue=p3") {
+                    (vec!["konnector"], "")
+                } else if query.contains("continue=p2") {
+                    (vec!["c", "d"], "p3")
+                } else {
+                    (vec!["a", "b"], "p2")
+                };
+                let items: Vec<_> = names
+                    .iter()
+                    .map(|n| {
+                        json!({ "apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": { "name": n, "namespace": "x" } })
+                    })
+                    .collect();
+                let body = json!({ "apiVersion": "apps/v1", "kind": "DeploymentList",
+                    "metadata": { "resourceVersion": "7", "continue": next }, "items": items });
+                Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::from(
+                    serde_json::to_vec(&body).unwrap(),
+                )))
+            }
+        });
+        let client = Client::new(service, "default");
+        let listed = list_all(&Api::<Deployment>::all(client), "Deployments")
+            .await
+            .unwrap();
+        let names: Vec<String> = listed.iter().map(|d| d.name_any()).collect();
+        assert_eq!(names, ["a", "b", "c", "d", "konnector"]);
+        let requests = requests.lock().unwrap().clone();
+        assert_eq!(requests.len(), 3, "{requests:?}");
+        assert!(
+            requests
+                .iter()
+                .all(|q| q.contains(&format!("limit={MAX_LIST}"))),
+            "{requests:?}"
+        );
     }
 
     #[test]
@@ -738,11 +953,13 @@ mod tests {
             namespace: "kbind-system".into(),
         };
         let konnector = Konnector {
+            kind: "Deployment".into(),
             namespace: "kbind".into(),
             name: "konnector".into(),
             image: "ghcr.io/kbind-dev/konnector:v0.4.0".into(),
             replicas: 1,
             pods: 1,
+            stopped: false,
             selector: "app=konnector".into(),
         };
         let go_owned = CoreCrd {
@@ -788,6 +1005,7 @@ mod tests {
         let stopped = Konnector {
             replicas: 0,
             pods: 0,
+            stopped: true,
             ..konnector
         };
         let kept = CoreCrd {

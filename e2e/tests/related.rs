@@ -970,12 +970,7 @@ async fn another_consumers_related_copies_on_the_provider_are_never_read() {
     // consumer's copies (its Secrets!) in the same namespace are never listed, watched or fetched.
     let s = SyncEnv::start("related_own_copies", &[0, 1, 2], None).await;
     let (consumer, provider) = (s.consumer.clone(), s.provider.clone());
-    let local_uid = Api::<Namespace>::all(consumer.clone())
-        .get("kube-system")
-        .await
-        .unwrap()
-        .uid()
-        .unwrap();
+    let local_uid = uid_of_kube_system(&consumer).await;
     for client in [&consumer, &provider] {
         ensure_namespace(client, "team-b").await.unwrap();
     }

@@ -969,12 +969,7 @@ async fn another_consumers_copies_are_never_read_and_one_under_a_shared_name_is_
     for client in [&s.consumer, &s.provider] {
         ensure_namespace(client, "team-a").await.unwrap();
     }
-    let local_uid = Api::<k8s_openapi::api::core::v1::Namespace>::all(s.consumer.clone())
-        .get("kube-system")
-        .await
-        .unwrap()
-        .uid()
-        .unwrap();
+    let local_uid = uid_of_kube_system(&s.consumer).await;
     let provider_widgets = widgets(&s.provider, "team-a");
     let theirs: Vec<String> = (0..20).map(|i| format!("theirs-{i}")).collect();
     for name in &theirs {

@@ -126,7 +126,7 @@ async fn kubeconfig_secret_ref_is_immutable() {
     assert_eq!(created.spec.kubeconfig_secret_ref.key, "kubeconfig");
     assert_eq!(
         serde_json::to_value(&created.spec.schema).unwrap(),
-        json!({"source": "Auto", "pullPolicy": "Bound", "updatePolicy": "Always"})
+        json!({"source": "Auto", "openAPIExports": "Boundary", "pullPolicy": "Bound", "updatePolicy": "Always"})
     );
 
     let patch = json!({"spec": {"kubeconfigSecretRef": {"namespace": "kbind", "name": "other"}}});

@@ -3,7 +3,8 @@
 //! REL-4, HB-3), with its field managers, its markers in both forms, its finalizers, its 16-hex
 //! schema hashes — and kbind is started on them. It must adopt everything writing to the provider
 //! only its label on each copy (one apply each, #50.5): no namespace or related copy changes, no
-//! conflict appears, the heartbeat goes on under the same Lease, and the next spec change is one
+//! conflict appears, the Go konnector's heartbeat Lease (`kbind/consumer-<uid>`) is renewed
+//! beside kbind's own until it is deleted (never re-created), and the next spec change is one
 //! write with one owner.
 
 use std::collections::BTreeMap;
@@ -327,22 +328,29 @@ async fn kbind_adopts_the_go_konnectors_state_writing_only_its_label_to_the_prov
         )
         .await
         .unwrap();
+    // The Go konnector's heartbeat: `consumer-<uid>` in `kbind` (its reconciler's leaseName and
+    // default namespace), created and renewed by Update (its default field manager), labelled
+    // managed and annotated with the consumer's UID only, held by it, 60 s.
     ensure_namespace(&provider, "kbind").await.unwrap();
-    let lease_name = format!("provider-{}", &local_uid[..10]);
+    let go_lease_name = kbind_shared::heartbeat::go_lease_name(&local_uid);
+    let kbind_lease_name = kbind_shared::heartbeat::lease_name("provider", &local_uid);
     let leases: Api<Lease> = Api::namespaced(provider.clone(), "kbind");
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
-    leases
-        .patch(
-            &lease_name,
-            &PatchParams::apply(GO_MANAGER).force(),
-            &Patch::Apply(json!({
+    let go_renewed =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+    let go_lease = leases
+        .create(
+            &PostParams {
+                field_manager: Some(GO_MANAGER.into()),
+                ..Default::default()
+            },
+            &serde_json::from_value(json!({
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": { "name": lease_name, "labels": { keys::MANAGED_LABEL: keys::TRUE },
-                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid,
-                                     keys::CONNECTION_ANNOTATION: "provider" } },
+                "metadata": { "name": go_lease_name, "labels": { keys::MANAGED_LABEL: keys::TRUE },
+                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid } },
                 "spec": { "holderIdentity": local_uid, "leaseDurationSeconds": 60,
-                          "acquireTime": now, "renewTime": now },
-            })),
+                          "acquireTime": go_renewed, "renewTime": go_renewed },
+            }))
+            .unwrap(),
         )
         .await
         .unwrap();
@@ -400,19 +408,39 @@ async fn kbind_adopts_the_go_konnectors_state_writing_only_its_label_to_the_prov
         .await;
     }
     wait_binding(&bindings, "widgets", "RelatedResourcesSynced=True").await;
-    let renewed_by_kbind = wait_for("kbind to renew the same heartbeat Lease", 30, || async {
-        let lease = leases.get(&lease_name).await.map_err(|e| e.to_string())?;
+    // The Go konnector's Lease is renewed beside kbind's own (#53.3): a reaper that knows only
+    // the Go name reads this consumer as alive. Its renewTime only; the rest stays as Go left it.
+    let renewed_by_kbind = wait_for("kbind to renew the Go konnector's Lease", 30, || async {
+        let lease = leases
+            .get(&go_lease_name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.clone());
         Ok(lease
             .metadata
             .managed_fields
             .iter()
             .flatten()
             .any(|f| f.manager.as_deref() == Some("kbind-schema-manager"))
-            .then_some(lease))
+            .then_some(lease)
+            .filter(|_| renewed.is_some_and(|r| r.0 > go_renewed.0)))
     })
     .await;
+    let (go_spec, renewed_spec) = (
+        go_lease.spec.clone().unwrap(),
+        renewed_by_kbind.spec.clone().unwrap(),
+    );
+    assert_eq!(renewed_spec.holder_identity, go_spec.holder_identity);
+    assert_eq!(renewed_spec.lease_duration_seconds, Some(60));
+    assert_eq!(renewed_spec.acquire_time, go_spec.acquire_time);
+    assert_eq!(renewed_by_kbind.metadata.labels, go_lease.metadata.labels);
     assert_eq!(
-        renewed_by_kbind.spec.unwrap().holder_identity.as_deref(),
+        renewed_by_kbind.metadata.annotations,
+        go_lease.metadata.annotations
+    );
+    let own = leases.get(&kbind_lease_name).await.unwrap();
+    assert_eq!(
+        own.spec.unwrap().holder_identity.as_deref(),
         Some(local_uid.as_str())
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -470,14 +498,16 @@ async fn kbind_adopts_the_go_konnectors_state_writing_only_its_label_to_the_prov
         .list(&kube::api::ListParams::default().labels("core.kbind.io/managed=true"))
         .await
         .unwrap();
+    let mut expected = vec![go_lease_name.clone(), kbind_lease_name.clone()];
+    expected.sort();
     assert_eq!(
         managed_leases
             .items
             .iter()
             .map(|l| l.name_any())
             .collect::<Vec<_>>(),
-        std::slice::from_ref(&lease_name),
-        "the heartbeat goes on under the same Lease"
+        expected,
+        "the Go konnector's Lease and kbind's own, nothing else"
     );
 
     // The documented consumer-side rewrite: each pulled CRD once, to kbind's 64-hex hash.
@@ -543,6 +573,28 @@ async fn kbind_adopts_the_go_konnectors_state_writing_only_its_label_to_the_prov
         .filter_map(|f| f.manager.as_deref())
         .collect();
     assert_eq!(owners, [keys::FIELD_MANAGER], "spec.size has one owner");
+
+    // Once the provider's admin deletes the Go konnector's Lease, kbind never re-creates it, and
+    // its own goes on.
+    leases
+        .delete(&go_lease_name, &Default::default())
+        .await
+        .unwrap();
+    let own_before = leases.get(&kbind_lease_name).await.unwrap();
+    wait_for("kbind to renew its own Lease again", 30, || async {
+        let own = leases
+            .get(&kbind_lease_name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+        Ok((renewed(&own) > renewed(&own_before)).then_some(()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        leases.get_opt(&go_lease_name).await.unwrap().is_none(),
+        "the Go konnector's Lease is never re-created"
+    );
 }
 
 /// Runs `kubectl kbind <args> -o json` against the consumer as its admin; its JSON report.

@@ -24,6 +24,43 @@ pub fn go_lease_name(local_uid: &str) -> String {
     format!("consumer-{local_uid}")
 }
 
+/// Where the Go konnector renews its Lease: always `kbind` (its reconciler's default; its binary
+/// has no flag for it), whatever the kubeconfig context says.
+pub const GO_LEASE_NAMESPACE: &str = keys::DEFAULT_NAMESPACE;
+
+/// What kbind does with the Go konnector's heartbeat Lease after a takeover (#53.3), from what a
+/// read of `kbind/consumer-<uid>` on the provider found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GoLease {
+    /// It is this consumer's (its name and holder): kbind renews it beside its own, so that a
+    /// reaper that knows only the Go name never reads this live consumer as dead.
+    Renew,
+    /// There is none: nothing to do, and kbind never creates one.
+    Absent,
+    /// A Lease under that name whose holder is not this consumer: not evidence of anything, and
+    /// not kbind's to write.
+    NotThisConsumers,
+}
+
+/// [`GoLease`] from the Lease found under [`go_lease_name`] (its holder), if any.
+pub fn go_lease(found: Option<Option<&str>>, uid: &str) -> GoLease {
+    match found {
+        None => GoLease::Absent,
+        Some(holder) if speaks_for(&go_lease_name(uid), holder, uid, None) => GoLease::Renew,
+        Some(_) => GoLease::NotThisConsumers,
+    }
+}
+
+/// The JSON patch that renews the Go konnector's Lease of the consumer `uid` at `renewed`: it
+/// applies only while the holder is still that consumer (a `test` the API server checks), and
+/// touches `renewTime` only — the Lease stays in the Go konnector's shape.
+pub fn go_renewal(uid: &str, renewed: &MicroTime) -> Value {
+    json!([
+        { "op": "test", "path": "/spec/holderIdentity", "value": uid },
+        { "op": "add", "path": "/spec/renewTime", "value": renewed },
+    ])
+}
+
 /// The value of [`keys::HEARTBEAT_ANNOTATION`]: `<namespace>/<name>` of the Connection's Lease.
 pub fn record(context_namespace: Option<&str>, connection: &str, local_uid: &str) -> String {
     format!(
@@ -168,5 +205,29 @@ mod tests {
             );
         }
         assert!(!speaks_for("consumer-", Some(""), "", None));
+    }
+
+    #[test]
+    fn the_go_konnectors_lease_is_renewed_only_while_it_is_this_consumers() {
+        let uid = "0123456789abcdef";
+        assert_eq!(go_lease(Some(Some(uid)), uid), GoLease::Renew);
+        assert_eq!(go_lease(None, uid), GoLease::Absent);
+        assert_eq!(
+            go_lease(Some(Some("another")), uid),
+            GoLease::NotThisConsumers
+        );
+        assert_eq!(go_lease(Some(None), uid), GoLease::NotThisConsumers);
+        assert_eq!(go_lease(Some(Some("")), ""), GoLease::NotThisConsumers);
+        assert_eq!(GO_LEASE_NAMESPACE, "kbind");
+        let at = MicroTime(jiff::Timestamp::from_second(1_000).unwrap());
+        let renewal = go_renewal(uid, &at);
+        assert_eq!(renewal[0]["op"], "test");
+        assert_eq!(renewal[0]["value"], uid);
+        assert_eq!(renewal[1]["path"], "/spec/renewTime");
+        assert_eq!(
+            renewal.as_array().unwrap().len(),
+            2,
+            "nothing but renewTime"
+        );
     }
 }

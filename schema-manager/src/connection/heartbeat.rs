@@ -13,22 +13,38 @@ use serde_json::json;
 /// The field manager of kbind's heartbeat writes.
 const FIELD_MANAGER: &str = "kbind-schema-manager";
 
+use kbind_shared::heartbeat::{GO_LEASE_NAMESPACE, GoLease, go_lease_name};
 pub use kbind_shared::heartbeat::{lease_name, lease_namespace};
 
 /// When each heartbeat Lease was acquired, by provider server, namespace and name: read from the
-/// provider once, then a renewal is one request (the apply) instead of a read and an apply.
+/// provider once, then a renewal is one request (the apply) instead of a read and an apply. And
+/// whether the Go konnector's Lease of a consumer is renewed beside it (by provider server and
+/// consumer UID): read once per process, then renewed until it goes.
 #[derive(Default)]
-pub struct Acquired(std::sync::Mutex<std::collections::HashMap<String, MicroTime>>);
+pub struct Acquired {
+    times: std::sync::Mutex<std::collections::HashMap<String, MicroTime>>,
+    go: std::sync::Mutex<std::collections::HashMap<String, GoLease>>,
+}
 
 impl Acquired {
     fn get(&self, key: &str) -> Option<MicroTime> {
         use kbind_shared::sync::Locked;
-        self.0.locked().get(key).cloned()
+        self.times.locked().get(key).cloned()
     }
 
     fn set(&self, key: String, time: MicroTime) {
         use kbind_shared::sync::Locked;
-        self.0.locked().insert(key, time);
+        self.times.locked().insert(key, time);
+    }
+
+    fn go(&self, key: &str) -> Option<GoLease> {
+        use kbind_shared::sync::Locked;
+        self.go.locked().get(key).cloned()
+    }
+
+    fn set_go(&self, key: String, lease: GoLease) {
+        use kbind_shared::sync::Locked;
+        self.go.locked().insert(key, lease);
     }
 }
 
@@ -117,6 +133,76 @@ pub async fn renew(
         }
         Err(e) => Err(renew_error(namespace, &name, &e)),
     }
+}
+
+/// Renews the Go konnector's heartbeat Lease of the consumer `local_uid`
+/// (`kbind/consumer-<uid>`) on the provider at `server` after a takeover (#53.3): read once per
+/// process; renewed (its `renewTime` only, while its holder is this consumer) when it is this
+/// consumer's; never created, and no longer renewed once it is gone or held by another. Returns
+/// what was done, for a log line when it changed.
+pub async fn renew_go(
+    provider: &Client,
+    server: &str,
+    local_uid: &str,
+    known: &Acquired,
+) -> Result<Option<GoLease>, RenewError> {
+    let leases: Api<Lease> = Api::namespaced(provider.clone(), GO_LEASE_NAMESPACE);
+    let name = go_lease_name(local_uid);
+    let key = format!("{server} {local_uid}");
+    let (state, first) = match known.go(&key) {
+        Some(state) => (state, false),
+        None => {
+            let found = match leases.get_opt(&name).await {
+                Ok(found) => found,
+                // A credential that may not read there cannot have renewed it either.
+                Err(kube::Error::Api(s)) if s.is_forbidden() => None,
+                Err(e) => {
+                    return Err(RenewError::of(
+                        format!("read the Go konnector's Lease {GO_LEASE_NAMESPACE}/{name}"),
+                        &e,
+                    ));
+                }
+            };
+            let holder = found
+                .as_ref()
+                .map(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()));
+            (kbind_shared::heartbeat::go_lease(holder, local_uid), true)
+        }
+    };
+    if state != GoLease::Renew {
+        known.set_go(key, state.clone());
+        return Ok(first.then_some(state));
+    }
+    let now = MicroTime(jiff::Timestamp::now());
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let patch: json_patch::Patch = serde_json::from_value(kbind_shared::heartbeat::go_renewal(
+        local_uid, &now,
+    ))
+    .map_err(|e| RenewError {
+        message: e.to_string(),
+        forbidden: false,
+    })?;
+    let after = match leases
+        .patch(&name, &params, &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => GoLease::Renew,
+        Err(kube::Error::Api(s)) if s.is_not_found() => GoLease::Absent,
+        // The `test` of the holder failed: it is another's now.
+        Err(kube::Error::Api(s)) if s.code == 422 => GoLease::NotThisConsumers,
+        Err(e) => {
+            return Err(RenewError::of(
+                format!("renew the Go konnector's Lease {GO_LEASE_NAMESPACE}/{name}"),
+                &e,
+            ));
+        }
+    };
+    let changed = first || after != GoLease::Renew;
+    known.set_go(key, after.clone());
+    Ok(changed.then_some(after))
 }
 
 /// Marks the heartbeat Lease of a Connection deleted in an orderly way (its bindings drained) with

@@ -482,6 +482,33 @@ async fn connect(
     ))
 }
 
+/// After a takeover, the Go konnector's Lease of this consumer is renewed beside kbind's while it
+/// exists (#53.3): a reaper that knows only the Go name never reads a live consumer as dead.
+/// Logged when that starts or stops; a failure is logged and retried at the next renewal.
+async fn renew_go_heartbeat(ctx: &Context, provider: &Provider, name: &str, local_uid: &str) {
+    use kbind_shared::heartbeat::{GO_LEASE_NAMESPACE, GoLease, go_lease_name};
+    let lease = format!("{GO_LEASE_NAMESPACE}/{}", go_lease_name(local_uid));
+    match heartbeat::renew_go(
+        &provider.client,
+        provider.kubeconfig.server(),
+        local_uid,
+        &ctx.heartbeats,
+    )
+    .await
+    {
+        Ok(None) | Ok(Some(GoLease::Absent)) => {}
+        Ok(Some(GoLease::Renew)) => {
+            tracing::info!(connection = %name, %lease, "the Go konnector's heartbeat Lease is renewed beside kbind's until it is deleted")
+        }
+        Ok(Some(GoLease::NotThisConsumers)) => {
+            tracing::warn!(connection = %name, %lease, "a Lease under the Go konnector's name for this consumer is held by another: left alone")
+        }
+        Err(e) => {
+            tracing::info!(connection = %name, error = %kbind_shared::redact::remote(&e.to_string()), "the Go konnector's heartbeat Lease not renewed")
+        }
+    }
+}
+
 /// CONN-10: renews the Connection's heartbeat Lease. A failure is logged (HB-4); one RBAC denies
 /// is returned as the `PermissionDenied` message (the watches that serve discovery stay open
 /// after a credential's RBAC is revoked, so this renewal is what notices it) and retried with
@@ -510,6 +537,7 @@ async fn renew_heartbeat(
     {
         Ok(()) => {
             ctx.metrics.heartbeat_renewed(name);
+            renew_go_heartbeat(ctx, provider, name, local_uid).await;
             None
         }
         Err(e) if e.forbidden => Some(format!(

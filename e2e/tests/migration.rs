@@ -634,7 +634,11 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
  {
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::Pod;
-    let Pair { env, consumer, .. } = Pair::start("migrate", &[]).await;
+    let Pair {
+        env,
+        consumer,
+        provider,
+    } = Pair::start("migrate", &[]).await;
     let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
     // The Go release's marks on the core CRDs, as Helm leaves them (no keep policy).
     for name in CORE_CRDS {
@@ -759,16 +763,49 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
     install_crd(&consumer, &go_pulled("widgets", "Widget"))
         .await
         .unwrap();
-    create_connection(
-        &consumer,
-        &connection(
+    // The Go konnector's Connection (its status written by it) and its heartbeat Lease on the
+    // provider, `kbind/consumer-<uid>`, renewed by it moments ago.
+    ensure_namespace(&consumer, SECRET_NAMESPACE).await.unwrap();
+    let kubeconfig = env.cluster("provider").admin_kubeconfig();
+    apply_manifest(&consumer, &one_file(&kubeconfig, &[0, 1]))
+        .await
+        .unwrap();
+    let local_uid = uid_of_kube_system(&consumer).await;
+    let go_update = PatchParams {
+        field_manager: Some(GO_MANAGER.into()),
+        ..Default::default()
+    };
+    Api::<kbind_shared::api::Connection>::all(consumer.clone())
+        .patch_status(
             "provider",
-            "provider-kubeconfig",
-            kbind_shared::api::SchemaSource::Crd,
-        ),
-    )
-    .await
-    .unwrap();
+            &go_update,
+            &Patch::Merge(json!({ "status": {
+                "localClusterUID": local_uid,
+                "remoteClusterUID": uid_of_kube_system(&provider).await } })),
+        )
+        .await
+        .unwrap();
+    ensure_namespace(&provider, "kbind").await.unwrap();
+    let go_lease_name = kbind_shared::heartbeat::go_lease_name(&local_uid);
+    let go_leases: Api<Lease> = Api::namespaced(provider.clone(), "kbind");
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+    go_leases
+        .create(
+            &PostParams {
+                field_manager: Some(GO_MANAGER.into()),
+                ..Default::default()
+            },
+            &serde_json::from_value(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": { "name": go_lease_name, "labels": { keys::MANAGED_LABEL: keys::TRUE },
+                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid } },
+                "spec": { "holderIdentity": local_uid, "leaseDurationSeconds": 60,
+                          "acquireTime": now, "renewTime": now },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     // Two related copies the Go konnector wrote (no per-entry record) and one kbind wrote.
     ensure_namespace(&consumer, "team-a").await.unwrap();
     let config_maps: Api<ConfigMap> = Api::namespaced(consumer.clone(), "team-a");
@@ -866,9 +903,38 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
         assert_eq!(core["release"], "konnector");
         assert_eq!(core["kept"], false);
     }
+    // #53.3: the Go konnector's real Lease, read on the provider, and what becomes of it; its
+    // field manager's writes of the last minutes on both clusters.
+    let lease_row = &plan["go_leases"][0];
+    assert_eq!(lease_row["connection"], "provider", "{plan:#}");
+    assert_eq!(lease_row["lease"], format!("kbind/{go_lease_name}"));
+    assert_eq!(lease_row["found"], "this consumer's");
+    assert!(
+        lease_row["fate"].as_str().unwrap().contains(&format!(
+            "kbind renews it beside its own (kbind/{})",
+            kbind_shared::heartbeat::lease_name("provider", &local_uid)
+        )),
+        "{lease_row:#}"
+    );
+    let written: Vec<String> = plan["go_writes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| format!("{} {}", w["cluster"], w["object"]).replace('"', ""))
+        .collect();
+    for expected in [
+        format!("provider of provider Lease kbind/{go_lease_name}"),
+        "consumer Connection provider".to_owned(),
+    ] {
+        assert!(written.contains(&expected), "{expected}: {written:#?}");
+    }
     let steps = steps_of(&plan);
     assert!(
         steps[0].starts_with("scale Deployment konnector-system/konnector to 0"),
+        "{steps:#?}"
+    );
+    assert!(
+        steps[0].contains("has written nothing on either cluster for --quiet-for"),
         "{steps:#?}"
     );
     assert!(
@@ -889,7 +955,7 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
     );
 
     // apply: the Go konnectors stopped (their pods gone), the core CRDs kept for kbind's release.
-    let applied = plugin_json(&env, &["migrate", "apply"]);
+    let applied = plugin_json(&env, &["migrate", "apply", "--quiet-for", "3s"]);
     assert_eq!(applied["done"].as_array().unwrap().len(), 8, "{applied:#}");
     let stopped: Vec<bool> = applied["konnectors"]
         .as_array()
@@ -991,6 +1057,54 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
     assert!(
         steps[0].starts_with("install kbind"),
         "nothing left before the install: {steps:#?}"
+    );
+
+    // A Go konnector that runs elsewhere (none here any more) renews its Lease: plan says so
+    // first, and apply refuses, writing nothing (the CRD it was asked to stamp stays unstamped).
+    go_leases
+        .patch(
+            &go_lease_name,
+            &go_update,
+            &Patch::Merge(json!({ "spec": { "renewTime":
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now()) } })),
+        )
+        .await
+        .unwrap();
+    let plan = plugin_json(&env, &["migrate", "plan"]);
+    let steps = steps_of(&plan);
+    assert!(
+        steps[0].starts_with("stop the Go konnector that still writes although none runs here")
+            && steps[0].contains(&format!(
+                "Lease kbind/{go_lease_name} on the provider of provider"
+            )),
+        "{steps:#?}"
+    );
+    let refused =
+        std::process::Command::new(kbind_e2e::controlplane::kbind_bin("kubectl-kbind").unwrap())
+            .args([
+                "migrate",
+                "apply",
+                "--stamp-created-by",
+                "--kubeconfig",
+                &admin,
+            ])
+            .output()
+            .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        stderr.contains(&format!(
+            "the Go konnector's field manager (konnector) wrote Lease kbind/{go_lease_name} on the provider of provider"
+        )) && stderr.contains("nothing was handed over"),
+        "{stderr}"
+    );
+    assert_eq!(
+        annotation(
+            &crds.get("widgets.example.org").await.unwrap(),
+            keys::CREATED_BY_ANNOTATION
+        ),
+        None,
+        "nothing written"
     );
 }
 

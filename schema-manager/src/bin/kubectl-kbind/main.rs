@@ -23,6 +23,7 @@
 mod consumers;
 mod diff;
 mod doctor;
+mod handover;
 mod migrate;
 mod plan;
 mod status;
@@ -124,6 +125,11 @@ enum MigrateAction {
         /// deletes them when their last binding goes, as it does CRDs it created).
         #[arg(long)]
         stamp_created_by: bool,
+        /// How long the Go konnector's field manager must have written nothing on either cluster
+        /// (after the Go konnectors found here are stopped) before the core CRDs are handed over:
+        /// longer than its 30 s renewal, so that one running elsewhere is seen.
+        #[arg(long, default_value = handover::DEFAULT_QUIET, value_parser = kbind_shared::cli::parse_duration)]
+        quiet_for: std::time::Duration,
     },
 }
 
@@ -223,9 +229,17 @@ async fn run(args: &Args) -> Result<Verdict, String> {
                 namespace: release_namespace.clone(),
             };
             let report = match action {
-                MigrateAction::Plan => migrate::gather(&consumer, &release).await?,
-                MigrateAction::Apply { stamp_created_by } => {
-                    migrate::apply(&consumer, &release, *stamp_created_by).await?
+                MigrateAction::Plan => migrate::gather(&consumer, &release, transport).await?,
+                MigrateAction::Apply {
+                    stamp_created_by,
+                    quiet_for,
+                } => {
+                    let options = migrate::ApplyOptions {
+                        stamp_created_by: *stamp_created_by,
+                        quiet_for: *quiet_for,
+                        transport,
+                    };
+                    migrate::apply(&consumer, &release, &options).await?
                 }
             };
             view::print(json, &report, migrate::render)?;

@@ -52,6 +52,11 @@ pub struct Report {
     pub apis: Vec<PulledCrd>,
     pub core_crds: Vec<CoreCrd>,
     pub related: RelatedCopies,
+    /// The Go konnector's heartbeat Lease on each Connection's provider, and what becomes of it.
+    pub go_leases: Vec<crate::handover::GoLeaseRow>,
+    /// The Go konnector's field manager's writes of the last minutes, on both clusters, newest
+    /// first: evidence that it runs, here or elsewhere.
+    pub go_writes: Vec<crate::handover::GoWrite>,
     /// What kbind does differently from the Go konnector with the state found.
     pub differences: Vec<String>,
     pub steps: Vec<String>,
@@ -73,6 +78,9 @@ pub struct Konnector {
     /// The pod label selector (`k=v,…`).
     #[serde(skip)]
     pub selector: String,
+    /// When stopped: the last write to its spec (no earlier than the stop).
+    #[serde(skip)]
+    pub stopped_at: Option<jiff::Timestamp>,
 }
 
 impl Konnector {
@@ -254,8 +262,9 @@ pub fn steps(
             kind => format!("scale {kind} {}/{} to 0", k.namespace, k.name),
         };
         steps.push(format!(
-            "{stop} and wait until its {} pod(s) are gone — the Go konnector may hold no Lease to fence on (apply)",
-            k.pods
+            "{stop} and wait until its {} pod(s) are gone — the Go konnector may hold no Lease to fence on — then until its field manager ({}) has written nothing on either cluster for --quiet-for (apply)",
+            k.pods,
+            crate::handover::GO_MANAGER
         ));
     }
     let foreign: Vec<&CoreCrd> = core
@@ -339,6 +348,8 @@ struct Workload {
     /// Desired replicas (a DaemonSet: its scheduled pods).
     replicas: i32,
     stopped: bool,
+    /// The last write to its spec or metadata.
+    changed: Option<jiff::Timestamp>,
 }
 
 /// Every Deployment, StatefulSet and DaemonSet of the cluster, read page by page (a large cluster
@@ -356,6 +367,7 @@ async fn workloads(consumer: &Client) -> Result<Vec<Workload>, String> {
             selector: spec.selector,
             replicas: spec.replicas.unwrap_or(1),
             stopped: spec.replicas == Some(0),
+            changed: crate::handover::last_spec_write(d.metadata.managed_fields.as_deref()),
         });
     }
     for s in list_all(&Api::<StatefulSet>::all(consumer.clone()), "StatefulSets").await? {
@@ -368,6 +380,7 @@ async fn workloads(consumer: &Client) -> Result<Vec<Workload>, String> {
             selector: spec.selector,
             replicas: spec.replicas.unwrap_or(1),
             stopped: spec.replicas == Some(0),
+            changed: crate::handover::last_spec_write(s.metadata.managed_fields.as_deref()),
         });
     }
     for d in list_all(&Api::<DaemonSet>::all(consumer.clone()), "DaemonSets").await? {
@@ -384,6 +397,7 @@ async fn workloads(consumer: &Client) -> Result<Vec<Workload>, String> {
             name: d.name_any(),
             template: spec.template.spec,
             selector: spec.selector,
+            changed: crate::handover::last_spec_write(d.metadata.managed_fields.as_deref()),
             replicas: d.status.map_or(0, |s| s.desired_number_scheduled),
             stopped,
         });
@@ -396,10 +410,18 @@ async fn list_all<K>(api: &Api<K>, what: &str) -> Result<Vec<K>, String>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    list_selected(api, &ListParams::default(), what).await
+}
+
+/// Every object `api` lists with `selected`'s selectors, [`MAX_LIST`] a page.
+async fn list_selected<K>(api: &Api<K>, selected: &ListParams, what: &str) -> Result<Vec<K>, String>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let mut items = Vec::new();
     let mut token: Option<String> = None;
     loop {
-        let mut params = ListParams::default().limit(MAX_LIST);
+        let mut params = selected.clone().limit(MAX_LIST);
         if let Some(token) = &token {
             params = params.continue_token(token);
         }
@@ -429,8 +451,11 @@ fn stop_patch(kind: &str) -> serde_json::Value {
 const STOPPED_LABEL: &str = "core.kbind.io/go-konnector-stopped-for-kbind";
 
 /// Reads what the migration needs from the consumer. Only GETs and LISTs.
-pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, String> {
-    let limited = ListParams::default().limit(MAX_LIST);
+pub async fn gather(
+    consumer: &Client,
+    release: &Release,
+    transport: kbind_shared::kubeconfig::Transport,
+) -> Result<Report, String> {
     let mut konnectors = Vec::new();
     for workload in workloads(consumer).await? {
         let Some(image) = workload
@@ -473,29 +498,24 @@ pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, Stri
             image: cell(&image),
             replicas: workload.replicas,
             stopped: workload.stopped,
+            stopped_at: workload.changed.filter(|_| workload.stopped),
             pods,
             selector,
         });
     }
-    let policies: BTreeMap<String, UpdatePolicy> = Api::<Connection>::all(consumer.clone())
-        .list(&limited)
-        .await
-        .map_err(|e| view::read_error("Connections", &e))?
-        .items
-        .into_iter()
+    let connections = list_all(&Api::<Connection>::all(consumer.clone()), "Connections").await?;
+    let policies: BTreeMap<String, UpdatePolicy> = connections
+        .iter()
         .map(|c| (c.name_any(), c.spec.schema.update_policy))
         .collect();
     let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
-    let pulled = crds
-        .list(
-            &ListParams::default()
-                .labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
-                .limit(MAX_LIST),
-        )
-        .await
-        .map_err(|e| view::read_error("CustomResourceDefinitions", &e))?;
+    let pulled = list_selected(
+        &crds,
+        &ListParams::default().labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE)),
+        "CustomResourceDefinitions",
+    )
+    .await?;
     let apis = pulled
-        .items
         .iter()
         .filter_map(|crd| {
             let annotations = crd.annotations();
@@ -552,8 +572,32 @@ pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, Stri
         });
     }
     let related = related_copies(consumer).await?;
-    let steps = steps(&konnectors, &core_crds, &apis, release);
+    let mut steps = steps(&konnectors, &core_crds, &apis, release);
+    let now = jiff::Timestamp::now();
+    let pulled_by_connection: Vec<CustomResourceDefinition> = pulled
+        .into_iter()
+        .filter(|crd| crd.annotations().contains_key(keys::CONNECTION_ANNOTATION))
+        .collect();
+    let mut go_writes =
+        crate::handover::consumer_writes(consumer, &connections, &pulled_by_connection, now)
+            .await?;
+    let (go_leases, provider_writes) =
+        crate::handover::leases(consumer, &connections, transport, now).await;
+    go_writes.extend(provider_writes);
+    let go_writes = crate::handover::after(&go_writes, jiff::Timestamp::UNIX_EPOCH);
+    let quiet = kbind_shared::cli::parse_duration(crate::handover::DEFAULT_QUIET)?;
+    let evidence = crate::handover::after(
+        &go_writes,
+        crate::handover::evidence_since(now, quiet, stopped_at(&konnectors)),
+    );
+    if let Some(step) =
+        crate::handover::elsewhere(konnectors.iter().any(Konnector::running), &evidence)
+    {
+        steps.insert(0, step);
+    }
     Ok(Report {
+        go_leases,
+        go_writes,
         differences: differences(&apis, related),
         konnectors,
         apis,
@@ -564,13 +608,43 @@ pub async fn gather(consumer: &Client, release: &Release) -> Result<Report, Stri
     })
 }
 
-/// Carries out the kbind-side steps of `plan`, then reads again.
+/// How `apply` runs.
+pub struct ApplyOptions {
+    /// Also stamp `core.kbind.io/created-by` on the pulled CRDs.
+    pub stamp_created_by: bool,
+    /// How long the Go konnector's field manager must have been silent.
+    pub quiet_for: Duration,
+    pub transport: kbind_shared::kubeconfig::Transport,
+}
+
+/// When the Go konnectors stopped here were stopped.
+fn stopped_at(konnectors: &[Konnector]) -> Vec<jiff::Timestamp> {
+    konnectors.iter().filter_map(|k| k.stopped_at).collect()
+}
+
+/// Carries out the kbind-side steps of `plan`, then reads again. Refuses, handing nothing over,
+/// while the Go konnector's field manager writes on either cluster: when no Go konnector runs
+/// here, any write of the last `quiet_for`; after stopping those that run here, any write once
+/// their pods are gone (waited for `quiet_for`).
 pub async fn apply(
     consumer: &Client,
     release: &Release,
-    stamp_created_by: bool,
+    options: &ApplyOptions,
 ) -> Result<Report, String> {
-    let before = gather(consumer, release).await?;
+    let quiet = format!("{}s", options.quiet_for.as_secs());
+    let before = gather(consumer, release, options.transport).await?;
+    if !before.konnectors.iter().any(Konnector::running) {
+        let since = crate::handover::evidence_since(
+            jiff::Timestamp::now(),
+            options.quiet_for,
+            stopped_at(&before.konnectors),
+        );
+        if let Some(why) =
+            crate::handover::refusal(&crate::handover::after(&before.go_writes, since), &quiet)
+        {
+            return Err(why);
+        }
+    }
     let mut done = Vec::new();
     let params = PatchParams {
         field_manager: Some("kubectl-kbind".into()),
@@ -602,6 +676,23 @@ pub async fn apply(
             ),
         });
     }
+    if !done.is_empty() {
+        // The pods of the Go konnectors found here are gone: from now on, a write of its field
+        // manager comes from another one.
+        let gone = jiff::Timestamp::now();
+        tokio::time::sleep(options.quiet_for).await;
+        let since = gather(consumer, release, options.transport).await?;
+        let evidence = crate::handover::evidence_since(
+            jiff::Timestamp::now(),
+            options.quiet_for,
+            stopped_at(&since.konnectors).into_iter().chain([gone]),
+        );
+        if let Some(why) =
+            crate::handover::refusal(&crate::handover::after(&since.go_writes, evidence), &quiet)
+        {
+            return Err(format!("{}; {why}", done.join("; ")));
+        }
+    }
     let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
     for core in before.core_crds.iter().filter(|c| c.present) {
         crds.patch(&core.name, &params, &Patch::Merge(adoption_patch(release)))
@@ -612,7 +703,7 @@ pub async fn apply(
             core.name, release.name, release.namespace
         ));
     }
-    if stamp_created_by {
+    if options.stamp_created_by {
         for api in before.apis.iter().filter(|a| !a.created_by_kbind) {
             let patch = json!({ "metadata": { "annotations": { keys::CREATED_BY_ANNOTATION: api.connection } } });
             crds.patch(&api.name, &params, &Patch::Merge(patch))
@@ -624,7 +715,7 @@ pub async fn apply(
             ));
         }
     }
-    let mut after = gather(consumer, release).await?;
+    let mut after = gather(consumer, release, options.transport).await?;
     after.done = done;
     Ok(after)
 }
@@ -636,24 +727,38 @@ async fn related_copies(consumer: &Client) -> Result<RelatedCopies, String> {
         .labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
         .limit(MAX_LIST);
     let mut annotations = Vec::new();
-    for (what, list) in [
+    for (what, api) in [
         (
             "Secrets",
-            Api::<k8s_openapi::api::core::v1::Secret>::all(consumer.clone())
-                .list_metadata(&managed)
-                .await
-                .map(|l| l.items.into_iter().map(|o| o.metadata).collect::<Vec<_>>()),
+            Api::<kube::api::DynamicObject>::all_with(
+                consumer.clone(),
+                &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()),
+            ),
         ),
         (
             "ConfigMaps",
-            Api::<k8s_openapi::api::core::v1::ConfigMap>::all(consumer.clone())
-                .list_metadata(&managed)
-                .await
-                .map(|l| l.items.into_iter().map(|o| o.metadata).collect::<Vec<_>>()),
+            Api::<kube::api::DynamicObject>::all_with(
+                consumer.clone(),
+                &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            ),
         ),
     ] {
-        let list = list.map_err(|e| view::read_error(what, &e))?;
-        annotations.extend(list.into_iter().map(|m| m.annotations.unwrap_or_default()));
+        let mut params = managed.clone();
+        loop {
+            let page = api
+                .list_metadata(&params)
+                .await
+                .map_err(|e| view::read_error(what, &e))?;
+            annotations.extend(
+                page.items
+                    .into_iter()
+                    .map(|o| o.metadata.annotations.unwrap_or_default()),
+            );
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = managed.clone().continue_token(&token),
+                None => break,
+            }
+        }
     }
     let copies: Vec<_> = annotations
         .iter()
@@ -768,6 +873,44 @@ pub fn render(report: &Report) -> String {
         &["CRD", "PRESENT", "HELM RELEASE", "KEPT"],
         &rows,
     ));
+    if !report.go_leases.is_empty() {
+        let rows: Vec<Vec<String>> = report
+            .go_leases
+            .iter()
+            .map(|l| {
+                vec![
+                    l.connection.clone(),
+                    l.lease.clone(),
+                    l.found.clone(),
+                    view::maybe_age(l.renewed_secs_ago),
+                    l.fate.clone(),
+                ]
+            })
+            .collect();
+        out.push_str("\nThe Go konnector's heartbeat Lease on each provider:\n");
+        out.push_str(&view::table(
+            &[
+                "CONNECTION",
+                "LEASE",
+                "FOUND",
+                "RENEWED",
+                "WHAT BECOMES OF IT",
+            ],
+            &rows,
+        ));
+    }
+    if !report.go_writes.is_empty() {
+        let rows: Vec<Vec<String>> = report
+            .go_writes
+            .iter()
+            .map(|w| vec![w.cluster.clone(), w.object.clone(), view::age(w.secs_ago)])
+            .collect();
+        out.push_str(&format!(
+            "\nWritten by the Go konnector's field manager ({}) in the last minutes:\n",
+            crate::handover::GO_MANAGER
+        ));
+        out.push_str(&view::table(&["CLUSTER", "OBJECT", "AGO"], &rows));
+    }
     if !report.differences.is_empty() {
         out.push_str("\nWhat kbind does differently:\n");
         for d in &report.differences {
@@ -961,6 +1104,7 @@ mod tests {
             pods: 1,
             stopped: false,
             selector: "app=konnector".into(),
+            stopped_at: None,
         };
         let go_owned = CoreCrd {
             name: CORE_CRDS[0].into(),

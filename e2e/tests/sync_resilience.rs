@@ -708,3 +708,163 @@ async fn a_revoked_credential_is_reported_as_permission_denied_and_regained_acce
     wait_connection(&s.consumer, "provider", "PermissionDenied=False").await;
     wait_connection(&s.consumer, "provider", "Ready=True").await;
 }
+
+/// The Ready condition's message of a binding or Connection status, if any.
+fn ready_message(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> String {
+    conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| format!("{} {}: {}", c.status, c.reason, c.message))
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_unbind_while_the_provider_is_unreachable_is_owed_across_restarts_and_carried_out_when_it_answers()
+ {
+    // #53.1: the provider's API server is paused (SIGSTOP) while the ClusterBinding is deleted;
+    // kbind is restarted twice and the Connection deleted meanwhile; then the provider answers.
+    let mut s = SyncEnv::start("resilience_unbind_outage", &[0, 1, 2], None).await;
+    ready(&s).await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    for name in ["a", "b"] {
+        create_and_wait_copy(&consumer_widgets, &provider_widgets, name, 1).await;
+    }
+    // A provider object kbind does not own, under a name no consumer object has.
+    let theirs = provider_widgets
+        .create(&PostParams::default(), &widget("theirs", 5))
+        .await
+        .unwrap()
+        .resource_version();
+
+    s.env.cluster("provider").signal_apiserver("STOP").unwrap();
+    let bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    bindings
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    let owing = || async {
+        let binding = bindings
+            .get_opt("widgets")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the ClusterBinding is gone")?;
+        let message = ready_message(
+            &binding
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default(),
+        );
+        Ok::<_, String>(
+            message
+                .contains("2 provider copy(ies) owed")
+                .then_some(message),
+        )
+    };
+    let message = wait_for("the unbind to say what it owes", 120, owing).await;
+    assert!(
+        message.starts_with("False DrainingObjects: ")
+            && message.contains("cannot reach the provider of Connection provider"),
+        "{message}"
+    );
+    let finalized = || async {
+        let mut held = Vec::new();
+        for name in ["a", "b"] {
+            let o = consumer_widgets.get(name).await.unwrap();
+            if o.finalizers()
+                .contains(&kbind_shared::keys::SYNCER_FINALIZER.to_owned())
+            {
+                held.push(name);
+            }
+        }
+        held
+    };
+    assert_eq!(finalized().await, ["a", "b"], "what is owed is recorded");
+
+    // Two restarts of kbind, then the Connection deleted: nothing is let go meanwhile. (A
+    // restarted schema manager has no provider client: it times out reading the provider's
+    // identity within 30 s and owes the copies again.)
+    for round in ["1", "2"] {
+        s.restart_manager(&format!("schema-manager-{round}")).await;
+        s.restart_syncer(&format!("syncer-0-{round}"), &[]).await;
+        s.manager
+            .wait_ready("the restarted schema manager", 60)
+            .await;
+    }
+    Api::<kbind_shared::api::Connection>::all(s.consumer.clone())
+        .delete("provider", &DeleteParams::default())
+        .await
+        .unwrap();
+    let connections: Api<kbind_shared::api::Connection> = Api::all(s.consumer.clone());
+    let explained = wait_for("the Connection to say what it waits for", 60, || async {
+        let c = connections
+            .get("provider")
+            .await
+            .map_err(|e| e.to_string())?;
+        let message = ready_message(
+            &c.status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default(),
+        );
+        Ok(message
+            .contains("waiting for 1 binding(s) that reference this Connection")
+            .then_some(message))
+    })
+    .await;
+    assert!(explained.starts_with("False "), "{explained}");
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    assert!(bindings.get_opt("widgets").await.unwrap().is_some());
+    assert_eq!(
+        finalized().await,
+        ["a", "b"],
+        "nothing released while the provider is away"
+    );
+    let message = owing().await.unwrap();
+    assert!(message.is_some(), "still owed after the restarts");
+
+    s.env.cluster("provider").signal_apiserver("CONT").unwrap();
+    wait_for(
+        "the owed copies to be deleted and everything to go",
+        180,
+        || async {
+            let copies_gone = provider_widgets
+                .get_opt("a")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+                && provider_widgets
+                    .get_opt("b")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_none();
+            let binding_gone = bindings
+                .get_opt("widgets")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none();
+            let connection_gone = connections
+                .get_opt("provider")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none();
+            Ok((copies_gone && binding_gone && connection_gone).then_some(()))
+        },
+    )
+    .await;
+    assert_eq!(
+        provider_widgets
+            .get("theirs")
+            .await
+            .unwrap()
+            .resource_version(),
+        theirs,
+        "nothing else touched"
+    );
+}

@@ -30,23 +30,61 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
         match release_api(binding.as_ref(), &held, Mode::Unbind, None, ctx, &others).await? {
             Left::Nothing => {}
             Left::Draining(n) => waiting += n,
-            // Only a move waits for an unreachable provider today; should an unbind ever, it is
-            // a wait like any drain.
+            // An unbind waits for an unreachable provider while its Connection exists (#53.1).
             Left::Unreachable(message) => unreachable.push(message),
         }
     }
     // BCL-4, for every kind and side (not only the declared entries: an entry removed while no
     // syncer ran may have left copies): delete this binding's related copies. Sources are never
     // touched (REL-7). Deleting is immediate; the next pass confirms none came back.
-    let provider = holder(ctx, &spec.connection_ref.name).await?.provider.ok();
+    let connection = holder(ctx, &spec.connection_ref.name).await?;
+    // Related copies on the provider (FromConsumer entries) are owed like object copies while the
+    // Connection exists and its provider cannot be reached (#53.1).
+    let owes_related = connection.exists
+        && !super::release::keeps_copies(binding.meta())
+        && spec
+            .related_resources
+            .iter()
+            .any(|r| r.direction == kbind_shared::api::RelatedDirection::FromConsumer);
+    let owed = |why: &str| {
+        format!(
+            "the related copies on the provider are owed: cannot reach the provider of Connection {} to delete them ({}); they are deleted when it answers",
+            spec.connection_ref.name,
+            kbind_shared::conditions::bounded(why, 300)
+        )
+    };
+    if let Err(why) = &connection.provider
+        && owes_related
+    {
+        unreachable.push(owed(why));
+    }
+    let exists = connection.exists;
+    let provider = connection.provider.ok();
     let uid = binding.meta().uid.clone().unwrap_or_default();
-    let related = delete_related_copies(
+    let scope = binding.covered_namespace();
+    let related = match delete_related_copies(
         Some(&ctx.client),
         provider.as_ref().map(|p| &p.client),
-        binding.covered_namespace().as_deref(),
+        scope.as_deref(),
         &uid,
     )
-    .await?;
+    .await
+    {
+        Ok(found) => found,
+        // The provider stopped answering: the consumer's side now, the provider's when it answers.
+        Err(Error::Provider { action, source })
+            if exists && super::release::unreachable(&source) =>
+        {
+            if owes_related {
+                unreachable.push(owed(&format!(
+                    "{action}: {}",
+                    kbind_shared::identity::describe_error(&source)
+                )));
+            }
+            delete_related_copies(Some(&ctx.client), None, scope.as_deref(), &uid).await?
+        }
+        Err(e) => return Err(e),
+    };
     if let Some(message) = outcome::unbind_wait(waiting, related, &unreachable) {
         let desired = vec![Desired::new(
             types::READY,

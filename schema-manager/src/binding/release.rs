@@ -59,6 +59,9 @@ impl Others {
 pub(super) struct Holder {
     /// The Connection exists and is not being deleted.
     present: bool,
+    /// The Connection exists (perhaps being deleted: it waits for its bindings, and its
+    /// credential with it).
+    pub(super) exists: bool,
     /// Its verified provider client.
     pub(super) provider: Result<Provider, String>,
     local_uid: String,
@@ -72,6 +75,7 @@ pub(super) async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Er
     let Some(c) = found else {
         return Ok(Holder {
             present: false,
+            exists: false,
             provider: Err(format!("Connection {connection} not found")),
             local_uid: String::new(),
         });
@@ -87,6 +91,7 @@ pub(super) async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Er
         .await;
     Ok(Holder {
         present: c.metadata.deletion_timestamp.is_none(),
+        exists: true,
         provider,
         local_uid: c
             .status
@@ -261,6 +266,8 @@ pub async fn release_api<B: Scoped>(
     // off, an export missing past its grace, the Connection deleted). Its instances are orphaned
     // — finalizers released, provider copies kept — and its CRDs are kept, marked unbound.
     let automatic = mode == Mode::Unbind && is_automatic(binding.meta());
+    // The user's explicit choice to keep the provider copies of everything the binding lets go.
+    let keep_copies = keeps_copies(binding.meta());
     let scope = binding.covered_namespace();
     let list = match scoped(client, scope.as_deref(), &resource)
         .list(&ListParams::default())
@@ -270,7 +277,10 @@ pub async fn release_api<B: Scoped>(
         Err(kube::Error::Api(s)) if s.is_not_found() => Vec::new(),
         Err(e) => return Err(Error::Consumer(e)),
     };
-    let mut waiting = 0;
+    let (mut waiting, mut owed) = (0, 0);
+    // Why the provider did not answer, once a request to it failed so: the rest are owed without
+    // waiting for each to time out.
+    let mut unanswered: Option<String> = holder.provider.as_ref().err().cloned();
     for object in list {
         if object
             .namespace()
@@ -284,22 +294,52 @@ pub async fn release_api<B: Scoped>(
             .get(keys::DELETION_POLICY_ANNOTATION)
             .map(String::as_str)
             == Some(keys::DELETION_POLICY_ORPHAN);
-        if !orphan
-            && !automatic
-            && let Ok(provider) = &holder.provider
-        {
-            match delete_provider_copy(&provider.client, &resource, &object, &holder.local_uid)
+        if !orphan && !automatic && !keep_copies {
+            match (&holder.provider, &unanswered) {
+                (Ok(provider), None) => match delete_provider_copy(
+                    &provider.client,
+                    &resource,
+                    &object,
+                    &holder.local_uid,
+                )
                 .await
-            {
-                Ok(true) => {
-                    waiting += 1;
+                {
+                    Ok(true) => {
+                        waiting += 1;
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(Error::Provider { action, source }) if unreachable(&source) => {
+                        unanswered = Some(format!(
+                            "{action}: {}",
+                            kbind_shared::identity::describe_error(&source)
+                        ));
+                        owed += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                },
+                // #53.1: the provider cannot be reached, but the Connection (and its
+                // credential) is still there: the copy is owed. The object keeps its finalizer —
+                // the durable record, on the consumer, of what is owed — until the provider
+                // answers and the copy is deleted.
+                _ if holder.exists => {
+                    owed += 1;
                     continue;
                 }
-                Ok(false) => {}
-                Err(e) => return Err(e),
+                // No Connection: nothing can reach the copies any more.
+                _ => {}
             }
         }
         release_syncer_finalizer(client, &resource, &object, &finalizer).await?;
+    }
+    if owed > 0 {
+        let why = unanswered.unwrap_or_default();
+        return Ok(Left::Unreachable(owed_message(
+            owed,
+            &held.connection,
+            &why,
+        )));
     }
     if waiting > 0 {
         return Ok(Left::Draining(waiting));
@@ -447,6 +487,37 @@ async fn release_syncer_finalizer(
         .map_err(Error::Consumer)
 }
 
+/// What an unbind owes the provider it cannot reach (#53.1): `owed` copies to delete once it
+/// answers, and how to keep them instead.
+pub fn owed_message(owed: usize, connection: &str, why: &str) -> String {
+    format!(
+        "{owed} provider copy(ies) owed: cannot reach the provider of Connection {connection} to delete them ({}); they are deleted when it answers (annotate the binding {}={} to keep them instead)",
+        kbind_shared::conditions::bounded(why, 300),
+        keys::DELETION_POLICY_ANNOTATION,
+        keys::DELETION_POLICY_ORPHAN
+    )
+}
+
+/// Whether a provider request failed because the provider did not answer (no connection, a
+/// timeout, a gateway or server error) rather than by saying no.
+pub(super) fn unreachable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429 || s.code == 408,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// Whether the user annotated a binding to keep the provider copies of what it lets go
+/// ([`keys::DELETION_POLICY_ANNOTATION`]` = Orphan`, as on one object).
+pub fn keeps_copies(meta: &kube::api::ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::DELETION_POLICY_ANNOTATION))
+        .map(String::as_str)
+        == Some(keys::DELETION_POLICY_ORPHAN)
+}
+
 /// Whether a binding was made by autoBind: controlled by a Connection.
 fn is_automatic(meta: &kube::api::ObjectMeta) -> bool {
     meta.owner_references.iter().flatten().any(|o| {
@@ -574,6 +645,50 @@ mod tests {
 
     fn spec(connection: &str, apis: &[&str]) -> BindingSpec {
         BindingSpec::new(connection, apis)
+    }
+
+    #[test]
+    fn an_unbind_owes_what_it_cannot_delete_and_says_how_to_keep_it() {
+        let message = owed_message(2, "provider", "read the provider copy of a: timed out");
+        assert!(
+            message.starts_with(
+                "2 provider copy(ies) owed: cannot reach the provider of Connection provider"
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains("core.kbind.io/deletion-policy=Orphan"),
+            "{message}"
+        );
+        let mut meta = kube::api::ObjectMeta::default();
+        assert!(!keeps_copies(&meta));
+        meta.annotations = Some(
+            [(
+                keys::DELETION_POLICY_ANNOTATION.to_owned(),
+                "Delete".to_owned(),
+            )]
+            .into(),
+        );
+        assert!(!keeps_copies(&meta));
+        meta.annotations = Some(
+            [(
+                keys::DELETION_POLICY_ANNOTATION.to_owned(),
+                keys::DELETION_POLICY_ORPHAN.to_owned(),
+            )]
+            .into(),
+        );
+        assert!(keeps_copies(&meta));
+        let status = crate::context::api_error;
+        for (code, want) in [
+            (503, true),
+            (504, true),
+            (429, true),
+            (403, false),
+            (404, false),
+            (409, false),
+        ] {
+            assert_eq!(unreachable(&status(code)), want, "{code}");
+        }
     }
 
     #[test]

@@ -868,3 +868,35 @@ async fn an_unbind_while_the_provider_is_unreachable_is_owed_across_restarts_and
         "nothing else touched"
     );
 }
+
+#[tokio::test]
+async fn a_binding_annotated_orphan_keeps_its_provider_copies_when_it_goes() {
+    // #53.1: the explicit way to let an unbind keep the provider copies (as on one object).
+    let s = SyncEnv::start("resilience_unbind_orphan", &[0, 1, 2], None).await;
+    ready(&s).await;
+    ensure_namespace(&s.consumer, "team-a").await.unwrap();
+    let (consumer_widgets, provider_widgets) = (
+        widgets(&s.consumer, "team-a"),
+        widgets(&s.provider, "team-a"),
+    );
+    create_and_wait_copy(&consumer_widgets, &provider_widgets, "kept", 1).await;
+    let copy = provider_widgets.get("kept").await.unwrap();
+    let bindings: Api<ClusterBinding> = Api::all(s.consumer.clone());
+    bindings
+        .patch(
+            "widgets",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "metadata": { "annotations": {
+                kbind_shared::keys::DELETION_POLICY_ANNOTATION: kbind_shared::keys::DELETION_POLICY_ORPHAN } } })),
+        )
+        .await
+        .unwrap();
+    bindings
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&bindings, "widgets", "the ClusterBinding", 60).await;
+    let after = provider_widgets.get("kept").await.unwrap();
+    assert_eq!(after.metadata.uid, copy.metadata.uid, "the copy is kept");
+    assert_eq!(after.metadata.deletion_timestamp, None);
+}

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kbind_shared::api::{Binding, ClusterBinding, Connection};
 use kbind_shared::heartbeat::{GO_LEASE_NAMESPACE, GoLease, go_lease_name};
 use kbind_shared::kubeconfig::Transport;
-use kube::api::{ApiResource, ListParams};
+use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
@@ -280,21 +280,8 @@ pub async fn consumer_writes(
             &crd.metadata,
             now,
         ));
-        let Some(version) = crd
-            .spec
-            .versions
-            .iter()
-            .find(|v| v.storage)
-            .or(crd.spec.versions.first())
-        else {
+        let Some(resource) = kbind_shared::dynamic::instance_resource(crd) else {
             continue;
-        };
-        let resource = ApiResource {
-            group: crd.spec.group.clone(),
-            version: version.name.clone(),
-            api_version: format!("{}/{}", crd.spec.group, version.name),
-            kind: crd.spec.names.kind.clone(),
-            plural: crd.spec.names.plural.clone(),
         };
         let api: Api<kube::api::DynamicObject> = Api::all_with(consumer.clone(), &resource);
         let mut page = params.clone();

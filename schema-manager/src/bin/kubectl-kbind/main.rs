@@ -12,6 +12,8 @@
 //!   fields kbind syncs, who owns which field on each side, delivery, the last refusal;
 //! - `consumers --provider-kubeconfig <file>`: on a provider, its consumers as `kbind-reaper`
 //!   sees them and every heartbeat Lease with its server-recorded renewal;
+//! - `rehome plan|apply --connection <c> --from <uid>`: after a restore, claiming the provider
+//!   copies a previous identity of this consumer left, once it is gone;
 //! - `migrate plan|apply`: replacing a running Go konnector — what kbind will do differently, the
 //!   steps in order, and (apply) the kbind-side steps carried out.
 //!
@@ -26,6 +28,7 @@ mod doctor;
 mod handover;
 mod migrate;
 mod plan;
+mod rehome;
 mod status;
 mod view;
 
@@ -106,6 +109,18 @@ enum Command {
         #[arg(long, default_value = "kbind-system", global = true)]
         release_namespace: String,
     },
+    /// After a restore or rebuild (a new consumer cluster UID): claims the provider copies a
+    /// previous identity of this consumer left, once that identity is gone. `plan` only reads.
+    Rehome {
+        #[command(subcommand)]
+        action: RehomeAction,
+        /// The Connection whose provider holds the copies.
+        #[arg(long, global = true, default_value = "")]
+        connection: String,
+        /// The previous consumer cluster UID (the copies' `core.kbind.io/consumer-cluster-uid`).
+        #[arg(long, global = true, default_value = "")]
+        from: String,
+    },
     /// On a provider: its consumers as kbind-reaper last saw them (state, last renewal by the
     /// provider's clock, objects per API), and every heartbeat Lease. Changes nothing.
     Consumers {
@@ -113,6 +128,14 @@ enum Command {
         #[arg(long)]
         provider_kubeconfig: PathBuf,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum RehomeAction {
+    /// What re-homing would claim, and whether the previous identity is gone. Changes nothing.
+    Plan,
+    /// Claims the previous identity's copies: one write each.
+    Apply,
 }
 
 #[derive(Debug, Subcommand)]
@@ -244,6 +267,26 @@ async fn run(args: &Args) -> Result<Verdict, String> {
             };
             view::print(json, &report, migrate::render)?;
             Ok(Verdict::Fine)
+        }
+        Command::Rehome {
+            action,
+            connection,
+            from,
+        } => {
+            if connection.is_empty() || from.is_empty() {
+                return Err(
+                    "rehome needs --connection <name> and --from <previous consumer cluster UID>"
+                        .into(),
+                );
+            }
+            let apply = matches!(action, RehomeAction::Apply);
+            let report = rehome::run(&consumer, connection, from, transport, apply).await?;
+            view::print(json, &report, rehome::render)?;
+            Ok(if report.refused.is_some() {
+                Verdict::Attention
+            } else {
+                Verdict::Fine
+            })
         }
         Command::Consumers { .. } => Ok(Verdict::Fine),
     }

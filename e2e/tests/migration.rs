@@ -1313,3 +1313,234 @@ spec:
         .unwrap();
     assert_eq!(binding.spec.connection_ref.name, grant);
 }
+
+/// A Deployment of `image` in `namespace` with `replicas` (no node here: its pods stay Pending,
+/// which is all a pod needs to be).
+async fn deployment(client: &Client, namespace: &str, name: &str, image: &str, replicas: i32) {
+    ensure_namespace(client, namespace).await.unwrap();
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": { "name": name },
+                "spec": { "replicas": replicas, "selector": { "matchLabels": { "app": name } },
+                  "template": { "metadata": { "labels": { "app": name } },
+                    "spec": { "containers": [{ "name": "main", "image": image }] } } },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// #53.4: going back to the Go konnector. `rollback plan` names every fence the Go konnector
+/// drops, `apply` refuses (writing nothing) while an object is routed, then stops kbind, strips
+/// the one route finalizer no route holds and starts the Go konnector — and `migrate apply`
+/// takes it back to kbind — each step's consumer writes counted.
+#[tokio::test]
+async fn rollback_names_every_lost_fence_refuses_while_routed_and_hands_over_both_ways() {
+    let Pair { env, consumer, .. } = Pair::start("rollback", &[]).await;
+    // kbind running; the Go konnector stopped by an earlier `migrate apply`.
+    for program in ["kbind-schema-manager", "kbind-syncer"] {
+        deployment(
+            &consumer,
+            KBIND_NAMESPACE,
+            program,
+            &format!("ghcr.io/kbind-dev/{program}:0.1.0"),
+            1,
+        )
+        .await;
+    }
+    deployment(
+        &consumer,
+        "konnector-system",
+        "konnector",
+        "ghcr.io/kbind-dev/konnector:v0.4.0",
+        0,
+    )
+    .await;
+    // Fences: Bindings served only in team-a, no Secrets to the provider, no Binding adopts.
+    ensure_namespace(&consumer, SECRET_NAMESPACE).await.unwrap();
+    let kubeconfig = env.cluster("provider").admin_kubeconfig();
+    apply_manifest(&consumer, &one_file(&kubeconfig, &[0, 1]))
+        .await
+        .unwrap();
+    Api::<kbind_shared::api::Connection>::all(consumer.clone())
+        .patch(
+            "provider",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "access": { "bindingNamespaces": ["team-a"] } } })),
+        )
+        .await
+        .unwrap();
+    for (namespace, name, extra) in [
+        ("team-b", "outside", json!({ "conflictPolicy": "Adopt" })),
+        (
+            "team-a",
+            "secrets",
+            json!({ "suspend": true, "relatedResources": [{ "resource": "secrets",
+                "direction": "FromConsumer", "selector": { "names": ["db"] } }] }),
+        ),
+    ] {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+        let mut spec = json!({ "connectionRef": { "name": "provider" },
+                               "apis": [{ "name": "widgets.example.org" }] });
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        Api::<kbind_shared::api::Binding>::namespaced(consumer.clone(), namespace)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "apiVersion": "core.kbind.io/v1alpha1",
+                    "kind": "Binding", "metadata": { "name": name }, "spec": spec }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    // Objects: w1 routed to another Connection, w2 with a route finalizer no route holds, w3
+    // paused.
+    install_crd(&consumer, &go_pulled("widgets", "Widget"))
+        .await
+        .unwrap();
+    let route_finalizer = format!("{}second", keys::ROUTE_FINALIZER_PREFIX);
+    let consumer_widgets = widgets(&consumer, "team-a");
+    for (name, annotations, finalizers) in [
+        (
+            "w1",
+            json!({ keys::ROUTE_ANNOTATION: "second/0000-second" }),
+            json!([keys::SYNCER_FINALIZER, route_finalizer]),
+        ),
+        (
+            "w2",
+            json!({}),
+            json!([keys::SYNCER_FINALIZER, route_finalizer]),
+        ),
+        (
+            "w3",
+            json!({ keys::PAUSED_ANNOTATION: keys::TRUE }),
+            json!([keys::SYNCER_FINALIZER]),
+        ),
+    ] {
+        let mut object = widget(name, 1);
+        object.metadata.annotations = serde_json::from_value(annotations).unwrap();
+        object.metadata.finalizers = serde_json::from_value(finalizers).unwrap();
+        consumer_widgets
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+    }
+
+    // plan: every fence named, the routed object, the stranded finalizer; exit 1 while routed.
+    let output =
+        std::process::Command::new(kbind_e2e::controlplane::kbind_bin("kubectl-kbind").unwrap())
+            .args(["migrate", "rollback", "plan", "-o", "json", "--kubeconfig"])
+            .arg(env.cluster("consumer").admin_kubeconfig_path())
+            .output()
+            .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let fences: Vec<&str> = plan["fences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    for expected in [
+        "the Bindings in team-b start syncing",
+        "sends those Binding team-a/secrets select (FromConsumer)",
+        "lets Bindings team-b/outside take over provider objects",
+        "suspended: Binding team-a/secrets",
+        "1 paused object(s)",
+    ] {
+        assert!(
+            fences.iter().any(|f| f.contains(expected)),
+            "{expected}: {fences:#?}"
+        );
+    }
+    assert_eq!(fences.len(), 5, "{fences:#?}");
+    assert_eq!(
+        plan["routed"],
+        json!(["widgets.example.org team-a/w1 → second"])
+    );
+    assert_eq!(
+        plan["stranded"],
+        json!([format!("widgets.example.org team-a/w2 {route_finalizer}")])
+    );
+
+    // apply refuses while w1 is routed, writing nothing.
+    let writes = || async {
+        let all = apiserver_writes(&consumer).await.unwrap();
+        let of = |key: &str| all.get(key).copied().unwrap_or_default();
+        (
+            of("PATCH apps/deployments "),
+            of("PATCH example.org/widgets "),
+        )
+    };
+    let before = writes().await;
+    let refused =
+        std::process::Command::new(kbind_e2e::controlplane::kbind_bin("kubectl-kbind").unwrap())
+            .args(["migrate", "rollback", "apply", "--kubeconfig"])
+            .arg(env.cluster("consumer").admin_kubeconfig_path())
+            .output()
+            .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("refused: 1 object(s) are routed to another Connection (first: widgets.example.org team-a/w1 → second)")
+            && stderr.contains("nothing was changed"),
+        "{stderr}"
+    );
+    assert_eq!(writes().await, before, "nothing written");
+
+    // w1 moved back (as kbind leaves it once its route copy is drained): apply hands over —
+    // kbind's two Deployments scaled to 0, one finalizer stripped, the Go konnector started.
+    consumer_widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": {
+                "annotations": { keys::ROUTE_ANNOTATION: null },
+                "finalizers": [keys::SYNCER_FINALIZER] } })),
+        )
+        .await
+        .unwrap();
+    let before = writes().await;
+    let applied = plugin_json(&env, &["migrate", "rollback", "apply"]);
+    let after = writes().await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (3, 1),
+        "2 kbind Deployments stopped, the Go konnector started, 1 finalizer stripped: {applied:#}"
+    );
+    assert_eq!(applied["done"].as_array().unwrap().len(), 4, "{applied:#}");
+    let w2 = consumer_widgets.get("w2").await.unwrap();
+    assert_eq!(w2.finalizers(), [keys::SYNCER_FINALIZER.to_owned()]);
+    let replicas = |namespace: &str, name: &str| {
+        let client = consumer.clone();
+        let (namespace, name) = (namespace.to_owned(), name.to_owned());
+        async move {
+            Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client, &namespace)
+                .get(&name)
+                .await
+                .unwrap()
+                .spec
+                .unwrap()
+                .replicas
+        }
+    };
+    assert_eq!(replicas(KBIND_NAMESPACE, "kbind-syncer").await, Some(0));
+    assert_eq!(
+        replicas(KBIND_NAMESPACE, "kbind-schema-manager").await,
+        Some(0)
+    );
+    assert_eq!(replicas("konnector-system", "konnector").await, Some(1));
+
+    // And back to kbind: `migrate apply` stops the Go konnector again (one write).
+    let before = writes().await;
+    let back = plugin_json(&env, &["migrate", "apply", "--quiet-for", "1s"]);
+    let after = writes().await;
+    assert_eq!(after.0 - before.0, 1, "{back:#}");
+    assert_eq!(replicas("konnector-system", "konnector").await, Some(0));
+}

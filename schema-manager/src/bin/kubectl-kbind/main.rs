@@ -29,6 +29,7 @@ mod handover;
 mod migrate;
 mod plan;
 mod rehome;
+mod rollback;
 mod status;
 mod view;
 
@@ -154,6 +155,20 @@ enum MigrateAction {
         #[arg(long, default_value = handover::DEFAULT_QUIET, value_parser = kbind_shared::cli::parse_duration)]
         quiet_for: std::time::Duration,
     },
+    /// Handing this consumer back to the Go konnector: what loses its fence, and (apply) kbind
+    /// stopped, stranded route finalizers stripped, the Go konnector started.
+    Rollback {
+        #[command(subcommand)]
+        action: RollbackAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum RollbackAction {
+    /// What the Go konnector would do that kbind's fences stop, and the steps. Changes nothing.
+    Plan,
+    /// Carries out the steps; refused while objects are routed.
+    Apply,
 }
 
 /// How a command ended: its report was printed and it found nothing wrong (0), or something the
@@ -252,6 +267,18 @@ async fn run(args: &Args) -> Result<Verdict, String> {
                 namespace: release_namespace.clone(),
             };
             let report = match action {
+                MigrateAction::Rollback { action } => {
+                    let report = match action {
+                        RollbackAction::Plan => rollback::gather(&consumer).await?,
+                        RollbackAction::Apply => rollback::apply(&consumer).await?,
+                    };
+                    view::print(json, &report, rollback::render)?;
+                    return Ok(if report.routed.is_empty() {
+                        Verdict::Fine
+                    } else {
+                        Verdict::Attention
+                    });
+                }
                 MigrateAction::Plan => migrate::gather(&consumer, &release, transport).await?,
                 MigrateAction::Apply {
                     stamp_created_by,

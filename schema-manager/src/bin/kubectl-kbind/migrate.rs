@@ -406,7 +406,7 @@ async fn workloads(consumer: &Client) -> Result<Vec<Workload>, String> {
 }
 
 /// Every object `api` lists, [`MAX_LIST`] a page.
-async fn list_all<K>(api: &Api<K>, what: &str) -> Result<Vec<K>, String>
+pub(crate) async fn list_all<K>(api: &Api<K>, what: &str) -> Result<Vec<K>, String>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -439,7 +439,7 @@ where
 
 /// The patch that stops a `kind` running the Go konnector: no replicas — or, for a DaemonSet,
 /// which has none, a node selector no node matches.
-fn stop_patch(kind: &str) -> serde_json::Value {
+pub(crate) fn stop_patch(kind: &str) -> serde_json::Value {
     match kind {
         "DaemonSet" => json!({ "spec": { "template": { "spec": { "nodeSelector": {
             STOPPED_LABEL: "true" } } } } }),
@@ -448,27 +448,21 @@ fn stop_patch(kind: &str) -> serde_json::Value {
 }
 
 /// The node label a stopped DaemonSet's pods would need (no node has it).
-const STOPPED_LABEL: &str = "core.kbind.io/go-konnector-stopped-for-kbind";
+pub(crate) const STOPPED_LABEL: &str = "core.kbind.io/go-konnector-stopped-for-kbind";
 
-/// Reads what the migration needs from the consumer. Only GETs and LISTs.
-pub async fn gather(
+/// The workloads (every Deployment, StatefulSet and DaemonSet) with a container `runs`, and their
+/// pods.
+pub(crate) async fn running(
     consumer: &Client,
-    release: &Release,
-    transport: kbind_shared::kubeconfig::Transport,
-) -> Result<Report, String> {
-    let mut konnectors = Vec::new();
+    runs: impl Fn(&k8s_openapi::api::core::v1::Container) -> bool,
+) -> Result<Vec<Konnector>, String> {
+    let mut found = Vec::new();
     for workload in workloads(consumer).await? {
         let Some(image) = workload
             .template
             .iter()
             .flat_map(|p| &p.containers)
-            .find(|c| {
-                c.image.as_deref().is_some_and(is_go_konnector)
-                    || runs_go_konnector(
-                        c.command.as_deref().unwrap_or_default(),
-                        c.args.as_deref().unwrap_or_default(),
-                    )
-            })
+            .find(|c| runs(c))
             .map(|c| c.image.clone().unwrap_or_default())
         else {
             continue;
@@ -491,7 +485,7 @@ pub async fn gather(
                 .items
                 .len()
         };
-        konnectors.push(Konnector {
+        found.push(Konnector {
             kind: workload.kind.to_owned(),
             namespace: workload.namespace,
             name: workload.name,
@@ -503,6 +497,23 @@ pub async fn gather(
             selector,
         });
     }
+    Ok(found)
+}
+
+/// Reads what the migration needs from the consumer. Only GETs and LISTs.
+pub async fn gather(
+    consumer: &Client,
+    release: &Release,
+    transport: kbind_shared::kubeconfig::Transport,
+) -> Result<Report, String> {
+    let konnectors = running(consumer, |c| {
+        c.image.as_deref().is_some_and(is_go_konnector)
+            || runs_go_konnector(
+                c.command.as_deref().unwrap_or_default(),
+                c.args.as_deref().unwrap_or_default(),
+            )
+    })
+    .await?;
     let connections = list_all(&Api::<Connection>::all(consumer.clone()), "Connections").await?;
     let policies: BTreeMap<String, UpdatePolicy> = connections
         .iter()
@@ -773,7 +784,7 @@ async fn related_copies(consumer: &Client) -> Result<RelatedCopies, String> {
     })
 }
 
-async fn wait_pods_gone(consumer: &Client, k: &Konnector) -> Result<(), String> {
+pub(crate) async fn wait_pods_gone(consumer: &Client, k: &Konnector) -> Result<(), String> {
     if k.selector.is_empty() {
         return Ok(());
     }
@@ -791,7 +802,7 @@ async fn wait_pods_gone(consumer: &Client, k: &Konnector) -> Result<(), String> 
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(format!(
-                "{left} pod(s) of {} {}/{} are still there after {}s; kbind must not start while the Go konnector runs",
+                "{left} pod(s) of {} {}/{} are still there after {}s; the other program must not start while it runs",
                 k.kind,
                 k.namespace,
                 k.name,

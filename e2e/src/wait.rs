@@ -39,18 +39,25 @@ where
         .unwrap()
 }
 
+/// Whether `api` has no object called `name` (for a [`wait_for`] check).
+pub async fn absent<K>(api: &Api<K>, name: &str) -> Result<bool, String>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    Ok(api
+        .get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .is_none())
+}
+
 /// Waits, at most `limit_secs`, until `api` has no object called `name`; panics on timeout.
 pub async fn wait_gone<K>(api: &Api<K>, name: &str, what: &str, limit_secs: u64)
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
 {
     wait_for(what, limit_secs, || async {
-        Ok(api
-            .get_opt(name)
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            .then_some(()))
+        Ok(absent(api, name).await?.then_some(()))
     })
     .await
 }

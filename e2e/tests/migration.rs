@@ -328,32 +328,12 @@ async fn kbind_adopts_the_go_konnectors_state_writing_only_its_label_to_the_prov
         )
         .await
         .unwrap();
-    // The Go konnector's heartbeat: `consumer-<uid>` in `kbind` (its reconciler's leaseName and
-    // default namespace), created and renewed by Update (its default field manager), labelled
-    // managed and annotated with the consumer's UID only, held by it, 60 s.
-    ensure_namespace(&provider, "kbind").await.unwrap();
+    // The Go konnector's heartbeat Lease.
     let go_lease_name = kbind_shared::heartbeat::go_lease_name(&local_uid);
     let kbind_lease_name = kbind_shared::heartbeat::lease_name("provider", &local_uid);
     let leases: Api<Lease> = Api::namespaced(provider.clone(), "kbind");
-    let go_renewed =
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
-    let go_lease = leases
-        .create(
-            &PostParams {
-                field_manager: Some(GO_MANAGER.into()),
-                ..Default::default()
-            },
-            &serde_json::from_value(json!({
-                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": { "name": go_lease_name, "labels": { keys::MANAGED_LABEL: keys::TRUE },
-                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid } },
-                "spec": { "holderIdentity": local_uid, "leaseDurationSeconds": 60,
-                          "acquireTime": go_renewed, "renewTime": go_renewed },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    let go_lease = create_go_lease(&provider, &local_uid).await;
+    let go_renewed = go_lease.spec.clone().unwrap().renew_time.unwrap();
     // The status the Go syncer copied down (SYNC-9), once the provider's controller wrote it.
     for (resource, object) in &synced {
         let name = object.name_any();
@@ -785,27 +765,9 @@ async fn migrate_plan_changes_nothing_and_apply_stops_the_go_konnector_and_keeps
         )
         .await
         .unwrap();
-    ensure_namespace(&provider, "kbind").await.unwrap();
     let go_lease_name = kbind_shared::heartbeat::go_lease_name(&local_uid);
     let go_leases: Api<Lease> = Api::namespaced(provider.clone(), "kbind");
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
-    go_leases
-        .create(
-            &PostParams {
-                field_manager: Some(GO_MANAGER.into()),
-                ..Default::default()
-            },
-            &serde_json::from_value(json!({
-                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": { "name": go_lease_name, "labels": { keys::MANAGED_LABEL: keys::TRUE },
-                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: local_uid } },
-                "spec": { "holderIdentity": local_uid, "leaseDurationSeconds": 60,
-                          "acquireTime": now, "renewTime": now },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    create_go_lease(&provider, &local_uid).await;
     // Two related copies the Go konnector wrote (no per-entry record) and one kbind wrote.
     ensure_namespace(&consumer, "team-a").await.unwrap();
     let config_maps: Api<ConfigMap> = Api::namespaced(consumer.clone(), "team-a");
@@ -1312,6 +1274,33 @@ spec:
         .await
         .unwrap();
     assert_eq!(binding.spec.connection_ref.name, grant);
+}
+
+/// The Go konnector's heartbeat Lease of the consumer `uid`, as it writes it: `consumer-<uid>` in
+/// `kbind` (its reconciler's leaseName and default namespace), created and renewed by update
+/// under its default field manager, labelled managed and annotated with the consumer's UID only,
+/// held by it, 60 s, renewed now.
+async fn create_go_lease(provider: &Client, uid: &str) -> Lease {
+    ensure_namespace(provider, "kbind").await.unwrap();
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+    Api::<Lease>::namespaced(provider.clone(), "kbind")
+        .create(
+            &PostParams {
+                field_manager: Some(GO_MANAGER.into()),
+                ..Default::default()
+            },
+            &serde_json::from_value(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": { "name": kbind_shared::heartbeat::go_lease_name(uid),
+                    "labels": { keys::MANAGED_LABEL: keys::TRUE },
+                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: uid } },
+                "spec": { "holderIdentity": uid, "leaseDurationSeconds": 60,
+                          "acquireTime": now, "renewTime": now },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap()
 }
 
 /// A Deployment of `image` in `namespace` with `replicas` (no node here: its pods stay Pending,

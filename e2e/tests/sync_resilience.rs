@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kbind_e2e::cluster::{User, ensure_namespace};
 use kbind_e2e::fixtures::*;
-use kbind_e2e::wait::{wait_for, wait_gone};
+use kbind_e2e::wait::{absent, wait_for, wait_gone};
 use kbind_shared::api::ClusterBinding;
 use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -396,16 +396,8 @@ async fn an_unreachable_provider_loses_nothing_and_deletions_wait_until_it_is_ba
     s.env.cluster("provider").signal_apiserver("CONT").unwrap();
 
     wait_for("everything to catch up", 60, || async {
-        let a_gone = consumer_widgets
-            .get_opt("a")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            && provider_widgets
-                .get_opt("a")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none();
+        let a_gone =
+            absent(&consumer_widgets, "a").await? && absent(&provider_widgets, "a").await?;
         let b = provider_widgets
             .get_opt("b")
             .await
@@ -834,26 +826,10 @@ async fn an_unbind_while_the_provider_is_unreachable_is_owed_across_restarts_and
         "the owed copies to be deleted and everything to go",
         180,
         || async {
-            let copies_gone = provider_widgets
-                .get_opt("a")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none()
-                && provider_widgets
-                    .get_opt("b")
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .is_none();
-            let binding_gone = bindings
-                .get_opt("widgets")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none();
-            let connection_gone = connections
-                .get_opt("provider")
-                .await
-                .map_err(|e| e.to_string())?
-                .is_none();
+            let copies_gone =
+                absent(&provider_widgets, "a").await? && absent(&provider_widgets, "b").await?;
+            let binding_gone = absent(&bindings, "widgets").await?;
+            let connection_gone = absent(&connections, "provider").await?;
             Ok((copies_gone && binding_gone && connection_gone).then_some(()))
         },
     )

@@ -437,6 +437,18 @@ where
     }
 }
 
+/// The API of the workload `k` (a Deployment, StatefulSet or DaemonSet) in its namespace.
+pub(crate) fn workload(consumer: &Client, k: &Konnector) -> Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource {
+        group: "apps".into(),
+        version: "v1".into(),
+        api_version: "apps/v1".into(),
+        kind: k.kind.clone(),
+        plural: format!("{}s", k.kind.to_lowercase()),
+    };
+    Api::namespaced_with(consumer.clone(), &k.namespace, &resource)
+}
+
 /// The patch that stops a `kind` running the Go konnector: no replicas — or, for a DaemonSet,
 /// which has none, a node selector no node matches.
 pub(crate) fn stop_patch(kind: &str) -> serde_json::Value {
@@ -662,16 +674,7 @@ pub async fn apply(
         ..Default::default()
     };
     for k in before.konnectors.iter().filter(|k| k.running()) {
-        let resource = kube::api::ApiResource {
-            group: "apps".into(),
-            version: "v1".into(),
-            api_version: "apps/v1".into(),
-            kind: k.kind.clone(),
-            plural: format!("{}s", k.kind.to_lowercase()),
-        };
-        let workloads: Api<kube::api::DynamicObject> =
-            Api::namespaced_with(consumer.clone(), &k.namespace, &resource);
-        workloads
+        workload(consumer, k)
             .patch(&k.name, &params, &Patch::Merge(stop_patch(&k.kind)))
             .await
             .map_err(|e| format!("stop {} {}/{}: {e}", k.kind, k.namespace, k.name))?;
@@ -934,10 +937,8 @@ pub fn render(report: &Report) -> String {
             out.push_str(&format!("  - {d}\n"));
         }
     }
-    out.push_str("\nSteps:\n");
-    for (i, step) in report.steps.iter().enumerate() {
-        out.push_str(&format!("  {}. {step}\n", i + 1));
-    }
+    out.push('\n');
+    out.push_str(&view::steps(&report.steps));
     out
 }
 

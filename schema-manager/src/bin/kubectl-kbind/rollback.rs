@@ -320,7 +320,7 @@ pub async fn apply(consumer: &Client) -> Result<Report, String> {
     };
     let mut done = Vec::new();
     for k in before.kbind.iter().filter(|k| k.running()) {
-        workload(consumer, k)
+        migrate::workload(consumer, k)
             .patch(
                 &k.name,
                 &params,
@@ -394,7 +394,7 @@ pub async fn apply(consumer: &Client) -> Result<Report, String> {
                 migrate::STOPPED_LABEL: null } } } } }),
             _ => json!({ "spec": { "replicas": 1 } }),
         };
-        workload(consumer, k)
+        migrate::workload(consumer, k)
             .patch(&k.name, &params, &Patch::Merge(patch))
             .await
             .map_err(|e| format!("start {} {}/{}: {e}", k.kind, k.namespace, k.name))?;
@@ -406,17 +406,6 @@ pub async fn apply(consumer: &Client) -> Result<Report, String> {
     let mut after = gather(consumer).await?;
     after.done = done;
     Ok(after)
-}
-
-fn workload(consumer: &Client, k: &Konnector) -> Api<DynamicObject> {
-    let resource = kube::api::ApiResource {
-        group: "apps".into(),
-        version: "v1".into(),
-        api_version: "apps/v1".into(),
-        kind: k.kind.clone(),
-        plural: format!("{}s", k.kind.to_lowercase()),
-    };
-    Api::namespaced_with(consumer.clone(), &k.namespace, &resource)
 }
 
 /// The report as text.
@@ -466,10 +455,7 @@ pub fn render(report: &Report) -> String {
             }
         }
     }
-    out.push_str("Steps:\n");
-    for (i, step) in report.steps.iter().enumerate() {
-        out.push_str(&format!("  {}. {step}\n", i + 1));
-    }
+    out.push_str(&view::steps(&report.steps));
     out
 }
 

@@ -203,6 +203,15 @@ pub async fn provider_maybe_unidentified(
     Ok((view, read))
 }
 
+/// Numbered steps under a `Steps:` heading.
+pub fn steps(steps: &[String]) -> String {
+    let mut out = String::from("Steps:\n");
+    for (i, step) in steps.iter().enumerate() {
+        out.push_str(&format!("  {}. {step}\n", i + 1));
+    }
+    out
+}
+
 /// Objects listed per request.
 const PAGE: u32 = 500;
 

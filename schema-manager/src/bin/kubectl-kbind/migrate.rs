@@ -816,6 +816,28 @@ pub(crate) async fn wait_pods_gone(consumer: &Client, k: &Konnector) -> Result<(
     }
 }
 
+/// Workloads under `title` (nothing when there are none), and a blank line.
+pub(crate) fn workloads_table(title: &str, rows: &[Konnector]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|k| {
+            vec![
+                format!("{} {}/{}", k.kind, cell(&k.namespace), cell(&k.name)),
+                k.image.clone(),
+                k.replicas.to_string(),
+                k.pods.to_string(),
+            ]
+        })
+        .collect();
+    format!(
+        "{title}:\n{}\n",
+        view::table(&["WORKLOAD", "IMAGE", "REPLICAS", "PODS"], &rows)
+    )
+}
+
 /// The report as text.
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
@@ -824,24 +846,7 @@ pub fn render(report: &Report) -> String {
             "No Go konnector found on this cluster (Deployments, StatefulSets and DaemonSets read, by image, command and args).\n\n",
         );
     } else {
-        let rows: Vec<Vec<String>> = report
-            .konnectors
-            .iter()
-            .map(|k| {
-                vec![
-                    format!("{} {}/{}", k.kind, cell(&k.namespace), cell(&k.name)),
-                    k.image.clone(),
-                    k.replicas.to_string(),
-                    k.pods.to_string(),
-                ]
-            })
-            .collect();
-        out.push_str("Go konnector:\n");
-        out.push_str(&view::table(
-            &["WORKLOAD", "IMAGE", "REPLICAS", "PODS"],
-            &rows,
-        ));
-        out.push('\n');
+        out.push_str(&workloads_table("Go konnector", &report.konnectors));
     }
     if !report.apis.is_empty() {
         let rows: Vec<Vec<String>> = report

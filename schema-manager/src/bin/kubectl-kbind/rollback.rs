@@ -411,28 +411,11 @@ pub async fn apply(consumer: &Client) -> Result<Report, String> {
 /// The report as text.
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
-    let table = |title: &str, rows: &[Konnector]| {
-        if rows.is_empty() {
-            return String::new();
-        }
-        let rows: Vec<Vec<String>> = rows
-            .iter()
-            .map(|k| {
-                vec![
-                    format!("{} {}/{}", k.kind, cell(&k.namespace), cell(&k.name)),
-                    k.image.clone(),
-                    k.replicas.to_string(),
-                    k.pods.to_string(),
-                ]
-            })
-            .collect();
-        format!(
-            "{title}:\n{}\n",
-            view::table(&["WORKLOAD", "IMAGE", "REPLICAS", "PODS"], &rows)
-        )
-    };
-    out.push_str(&table("kbind", &report.kbind));
-    out.push_str(&table("Go konnector", &report.konnectors));
+    out.push_str(&migrate::workloads_table("kbind", &report.kbind));
+    out.push_str(&migrate::workloads_table(
+        "Go konnector",
+        &report.konnectors,
+    ));
     for (title, lines) in [
         (
             "What loses its fence under the Go konnector",

@@ -996,7 +996,23 @@ async fn a_pin_to_a_connection_the_namespace_may_not_use_says_not_allowed() {
             "{message}"
         );
     };
-    let held = wait_conflict(&s.consumer, "pinned", Some("NotAllowed")).await;
+    // The annotation and the delivery record are two writes (the record paced): wait for both.
+    let pinned_api = widgets(&s.consumer, NS);
+    let held = wait_for(
+        "pinned held as NotAllowed, annotated and recorded",
+        30,
+        || async {
+            let w = pinned_api.get("pinned").await.map_err(|e| e.to_string())?;
+            let recorded = w.data["status"]["kbindSync"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty());
+            Ok(
+                (annotation(&w, "core.kbind.io/conflict") == Some("NotAllowed") && recorded)
+                    .then_some(w),
+            )
+        },
+    )
+    .await;
     says_not_allowed(&held);
     assert!(
         held.finalizers().is_empty(),

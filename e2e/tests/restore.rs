@@ -9,11 +9,39 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::{apiserver_writes, grown};
 use kbind_e2e::wait::wait_for;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kbind_shared::keys;
-use kube::api::{DynamicObject, PostParams};
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 const NAMES: [&str; 3] = ["w1", "w2", "w3"];
+
+/// The ClusterBinding's related entries: the consumer's `settings` to the provider, the
+/// provider's `published` to the consumer.
+fn related_entries() -> serde_json::Value {
+    serde_json::json!({ "spec": { "relatedResources": [
+        { "resource": "configmaps", "direction": "FromConsumer", "selector": { "names": ["settings"] } },
+        { "resource": "configmaps", "direction": "FromProvider", "selector": { "names": ["published"] } },
+    ] } })
+}
+
+async fn with_related(client: &Client) {
+    Api::<kbind_shared::api::ClusterBinding>::all(client.clone())
+        .patch("widgets", &PatchParams::default(), &Patch::Merge(related_entries()))
+        .await
+        .unwrap();
+}
+
+fn config_map(name: &str, colour: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some([("colour".to_owned(), colour.to_owned())].into()),
+        ..Default::default()
+    }
+}
 
 /// `kubectl kbind <args> -o json` against `cluster` as its admin: exit code, JSON (if any), stderr.
 fn rehome(
@@ -85,6 +113,29 @@ async fn a_restored_consumer_rehomes_its_previous_identitys_copies_once_that_ide
     for name in NAMES {
         create_and_wait_copy(&consumer_widgets, &provider_widgets, name, 1).await;
     }
+    // Related copies both ways: the consumer's `settings` on the provider, the provider's
+    // `published` on the consumer.
+    with_related(&s.consumer).await;
+    Api::<ConfigMap>::namespaced(s.consumer.clone(), "team-a")
+        .create(&PostParams::default(), &config_map("settings", "blue"))
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(s.provider.clone(), "team-a")
+        .create(&PostParams::default(), &config_map("published", "green"))
+        .await
+        .unwrap();
+    let published = wait_for("the related copies", 60, || async {
+        let settings = Api::<ConfigMap>::namespaced(s.provider.clone(), "team-a")
+            .get_opt("settings")
+            .await
+            .map_err(|e| e.to_string())?;
+        let published = Api::<ConfigMap>::namespaced(s.consumer.clone(), "team-a")
+            .get_opt("published")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(settings.and(published))
+    })
+    .await;
     let old_uid = uid_of_kube_system(&s.consumer).await;
 
     // The restore: a fresh cluster with kbind, the same one file, the same Widgets (new UIDs).
@@ -93,6 +144,24 @@ async fn a_restored_consumer_rehomes_its_previous_identitys_copies_once_that_ide
     for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE, "team-a"] {
         ensure_namespace(&restored, namespace).await.unwrap();
     }
+    // The related source and the related copy, restored as they were (its markers name the
+    // previous cluster and the previous binding's UID).
+    let restored_maps: Api<ConfigMap> = Api::namespaced(restored.clone(), "team-a");
+    restored_maps
+        .create(&PostParams::default(), &config_map("settings", "blue"))
+        .await
+        .unwrap();
+    let mut copy = published.clone();
+    copy.metadata = kube::api::ObjectMeta {
+        name: copy.metadata.name.clone(),
+        labels: copy.metadata.labels.clone(),
+        annotations: copy.metadata.annotations.clone(),
+        ..Default::default()
+    };
+    restored_maps
+        .create(&PostParams::default(), &copy)
+        .await
+        .unwrap();
     let manager = start_schema_manager(
         &mut s.env,
         "restored",
@@ -110,6 +179,7 @@ async fn a_restored_consumer_rehomes_its_previous_identitys_copies_once_that_ide
     apply_manifest(&restored, &one_file(&kubeconfig, &[0, 1, 2]))
         .await
         .unwrap();
+    with_related(&restored).await;
     wait_cluster_binding_ready(&restored, "widgets").await;
     let restored_widgets = widgets(&restored, "team-a");
     for name in NAMES {
@@ -138,6 +208,20 @@ async fn a_restored_consumer_rehomes_its_previous_identitys_copies_once_that_ide
     assert_eq!(code, Some(1), "{plan:#}");
     assert_eq!(plan["previous"]["verdict"], "alive", "{plan:#}");
     assert_eq!(plan["counts"]["claim"], 3, "{plan:#}");
+    let related: Vec<String> = plan["related"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} {} {} {}", r["side"], r["name"], r["verdict"], r["binding"]).replace('"', ""))
+        .collect();
+    assert_eq!(
+        related,
+        [
+            "provider settings claim ClusterBinding widgets",
+            "consumer published claim ClusterBinding widgets"
+        ],
+        "{plan:#}"
+    );
     let before = versions(&provider_widgets).await;
     let (code, _, stderr) = rehome(
         &s.env,
@@ -169,6 +253,7 @@ async fn a_restored_consumer_rehomes_its_previous_identitys_copies_once_that_ide
     // Re-homed: one provider write per copy, nothing else; the conflicts clear and each object
     // is delivered with no further write.
     let writes_before = apiserver_writes(&s.provider).await.unwrap();
+    let consumer_writes_before = apiserver_writes(&restored).await.unwrap();
     let (code, applied, stderr) = rehome(
         &s.env,
         "restored",
@@ -176,6 +261,9 @@ async fn a_restored_consumer_rehomes_its_previous_identitys_copies_once_that_ide
     );
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(applied["claimed"], 3, "{applied:#}");
+    assert_eq!(applied["related_claimed"], 2, "{applied:#}");
+    let bindings: Api<kbind_shared::api::ClusterBinding> = Api::all(restored.clone());
+    wait_binding(&bindings, "widgets", "RelatedResourcesSynced=True").await;
     wait_for(
         "the conflicts to clear and everything to be delivered",
         60,
@@ -205,6 +293,20 @@ async fn a_restored_consumer_rehomes_its_previous_identitys_copies_once_that_ide
         writes_to_widgets(&written),
         3,
         "one write per copy: {written:?}"
+    );
+    assert_eq!(
+        written.get("APPLY /configmaps ").copied(),
+        Some(1),
+        "one write for the related copy on the provider: {written:?}"
+    );
+    let consumer_written = grown(
+        &consumer_writes_before,
+        &apiserver_writes(&restored).await.unwrap(),
+    );
+    assert_eq!(
+        consumer_written.get("APPLY /configmaps ").copied(),
+        Some(1),
+        "one write for the related copy on the consumer: {consumer_written:?}"
     );
     let new_uid = uid_of_kube_system(&restored).await;
     for name in NAMES {

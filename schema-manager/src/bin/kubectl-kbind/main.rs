@@ -29,6 +29,7 @@ mod handover;
 mod migrate;
 mod plan;
 mod rehome;
+mod rehome_related;
 mod rollback;
 mod status;
 mod view;

@@ -8,7 +8,8 @@
 //! identity is gone: its heartbeat Leases stale (not renewed, by the provider's stamps, for two
 //! lease durations) or marked disconnected, or absent; refused with one line while one is alive.
 //! A copy owned by any other consumer is never touched; the provider's identity must be the one
-//! the Connection pinned. `plan` only reads.
+//! the Connection pinned. The previous identity's related copies are claimed likewise
+//! ([`crate::rehome_related`]). `plan` only reads.
 
 use std::collections::BTreeMap;
 
@@ -49,6 +50,12 @@ pub struct Report {
     pub refused: Option<String>,
     /// Copies claimed (apply).
     pub claimed: usize,
+    /// The previous identity's related copies (Secrets, ConfigMaps) on both sides.
+    pub related: Vec<crate::rehome_related::RelatedCopy>,
+    /// Related copies per verdict.
+    pub related_counts: BTreeMap<String, usize>,
+    /// Related copies claimed (apply).
+    pub related_claimed: usize,
 }
 
 /// The previous identity's heartbeat, as the provider records it.
@@ -289,6 +296,27 @@ pub async fn run(
     for c in &copies {
         *counts.entry(c.verdict.clone()).or_insert(0) += 1;
     }
+    let claim = apply && refused.is_none();
+    let claimants = crate::rehome_related::claimants(consumer, name).await?;
+    let (mut related, mut related_claimed) = (Vec::new(), 0);
+    for side in [
+        crate::rehome_related::Side {
+            client: &provider.client,
+            name: "provider",
+            direction: kbind_shared::api::RelatedDirection::FromConsumer,
+        },
+        crate::rehome_related::Side {
+            client: consumer,
+            name: "consumer",
+            direction: kbind_shared::api::RelatedDirection::FromProvider,
+        },
+    ] {
+        let (rows, n) =
+            crate::rehome_related::copies(&side, &claimants, from, &uid, &heartbeat, claim)
+                .await?;
+        related.extend(rows);
+        related_claimed += n;
+    }
     Ok(Report {
         connection: cell(name),
         consumer_uid: uid,
@@ -298,6 +326,9 @@ pub async fn run(
         counts,
         refused,
         claimed,
+        related_counts: crate::rehome_related::counted(&related),
+        related,
+        related_claimed,
     })
 }
 
@@ -439,15 +470,41 @@ pub fn render(report: &Report) -> String {
     if !rows.is_empty() {
         out.push_str(&view::table(&["API", "OBJECT", "VERDICT", "OWNER"], &rows));
     }
+    if !report.related.is_empty() {
+        let counts: Vec<String> = report
+            .related_counts
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
+        out.push_str(&format!("\nRelated copies: {}\n", counts.join(", ")));
+        let rows: Vec<Vec<String>> = report
+            .related
+            .iter()
+            .take(SHOWN)
+            .map(|r| {
+                vec![
+                    r.side.clone(),
+                    format!("{} {}/{}", r.kind, r.namespace, r.name),
+                    r.verdict.clone(),
+                    r.binding.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        out.push_str(&view::table(&["SIDE", "COPY", "VERDICT", "BINDING"], &rows));
+    }
     match (&report.refused, report.claimed) {
         (Some(why), _) => out.push_str(&format!("\n{why}\n")),
         (None, 0) => out.push_str(&format!(
-            "\n`kubectl kbind rehome apply --connection {} --from {}` claims the {} copy(ies) marked claim: one write each.\n",
+            "\n`kubectl kbind rehome apply --connection {} --from {}` claims the {} copy(ies) and {} related copy(ies) marked claim: one write each.\n",
             report.connection,
             report.from,
-            report.counts.get("claim").copied().unwrap_or_default()
+            report.counts.get("claim").copied().unwrap_or_default(),
+            report.related_counts.get("claim").copied().unwrap_or_default()
         )),
-        (None, n) => out.push_str(&format!("\nClaimed {n} copy(ies).\n")),
+        (None, n) => out.push_str(&format!(
+            "\nClaimed {n} copy(ies) and {} related copy(ies).\n",
+            report.related_claimed
+        )),
     }
     out
 }

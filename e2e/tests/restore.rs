@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::{apiserver_writes, grown};
 use kbind_e2e::wait::wait_for;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kbind_shared::keys;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -27,7 +27,11 @@ fn related_entries() -> serde_json::Value {
 
 async fn with_related(client: &Client) {
     Api::<kbind_shared::api::ClusterBinding>::all(client.clone())
-        .patch("widgets", &PatchParams::default(), &Patch::Merge(related_entries()))
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(related_entries()),
+        )
         .await
         .unwrap();
 }
@@ -212,7 +216,13 @@ async fn a_restored_consumer_rehomes_its_previous_identitys_copies_once_that_ide
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| format!("{} {} {} {}", r["side"], r["name"], r["verdict"], r["binding"]).replace('"', ""))
+        .map(|r| {
+            format!(
+                "{} {} {} {}",
+                r["side"], r["name"], r["verdict"], r["binding"]
+            )
+            .replace('"', "")
+        })
         .collect();
     assert_eq!(
         related,

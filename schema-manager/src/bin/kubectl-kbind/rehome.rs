@@ -312,8 +312,7 @@ pub async fn run(
         },
     ] {
         let (rows, n) =
-            crate::rehome_related::copies(&side, &claimants, from, &uid, &heartbeat, claim)
-                .await?;
+            crate::rehome_related::copies(&side, &claimants, from, &uid, &heartbeat, claim).await?;
         related.extend(rows);
         related_claimed += n;
     }

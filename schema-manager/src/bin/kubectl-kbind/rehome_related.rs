@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use kbind_shared::api::{Binding, BindingSpec, ClusterBinding, RelatedDirection, RelatedResourceKind};
+use kbind_shared::api::{
+    Binding, BindingSpec, ClusterBinding, RelatedDirection, RelatedResourceKind,
+};
 use kbind_shared::keys;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -34,7 +36,12 @@ pub struct Claimant {
     /// A Binding's namespace (its scope); `None` for a ClusterBinding.
     pub namespace: Option<String>,
     /// Its entries: kind, direction, listed names, listed namespaces.
-    pub entries: Vec<(RelatedResourceKind, RelatedDirection, Vec<String>, Vec<String>)>,
+    pub entries: Vec<(
+        RelatedResourceKind,
+        RelatedDirection,
+        Vec<String>,
+        Vec<String>,
+    )>,
 }
 
 impl Claimant {
@@ -47,7 +54,11 @@ impl Claimant {
                 .related_resources
                 .iter()
                 .map(|r| {
-                    let names = r.selector.as_ref().map(|s| s.names.clone()).unwrap_or_default();
+                    let names = r
+                        .selector
+                        .as_ref()
+                        .map(|s| s.names.clone())
+                        .unwrap_or_default();
                     (r.resource, r.direction, names, r.namespaces.clone())
                 })
                 .collect(),
@@ -94,7 +105,11 @@ pub fn claimant<'c>(
         .iter()
         .filter_map(|c| Some((c, c.covers(kind, direction, namespace, name)?)))
         .collect();
-    let by_name: Vec<&Claimant> = covering.iter().filter(|(_, n)| *n).map(|(c, _)| *c).collect();
+    let by_name: Vec<&Claimant> = covering
+        .iter()
+        .filter(|(_, n)| *n)
+        .map(|(c, _)| *c)
+        .collect();
     match (covering.as_slice(), by_name.as_slice()) {
         ([], _) => Err("no binding"),
         ([(only, _)], _) => Ok(only),
@@ -123,7 +138,10 @@ pub fn claim_body(
         keys::RELATED_BINDING_ANNOTATION: binding,
         keys::HEARTBEAT_ANNOTATION: heartbeat,
     });
-    for key in [keys::RELATED_ENTRIES_ANNOTATION, keys::RELATED_ADOPTED_ANNOTATION] {
+    for key in [
+        keys::RELATED_ENTRIES_ANNOTATION,
+        keys::RELATED_ADOPTED_ANNOTATION,
+    ] {
         if let Some(value) = object.annotations().get(key) {
             annotations[key] = json!(value);
         }
@@ -172,7 +190,9 @@ pub async fn claimants(consumer: &Client, connection: &str) -> Result<Vec<Claima
         .map_err(|e| view::read_error("ClusterBindings", &e))?
         .items
     {
-        if b.spec.binding.connection_ref.name == connection && b.metadata.deletion_timestamp.is_none() {
+        if b.spec.binding.connection_ref.name == connection
+            && b.metadata.deletion_timestamp.is_none()
+        {
             out.push(Claimant::of(
                 format!("ClusterBinding {}", b.name_any()),
                 b.uid().unwrap_or_default(),
@@ -220,15 +240,21 @@ pub async fn copies(
     claim: bool,
 ) -> Result<(Vec<RelatedCopy>, usize), String> {
     let (mut rows, mut claimed) = (Vec::new(), 0);
-    for kind in [RelatedResourceKind::Secrets, RelatedResourceKind::Configmaps] {
-        if !claimants
-            .iter()
-            .any(|c| c.entries.iter().any(|(k, d, _, _)| *k == kind && *d == side.direction))
-        {
+    for kind in [
+        RelatedResourceKind::Secrets,
+        RelatedResourceKind::Configmaps,
+    ] {
+        if !claimants.iter().any(|c| {
+            c.entries
+                .iter()
+                .any(|(k, d, _, _)| *k == kind && *d == side.direction)
+        }) {
             continue;
         }
         let resource = match kind {
-            RelatedResourceKind::Secrets => ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()),
+            RelatedResourceKind::Secrets => {
+                ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&())
+            }
             RelatedResourceKind::Configmaps => {
                 ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
             }
@@ -239,13 +265,15 @@ pub async fn copies(
             .limit(PAGE);
         let mut params = managed.clone();
         loop {
-            let page = api
-                .list(&params)
-                .await
-                .map_err(|e| view::read_error(&format!("{} on the {}", resource.plural, side.name), &e))?;
+            let page = api.list(&params).await.map_err(|e| {
+                view::read_error(&format!("{} on the {}", resource.plural, side.name), &e)
+            })?;
             for object in &page.items {
                 let annotations = object.annotations();
-                if annotations.get(keys::CONSUMER_CLUSTER_UID_ANNOTATION).map(String::as_str) != Some(from)
+                if annotations
+                    .get(keys::CONSUMER_CLUSTER_UID_ANNOTATION)
+                    .map(String::as_str)
+                    != Some(from)
                     || !annotations.contains_key(keys::RELATED_BINDING_ANNOTATION)
                 {
                     continue;
@@ -341,18 +369,40 @@ mod tests {
     #[test]
     fn a_copy_goes_to_the_one_binding_whose_entry_covers_it() {
         let all = vec![
-            claimant_of("cluster", None, &[(Configmaps, FromConsumer, &[], &["team-a"])]),
-            claimant_of("team-b", Some("team-b"), &[(Configmaps, FromConsumer, &[], &[])]),
-            claimant_of("named", Some("team-c"), &[(Secrets, FromProvider, &["db"], &[])]),
-            claimant_of("any-c", Some("team-c"), &[(Secrets, FromProvider, &[], &[])]),
+            claimant_of(
+                "cluster",
+                None,
+                &[(Configmaps, FromConsumer, &[], &["team-a"])],
+            ),
+            claimant_of(
+                "team-b",
+                Some("team-b"),
+                &[(Configmaps, FromConsumer, &[], &[])],
+            ),
+            claimant_of(
+                "named",
+                Some("team-c"),
+                &[(Secrets, FromProvider, &["db"], &[])],
+            ),
+            claimant_of(
+                "any-c",
+                Some("team-c"),
+                &[(Secrets, FromProvider, &[], &[])],
+            ),
         ];
         let who = |kind, direction, ns: &str, name: &str| {
             claimant(&all, kind, direction, ns, name).map(|c| c.name.as_str())
         };
         assert_eq!(who(Configmaps, FromConsumer, "team-a", "x"), Ok("cluster"));
         assert_eq!(who(Configmaps, FromConsumer, "team-b", "x"), Ok("team-b"));
-        assert_eq!(who(Configmaps, FromConsumer, "team-z", "x"), Err("no binding"));
-        assert_eq!(who(Configmaps, FromProvider, "team-a", "x"), Err("no binding"));
+        assert_eq!(
+            who(Configmaps, FromConsumer, "team-z", "x"),
+            Err("no binding")
+        );
+        assert_eq!(
+            who(Configmaps, FromProvider, "team-a", "x"),
+            Err("no binding")
+        );
         // Two cover it; the one listing the name claims it.
         assert_eq!(who(Secrets, FromProvider, "team-c", "db"), Ok("named"));
         assert_eq!(who(Secrets, FromProvider, "team-c", "other"), Ok("any-c"));
@@ -377,17 +427,31 @@ mod tests {
                                  keys::RELATED_ENTRIES_ANNOTATION: "abcd1234" } },
             "data": { "colour": "blue" } }))
         .unwrap();
-        let body = claim_body(&object, "ConfigMap", true, "new", "new-binding", "kbind/p-new");
+        let body = claim_body(
+            &object,
+            "ConfigMap",
+            true,
+            "new",
+            "new-binding",
+            "kbind/p-new",
+        );
         assert_eq!(body["kind"], "ConfigMap");
         assert_eq!(body["data"], json!({ "colour": "blue" }));
         assert_eq!(body["metadata"]["resourceVersion"], "42");
-        assert_eq!(body["metadata"]["labels"][keys::CONSUMER_CLUSTER_UID_LABEL], "new");
+        assert_eq!(
+            body["metadata"]["labels"][keys::CONSUMER_CLUSTER_UID_LABEL],
+            "new"
+        );
         let annotations = &body["metadata"]["annotations"];
         assert_eq!(annotations[keys::CONSUMER_CLUSTER_UID_ANNOTATION], "new");
         assert_eq!(annotations[keys::RELATED_BINDING_ANNOTATION], "new-binding");
         assert_eq!(annotations[keys::RELATED_ENTRIES_ANNOTATION], "abcd1234");
         assert_eq!(annotations[keys::HEARTBEAT_ANNOTATION], "kbind/p-new");
         let consumer_side = claim_body(&object, "ConfigMap", false, "new", "b", "h");
-        assert!(consumer_side["metadata"]["labels"].get(keys::CONSUMER_CLUSTER_UID_LABEL).is_none());
+        assert!(
+            consumer_side["metadata"]["labels"]
+                .get(keys::CONSUMER_CLUSTER_UID_LABEL)
+                .is_none()
+        );
     }
 }

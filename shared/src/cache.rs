@@ -137,6 +137,108 @@ pub fn observe_modified<K>(
     drive(stream, stop, observer);
 }
 
+/// [`observe_modified`], whose watch starts again — a fresh list into the same cache — each time
+/// `restart` changes: for kbind's own kinds, whose watches an API server stops feeding for up to
+/// two request timeouts after their CRD's schema changes (it keeps them on the storage it is
+/// tearing down). See [`core_schema_changes`].
+pub fn observe_restartable<K>(
+    mut writer: reflector::store::Writer<K>,
+    api: Api<K>,
+    config: watcher::Config,
+    stop: CancellationToken,
+    mut restart: tokio::sync::watch::Receiver<u64>,
+    mut modify: impl FnMut(&mut K) + Send + 'static,
+    observer: impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static,
+) where
+    K: Cacheable,
+{
+    tokio::spawn(async move {
+        loop {
+            let stream = watcher(api.clone(), config.clone()).default_backoff();
+            let mut stream = std::pin::pin!(stream);
+            let again = loop {
+                tokio::select! {
+                    event = stream.next() => match event {
+                        Some(Ok(event)) => {
+                            let event = event.modify(&mut modify);
+                            writer.apply_watcher_event(&event);
+                            observer(Ok(&event));
+                        }
+                        Some(Err(e)) => observer(Err(&e)),
+                        None => break false,
+                    },
+                    changed = restart.changed() => break changed.is_ok(),
+                    _ = stop.cancelled() => break false,
+                }
+            };
+            if !again {
+                break;
+            }
+        }
+    });
+}
+
+/// kbind's core CRDs (`connections`, `clusterbindings`, `bindings` of `core.kbind.io`).
+pub const CORE_CRDS: [&str; 3] = [
+    "connections.core.kbind.io",
+    "clusterbindings.core.kbind.io",
+    "bindings.core.kbind.io",
+];
+
+/// Whether a core CRD's schema changed: its `metadata.generation` differs from the one last seen
+/// (first sight is no change).
+pub fn schema_changed(
+    seen: &mut std::collections::HashMap<String, i64>,
+    name: &str,
+    generation: i64,
+) -> bool {
+    if !CORE_CRDS.contains(&name) {
+        return false;
+    }
+    seen.insert(name.to_owned(), generation)
+        .is_some_and(|before| before != generation)
+}
+
+/// A counter that goes up, a couple of seconds after the API server saw it, each time one of
+/// kbind's core CRDs changes its schema — what [`observe_restartable`] caches restart on. One
+/// metadata-only watch of CRDs (names and generations: a few strings per CRD).
+pub fn core_schema_changes(
+    client: kube::Client,
+    stop: CancellationToken,
+) -> tokio::sync::watch::Receiver<u64> {
+    let (sender, receiver) = tokio::sync::watch::channel(0u64);
+    let api = Api::<kube::core::PartialObjectMeta<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    >>::all(client);
+    tokio::spawn(async move {
+        let mut seen = std::collections::HashMap::new();
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                next = stream.next() => match next {
+                    Some(Ok(crd)) => {
+                        let name = crd.metadata.name.clone().unwrap_or_default();
+                        let generation = crd.metadata.generation.unwrap_or_default();
+                        if schema_changed(&mut seen, &name, generation) {
+                            // The API server serves the new schema from new storage once its
+                            // own watch of the CRD has it: give it that moment.
+                            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                            sender.send_modify(|n| *n += 1);
+                        }
+                    }
+                    Some(Err(_)) => {}
+                    None => break,
+                },
+                _ = stop.cancelled() => break,
+            }
+        }
+    });
+    receiver
+}
+
 /// Feeds `writer` from a watch of `api` until `stop`; `observer` sees every event and every watch
 /// error (the watch retries with backoff after an error).
 pub fn observe<K>(
@@ -724,6 +826,24 @@ pub fn only_marked<K: Resource>(event: watcher::Event<K>) -> Option<watcher::Eve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_core_crds_new_generation_is_a_schema_change() {
+        let mut seen = std::collections::HashMap::new();
+        assert!(
+            !schema_changed(&mut seen, "connections.core.kbind.io", 1),
+            "first sight"
+        );
+        assert!(!schema_changed(&mut seen, "connections.core.kbind.io", 1));
+        assert!(schema_changed(&mut seen, "connections.core.kbind.io", 2));
+        assert!(!schema_changed(&mut seen, "bindings.core.kbind.io", 7));
+        assert!(schema_changed(&mut seen, "bindings.core.kbind.io", 8));
+        assert!(!schema_changed(&mut seen, "widgets.example.org", 1));
+        assert!(
+            !schema_changed(&mut seen, "widgets.example.org", 2),
+            "not a core CRD"
+        );
+    }
     use crate::keys;
     use crate::ownership::Owner;
     use serde_json::json;

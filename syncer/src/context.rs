@@ -105,10 +105,22 @@ impl Context {
             changes: binding_changes.clone(),
             metrics: metrics.clone(),
         };
-        let cluster_bindings =
-            indexed_cache::<ClusterBinding>(Api::all(client.clone()), feed.clone(), index_cluster);
-        let bindings =
-            indexed_cache::<Binding>(Api::all(client.clone()), feed.clone(), index_binding);
+        // kbind's own kinds: their watches start again when their CRD's schema changes (an API
+        // server stops feeding the old ones for up to two request timeouts meanwhile).
+        let core =
+            kbind_shared::cache::core_schema_changes(client.clone(), CancellationToken::new());
+        let cluster_bindings = indexed_cache::<ClusterBinding>(
+            Api::all(client.clone()),
+            feed.clone(),
+            index_cluster,
+            core.clone(),
+        );
+        let bindings = indexed_cache::<Binding>(
+            Api::all(client.clone()),
+            feed.clone(),
+            index_binding,
+            core.clone(),
+        );
         // A Connection's access rules decide what its bindings may do: a change of them is a
         // binding change too (every worker rescans its objects); any other Connection change only
         // wakes whoever waits on `connection_changes` (which workers should run).
@@ -116,10 +128,13 @@ impl Context {
         let connections = {
             let (changes, woken) = (binding_changes.clone(), connection_changes.clone());
             let access = std::sync::Mutex::new(std::collections::HashMap::new());
-            kbind_shared::cache::spawn_modified(
+            let (reader, writer) = kube::runtime::reflector::store();
+            kbind_shared::cache::observe_restartable(
+                writer,
                 Api::<Connection>::all(client.clone()),
                 watcher::Config::default(),
                 CancellationToken::new(),
+                core,
                 |_| {},
                 move |event| {
                     let Ok(event) = event else { return };
@@ -128,7 +143,8 @@ impl Context {
                         let _ = changes.send(Touched::Everything);
                     }
                 },
-            )
+            );
+            reader
         };
         let _ = cluster_bindings.wait_until_ready().await;
         let _ = bindings.wait_until_ready().await;
@@ -421,17 +437,20 @@ fn indexed_cache<K>(
     api: Api<K>,
     feed: Feed,
     apply: fn(&Feed, &Store<K>, &watcher::Event<K>),
+    restart: tokio::sync::watch::Receiver<u64>,
 ) -> Store<K>
 where
     K: kbind_shared::cache::Cacheable,
 {
     let (reader, writer) = kube::runtime::reflector::store();
     let store = reader.clone();
-    kbind_shared::cache::observe(
+    kbind_shared::cache::observe_restartable(
         writer,
         api,
         watcher::Config::default(),
         CancellationToken::new(),
+        restart,
+        |_| {},
         move |event| {
             if let Ok(event) = event {
                 apply(&feed, &store, event);

@@ -111,6 +111,12 @@ async fn start_reaper(
         .unwrap();
     let kubeconfig = env.dir().join("reaper.kubeconfig");
     std::fs::write(&kubeconfig, &account.kubeconfig).unwrap();
+    fence_in_force(
+        &kbind_e2e::cluster::client_for(&account.kubeconfig)
+            .await
+            .unwrap(),
+    )
+    .await;
     Api::<ReaperPolicy>::all(provider.clone())
         .create(
             &PostParams::default(),
@@ -763,6 +769,36 @@ fn gadget_crd()
     kbind_e2e::fixtures::crd("gadgets", "example.org", "Gadget", &[])
 }
 
+/// Waits until the chart's admission fence refuses `reaper` (the reaper's ServiceAccount): the API
+/// server compiles a new ValidatingAdmissionPolicy asynchronously, so for a moment after it is
+/// created requests pass unchecked. Probes with a dry-run create of a Lease not its own, which
+/// the fence — and only the fence — refuses; panics when it is not in force within a minute.
+async fn fence_in_force(reaper: &Client) {
+    let probe: Lease =
+        serde_json::from_value(json!({ "metadata": { "name": "fence-probe" } })).unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let last = Api::<Lease>::namespaced(reaper.clone(), REAPER_NAMESPACE)
+            .create(&dry_run, &probe)
+            .await;
+        match &last {
+            Err(kube::Error::Api(s))
+                if s.code == 403 && s.message.contains("kbind-reaper may only change") =>
+            {
+                return;
+            }
+            _ if std::time::Instant::now() > deadline => {
+                panic!("the reaper's admission fence is not in force after 60 s: {last:?}")
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// Whether `result` is the API server's refusal (403: RBAC, or the reaper's admission fence).
 fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
     match result {
@@ -1231,6 +1267,7 @@ async fn in_report_mode_the_reaper_may_write_nothing_and_reads_related_copies_on
     let reaper = kbind_e2e::cluster::client_for(&account.kubeconfig)
         .await
         .unwrap();
+    fence_in_force(&reaper).await;
     let w = copy_of("team-a", "w", "dead-consumer-0000", None);
     widget_copies(&provider, "team-a")
         .create(&PostParams::default(), &w)

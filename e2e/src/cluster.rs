@@ -41,6 +41,7 @@ rules:
   resources:
   - group: example.org
   - group: core.kbind.io
+  - group: catalog.kbind.io
 - level: Metadata
   verbs: [get, list, watch]
   resources:

@@ -246,10 +246,10 @@ fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
         .unwrap();
     assert!(built.status.success(), "scripts/images --refs: {built:?}");
     let built = String::from_utf8(built.stdout).unwrap();
-    // The consumer's two; the third image is the provider's reaper, its own chart's.
+    // The consumer's two; the others are the provider side's (reaper, issuer), their own charts'.
     let consumer_images: Vec<&str> = built
         .lines()
-        .filter(|r| !r.contains("/kbind-reaper:"))
+        .filter(|r| !r.contains("/kbind-reaper:") && !r.contains("/kbind-issuer:"))
         .collect();
     assert_eq!(images, consumer_images);
     let chart: serde_json::Value =
@@ -1042,4 +1042,78 @@ fn the_reaper_chart_grants_only_what_its_action_needs() {
             .iter()
             .any(|d| d["kind"] == "ValidatingAdmissionPolicy")
     );
+}
+
+#[test]
+fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_the_catalogs_status() {
+    let chart = chart_dir()
+        .with_file_name("kbind-issuer")
+        .display()
+        .to_string();
+    assert!(
+        helm_ok(&["lint", "--strict", &chart, "--kube-version", KUBE_VERSION])
+            .contains("0 chart(s) failed")
+    );
+    let rendered = helm_ok(&[
+        "template",
+        "i",
+        &chart,
+        "--kube-version",
+        KUBE_VERSION,
+        "-n",
+        "kbind-issuer",
+    ]);
+    let docs = yaml_documents(&rendered).unwrap();
+    let built = std::process::Command::new(chart_dir().join("../../../scripts/images"))
+        .arg("--refs")
+        .env_remove("KBIND_IMAGE_REGISTRY")
+        .output()
+        .unwrap();
+    let built = String::from_utf8(built.stdout).unwrap();
+    let image = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .and_then(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].as_str())
+        .unwrap()
+        .to_owned();
+    assert!(built.lines().any(|r| r == image), "{image} not in {built}");
+    // No wildcard anywhere; cluster-wide, nothing written but the catalog's status; its own
+    // namespace: its leader Lease, by name (creating one cannot be limited by name).
+    let rules = |kind: &str| -> Vec<serde_json::Value> {
+        docs.iter()
+            .filter(|d| d["kind"] == kind)
+            .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+            .collect()
+    };
+    let reads = ["get", "list", "watch"];
+    for rule in rules("ClusterRole").iter().chain(&rules("Role")) {
+        for field in ["apiGroups", "resources", "verbs"] {
+            assert!(
+                !rule[field].as_array().unwrap().iter().any(|v| v == "*"),
+                "{rule}"
+            );
+        }
+    }
+    for rule in rules("ClusterRole") {
+        let writes: Vec<&serde_json::Value> = rule["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| !reads.contains(&v.as_str().unwrap()))
+            .collect();
+        if !writes.is_empty() {
+            assert_eq!(writes, [&serde_json::json!("patch")], "{rule}");
+            assert_eq!(
+                rule["resources"],
+                serde_json::json!(["exports/status", "collections/status"]),
+                "{rule}"
+            );
+        }
+    }
+    for rule in rules("Role") {
+        assert_eq!(rule["resources"], serde_json::json!(["leases"]), "{rule}");
+        if rule["verbs"] != serde_json::json!(["create"]) {
+            assert_eq!(rule["resourceNames"], serde_json::json!(["kbind-issuer"]), "{rule}");
+        }
+    }
 }

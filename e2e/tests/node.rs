@@ -706,10 +706,12 @@ async fn the_default_resources_hold_a_bulk_of_two_thousand_objects() {
     println!("{}", report.join("\n"));
 }
 
-/// The reaper's chart on the node: its pod sweeps with the chart's RBAC and in-cluster config.
-/// The node's cluster plays a provider here (the reaper only needs Leases and CRDs).
+/// The provider side's charts on one node: the reaper's pod sweeps and the issuer's keeps the
+/// catalog true, each with its chart's RBAC and in-cluster config. The node's cluster plays a
+/// provider here (they only need Leases, CRDs and their own kinds).
 #[tokio::test]
-async fn the_reaper_chart_runs_on_a_node_and_sweeps_with_its_own_rbac() {
+async fn the_provider_side_charts_run_on_a_node_the_reaper_sweeps_and_the_issuer_keeps_the_catalog()
+{
     use kbind_shared::api::reaper::ReaperPolicy;
     use kbind_shared::keys;
     let setup = NodeSetup::start("reaper_on_node").await;
@@ -796,4 +798,72 @@ async fn the_reaper_chart_runs_on_a_node_and_sweeps_with_its_own_rbac() {
         .map(|c| c.restart_count)
         .sum();
     assert_eq!(restarts, 0, "the reaper pod never restarted");
+
+    // The issuer: an Export of the exported Widgets is judged Offered by its pod.
+    use kbind_shared::api::catalog::{Export, OFFERED};
+    let reference = kbind_e2e::images::reference("kbind-issuer").unwrap();
+    let (repository, tag) = reference.rsplit_once(':').unwrap();
+    let chart = chart_dir()
+        .with_file_name("kbind-issuer")
+        .display()
+        .to_string();
+    let (repository, tag) = (
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+    );
+    helm(
+        setup.consumer_cluster(),
+        &[
+            "upgrade",
+            "--install",
+            "kbind-issuer",
+            &chart,
+            "-n",
+            KBIND_NAMESPACE,
+            "--create-namespace",
+            "--set",
+            &repository,
+            "--set",
+            &tag,
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "logFormat=json",
+        ],
+    );
+    let pods = wait_available(client, "kbind-issuer", 180).await;
+    assert_eq!(pods.len(), 1);
+    let exports: Api<Export> = Api::all(client.clone());
+    exports
+        .patch(
+            "widgets",
+            &kube::api::PatchParams::apply("platform-team"),
+            &kube::api::Patch::Apply(serde_json::json!({
+                "apiVersion": "catalog.kbind.io/v1alpha1", "kind": "Export",
+                "metadata": { "name": "widgets" },
+                "spec": { "title": "Widgets", "apis": [{ "name": "widgets.example.org" }] },
+            })),
+        )
+        .await
+        .unwrap();
+    wait_for("the issuer pod's verdict on the Export", 120, || async {
+        let export = exports.get("widgets").await.map_err(|e| e.to_string())?;
+        let offered = export
+            .status
+            .as_ref()
+            .is_some_and(|s| kbind_shared::conditions::is_true(&s.conditions, OFFERED));
+        Ok(offered.then_some(()))
+    })
+    .await;
+    let restarts: i32 = pods
+        .iter()
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .map(|c| c.restart_count)
+        .sum();
+    assert_eq!(restarts, 0, "the issuer pod never restarted");
 }
+

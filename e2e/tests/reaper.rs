@@ -145,7 +145,7 @@ fn run_reaper(env: &mut kbind_e2e::TestEnv, log: &str, metrics: &str, extra: &[&
         format!("--metrics-bind-address={metrics}"),
         format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
         "--sweep-interval=2s".into(),
-        "--log-level=info,kbind_schema_manager=debug".into(),
+        "--log-level=info,kbind_provider=debug".into(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     env.start_kbind("kbind-reaper", log, &args, &[("POD_NAME", log)])

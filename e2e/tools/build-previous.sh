@@ -45,13 +45,23 @@ if ! built; then
   mkdir -p "$out/src"
   git archive "$commit" | tar -x -C "$out/src"
   # The dev profile without debug info: quick to build, the same code.
+  # One target directory for every previous version: their dependencies are (nearly) the same
+  # crates, compiled once for all of them.
+  target=$(dirname "$out")/target
   (cd "$out/src" && env "$rustflags_var=-C target-feature=+crt-static" CARGO_PROFILE_DEV_DEBUG=false \
-    cargo build --locked --quiet --target "$triple" --target-dir "$out/target" \
+    cargo build --locked --quiet --target "$triple" --target-dir "$target" \
     --bin kbind-schema-manager --bin kbind-syncer)
   mkdir -p "$out/bin.tmp"
-  cp "$out/target/$triple/debug/kbind-schema-manager" "$out/target/$triple/debug/kbind-syncer" "$out/bin.tmp/"
+  cp "$target/$triple/debug/kbind-schema-manager" "$target/$triple/debug/kbind-syncer" "$out/bin.tmp/"
   mv "$out/bin.tmp" "$out/bin"
-  # Only the binaries are kept: the sources and the build are hundreds of MiB.
-  rm -rf "$out/src" "$out/target"
+  rm -rf "$out/src"
+  # Only the binaries are kept: the build is hundreds of MiB, gone once every previous version
+  # named in previous-version is built.
+  all_built=true
+  for k in commit chart_commit; do
+    c=$(sed -n "s/^$k=//p" e2e/tools/previous-version)
+    [ -z "$c" ] || [ -x "$(dirname "$out")/$c/bin/kbind-syncer" ] || all_built=false
+  done
+  if $all_built; then rm -rf "$target"; fi
 fi
 echo "$out/bin"

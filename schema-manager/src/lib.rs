@@ -15,8 +15,6 @@ pub mod discovery;
 pub mod evolution;
 pub mod identity_watch;
 pub mod instances;
-pub mod leader;
 pub mod openapi;
 pub mod providers;
-pub mod reaper;
 pub mod schema;

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use kbind_schema_manager::{assignment, binding, cli, connection, context, leader};
+use kbind_schema_manager::{assignment, binding, cli, connection, context};
+use kbind_shared::leader;
 use kbind_shared::process;
 
 const PROGRAM: &str = "kbind-schema-manager";

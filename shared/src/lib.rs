@@ -21,6 +21,7 @@ pub mod heartbeat;
 pub mod identity;
 pub mod keys;
 pub mod kubeconfig;
+pub mod leader;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod ownership;

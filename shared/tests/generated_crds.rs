@@ -55,3 +55,21 @@ fn the_reapers_crd_is_cluster_scoped_in_its_own_group() {
         );
     }
 }
+
+#[test]
+fn the_catalogs_crds_are_cluster_scoped_in_their_own_group() {
+    let crds = kbind_shared::api::issuer_crds();
+    assert_eq!(crds.len(), 2);
+    for (_, crd) in crds {
+        assert_eq!(crd.spec.group, kbind_shared::api::catalog::CATALOG_GROUP);
+        assert_eq!(crd.spec.scope, "Cluster");
+        let version = &crd.spec.versions[0];
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+    }
+}

@@ -3,6 +3,7 @@
 //! types by `cargo run -p kbind-shared --bin kbind-crdgen`.
 
 mod binding;
+pub mod catalog;
 mod connection;
 pub mod installed;
 pub mod reaper;
@@ -38,6 +39,18 @@ pub fn reaper_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     )]
 }
 
+/// Where the provider side's own CRDs (the catalog, `catalog.kbind.io`) are checked in: the
+/// issuer's chart, installed on a provider (#51).
+pub const ISSUER_CRD_DIR: &str = "deploy/charts/kbind-issuer/crds";
+
+/// The catalog's CRDs, with their file names under [`ISSUER_CRD_DIR`].
+pub fn issuer_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
+    vec![
+        ("catalog.kbind.io_exports.yaml", catalog::Export::crd()),
+        ("catalog.kbind.io_collections.yaml", catalog::Collection::crd()),
+    ]
+}
+
 /// Every checked-in CRD: (directory, file, CRD).
 pub fn checked_in_crds() -> Vec<(&'static str, &'static str, CustomResourceDefinition)> {
     let mut all = Vec::new();
@@ -48,6 +61,11 @@ pub fn checked_in_crds() -> Vec<(&'static str, &'static str, CustomResourceDefin
         reaper_crds()
             .into_iter()
             .map(|(file, crd)| (REAPER_CRD_DIR, file, crd)),
+    );
+    all.extend(
+        issuer_crds()
+            .into_iter()
+            .map(|(file, crd)| (ISSUER_CRD_DIR, file, crd)),
     );
     all
 }

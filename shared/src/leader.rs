@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use kbind_shared::metrics::Metrics;
+use crate::metrics::Metrics;
 use kube::Client;
 use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
 use tokio::task::JoinHandle;
@@ -59,7 +59,7 @@ pub async fn lead_or_run<F, Fut>(
     election: Option<Election>,
     metrics: Metrics,
     shutdown: CancellationToken,
-    readiness: &kbind_shared::process::Readiness,
+    readiness: &crate::process::Readiness,
     lead: F,
 ) -> Result<(), String>
 where

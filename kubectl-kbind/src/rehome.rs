@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kbind_schema_manager::reaper::facts;
+use kbind_provider::reaper::facts;
 use kbind_shared::api::Connection;
 use kbind_shared::keys;
 use kbind_shared::kubeconfig::Transport;

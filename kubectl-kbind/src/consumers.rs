@@ -3,7 +3,7 @@
 //! provider's clock, objects per API), and every heartbeat Lease the credential may list with the
 //! time the provider's API server recorded its last renewal. Read-only.
 
-use kbind_schema_manager::reaper::facts;
+use kbind_provider::reaper::facts;
 use kbind_shared::api::reaper::{ReaperPolicy, ReaperPolicyStatus};
 use kbind_shared::keys;
 use kube::api::ListParams;

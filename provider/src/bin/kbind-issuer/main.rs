@@ -1,0 +1,110 @@
+//! `kbind-issuer`: the provider side's front door (#51). It runs **on a provider** (its kubeconfig
+//! is the provider's), leader-elected, and keeps the catalog true: every `Export` says whether
+//! it is offered — each API it names served by a CRD labelled exported — and every `Collection`
+//! how many of its Exports are. It never syncs and writes only the catalog's status.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use kbind_shared::cli::{CommonArgs, parse_duration};
+use kbind_shared::{leader, process};
+
+const PROGRAM: &str = "kbind-issuer";
+
+/// kbind's provider-side issuer: runs on a PROVIDER cluster and keeps its catalog (Exports,
+/// Collections) true to what the provider exports.
+#[derive(Parser, Debug)]
+#[command(
+    name = "kbind-issuer",
+    version,
+    about,
+    mut_arg("kubeconfig", |a| a.help("Kubeconfig of the PROVIDER cluster the issuer runs on [default: in-cluster, else $KUBECONFIG, else ~/.kube/config]")),
+    mut_arg("namespace", |a| a.help("The issuer's own namespace: its leader Lease [default: $POD_NAMESPACE, else kbind]")),
+    mut_arg("metrics_auth", |a| a.help("Serve `/metrics` only to a bearer token the provider API server authenticates and allows to `get` the non-resource URL `/metrics`")),
+    mut_arg("identity", |a| a.help("This process's name: the issuer's leader Lease holder [default: $POD_NAME, else <hostname>-<pid>]")),
+    mut_arg("provider_secret_namespaces", |a| a.hide(true)),
+    mut_arg("allow_insecure_providers", |a| a.hide(true)),
+)]
+struct Args {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    /// Lease-based leader election
+    #[arg(long, env = "KBIND_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+
+    /// Leader Lease name in --namespace
+    #[arg(long, env = "KBIND_LEADER_ELECTION_ID", default_value = "kbind-issuer")]
+    leader_election_id: String,
+
+    /// How long a silent leader keeps the leader Lease
+    #[arg(long, env = "KBIND_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    leader_election_lease_duration: Duration,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let common = args.common.clone();
+    process::main(PROGRAM, &common, |started| run(args, started)).await
+}
+
+async fn run(args: Args, started: process::Started) -> Result<(), String> {
+    let process::Started {
+        shutdown,
+        metrics,
+        client,
+        readiness,
+    } = started;
+    let identity = args.common.identity();
+    let namespace = args.common.namespace();
+    tracing::info!(%identity, %namespace, leader_elect = args.leader_elect, "kbind-issuer started");
+    let lead_client = client.clone();
+    let lead_metrics = metrics.clone();
+    let lead = move |stop: tokio_util::sync::CancellationToken| {
+        let client = lead_client.clone();
+        let metrics = lead_metrics.clone();
+        async move { kbind_provider::catalog::run(client, metrics, stop).await }
+    };
+    // A standby is ready: it is healthy and waiting for the Lease.
+    let election = args.leader_elect.then(|| leader::Election {
+        namespace,
+        lease_name: args.leader_election_id.clone(),
+        holder: identity,
+        lease_duration: args.leader_election_lease_duration,
+    });
+    leader::lead_or_run(client, election, metrics, shutdown, &readiness, lead).await?;
+    tracing::info!("kbind-issuer stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn help_speaks_of_the_provider_and_lists_no_consumer_side_flag() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        assert!(
+            help.contains("Kubeconfig of the PROVIDER cluster"),
+            "{help}"
+        );
+        for consumer_side in [
+            "consumer cluster",
+            "--provider-secret-namespaces",
+            "--allow-insecure-providers",
+        ] {
+            assert!(!help.contains(consumer_side), "{consumer_side}: {help}");
+        }
+    }
+
+    #[test]
+    fn every_default_parses() {
+        let args = Args::try_parse_from(["kbind-issuer"]).unwrap();
+        assert!(args.leader_elect);
+        assert_eq!(args.leader_election_lease_duration, Duration::from_secs(15));
+    }
+}

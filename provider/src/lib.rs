@@ -1,0 +1,6 @@
+//! kbind's provider side: the programs a provider runs beside the APIs it serves. None of them
+//! syncs; each acts only through the provider's API server, on evidence kbind wrote there.
+#![forbid(unsafe_code)]
+
+pub mod catalog;
+pub mod reaper;

@@ -20,7 +20,10 @@ const SERVICE_ACCOUNT: &str = "i-kbind-issuer";
 async fn install_issuer_chart(provider: &Client) {
     let chart = chart_dir().with_file_name("kbind-issuer");
     let chart = chart.display().to_string();
-    for file in ["catalog.kbind.io_exports.yaml", "catalog.kbind.io_collections.yaml"] {
+    for file in [
+        "catalog.kbind.io_exports.yaml",
+        "catalog.kbind.io_collections.yaml",
+    ] {
         let crd = std::fs::read_to_string(
             chart_dir()
                 .with_file_name("kbind-issuer")
@@ -32,7 +35,9 @@ async fn install_issuer_chart(provider: &Client) {
     }
     let crds = Api::all(provider.clone());
     for name in ["exports.catalog.kbind.io", "collections.catalog.kbind.io"] {
-        kbind_e2e::kbind::wait_established(&crds, name).await.unwrap();
+        kbind_e2e::kbind::wait_established(&crds, name)
+            .await
+            .unwrap();
     }
     ensure_namespace(provider, NAMESPACE).await.unwrap();
     let rbac = helm_checked(&[
@@ -135,14 +140,24 @@ async fn an_export_is_offered_only_while_every_api_it_names_is_exported() {
 
     let exports = Api::<Export>::all(provider.clone());
     let collections = Api::<Collection>::all(provider.clone());
-    apply(&exports, "widgets", &export("widgets", &["widgets.example.org"])).await;
+    apply(
+        &exports,
+        "widgets",
+        &export("widgets", &["widgets.example.org"]),
+    )
+    .await;
     apply(
         &exports,
         "both",
         &export("both", &["widgets.example.org", "gadgets.example.org"]),
     )
     .await;
-    apply(&exports, "later", &export("later", &["sprockets.example.org"])).await;
+    apply(
+        &exports,
+        "later",
+        &export("later", &["sprockets.example.org"]),
+    )
+    .await;
     apply(
         &collections,
         "all",
@@ -174,14 +189,18 @@ async fn an_export_is_offered_only_while_every_api_it_names_is_exported() {
     let collection = |offered: i64, status: &'static str| {
         let collections = collections.clone();
         async move {
-            wait_for(&format!("Collection all: {offered} offered"), 30, || async {
-                let c = collections.get("all").await.map_err(|e| e.to_string())?;
-                let Some(s) = c.status else { return Ok(None) };
-                let condition = s.conditions.iter().find(|c| c.type_ == OFFERED).cloned();
-                Ok((s.offered == offered
-                    && condition.as_ref().is_some_and(|c| c.status == status))
-                .then(|| condition.map(|c| c.message).unwrap_or_default()))
-            })
+            wait_for(
+                &format!("Collection all: {offered} offered"),
+                30,
+                || async {
+                    let c = collections.get("all").await.map_err(|e| e.to_string())?;
+                    let Some(s) = c.status else { return Ok(None) };
+                    let condition = s.conditions.iter().find(|c| c.type_ == OFFERED).cloned();
+                    Ok((s.offered == offered
+                        && condition.as_ref().is_some_and(|c| c.status == status))
+                    .then(|| condition.map(|c| c.message).unwrap_or_default()))
+                },
+            )
             .await
         }
     };
@@ -210,7 +229,8 @@ async fn an_export_is_offered_only_while_every_api_it_names_is_exported() {
 
     // The truth moves, the catalog follows: the label added, a CRD created, a label removed.
     let crds = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(provider.clone());
-    let label = |value: Option<&str>| json!({ "metadata": { "labels": { keys::EXPORTED_LABEL: value } } });
+    let label =
+        |value: Option<&str>| json!({ "metadata": { "labels": { keys::EXPORTED_LABEL: value } } });
     crds.patch(
         "gadgets.example.org",
         &PatchParams::default(),

@@ -1113,7 +1113,11 @@ fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_the_catalogs_stat
     for rule in rules("Role") {
         assert_eq!(rule["resources"], serde_json::json!(["leases"]), "{rule}");
         if rule["verbs"] != serde_json::json!(["create"]) {
-            assert_eq!(rule["resourceNames"], serde_json::json!(["kbind-issuer"]), "{rule}");
+            assert_eq!(
+                rule["resourceNames"],
+                serde_json::json!(["kbind-issuer"]),
+                "{rule}"
+            );
         }
     }
 }

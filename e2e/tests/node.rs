@@ -866,4 +866,3 @@ async fn the_provider_side_charts_run_on_a_node_the_reaper_sweeps_and_the_issuer
         .sum();
     assert_eq!(restarts, 0, "the issuer pod never restarted");
 }
-

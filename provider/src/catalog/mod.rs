@@ -14,11 +14,11 @@ use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kbind_shared::api::catalog::{Collection, Export};
+use kbind_shared::cache::ChangedNames;
 use kbind_shared::keys;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kbind_shared::cache::ChangedNames;
 use kube::runtime::{Controller, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -98,7 +98,10 @@ pub async fn run(client: Client, metrics: kbind_shared::metrics::Metrics, stop: 
     });
 
     // An Export is looked at when it changes, and when a CRD it names does.
-    let export_controller = Controller::new(Api::<Export>::all(client.clone()), watcher::Config::default());
+    let export_controller = Controller::new(
+        Api::<Export>::all(client.clone()),
+        watcher::Config::default(),
+    );
     let named_by = export_controller.store();
     let export_controller = export_controller
         .reconcile_on(crd_changes.flat_map(move |name| {
@@ -251,12 +254,13 @@ async fn reconcile_collection(
 }
 
 /// One server-side apply of `status` as the catalog's field manager.
-async fn write_status<K>(client: &Client, name: &str, status: &impl serde::Serialize) -> Result<(), Error>
+async fn write_status<K>(
+    client: &Client,
+    name: &str,
+    status: &impl serde::Serialize,
+) -> Result<(), Error>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let body = json!({
         "apiVersion": K::api_version(&()),

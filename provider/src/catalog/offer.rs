@@ -170,12 +170,7 @@ mod tests {
             title: "Widgets".into(),
             description: None,
             docs: None,
-            apis: apis
-                .iter()
-                .map(|a| ApiRef {
-                    name: (*a).into(),
-                })
-                .collect(),
+            apis: apis.iter().map(|a| ApiRef { name: (*a).into() }).collect(),
             defaults: None,
         }
     }
@@ -188,8 +183,8 @@ mod tests {
     }
 
     fn offered_condition(status: &ExportStatus) -> (String, String, String) {
-        let c = conditions::find(&status.conditions, OFFERED).cloned().unwrap_or_default();
-        (c.status, c.reason, c.message)
+        let c = conditions::find(&status.conditions, OFFERED).expect("an Offered condition");
+        (c.status.clone(), c.reason.clone(), c.message.clone())
     }
 
     #[test]
@@ -283,9 +278,7 @@ mod tests {
             description: None,
             exports: ["a", "b", "c"]
                 .iter()
-                .map(|n| ExportRef {
-                    name: (*n).into(),
-                })
+                .map(|n| ExportRef { name: (*n).into() })
                 .collect(),
         };
         let all: BTreeMap<String, bool> =
@@ -297,7 +290,7 @@ mod tests {
         let some: BTreeMap<String, bool> = [("a".into(), true), ("b".into(), false)].into();
         let s = collection_status(&spec, Some(1), &some, None, &now());
         assert_eq!(s.offered, 1);
-        let c = conditions::find(&s.conditions, OFFERED).cloned().unwrap_or_default();
+        let c = conditions::find(&s.conditions, OFFERED).expect("an Offered condition");
         assert_eq!(
             (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
             (

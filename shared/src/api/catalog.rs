@@ -41,7 +41,11 @@ pub const OFFERED: &str = "Offered";
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Offered\")].reason"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ExportSpec {
@@ -121,7 +125,11 @@ pub struct ExportedApi {
     category = "kbind",
     printcolumn(name = "Title", type_ = "string", json_path = ".spec.title"),
     printcolumn(name = "Offered", type_ = "integer", json_path = ".status.offered"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CollectionSpec {

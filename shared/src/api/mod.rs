@@ -47,7 +47,10 @@ pub const ISSUER_CRD_DIR: &str = "deploy/charts/kbind-issuer/crds";
 pub fn issuer_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("catalog.kbind.io_exports.yaml", catalog::Export::crd()),
-        ("catalog.kbind.io_collections.yaml", catalog::Collection::crd()),
+        (
+            "catalog.kbind.io_collections.yaml",
+            catalog::Collection::crd(),
+        ),
     ]
 }
 

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use kbind_shared::leader;
 use kbind_provider::reaper::sweep::Reaper;
 use kbind_shared::api::reaper::ReaperPolicy;
 use kbind_shared::cli::{CommonArgs, parse_duration};
+use kbind_shared::leader;
 use kbind_shared::process;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};

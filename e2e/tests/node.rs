@@ -706,6 +706,49 @@ async fn the_default_resources_hold_a_bulk_of_two_thousand_objects() {
     println!("{}", report.join("\n"));
 }
 
+/// How many times the containers of `pods` restarted.
+fn restarts(pods: &[Pod]) -> i32 {
+    pods.iter()
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .map(|c| c.restart_count)
+        .sum()
+}
+
+/// Installs the provider-side chart `program` (release and Deployment of that name) with its
+/// built image and `values`, and waits until its one pod is available.
+async fn install_provider_chart(setup: &NodeSetup, program: &str, values: &[&str]) -> Vec<Pod> {
+    let reference = kbind_e2e::images::reference(program).unwrap();
+    let (repository, tag) = reference.rsplit_once(':').unwrap();
+    let chart = chart_dir().with_file_name(program).display().to_string();
+    let mut sets = vec![
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+        "image.pullPolicy=Never".to_owned(),
+        "logFormat=json".to_owned(),
+    ];
+    sets.extend(values.iter().map(|v| (*v).to_owned()));
+    let mut args = vec![
+        "upgrade",
+        "--install",
+        program,
+        &chart,
+        "-n",
+        KBIND_NAMESPACE,
+        "--create-namespace",
+    ];
+    for set in &sets {
+        args.extend(["--set", set.as_str()]);
+    }
+    helm(setup.consumer_cluster(), &args);
+    let pods = wait_available(&setup.consumer, program, 180).await;
+    assert_eq!(pods.len(), 1, "{program}: one pod");
+    pods
+}
+
 /// The provider side's charts on one node: the reaper's pod sweeps and the issuer's keeps the
 /// catalog true, each with its chart's RBAC and in-cluster config. The node's cluster plays a
 /// provider here (they only need Leases, CRDs and their own kinds).
@@ -737,44 +780,16 @@ async fn the_provider_side_charts_run_on_a_node_the_reaper_sweeps_and_the_issuer
         )
         .await
         .unwrap();
-    let reference = kbind_e2e::images::reference("kbind-reaper").unwrap();
-    let (repository, tag) = reference.rsplit_once(':').unwrap();
-    let chart = chart_dir()
-        .with_file_name("kbind-reaper")
-        .display()
-        .to_string();
-    let (repository, tag) = (
-        format!("image.repository={repository}"),
-        format!("image.tag={tag}"),
-    );
-    helm(
-        setup.consumer_cluster(),
+    let pods = install_provider_chart(
+        &setup,
+        "kbind-reaper",
         &[
-            "upgrade",
-            "--install",
-            "kbind-reaper",
-            &chart,
-            "-n",
-            KBIND_NAMESPACE,
-            "--create-namespace",
-            "--set",
-            &repository,
-            "--set",
-            &tag,
-            "--set",
-            "image.pullPolicy=Never",
-            "--set",
             "apis[0].group=example.org",
-            "--set",
             "apis[0].resources[0]=widgets",
-            "--set",
             "sweepInterval=2s",
-            "--set",
-            "logFormat=json",
         ],
-    );
-    let pods = wait_available(client, "kbind-reaper", 180).await;
-    assert_eq!(pods.len(), 1);
+    )
+    .await;
     // Its pod swept the policy the chart created: Ready, the consumer Live by its Lease.
     let policies: Api<ReaperPolicy> = Api::all(client.clone());
     wait_for("the reaper pod's sweep", 120, || async {
@@ -788,51 +803,11 @@ async fn the_provider_side_charts_run_on_a_node_the_reaper_sweeps_and_the_issuer
         Ok((ready && live && status.last_sweep.is_some()).then_some(()))
     })
     .await;
-    let restarts: i32 = pods
-        .iter()
-        .flat_map(|p| {
-            p.status
-                .iter()
-                .flat_map(|s| s.container_statuses.iter().flatten())
-        })
-        .map(|c| c.restart_count)
-        .sum();
-    assert_eq!(restarts, 0, "the reaper pod never restarted");
+    assert_eq!(restarts(&pods), 0, "the reaper pod never restarted");
 
     // The issuer: an Export of the exported Widgets is judged Offered by its pod.
     use kbind_shared::api::catalog::{Export, OFFERED};
-    let reference = kbind_e2e::images::reference("kbind-issuer").unwrap();
-    let (repository, tag) = reference.rsplit_once(':').unwrap();
-    let chart = chart_dir()
-        .with_file_name("kbind-issuer")
-        .display()
-        .to_string();
-    let (repository, tag) = (
-        format!("image.repository={repository}"),
-        format!("image.tag={tag}"),
-    );
-    helm(
-        setup.consumer_cluster(),
-        &[
-            "upgrade",
-            "--install",
-            "kbind-issuer",
-            &chart,
-            "-n",
-            KBIND_NAMESPACE,
-            "--create-namespace",
-            "--set",
-            &repository,
-            "--set",
-            &tag,
-            "--set",
-            "image.pullPolicy=Never",
-            "--set",
-            "logFormat=json",
-        ],
-    );
-    let pods = wait_available(client, "kbind-issuer", 180).await;
-    assert_eq!(pods.len(), 1);
+    let pods = install_provider_chart(&setup, "kbind-issuer", &[]).await;
     let exports: Api<Export> = Api::all(client.clone());
     exports
         .patch(
@@ -855,14 +830,5 @@ async fn the_provider_side_charts_run_on_a_node_the_reaper_sweeps_and_the_issuer
         Ok(offered.then_some(()))
     })
     .await;
-    let restarts: i32 = pods
-        .iter()
-        .flat_map(|p| {
-            p.status
-                .iter()
-                .flat_map(|s| s.container_statuses.iter().flatten())
-        })
-        .map(|c| c.restart_count)
-        .sum();
-    assert_eq!(restarts, 0, "the issuer pod never restarted");
+    assert_eq!(restarts(&pods), 0, "the issuer pod never restarted");
 }

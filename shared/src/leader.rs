@@ -15,6 +15,38 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// The leader election flags of a program whose leader Lease is named after it by default.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ElectionArgs {
+    /// Lease-based leader election
+    #[arg(long, env = "KBIND_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Leader Lease name in --namespace [default: the program's name]
+    #[arg(long, env = "KBIND_LEADER_ELECTION_ID")]
+    pub leader_election_id: Option<String>,
+
+    /// How long a silent leader keeps the leader Lease
+    #[arg(long, env = "KBIND_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = crate::cli::parse_duration)]
+    pub leader_election_lease_duration: Duration,
+}
+
+impl ElectionArgs {
+    /// How `program`, as `holder`, takes part in leader election in `namespace` (`None`: it does
+    /// not, and leads at once).
+    pub fn election(&self, program: &str, namespace: String, holder: String) -> Option<Election> {
+        self.leader_elect.then(|| Election {
+            namespace,
+            lease_name: self
+                .leader_election_id
+                .clone()
+                .unwrap_or_else(|| program.to_owned()),
+            holder,
+            lease_duration: self.leader_election_lease_duration,
+        })
+    }
+}
+
 /// How this process takes part in leader election.
 pub struct Election {
     /// Lease namespace.
@@ -179,4 +211,40 @@ where
         }
     }
     failed.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod election_args_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Program {
+        #[command(flatten)]
+        election: ElectionArgs,
+    }
+
+    #[test]
+    fn the_leader_lease_is_named_after_the_program_unless_told() {
+        let lease = |args: &[&str]| {
+            Program::try_parse_from(args)
+                .unwrap()
+                .election
+                .election("kbind-issuer", "ns".into(), "me".into())
+                .map(|e| (e.lease_name, e.lease_duration))
+        };
+        assert_eq!(
+            lease(&["p"]),
+            Some(("kbind-issuer".into(), Duration::from_secs(15)))
+        );
+        assert_eq!(
+            lease(&[
+                "p",
+                "--leader-election-id=x",
+                "--leader-election-lease-duration=4s"
+            ]),
+            Some(("x".into(), Duration::from_secs(4)))
+        );
+        assert_eq!(lease(&["p", "--leader-elect=false"]), None);
+    }
 }

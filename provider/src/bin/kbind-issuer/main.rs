@@ -5,10 +5,9 @@
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
-use kbind_shared::cli::{CommonArgs, parse_duration};
+use kbind_shared::cli::CommonArgs;
 use kbind_shared::{leader, process};
 
 const PROGRAM: &str = "kbind-issuer";
@@ -31,17 +30,8 @@ struct Args {
     #[command(flatten)]
     common: CommonArgs,
 
-    /// Lease-based leader election
-    #[arg(long, env = "KBIND_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
-    leader_elect: bool,
-
-    /// Leader Lease name in --namespace
-    #[arg(long, env = "KBIND_LEADER_ELECTION_ID", default_value = "kbind-issuer")]
-    leader_election_id: String,
-
-    /// How long a silent leader keeps the leader Lease
-    #[arg(long, env = "KBIND_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
-    leader_election_lease_duration: Duration,
+    #[command(flatten)]
+    election: leader::ElectionArgs,
 }
 
 #[tokio::main]
@@ -60,7 +50,7 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
     } = started;
     let identity = args.common.identity();
     let namespace = args.common.namespace();
-    tracing::info!(%identity, %namespace, leader_elect = args.leader_elect, "kbind-issuer started");
+    tracing::info!(%identity, %namespace, leader_elect = args.election.leader_elect, "kbind-issuer started");
     let lead_client = client.clone();
     let lead_metrics = metrics.clone();
     let lead = move |stop: tokio_util::sync::CancellationToken| {
@@ -69,12 +59,7 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
         async move { kbind_provider::catalog::run(client, metrics, stop).await }
     };
     // A standby is ready: it is healthy and waiting for the Lease.
-    let election = args.leader_elect.then(|| leader::Election {
-        namespace,
-        lease_name: args.leader_election_id.clone(),
-        holder: identity,
-        lease_duration: args.leader_election_lease_duration,
-    });
+    let election = args.election.election(PROGRAM, namespace, identity);
     leader::lead_or_run(client, election, metrics, shutdown, &readiness, lead).await?;
     tracing::info!("kbind-issuer stopped");
     Ok(())
@@ -83,6 +68,7 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn help_speaks_of_the_provider_and_lists_no_consumer_side_flag() {
@@ -104,7 +90,10 @@ mod tests {
     #[test]
     fn every_default_parses() {
         let args = Args::try_parse_from(["kbind-issuer"]).unwrap();
-        assert!(args.leader_elect);
-        assert_eq!(args.leader_election_lease_duration, Duration::from_secs(15));
+        assert!(args.election.leader_elect);
+        assert_eq!(
+            args.election.leader_election_lease_duration,
+            Duration::from_secs(15)
+        );
     }
 }

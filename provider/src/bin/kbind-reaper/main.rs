@@ -39,17 +39,8 @@ struct Args {
     #[command(flatten)]
     common: CommonArgs,
 
-    /// Lease-based leader election
-    #[arg(long, env = "KBIND_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
-    leader_elect: bool,
-
-    /// Leader Lease name in --namespace
-    #[arg(long, env = "KBIND_LEADER_ELECTION_ID", default_value = "kbind-reaper")]
-    leader_election_id: String,
-
-    /// How long a silent leader keeps the leader Lease
-    #[arg(long, env = "KBIND_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
-    leader_election_lease_duration: Duration,
+    #[command(flatten)]
+    election: leader::ElectionArgs,
 
     /// The longest time between two sweeps (a sweep also comes at the exact second a consumer's
     /// state changes)
@@ -90,7 +81,7 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
     } = started;
     let identity = args.common.identity();
     let namespace = args.common.namespace();
-    tracing::info!(%identity, %namespace, leader_elect = args.leader_elect, sweep_interval = ?args.sweep_interval, "kbind-reaper started");
+    tracing::info!(%identity, %namespace, leader_elect = args.election.leader_elect, sweep_interval = ?args.sweep_interval, "kbind-reaper started");
     let reaper = Arc::new(Reaper::new(
         client.clone(),
         namespace.clone(),
@@ -106,12 +97,7 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
         async move { sweep_until(&reaper, &client, interval, &stop).await }
     };
     // A standby is ready: it is healthy and waiting for the Lease.
-    let election = args.leader_elect.then(|| leader::Election {
-        namespace,
-        lease_name: args.leader_election_id.clone(),
-        holder: identity,
-        lease_duration: args.leader_election_lease_duration,
-    });
+    let election = args.election.election(PROGRAM, namespace, identity);
     leader::lead_or_run(client, election, metrics, shutdown, &readiness, lead).await?;
     tracing::info!("kbind-reaper stopped");
     Ok(())
@@ -188,6 +174,6 @@ mod tests {
         let args = Args::try_parse_from(["kbind-reaper"]).unwrap();
         assert_eq!(args.host_clock_offset, jiff::SignedDuration::ZERO);
         assert_eq!(args.sweep_interval, Duration::from_secs(30));
-        assert!(args.leader_elect);
+        assert!(args.election.leader_elect);
     }
 }

@@ -46,6 +46,52 @@ struct Catalog {
     crds: Store<CustomResourceDefinition>,
     exports: Store<Export>,
     metrics: kbind_shared::metrics::Metrics,
+    written: Written,
+}
+
+/// The status each object was last written with, and the resourceVersion the object had when
+/// it was: until the cache shows a newer version of the object, a reconcile compares with what
+/// was written, not with the cache's older status. (A second trigger arriving before the watch
+/// event of the issuer's own write — a new CRD is announced twice, created and established —
+/// would otherwise write the same status again.) A status changed by anyone else afterwards is
+/// a newer version, compared as it is.
+#[derive(Default)]
+struct Written(std::sync::Mutex<std::collections::HashMap<String, (Option<String>, String)>>);
+
+impl Written {
+    fn entries(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Option<String>, String)>>
+    {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `computed` must be written for the object `key` whose cached version is
+    /// `version` with status `cached`.
+    fn needed<T: serde::Serialize + PartialEq>(
+        &self,
+        key: &str,
+        version: Option<&String>,
+        cached: Option<&T>,
+        computed: &T,
+    ) -> bool {
+        if cached == Some(computed) {
+            return false;
+        }
+        let computed = serde_json::to_string(computed).unwrap_or_default();
+        self.entries()
+            .get(key)
+            .is_none_or(|(at, status)| at.as_ref() != version || *status != computed)
+    }
+
+    /// Records that `status` was written to `key` while its cached version was `version`.
+    fn wrote<T: serde::Serialize>(&self, key: &str, version: Option<&String>, status: &T) {
+        let status = serde_json::to_string(status).unwrap_or_default();
+        self.entries()
+            .insert(key.to_owned(), (version.cloned(), status));
+    }
 }
 
 /// Runs both catalog controllers until `stop`.
@@ -95,6 +141,7 @@ pub async fn run(client: Client, metrics: kbind_shared::metrics::Metrics, stop: 
         crds,
         exports,
         metrics,
+        written: Written::default(),
     });
 
     // An Export is looked at when it changes, and when a CRD it names does.
@@ -215,8 +262,16 @@ async fn reconcile_export(export: Arc<Export>, catalog: Arc<Catalog>) -> Result<
         export.status.as_ref(),
         &now(),
     );
-    if export.status.as_ref() != Some(&status) {
+    let (key, version) = (
+        format!("export/{}", export.name_any()),
+        export.resource_version(),
+    );
+    if catalog
+        .written
+        .needed(&key, version.as_ref(), export.status.as_ref(), &status)
+    {
         write_status::<Export>(&catalog.client, &export.name_any(), &status).await?;
+        catalog.written.wrote(&key, version.as_ref(), &status);
     }
     Ok(Action::await_change())
 }
@@ -247,8 +302,14 @@ async fn reconcile_collection(
         collection.status.as_ref(),
         &now(),
     );
-    if collection.status.as_ref() != Some(&status) {
+    let key = format!("collection/{}", collection.name_any());
+    let version = collection.resource_version();
+    if catalog
+        .written
+        .needed(&key, version.as_ref(), collection.status.as_ref(), &status)
+    {
         write_status::<Collection>(&catalog.client, &collection.name_any(), &status).await?;
+        catalog.written.wrote(&key, version.as_ref(), &status);
     }
     Ok(Action::await_change())
 }
@@ -279,4 +340,28 @@ where
             what: format!("{} {name}", K::kind(&())),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_just_written_is_not_written_again_from_a_cache_that_has_not_seen_it() {
+        let written = Written::default();
+        let rv = |v: &str| Some(v.to_owned());
+        // The cache says "old"; "new" is computed and written while the object is at 1.
+        assert!(written.needed("e", rv("1").as_ref(), Some(&"old"), &"new"));
+        written.wrote("e", rv("1").as_ref(), &"new");
+        // A second trigger before the write's own event: the cache still has 1 and "old".
+        assert!(!written.needed("e", rv("1").as_ref(), Some(&"old"), &"new"));
+        // The write's event: version 2 with "new".
+        assert!(!written.needed("e", rv("2").as_ref(), Some(&"new"), &"new"));
+        // Someone else rewrote the status (version 3): corrected, although "new" was written.
+        assert!(written.needed("e", rv("3").as_ref(), Some(&"forged"), &"new"));
+        // A new truth at the old version is written too.
+        assert!(written.needed("e", rv("1").as_ref(), Some(&"old"), &"newer"));
+        // Another object is its own.
+        assert!(written.needed("f", rv("1").as_ref(), Some(&"old"), &"new"));
+    }
 }

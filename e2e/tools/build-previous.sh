@@ -24,7 +24,9 @@ if built; then
   exit 0
 fi
 mkdir -p "$out"
-exec 9>"$out.lock"
+# One lock for every previous version: they build in one target directory (below), and a build
+# copies its binaries out of it before the next may start.
+exec 9>"$(dirname "$out")/build.lock"
 flock 9
 if ! built; then
   echo "build-previous.sh: building kbind at ${commit:0:12} (first time only, a few minutes)..." >&2

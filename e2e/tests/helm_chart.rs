@@ -850,6 +850,24 @@ fn chart_renders_scrape_configs_and_the_dashboard_on_request() {
     );
 }
 
+/// The one Deployment of a provider-side chart's rendered `docs` runs an image `scripts/images`
+/// builds.
+fn assert_runs_a_built_image(docs: &[serde_json::Value]) {
+    let built = std::process::Command::new(chart_dir().join("../../../scripts/images"))
+        .arg("--refs")
+        .env_remove("KBIND_IMAGE_REGISTRY")
+        .output()
+        .unwrap();
+    let built = String::from_utf8(built.stdout).unwrap();
+    let image = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .and_then(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].as_str())
+        .unwrap()
+        .to_owned();
+    assert!(built.lines().any(|r| r == image), "{image} not in {built}");
+}
+
 /// `helm template` of the reaper's chart (installed on a provider) with `extra`: its output, or
 /// its error.
 fn reaper_template(extra: &[&str]) -> Result<String, String> {
@@ -897,20 +915,8 @@ fn the_reaper_chart_grants_only_what_its_action_needs() {
     lint.extend_from_slice(&widgets);
     assert!(helm_ok(&lint).contains("0 chart(s) failed"));
     // Its default image is the one scripts/images builds.
-    let built = std::process::Command::new(chart_dir().join("../../../scripts/images"))
-        .arg("--refs")
-        .env_remove("KBIND_IMAGE_REGISTRY")
-        .output()
-        .unwrap();
-    let built = String::from_utf8(built.stdout).unwrap();
     let rendered = yaml_documents(&reaper_template(&widgets).unwrap()).unwrap();
-    let image = rendered
-        .iter()
-        .find(|d| d["kind"] == "Deployment")
-        .and_then(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].as_str())
-        .unwrap()
-        .to_owned();
-    assert!(built.lines().any(|r| r == image), "{image} not in {built}");
+    assert_runs_a_built_image(&rendered);
     // Nothing to look at, nothing granted: refused with the reason.
     let error = reaper_template(&[]).unwrap_err();
     assert!(error.contains("set apis"), "{error}");
@@ -1064,19 +1070,7 @@ fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_the_catalogs_stat
         "kbind-issuer",
     ]);
     let docs = yaml_documents(&rendered).unwrap();
-    let built = std::process::Command::new(chart_dir().join("../../../scripts/images"))
-        .arg("--refs")
-        .env_remove("KBIND_IMAGE_REGISTRY")
-        .output()
-        .unwrap();
-    let built = String::from_utf8(built.stdout).unwrap();
-    let image = docs
-        .iter()
-        .find(|d| d["kind"] == "Deployment")
-        .and_then(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].as_str())
-        .unwrap()
-        .to_owned();
-    assert!(built.lines().any(|r| r == image), "{image} not in {built}");
+    assert_runs_a_built_image(&docs);
     // No wildcard anywhere; cluster-wide, nothing written but the catalog's status; its own
     // namespace: its leader Lease, by name (creating one cannot be limited by name).
     let rules = |kind: &str| -> Vec<serde_json::Value> {

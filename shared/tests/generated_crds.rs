@@ -40,10 +40,16 @@ fn crds_have_status_subresource_category_and_no_short_names() {
     }
 }
 
-#[test]
-fn the_reapers_crd_is_cluster_scoped_in_its_own_group() {
-    for (_, crd) in kbind_shared::api::reaper_crds() {
-        assert_eq!(crd.spec.group, kbind_shared::api::reaper::REAPER_GROUP);
+/// Each of `crds` is cluster-scoped in `group`, with a status subresource.
+fn cluster_scoped_with_status(
+    crds: Vec<(
+        &str,
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    )>,
+    group: &str,
+) {
+    for (_, crd) in crds {
+        assert_eq!(crd.spec.group, group);
         assert_eq!(crd.spec.scope, "Cluster");
         let version = &crd.spec.versions[0];
         assert!(
@@ -57,19 +63,16 @@ fn the_reapers_crd_is_cluster_scoped_in_its_own_group() {
 }
 
 #[test]
+fn the_reapers_crd_is_cluster_scoped_in_its_own_group() {
+    cluster_scoped_with_status(
+        kbind_shared::api::reaper_crds(),
+        kbind_shared::api::reaper::REAPER_GROUP,
+    );
+}
+
+#[test]
 fn the_catalogs_crds_are_cluster_scoped_in_their_own_group() {
     let crds = kbind_shared::api::issuer_crds();
     assert_eq!(crds.len(), 2);
-    for (_, crd) in crds {
-        assert_eq!(crd.spec.group, kbind_shared::api::catalog::CATALOG_GROUP);
-        assert_eq!(crd.spec.scope, "Cluster");
-        let version = &crd.spec.versions[0];
-        assert!(
-            version
-                .subresources
-                .as_ref()
-                .and_then(|s| s.status.as_ref())
-                .is_some()
-        );
-    }
+    cluster_scoped_with_status(crds, kbind_shared::api::catalog::CATALOG_GROUP);
 }

@@ -3,4 +3,6 @@
 #![forbid(unsafe_code)]
 
 pub mod catalog;
+pub mod issuer;
 pub mod reaper;
+pub mod status;

@@ -71,8 +71,11 @@ fn the_reapers_crd_is_cluster_scoped_in_its_own_group() {
 }
 
 #[test]
-fn the_catalogs_crds_are_cluster_scoped_in_their_own_group() {
-    let crds = kbind_shared::api::issuer_crds();
-    assert_eq!(crds.len(), 2);
-    cluster_scoped_with_status(crds, kbind_shared::api::catalog::CATALOG_GROUP);
+fn the_catalogs_and_the_grants_crds_are_cluster_scoped_in_their_own_groups() {
+    let (catalog, grants): (Vec<_>, Vec<_>) = kbind_shared::api::issuer_crds()
+        .into_iter()
+        .partition(|(file, _)| file.starts_with("catalog."));
+    assert_eq!((catalog.len(), grants.len()), (2, 1));
+    cluster_scoped_with_status(catalog, kbind_shared::api::catalog::CATALOG_GROUP);
+    cluster_scoped_with_status(grants, kbind_shared::api::iam::IAM_GROUP);
 }

@@ -12,34 +12,20 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kbind_shared::api::catalog::{Collection, Export};
 use kbind_shared::cache::ChangedNames;
 use kbind_shared::keys;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::status::{Error, Written, now, write_status};
 use offer::Served;
-
-/// The field manager of the catalog's status writes.
-pub const FIELD_MANAGER: &str = "kbind-issuer";
 
 /// How soon a failed status write is tried again.
 const RETRY: Duration = Duration::from_secs(5);
-
-/// A failed reconcile: the status write the API server refused or could not take.
-#[derive(Debug, thiserror::Error)]
-#[error("writing the status of {what}: {source}")]
-pub struct Error {
-    what: String,
-    #[source]
-    source: kube::Error,
-}
 
 struct Catalog {
     client: Client,
@@ -47,51 +33,6 @@ struct Catalog {
     exports: Store<Export>,
     metrics: kbind_shared::metrics::Metrics,
     written: Written,
-}
-
-/// The status each object was last written with, and the resourceVersion the object had when
-/// it was: until the cache shows a newer version of the object, a reconcile compares with what
-/// was written, not with the cache's older status. (A second trigger arriving before the watch
-/// event of the issuer's own write — a new CRD is announced twice, created and established —
-/// would otherwise write the same status again.) A status changed by anyone else afterwards is
-/// a newer version, compared as it is.
-#[derive(Default)]
-struct Written(std::sync::Mutex<std::collections::HashMap<String, (Option<String>, String)>>);
-
-impl Written {
-    fn entries(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Option<String>, String)>>
-    {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Whether `computed` must be written for the object `key` whose cached version is
-    /// `version` with status `cached`.
-    fn needed<T: serde::Serialize + PartialEq>(
-        &self,
-        key: &str,
-        version: Option<&String>,
-        cached: Option<&T>,
-        computed: &T,
-    ) -> bool {
-        if cached == Some(computed) {
-            return false;
-        }
-        let computed = serde_json::to_string(computed).unwrap_or_default();
-        self.entries()
-            .get(key)
-            .is_none_or(|(at, status)| at.as_ref() != version || *status != computed)
-    }
-
-    /// Records that `status` was written to `key` while its cached version was `version`.
-    fn wrote<T: serde::Serialize>(&self, key: &str, version: Option<&String>, status: &T) {
-        let status = serde_json::to_string(status).unwrap_or_default();
-        self.entries()
-            .insert(key.to_owned(), (version.cloned(), status));
-    }
 }
 
 /// Runs both catalog controllers until `stop`.
@@ -244,10 +185,6 @@ fn served(crds: &Store<CustomResourceDefinition>, name: &str) -> Served {
     }
 }
 
-fn now() -> Time {
-    Time(jiff::Timestamp::now())
-}
-
 async fn reconcile_export(export: Arc<Export>, catalog: Arc<Catalog>) -> Result<Action, Error> {
     let truth: BTreeMap<String, Served> = export
         .spec
@@ -312,56 +249,4 @@ async fn reconcile_collection(
         catalog.written.wrote(&key, version.as_ref(), &status);
     }
     Ok(Action::await_change())
-}
-
-/// One server-side apply of `status` as the catalog's field manager.
-async fn write_status<K>(
-    client: &Client,
-    name: &str,
-    status: &impl serde::Serialize,
-) -> Result<(), Error>
-where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let body = json!({
-        "apiVersion": K::api_version(&()),
-        "kind": K::kind(&()),
-        "status": status,
-    });
-    Api::<K>::all(client.clone())
-        .patch_status(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map(|_| ())
-        .map_err(|source| Error {
-            what: format!("{} {name}", K::kind(&())),
-            source,
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_status_just_written_is_not_written_again_from_a_cache_that_has_not_seen_it() {
-        let written = Written::default();
-        let rv = |v: &str| Some(v.to_owned());
-        // The cache says "old"; "new" is computed and written while the object is at 1.
-        assert!(written.needed("e", rv("1").as_ref(), Some(&"old"), &"new"));
-        written.wrote("e", rv("1").as_ref(), &"new");
-        // A second trigger before the write's own event: the cache still has 1 and "old".
-        assert!(!written.needed("e", rv("1").as_ref(), Some(&"old"), &"new"));
-        // The write's event: version 2 with "new".
-        assert!(!written.needed("e", rv("2").as_ref(), Some(&"new"), &"new"));
-        // Someone else rewrote the status (version 3): corrected, although "new" was written.
-        assert!(written.needed("e", rv("3").as_ref(), Some(&"forged"), &"new"));
-        // A new truth at the old version is written too.
-        assert!(written.needed("e", rv("1").as_ref(), Some(&"old"), &"newer"));
-        // Another object is its own.
-        assert!(written.needed("f", rv("1").as_ref(), Some(&"old"), &"new"));
-    }
 }

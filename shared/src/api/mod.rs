@@ -5,6 +5,7 @@
 mod binding;
 pub mod catalog;
 mod connection;
+pub mod iam;
 pub mod installed;
 pub mod reaper;
 pub mod schema;
@@ -39,11 +40,11 @@ pub fn reaper_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     )]
 }
 
-/// Where the provider side's own CRDs (the catalog, `catalog.kbind.io`) are checked in: the
-/// issuer's chart, installed on a provider (#51).
+/// Where the provider side's own CRDs (the catalog, `catalog.kbind.io`, and Grants,
+/// `iam.kbind.io`) are checked in: the issuer's chart, installed on a provider (#51).
 pub const ISSUER_CRD_DIR: &str = "deploy/charts/kbind-issuer/crds";
 
-/// The catalog's CRDs, with their file names under [`ISSUER_CRD_DIR`].
+/// The catalog's and the Grants' CRDs, with their file names under [`ISSUER_CRD_DIR`].
 pub fn issuer_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("catalog.kbind.io_exports.yaml", catalog::Export::crd()),
@@ -51,6 +52,7 @@ pub fn issuer_crds() -> Vec<(&'static str, CustomResourceDefinition)> {
             "catalog.kbind.io_collections.yaml",
             catalog::Collection::crd(),
         ),
+        ("iam.kbind.io_grants.yaml", iam::Grant::crd()),
     ]
 }
 

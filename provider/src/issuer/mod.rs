@@ -1,0 +1,5 @@
+//! The issuer's second duty (#51): each `Grant` gets its boundary and credential
+//! ([`plan`] decides, [`run`] writes).
+
+pub mod plan;
+pub mod rbac;

@@ -26,7 +26,8 @@ const AUDIT_POLICY: &str = "audit-policy.yaml";
 const AUDIT_LOG: &str = "audit.log";
 /// At Metadata level (no bodies): every request of the users [`Cluster::mint_user`] makes (the
 /// restricted credentials tests hand kbind — denied ones too, which the API server's request
-/// metrics do not count), writes to the test APIs and to kbind's own objects by anyone, reads of
+/// metrics do not count) and of kbind-issuer's ServiceAccounts, writes to the test APIs and to
+/// kbind's own objects by anyone, reads of
 /// the test APIs and of Secrets and ConfigMaps (a GET, a LIST, or a WATCH — a streaming list is
 /// one), and Lease writes in
 /// kbind's namespace (the syncers' memberships); nothing else.
@@ -42,6 +43,9 @@ rules:
   - group: example.org
   - group: core.kbind.io
   - group: catalog.kbind.io
+  - group: iam.kbind.io
+- level: Metadata
+  userGroups: [\"system:serviceaccounts:kbind-issuer\"]
 - level: Metadata
   verbs: [get, list, watch]
   resources:

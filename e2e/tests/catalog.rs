@@ -3,57 +3,13 @@
 //! by a CRD labelled exported, says which is not and why, follows the CRDs either way; a
 //! `Collection` counts what it lists that is offered; at rest nothing is written.
 
-use kbind_e2e::cluster::{ensure_namespace, free_port};
 use kbind_e2e::fixtures::*;
-use kbind_e2e::tools::{chart_dir, helm_checked};
 use kbind_e2e::wait::wait_for;
 use kbind_shared::api::catalog::{Collection, Export, OFFERED};
 use kbind_shared::keys;
+use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client};
 use serde_json::json;
-
-const NAMESPACE: &str = "kbind-issuer";
-const SERVICE_ACCOUNT: &str = "i-kbind-issuer";
-
-/// The issuer chart's CRDs and RBAC applied to the provider (release `i` in [`NAMESPACE`]).
-async fn install_issuer_chart(provider: &Client) {
-    let chart = chart_dir().with_file_name("kbind-issuer");
-    let chart = chart.display().to_string();
-    for file in [
-        "catalog.kbind.io_exports.yaml",
-        "catalog.kbind.io_collections.yaml",
-    ] {
-        let crd = std::fs::read_to_string(
-            chart_dir()
-                .with_file_name("kbind-issuer")
-                .join("crds")
-                .join(file),
-        )
-        .unwrap();
-        apply_manifest(provider, &crd).await.unwrap();
-    }
-    let crds = Api::all(provider.clone());
-    for name in ["exports.catalog.kbind.io", "collections.catalog.kbind.io"] {
-        kbind_e2e::kbind::wait_established(&crds, name)
-            .await
-            .unwrap();
-    }
-    ensure_namespace(provider, NAMESPACE).await.unwrap();
-    let rbac = helm_checked(&[
-        "template",
-        "i",
-        &chart,
-        "--kube-version",
-        "1.36.3",
-        "-n",
-        NAMESPACE,
-        "--show-only",
-        "templates/rbac.yaml",
-    ])
-    .unwrap();
-    apply_manifest(provider, &rbac).await.unwrap();
-}
 
 fn export(name: &str, apis: &[&str]) -> serde_json::Value {
     json!({
@@ -117,26 +73,7 @@ async fn an_export_is_offered_only_while_every_api_it_names_is_exported() {
     install_crd(&provider, &crd("gadgets", "example.org", "Gadget", &[]))
         .await
         .unwrap();
-    let account = env
-        .cluster("provider")
-        .mint_service_account_user(NAMESPACE, SERVICE_ACCOUNT)
-        .await
-        .unwrap();
-    let kubeconfig = env.dir().join("issuer.kubeconfig");
-    std::fs::write(&kubeconfig, &account.kubeconfig).unwrap();
-    env.start_kbind(
-        "kbind-issuer",
-        "issuer",
-        &[
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--namespace={NAMESPACE}"),
-            format!("--metrics-bind-address=127.0.0.1:{}", free_port()),
-            format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
-            "--log-level=info,kbind_provider=debug".into(),
-        ],
-        &[("POD_NAME", "issuer-0")],
-    )
-    .unwrap();
+    let account = start_issuer(&mut env).await;
 
     let exports = Api::<Export>::all(provider.clone());
     let collections = Api::<Collection>::all(provider.clone());

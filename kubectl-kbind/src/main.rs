@@ -10,6 +10,8 @@
 //!   verb and resource, and what is missing as RBAC ready to apply;
 //! - `diff <kind>/<name>`: one synced object against its provider copy — a unified diff of the
 //!   fields kbind syncs, who owns which field on each side, delivery, the last refusal;
+//! - `grant <export> --consumer <identity>` (run against a **provider**): records a Grant, waits for
+//!   kbind-issuer to provision it, and prints the one-apply bundle (Secret, Connection, binding);
 //! - `consumers --provider-kubeconfig <file>`: on a provider, its consumers as `kbind-reaper`
 //!   sees them and every heartbeat Lease with its server-recorded renewal;
 //! - `rehome plan|apply --connection <c> --from <uid>`: after a restore, claiming the provider
@@ -25,6 +27,7 @@
 mod consumers;
 mod diff;
 mod doctor;
+mod grant;
 mod handover;
 mod migrate;
 mod plan;
@@ -123,6 +126,40 @@ enum Command {
         #[arg(long, global = true, default_value = "")]
         from: String,
     },
+    /// On a PROVIDER (the kubeconfig's cluster): grants a consumer an Export — records the Grant,
+    /// waits until kbind-issuer has provisioned its boundary and credential, and prints the bundle
+    /// to apply on the consumer (Secret, Connection, ClusterBinding or Binding). Writes nothing on
+    /// the consumer.
+    Grant {
+        /// The Export.
+        export: String,
+        /// The consumer's identity (the same identity, cluster and Export always get the same
+        /// Grant and boundary).
+        #[arg(long)]
+        consumer: String,
+        /// Which of the consumer's clusters, when it has several.
+        #[arg(long)]
+        cluster_name: Option<String>,
+        /// A Binding in this consumer namespace instead of a ClusterBinding.
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// The Connection's name on the consumer (default: the Export's).
+        #[arg(long)]
+        connection: Option<String>,
+        /// Where on the consumer the kubeconfig Secret goes.
+        #[arg(long, default_value = kbind_shared::keys::DEFAULT_NAMESPACE)]
+        secret_namespace: String,
+        /// A token that never expires (air-gapped GitOps): it ends only when the Grant is
+        /// revoked or deleted.
+        #[arg(long)]
+        long_lived: bool,
+        /// A short-lived token's lifetime in seconds (600 to 86400).
+        #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(i64).range(600..=86400))]
+        expiration_seconds: i64,
+        /// The provider's address as consumers reach it (default: the kubeconfig's).
+        #[arg(long)]
+        server: Option<String>,
+    },
     /// On a provider: its consumers as kbind-reaper last saw them (state, last renewal by the
     /// provider's clock, objects per API), and every heartbeat Lease. Changes nothing.
     Consumers {
@@ -203,6 +240,39 @@ async fn run(args: &Args) -> Result<Verdict, String> {
             .map_err(|e| format!("cannot reach the provider cluster: {e}"))?;
         let report = consumers::gather(&provider).await?;
         view::print(json, &report, consumers::render)?;
+        return Ok(Verdict::Fine);
+    }
+    if let Command::Grant {
+        export,
+        consumer,
+        cluster_name,
+        namespace,
+        connection,
+        secret_namespace,
+        long_lived,
+        expiration_seconds,
+        server,
+    } = &args.command
+    {
+        let config = view::config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+        let provider = kube::Client::try_from(config.clone())
+            .map_err(|e| format!("cannot reach the provider cluster: {e}"))?;
+        let request = grant::Request {
+            export: export.clone(),
+            identity: consumer.clone(),
+            cluster_name: cluster_name.clone(),
+            namespace: namespace.clone(),
+            connection: connection.clone(),
+            secret_namespace: secret_namespace.clone(),
+            long_lived: *long_lived,
+            expiration_seconds: *expiration_seconds,
+            server: server.clone(),
+        };
+        let (bundle, note) = grant::run(&provider, &config, &request).await?;
+        if let Some(note) = note {
+            eprintln!("{note}");
+        }
+        print!("{bundle}");
         return Ok(Verdict::Fine);
     }
     let consumer = view::consumer_client(args.kubeconfig.as_deref(), args.context.as_deref())
@@ -316,6 +386,6 @@ async fn run(args: &Args) -> Result<Verdict, String> {
                 Verdict::Fine
             })
         }
-        Command::Consumers { .. } => Ok(Verdict::Fine),
+        Command::Consumers { .. } | Command::Grant { .. } => Ok(Verdict::Fine),
     }
 }

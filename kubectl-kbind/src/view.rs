@@ -14,6 +14,13 @@ pub const MAX_CELL: usize = 80;
 
 /// A client for the consumer: `--kubeconfig`/`--context` when given, else kube's usual inference.
 pub async fn consumer_client(path: Option<&Path>, context: Option<&str>) -> Result<Client, String> {
+    let config = config(path, context).await?;
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// The client configuration of the kubeconfig at `path` (default: as kubectl finds it) and
+/// `context`, with kbind's bounded timeouts.
+pub async fn config(path: Option<&Path>, context: Option<&str>) -> Result<Config, String> {
     let options = KubeConfigOptions {
         context: context.map(str::to_owned),
         ..Default::default()
@@ -32,7 +39,7 @@ pub async fn consumer_client(path: Option<&Path>, context: Option<&str>) -> Resu
         None => Config::infer().await.map_err(|e| e.to_string())?,
     };
     kbind_shared::client::bound_timeouts(&mut config);
-    Client::try_from(config).map_err(|e| e.to_string())
+    Ok(config)
 }
 
 /// Prints `report` as JSON or as the text `render` makes of it.

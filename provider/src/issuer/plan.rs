@@ -57,6 +57,16 @@ pub mod reasons {
     pub const REVOKED: &str = "Revoked";
 }
 
+/// A Grant's boundary: its consumer's identity, cluster name and Export decide it.
+pub fn boundary_of(grant: &Grant) -> String {
+    let consumer = &grant.spec.consumer;
+    rbac::boundary(
+        &consumer.identity,
+        consumer.cluster_name.as_deref(),
+        &grant.spec.export,
+    )
+}
+
 /// Where a Grant stands with its boundary namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {

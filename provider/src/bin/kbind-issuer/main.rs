@@ -56,7 +56,12 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
     let lead = move |stop: tokio_util::sync::CancellationToken| {
         let client = lead_client.clone();
         let metrics = lead_metrics.clone();
-        async move { kbind_provider::catalog::run(client, metrics, stop).await }
+        async move {
+            futures::join!(
+                kbind_provider::catalog::run(client.clone(), metrics.clone(), stop.clone()),
+                kbind_provider::issuer::run(client, metrics, stop),
+            );
+        }
     };
     // A standby is ready: it is healthy and waiting for the Lease.
     let election = args.election.election(PROGRAM, namespace, identity);

@@ -161,10 +161,11 @@ fn widgets(client: &Client, namespace: &str) -> Api<DynamicObject> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing_else() {
-    let mut env = kbind_e2e::TestEnv::start("grants", &["provider"])
-        .await
-        .unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
+    let Pair {
+        mut env,
+        consumer: consumer_admin,
+        provider,
+    } = Pair::start("grants", &[]).await;
     install_issuer_chart(&provider).await;
     install_crd(&provider, &widget_crd()).await.unwrap();
     // Exported, but not part of the Export.
@@ -191,13 +192,21 @@ async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing
     // The provider admin's one command: the bundle.
     let admin = env.cluster("provider").admin_kubeconfig_path();
     let started = Instant::now();
-    let run = plugin(&admin, &["grant", "widgets", "--consumer", IDENTITY]).await;
+    let grant = [
+        "grant",
+        "widgets",
+        "--consumer",
+        IDENTITY,
+        "--expiration-seconds",
+        "600",
+    ];
+    let run = plugin(&admin, &grant).await;
     assert_eq!(run.code, 0, "{run}");
     println!(
         "a Grant recorded, issued and its bundle printed in {} ms",
         started.elapsed().as_millis()
     );
-    assert!(run.stderr.contains("does not renew it yet"), "{run}");
+    assert!(run.stderr.contains("renews it in process"), "{run}");
     let documents = yaml_documents(&run.stdout).unwrap();
     let kinds: Vec<&str> = documents
         .iter()
@@ -214,7 +223,7 @@ async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing
     assert_eq!(parsed.namespace(), Some(boundary.as_str()));
     let consumer = client_for(kubeconfig).await.unwrap();
     // Running it again finds the same Grant: one Grant per consumer, cluster and Export.
-    let again = plugin(&admin, &["grant", "widgets", "--consumer", IDENTITY]).await;
+    let again = plugin(&admin, &grant).await;
     assert_eq!(again.code, 0, "{again}");
     let grants = Api::<Grant>::all(provider.clone());
     assert_eq!(
@@ -255,6 +264,7 @@ async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing
     // What the API server says the credential may do, exactly.
     let cluster: Rules<'_> = &[
         ("", "namespaces", &["get"], "kube-system"),
+        ("core.kcp.io", "logicalclusters", &["get"], "cluster"),
         (
             "apiextensions.k8s.io",
             "customresourcedefinitions",
@@ -471,6 +481,36 @@ async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing
         .collect();
     assert!(failures.is_empty(), "{failures:#?}");
 
+    // The bundle's Secret and Connection applied on a consumer running kbind: Ready with only this
+    // credential, which kbind renews (here once 1 % of its 600 s have passed).
+    start_lone_schema_manager(&mut env, &["--token-renewal-at=0.01"]).await;
+    kbind_e2e::cluster::ensure_namespace(&consumer_admin, "kbind")
+        .await
+        .unwrap();
+    for document in &documents[..2] {
+        apply_manifest(&consumer_admin, &serde_yaml::to_string(document).unwrap())
+            .await
+            .unwrap();
+    }
+    wait_connection(&consumer_admin, "widgets", "Ready=True").await;
+    let secret = Api::<Secret>::namespaced(consumer_admin.clone(), "kbind");
+    wait_for("the Grant's token renewed on the consumer", 60, || async {
+        let data = secret
+            .get("widgets-kubeconfig")
+            .await
+            .map_err(|e| e.to_string())?
+            .data
+            .unwrap_or_default();
+        let renewed = data.get("kubeconfig").and_then(|k| {
+            kbind_shared::kubeconfig::InlineKubeconfig::parse(&k.0)
+                .ok()?
+                .token()
+        });
+        Ok(renewed.filter(|t| t.as_str() != parsed.token().unwrap_or_default()))
+    })
+    .await;
+    wait_connection(&consumer_admin, "widgets", "Ready=True").await;
+
     // Revoked: within seconds the credential may do nothing; what it wrote stays.
     let revoke = |revoked: bool| {
         let grants = grants.clone();
@@ -498,6 +538,7 @@ async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing
         started.elapsed().as_millis()
     );
     wait_issued(&provider, &boundary, plan::reasons::REVOKED, "").await;
+    wait_connection(&consumer_admin, "widgets", "PermissionDenied=True").await;
     widgets(&provider, &team).get("w1").await.unwrap();
     Api::<Lease>::namespaced(provider.clone(), &boundary)
         .get("heartbeat")
@@ -516,6 +557,7 @@ async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing
     })
     .await;
     wait_issued(&provider, &boundary, plan::reasons::ISSUED, "").await;
+    wait_connection(&consumer_admin, "widgets", "PermissionDenied=False").await;
     assert_eq!(
         widgets(&provider, &team)
             .get("w1")

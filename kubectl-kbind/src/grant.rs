@@ -117,7 +117,7 @@ pub async fn run(
     })?;
     let note = (mode == CredentialMode::Bound).then(|| {
         format!(
-            "note: the credential is a token that expires in {}s; kbind on the consumer does not renew it yet — use --long-lived for one that lasts until the Grant is revoked",
+            "note: the credential is a token that expires {}s after it was issued; kbind on the consumer renews it in process before then (--token-renewal-at). --long-lived issues one that lasts until the Grant is revoked",
             request.expiration_seconds
         )
     });

@@ -79,4 +79,20 @@ pub struct Args {
         default_value_t = kbind_shared::binding_cap::DEFAULT_MAX_PER_NAMESPACE
     )]
     pub max_bindings_per_namespace: u32,
+
+    /// When a provider credential is a bound ServiceAccount token (it expires), renew it once this
+    /// share of its lifetime has passed (0 < share < 1): a new token is requested with the
+    /// credential itself and written into the Connection's Secret
+    #[arg(long, env = "KBIND_TOKEN_RENEWAL_AT", default_value_t = 0.8, value_parser = parse_share)]
+    pub token_renewal_at: f64,
+}
+
+/// A share of a lifetime: a number strictly between 0 and 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    let share: f64 = text.parse().map_err(|e| format!("{text}: {e}"))?;
+    if share > 0.0 && share < 1.0 {
+        Ok(share)
+    } else {
+        Err(format!("{text}: must be between 0 and 1 (exclusive)"))
+    }
 }

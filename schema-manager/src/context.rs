@@ -41,6 +41,9 @@ pub struct Settings {
     pub max_related_bindings_per_namespace: u32,
     /// The most Bindings served per namespace, the oldest first (`--max-bindings-per-namespace`).
     pub max_bindings_per_namespace: u32,
+    /// The share of a bound provider token's lifetime after which it is renewed
+    /// (`--token-renewal-at`).
+    pub token_renewal_at: f64,
 }
 
 /// Shared by the reconcilers.

@@ -56,6 +56,7 @@ async fn run(args: cli::Args, started: process::Started) -> Result<(), String> {
             related_resources: args.related_resources,
             max_related_bindings_per_namespace: args.max_related_bindings_per_namespace,
             max_bindings_per_namespace: args.max_bindings_per_namespace,
+            token_renewal_at: args.token_renewal_at,
         },
         args.common.namespace(),
     ));

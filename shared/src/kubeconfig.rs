@@ -199,6 +199,46 @@ impl InlineKubeconfig {
         self.namespace.as_deref()
     }
 
+    /// The current context's user, as the kubeconfig defines it.
+    fn user(&self) -> Option<&kube::config::NamedAuthInfo> {
+        let user = self
+            .kubeconfig
+            .contexts
+            .iter()
+            .find(|c| c.name == self.context)?
+            .context
+            .as_ref()?
+            .user
+            .clone()?;
+        self.kubeconfig.auth_infos.iter().find(|a| a.name == user)
+    }
+
+    /// The current context's bearer token, if its user has one inline.
+    pub fn token(&self) -> Option<String> {
+        use secrecy::ExposeSecret;
+        let token = self.user()?.auth_info.as_ref()?.token.as_ref()?;
+        Some(token.expose_secret().to_owned())
+    }
+
+    /// The kubeconfig as YAML with the current context's user's token replaced by `token` (a
+    /// renewed credential); everything else as it was.
+    pub fn with_token(&self, token: &str) -> Result<String, KubeconfigError> {
+        let mut kubeconfig = self.kubeconfig.clone();
+        let user = self.user().map(|u| u.name.clone()).unwrap_or_default();
+        let auth = kubeconfig
+            .auth_infos
+            .iter_mut()
+            .find(|a| a.name == user)
+            .and_then(|a| a.auth_info.as_mut())
+            .ok_or_else(|| KubeconfigError::Undefined {
+                what: "user",
+                name: user.clone(),
+            })?;
+        auth.token = Some(token.to_owned().into());
+        serde_yaml::to_string(&kubeconfig)
+            .map_err(|_| KubeconfigError::NotKubeconfig { at: String::new() })
+    }
+
     /// A kube [`Config`] for the current context, with kbind's bounded timeouts (for a client
     /// built by [`crate::client::build_watching`], which bounds requests other than watches).
     pub async fn config(&self) -> Result<Config, KubeconfigError> {
@@ -332,6 +372,26 @@ mod tests {
 
     fn parse(text: &str) -> Result<InlineKubeconfig, KubeconfigError> {
         InlineKubeconfig::parse(text.as_bytes())
+    }
+
+    #[test]
+    fn a_token_is_read_and_replaced_leaving_the_rest_as_it_was() {
+        let kc = parse(&kubeconfig(
+            &format!("    certificate-authority-data: {CA}\n"),
+            "    token: old-token\n",
+        ))
+        .unwrap();
+        assert_eq!(kc.token().as_deref(), Some("old-token"));
+        let renewed = parse(&kc.with_token("new-token").unwrap()).unwrap();
+        assert_eq!(renewed.token().as_deref(), Some("new-token"));
+        assert_eq!(renewed.server(), kc.server());
+        assert_eq!(renewed.namespace(), Some("team-a"));
+        let no_token = parse(&kubeconfig(
+            &format!("    certificate-authority-data: {CA}\n"),
+            &format!("    client-certificate-data: {CA}\n    client-key-data: {CA}\n"),
+        ))
+        .unwrap();
+        assert_eq!(no_token.token(), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod api;
 pub mod apply;
 pub mod backoff;
 pub mod binding_cap;
+pub mod bound_token;
 pub mod cache;
 pub mod cli;
 pub mod client;

@@ -7,7 +7,8 @@
 //!   exactly the Export's APIs (every verb kbind's syncer uses), its related Secrets/ConfigMaps
 //!   (read where the provider is the source, written only where the consumer is) and the provider's
 //!   Events (read);
-//! - **cluster-wide**, reads only: the provider's identity (the `kube-system` Namespace, by name)
+//! - **cluster-wide**, reads only: the provider's identity (the `kube-system` Namespace, or kcp's
+//!   `LogicalCluster` `cluster`, by name)
 //!   and the Export's CRDs (`get` by name; `list`/`watch` cannot be limited by name, so every CRD's
 //!   schema is readable — schemas, not data).
 //!
@@ -113,6 +114,14 @@ pub fn cluster_rules(export: &ExportSpec) -> Vec<PolicyRule> {
     let names: Vec<&str> = export.apis.iter().map(|a| a.name.as_str()).collect();
     vec![
         rule(&[""], &["namespaces"], &["get"], &["kube-system"]),
+        // kbind asks kcp's identity first (RBAC answers before the API server knows whether kcp
+        // is there); a plain Kubernetes provider answers 404.
+        rule(
+            &["core.kcp.io"],
+            &["logicalclusters"],
+            &["get"],
+            &["cluster"],
+        ),
         rule(
             &["apiextensions.k8s.io"],
             &["customresourcedefinitions"],

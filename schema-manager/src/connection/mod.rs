@@ -6,6 +6,7 @@ mod autobind;
 mod cleanup;
 pub mod heartbeat;
 pub mod outcome;
+mod renewal;
 mod schemas;
 mod secrets;
 mod status;
@@ -391,6 +392,9 @@ async fn connect(
     if let Some(source) = read_from {
         ctx.providers.watch_identity(&provider, source, connection);
     }
+    // A bound token is renewed before it expires (#51); the Secret's change then brings the new
+    // one here, verified like any credential.
+    renewal::renew_if_due(state, connection, &provider).await;
 
     // CONN-10: the heartbeat, renewed as soon as the provider's identity is verified — before
     // discovery, so that a failing discovery or autoBind never makes a live consumer look dead to

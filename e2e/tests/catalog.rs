@@ -73,7 +73,7 @@ async fn an_export_is_offered_only_while_every_api_it_names_is_exported() {
     install_crd(&provider, &crd("gadgets", "example.org", "Gadget", &[]))
         .await
         .unwrap();
-    let account = start_issuer(&mut env).await;
+    let account = start_issuer(&mut env).await.account;
 
     let exports = Api::<Export>::all(provider.clone());
     let collections = Api::<Collection>::all(provider.clone());

@@ -585,7 +585,7 @@ async fn a_bad_grant_gets_a_clear_condition_and_nothing_else_happens() {
     install_crd(&provider, &crd("gadgets", "example.org", "Gadget", &[]))
         .await
         .unwrap();
-    let issuer = start_issuer(&mut env).await;
+    let issuer = start_issuer(&mut env).await.account;
     let namespaces = Api::<Namespace>::all(provider.clone());
 
     // A Grant for an Export that does not exist: said so, nothing created; it follows when the

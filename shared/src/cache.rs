@@ -260,6 +260,19 @@ pub fn observe<K>(
     observe_modified(writer, api, config, stop, |_| {}, observer);
 }
 
+/// A watch of `api` whose events only `observer` sees (nothing is cached), until `stop`; backs
+/// off on errors like a cache's.
+pub fn observe_uncached<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    stop: CancellationToken,
+    observer: impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    drive(watcher(api, config).default_backoff(), stop, observer);
+}
+
 /// An object's namespace (`None`: cluster-scoped) and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {

@@ -134,11 +134,13 @@ where
 {
     let (store, writer) = reflector::store();
     let (triggers, boundaries) = (triggers.clone(), boundaries.clone());
-    kbind_shared::cache::observe(
+    kbind_shared::cache::observe_modified(
         writer,
         Api::<K>::all(client.clone()),
         watcher::Config::default().labels(plan::BOUNDARY_LABEL),
         stop.clone(),
+        // Who wrote which field is never compared: not kept.
+        |o| o.meta_mut().managed_fields = None,
         move |event| {
             let Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) = event else {
                 return;
@@ -159,9 +161,7 @@ pub async fn run(client: Client, metrics: kbind_shared::metrics::Metrics, stop: 
     // waiting for it).
     {
         let (triggers, boundaries) = (triggers.clone(), boundaries.clone());
-        let (_, writer) = reflector::store::<Grant>();
-        kbind_shared::cache::observe(
-            writer,
+        kbind_shared::cache::observe_uncached(
             Api::<Grant>::all(client.clone()),
             watcher::Config::default(),
             stop.clone(),

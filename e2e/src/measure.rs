@@ -55,6 +55,16 @@ pub fn cpu_seconds(pid: Option<u32>) -> f64 {
     (ticks(14) + ticks(15)) / 100.0
 }
 
+/// [`kbind_requests_by`] of the program whose `/metrics` is at `address` (empty when it does not
+/// answer).
+pub async fn kbind_requests_at(address: &str) -> BTreeMap<String, f64> {
+    let text = crate::kbind::http_get(address, "/metrics")
+        .await
+        .map(|(_, t)| t)
+        .unwrap_or_default();
+    kbind_requests_by(&text)
+}
+
 /// `kbind_api_requests_total` in a program's `/metrics` text, by `"<cluster> <verb>"`.
 pub fn kbind_requests_by(metrics: &str) -> BTreeMap<String, f64> {
     counter_by(metrics, "kbind_api_requests_total", &["cluster", "verb"])

@@ -63,17 +63,9 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_export_is_offered_only_while_every_api_it_names_is_exported() {
-    let mut env = kbind_e2e::TestEnv::start("catalog", &["provider"])
-        .await
-        .unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_issuer_chart(&provider).await;
-    install_crd(&provider, &widget_crd()).await.unwrap();
-    // Served, not exported.
-    install_crd(&provider, &crd("gadgets", "example.org", "Gadget", &[]))
-        .await
-        .unwrap();
-    let account = start_issuer(&mut env).await.account;
+    // Gadgets: served, not exported.
+    let (env, provider, issuer) = provider_with_issuer("catalog").await;
+    let account = issuer.account;
 
     let exports = Api::<Export>::all(provider.clone());
     let collections = Api::<Collection>::all(provider.clone());

@@ -76,14 +76,7 @@ async fn a_bound_token_is_renewed_in_process_while_objects_sync_and_a_hand_edit_
         .and_then(|s| s.token)
         .unwrap();
     let kubeconfig = kubeconfig_yaml("provider", cluster.server(), cluster.ca_pem(), &first, None);
-    put_secret(
-        &s.consumer,
-        "provider-kubeconfig",
-        "kubeconfig",
-        kubeconfig.as_bytes(),
-    )
-    .await
-    .unwrap();
+    put_kubeconfig(&s.consumer, "provider-kubeconfig", &kubeconfig).await;
     wait_cluster_binding_ready(&s.consumer, "widgets").await;
     ensure_namespace(&s.consumer, "team-a").await.unwrap();
     create_widget_and_wait_upstream(&s.consumer, &s.provider, "team-a", "w", 0).await;
@@ -220,14 +213,7 @@ async fn a_bound_token_is_renewed_in_process_while_objects_sync_and_a_hand_edit_
         &never_expires,
         None,
     );
-    put_secret(
-        &s.consumer,
-        "provider-kubeconfig",
-        "kubeconfig",
-        by_hand.as_bytes(),
-    )
-    .await
-    .unwrap();
+    put_kubeconfig(&s.consumer, "provider-kubeconfig", &by_hand).await;
     size += 1;
     widgets(&s.consumer, "team-a")
         .patch(

@@ -576,16 +576,8 @@ fn grants_as(client: &Client) -> Api<Grant> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_grant_gets_a_clear_condition_and_nothing_else_happens() {
-    let mut env = kbind_e2e::TestEnv::start("grants-bad", &["provider"])
-        .await
-        .unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_issuer_chart(&provider).await;
-    install_crd(&provider, &widget_crd()).await.unwrap();
-    install_crd(&provider, &crd("gadgets", "example.org", "Gadget", &[]))
-        .await
-        .unwrap();
-    let issuer = start_issuer(&mut env).await.account;
+    let (env, provider, issuer) = provider_with_issuer("grants-bad").await;
+    let issuer = issuer.account;
     let namespaces = Api::<Namespace>::all(provider.clone());
 
     // A Grant for an Export that does not exist: said so, nothing created; it follows when the

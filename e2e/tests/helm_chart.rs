@@ -1051,7 +1051,8 @@ fn the_reaper_chart_grants_only_what_its_action_needs() {
 }
 
 #[test]
-fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_the_catalogs_status() {
+fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_what_it_provisions_behind_its_fence()
+{
     let chart = chart_dir()
         .with_file_name("kbind-issuer")
         .display()
@@ -1060,19 +1061,25 @@ fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_the_catalogs_stat
         helm_ok(&["lint", "--strict", &chart, "--kube-version", KUBE_VERSION])
             .contains("0 chart(s) failed")
     );
-    let rendered = helm_ok(&[
-        "template",
-        "i",
-        &chart,
-        "--kube-version",
-        KUBE_VERSION,
-        "-n",
-        "kbind-issuer",
-    ]);
+    let render = |extra: &[&str]| {
+        let mut args = vec![
+            "template",
+            "i",
+            &chart,
+            "--kube-version",
+            KUBE_VERSION,
+            "-n",
+            "kbind-issuer",
+        ];
+        args.extend_from_slice(extra);
+        helm_ok(&args)
+    };
+    let rendered = render(&[]);
     let docs = yaml_documents(&rendered).unwrap();
     assert_runs_a_built_image(&docs);
-    // No wildcard anywhere; cluster-wide, nothing written but the catalog's status; its own
-    // namespace: its leader Lease, by name (creating one cannot be limited by name).
+    // No wildcard anywhere; cluster-wide, nothing written but the catalog's and Grants' status
+    // and what a Grant provisions; its own namespace: its leader Lease, by name (creating one
+    // cannot be limited by name).
     let rules = |kind: &str| -> Vec<serde_json::Value> {
         docs.iter()
             .filter(|d| d["kind"] == kind)
@@ -1088,22 +1095,63 @@ fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_the_catalogs_stat
             );
         }
     }
+    let mut writes = std::collections::BTreeSet::new();
     for rule in rules("ClusterRole") {
-        let writes: Vec<&serde_json::Value> = rule["verbs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|v| !reads.contains(&v.as_str().unwrap()))
-            .collect();
-        if !writes.is_empty() {
-            assert_eq!(writes, [&serde_json::json!("patch")], "{rule}");
-            assert_eq!(
-                rule["resources"],
-                serde_json::json!(["exports/status", "collections/status"]),
-                "{rule}"
-            );
+        for verb in rule["verbs"].as_array().unwrap() {
+            let verb = verb.as_str().unwrap();
+            if reads.contains(&verb) {
+                continue;
+            }
+            for resource in rule["resources"].as_array().unwrap() {
+                writes.insert(format!("{} {verb}", resource.as_str().unwrap()));
+            }
         }
     }
+    let mut expected = std::collections::BTreeSet::new();
+    for status in ["exports/status", "collections/status", "grants/status"] {
+        expected.insert(format!("{status} patch"));
+    }
+    for resource in ["namespaces", "serviceaccounts"] {
+        for verb in ["create", "patch"] {
+            expected.insert(format!("{resource} {verb}"));
+        }
+    }
+    for resource in [
+        "roles",
+        "rolebindings",
+        "clusterroles",
+        "clusterrolebindings",
+    ] {
+        for verb in ["create", "patch", "delete"] {
+            expected.insert(format!("{resource} {verb}"));
+        }
+    }
+    for resource in ["roles", "clusterroles"] {
+        for verb in ["escalate", "bind"] {
+            expected.insert(format!("{resource} {verb}"));
+        }
+    }
+    assert_eq!(writes, expected);
+    // Those rights behind the admission fence, on by default, matching the issuer's account.
+    let fence: Vec<&serde_json::Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .collect();
+    assert_eq!(fence.len(), 1, "{rendered}");
+    assert!(
+        fence[0]["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains("system:serviceaccount:kbind-issuer:i-kbind-issuer"),
+        "{:#}",
+        fence[0]
+    );
+    assert!(
+        docs.iter()
+            .any(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+    );
+    let unfenced = render(&["--set", "admissionFence=false"]);
+    assert!(!unfenced.contains("ValidatingAdmissionPolicy"));
     for rule in rules("Role") {
         assert_eq!(rule["resources"], serde_json::json!(["leases"]), "{rule}");
         if rule["verbs"] != serde_json::json!(["create"]) {

@@ -124,34 +124,48 @@ pub async fn run(
     Ok((bundle, note))
 }
 
-/// Waits until the Grant's status describes its generation; its `Issued` condition then decides.
-async fn issued(grants: &Api<Grant>, name: &str) -> Result<Grant, String> {
+/// Calls `look` every 200 ms until it answers, for at most [`WAIT`]; `waiting_for` says what
+/// did not come.
+async fn poll<T, F, Fut>(waiting_for: &str, mut look: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, String>>,
+{
     let started = std::time::Instant::now();
     loop {
+        if let Some(found) = look().await? {
+            return Ok(found);
+        }
+        if started.elapsed() > WAIT {
+            return Err(format!("{waiting_for} within {}s", WAIT.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the Grant's status describes its generation; its `Issued` condition then decides.
+async fn issued(grants: &Api<Grant>, name: &str) -> Result<Grant, String> {
+    let waiting_for =
+        format!("Grant {name} was not looked at: is kbind-issuer running on this provider?");
+    let grant = poll(&waiting_for, || async {
         let grant = grants
             .get(name)
             .await
             .map_err(|e| format!("read Grant {name}: {e}"))?;
         let status = grant.status.as_ref();
-        if status.and_then(|s| s.observed_generation) == grant.metadata.generation
-            && let Some(c) = status
-                .and_then(|s| kbind_shared::conditions::find(&s.conditions, plan::types::ISSUED))
-        {
-            if c.status == "True" {
-                return Ok(grant);
-            }
-            return Err(format!(
-                "Grant {name} is not issued ({}): {}",
-                c.reason, c.message
-            ));
+        let current = status.and_then(|s| s.observed_generation) == grant.metadata.generation;
+        let said = status
+            .and_then(|s| kbind_shared::conditions::find(&s.conditions, plan::types::ISSUED))
+            .filter(|_| current)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+        Ok(said.map(|said| (grant, said)))
+    })
+    .await?;
+    match grant {
+        (grant, (status, _, _)) if status == "True" => Ok(grant),
+        (_, (_, reason, message)) => {
+            Err(format!("Grant {name} is not issued ({reason}): {message}"))
         }
-        if started.elapsed() > WAIT {
-            return Err(format!(
-                "Grant {name} was not looked at within {}s: is kbind-issuer running on this provider?",
-                WAIT.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -201,23 +215,22 @@ async fn long_lived_token(
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(format!("create {boundary}/{TOKEN_SECRET}: {e}")),
     }
-    let started = std::time::Instant::now();
-    loop {
+    let waiting_for = format!(
+        "{boundary}/{TOKEN_SECRET} got no token: is the provider's token controller running?"
+    );
+    poll(&waiting_for, || async {
         let secret = secrets
             .get(TOKEN_SECRET)
             .await
             .map_err(|e| format!("read {boundary}/{TOKEN_SECRET}: {e}"))?;
-        if let Some(token) = secret.data.as_ref().and_then(|d| d.get("token")) {
-            return String::from_utf8(token.0.clone()).map_err(|e| e.to_string());
-        }
-        if started.elapsed() > WAIT {
-            return Err(format!(
-                "{boundary}/{TOKEN_SECRET} got no token within {}s: is the provider's token controller running?",
-                WAIT.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("token"))
+            .map(|t| String::from_utf8(t.0.clone()).map_err(|e| e.to_string()))
+            .transpose()
+    })
+    .await
 }
 
 /// DER certificates as PEM.

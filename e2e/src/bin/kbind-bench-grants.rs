@@ -17,8 +17,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kbind_e2e::TestEnv;
 use kbind_e2e::fixtures::*;
-use kbind_e2e::kbind::http_get;
-use kbind_e2e::measure::{cpu_seconds, kbind_requests_by, rss_mib};
+use kbind_e2e::measure::{cpu_seconds, kbind_requests_at, rss_mib};
 use kbind_provider::issuer::{plan, rbac};
 use kbind_shared::api::iam::Grant;
 use kube::Api;
@@ -59,14 +58,6 @@ fn issued(grant: &Grant) -> bool {
     status.observed_generation == grant.metadata.generation
         && kbind_shared::conditions::find(&status.conditions, plan::types::ISSUED)
             .is_some_and(|c| c.status == "True")
-}
-
-async fn issuer_requests(metrics: &str) -> BTreeMap<String, f64> {
-    let text = http_get(metrics, "/metrics")
-        .await
-        .map(|(_, t)| t)
-        .unwrap_or_default();
-    kbind_requests_by(&text)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -155,7 +146,7 @@ async fn main() {
 
     // A burst: every Grant created at once, watched until issued.
     let cpu_before = cpu_seconds(pid);
-    let requests_before = issuer_requests(&issuer.metrics).await;
+    let requests_before = kbind_requests_at(&issuer.metrics).await;
     let created_at: std::sync::Arc<std::sync::Mutex<BTreeMap<String, Instant>>> =
         Default::default();
     let watching = {
@@ -215,7 +206,7 @@ async fn main() {
     let all = started.elapsed().as_secs_f64();
     lags.sort_by(f64::total_cmp);
     let cpu = cpu_seconds(pid) - cpu_before;
-    let requests_after = issuer_requests(&issuer.metrics).await;
+    let requests_after = kbind_requests_at(&issuer.metrics).await;
     let burst_requests: f64 =
         requests_after.values().sum::<f64>() - requests_before.values().sum::<f64>();
     println!(
@@ -239,19 +230,21 @@ async fn main() {
     );
 
     // At rest.
-    let before = issuer_requests(&issuer.metrics).await;
+    let before = kbind_requests_at(&issuer.metrics).await;
     let cpu_before = cpu_seconds(pid);
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
-    let after = issuer_requests(&issuer.metrics).await;
+    let after = kbind_requests_at(&issuer.metrics).await;
     let grown: BTreeMap<&String, f64> = after
         .iter()
         .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0.0)))
         .filter(|(_, v)| *v > 0.0)
         .collect();
+    let rss_rest = rss_mib(pid);
     println!(
-        "at rest for {} s with {total} Grants: the issuer's requests {grown:?} (its leader Lease only is the goal), CPU {:.2} s",
+        "at rest for {} s with {total} Grants: the issuer's requests {grown:?} (its leader Lease only is the goal), CPU {:.2} s; RSS then {rss_rest:.1} MiB ({:.2} KiB per Grant)",
         args.idle_secs,
-        cpu_seconds(pid) - cpu_before
+        cpu_seconds(pid) - cpu_before,
+        (rss_rest - rss_empty) * 1024.0 / total as f64
     );
     let listed = grants.list(&ListParams::default()).await.unwrap().items;
     println!(

@@ -16,8 +16,7 @@ use clap::Parser;
 use futures::StreamExt;
 use kbind_e2e::cluster::{ensure_namespace, free_port};
 use kbind_e2e::fixtures::*;
-use kbind_e2e::kbind::http_get;
-use kbind_e2e::measure::{grown, kbind_requests_by};
+use kbind_e2e::measure::{grown, kbind_requests_at};
 use kbind_e2e::{TestEnv, eventually};
 use kbind_shared::api::reaper::ReaperPolicy;
 use kbind_shared::keys;
@@ -70,15 +69,6 @@ async fn renew(provider: &Client, i: usize) {
             &Patch::Apply(&body),
         )
         .await;
-}
-
-/// The reaper's requests so far, by `"<verb>"` (its client counts them under `consumer`).
-async fn reaper_requests(metrics: &str) -> BTreeMap<String, f64> {
-    let text = http_get(metrics, "/metrics")
-        .await
-        .map(|(_, t)| t)
-        .unwrap_or_default();
-    kbind_requests_by(&text)
 }
 
 fn total(requests: &BTreeMap<String, f64>) -> f64 {
@@ -253,7 +243,7 @@ async fn main() {
         let now = sweeps(&provider).await;
         if now != last {
             last = now;
-            let requests = reaper_requests(&metrics).await;
+            let requests = kbind_requests_at(&metrics).await;
             match &first {
                 None => first = Some(requests),
                 Some(start) => {
@@ -278,7 +268,7 @@ async fn main() {
 
     // Some die: everything of theirs is deleted.
     let died = Instant::now();
-    let before = reaper_requests(&metrics).await;
+    let before = kbind_requests_at(&metrics).await;
     for a in alive.iter().take(args.dead) {
         a.store(false, std::sync::atomic::Ordering::Relaxed);
     }
@@ -317,7 +307,7 @@ async fn main() {
         .await
         .unwrap();
     }
-    let reaping = grown(&before, &reaper_requests(&metrics).await);
+    let reaping = grown(&before, &kbind_requests_at(&metrics).await);
     let deleted = dead_objects + args.dead;
     println!(
         "reaping: {dead_objects} copies and {} namespaces gone {:.0}s after their consumers died (staleAfter {stale_after}s, {} deletes/min)",

@@ -13,7 +13,7 @@ use kbind_shared::api::iam::Grant;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -212,11 +212,17 @@ pub async fn run(client: Client, metrics: kbind_shared::metrics::Metrics, stop: 
     }
     kbind_shared::metrics::Metrics::init_counters(&metrics.reconcile_errors_total, "grant", &STEPS);
 
-    let controller = Controller::new(
+    // The Grants, kept without who wrote which field (never read).
+    let (grants, writer) = reflector::store();
+    let stream = watcher::watcher(
         Api::<Grant>::all(client.clone()),
         watcher::Config::default(),
-    );
-    let grants = controller.store();
+    )
+    .modify(|g| g.metadata.managed_fields = None)
+    .default_backoff()
+    .reflect(writer)
+    .touched_objects();
+    let controller = Controller::for_stream(stream, grants.clone());
     let naming = grants.clone();
     let issuer = Arc::new(Issuer {
         client,

@@ -23,7 +23,7 @@ use kbind_shared::identity::{IdentityError, cluster_identity_and_source};
 use kbind_shared::keys;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -453,20 +453,15 @@ async fn connect(
                     humantime::format_duration(ctx.settings.autobind_grace_period)
                 );
                 tracing::info!(connection = %name, %api, "autoBind dropped an API after its grace period");
-                let event = Event {
-                    type_: EventType::Warning,
-                    reason: "AutoBindDropped".into(),
-                    note: Some(note),
-                    action: "AutoBind".into(),
-                    secondary: None,
-                };
-                if let Err(e) = state
-                    .recorder
-                    .publish(&event, &connection.object_ref(&()))
-                    .await
-                {
-                    tracing::debug!(error = %e, "cannot publish Event");
-                }
+                state
+                    .event(
+                        connection,
+                        EventType::Warning,
+                        "AutoBindDropped",
+                        "AutoBind",
+                        &note,
+                    )
+                    .await;
             }
         }
         Err(message) => {

@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use kbind_shared::api::Connection;
 use kbind_shared::bound_token::{self, Claims};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType};
-use kube::{Api, Resource, ResourceExt};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
 
 use super::status::State;
 use crate::providers::Provider;
@@ -105,20 +105,9 @@ pub(super) async fn renew_if_due(
     } else {
         return outcome;
     }
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(kbind_shared::conditions::bounded(&note, 1000)),
-        action: "RenewCredential".into(),
-        secondary: None,
-    };
-    if let Err(e) = state
-        .recorder
-        .publish(&event, &connection.object_ref(&()))
-        .await
-    {
-        tracing::debug!(error = %e, "cannot publish Event");
-    }
+    state
+        .event(connection, type_, reason, "RenewCredential", &note)
+        .await;
     outcome
 }
 

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use kbind_shared::api::{Connection, ConnectionStatus};
 use kbind_shared::identity::IdentityError;
 use kube::api::PostParams;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 
 use super::outcome;
 use super::secrets::SecretWatches;
@@ -57,6 +57,30 @@ pub(super) struct State {
     pub(super) recorder: Recorder,
 }
 
+impl State {
+    /// Publishes an Event of `type_` on `connection` (a failure to publish is only logged).
+    pub(super) async fn event(
+        &self,
+        connection: &Connection,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
+        let event = kube::runtime::events::Event {
+            type_,
+            reason: reason.into(),
+            note: Some(kbind_shared::conditions::bounded(note, 1000)),
+            action: action.into(),
+            secondary: None,
+        };
+        let reference = kube::Resource::object_ref(connection, &());
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %e, "cannot publish Event");
+        }
+    }
+}
+
 /// CONN-12, without QRK-1: any status change is written (optimistically locked on the
 /// resourceVersion the reconcile read), and each condition transition becomes an Event.
 pub(super) async fn write_status(
@@ -75,28 +99,19 @@ pub(super) async fn write_status(
         .replace_status(&connection.name_any(), &PostParams::default(), &updated)
         .await
         .map_err(Error::Consumer)?;
-    let reference = connection.object_ref(&());
     for condition in transitions {
-        let event = Event {
-            type_: if outcome::is_healthy(&condition) {
-                EventType::Normal
-            } else {
-                EventType::Warning
-            },
-            reason: condition.reason.clone(),
-            note: Some(kbind_shared::conditions::bounded(
-                &format!(
-                    "{} is {}: {}",
-                    condition.type_, condition.status, condition.message
-                ),
-                1000,
-            )),
-            action: "Reconcile".into(),
-            secondary: None,
+        let type_ = if outcome::is_healthy(&condition) {
+            EventType::Normal
+        } else {
+            EventType::Warning
         };
-        if let Err(e) = state.recorder.publish(&event, &reference).await {
-            tracing::debug!(error = %e, "cannot publish Event");
-        }
+        let note = format!(
+            "{} is {}: {}",
+            condition.type_, condition.status, condition.message
+        );
+        state
+            .event(connection, type_, &condition.reason, "Reconcile", &note)
+            .await;
     }
     Ok(())
 }

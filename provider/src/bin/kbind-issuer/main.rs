@@ -12,6 +12,11 @@ use kbind_shared::{leader, process};
 
 const PROGRAM: &str = "kbind-issuer";
 
+/// jemalloc, as in the syncer: a burst of Grants replaces cached objects while their watch events
+/// and writes come and go, and the C library's heap keeps the pages that churn leaves behind.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// kbind's provider-side issuer: runs on a PROVIDER cluster and keeps its catalog (Exports,
 /// Collections) true to what the provider exports.
 #[derive(Parser, Debug)]

@@ -638,6 +638,19 @@ async fn a_bad_grant_gets_a_clear_condition_and_nothing_else_happens() {
             .is_none()
     );
 
+    // A Grant's consumer and Export never change (the old boundary's credential would stay).
+    let edit = Api::<Grant>::all(provider.clone())
+        .patch(
+            "early",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "consumer": { "identity": "mallory" } } })),
+        )
+        .await;
+    match edit {
+        Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("immutable") => {}
+        other => panic!("a Grant's consumer was edited: {other:?}"),
+    }
+
     // Two Grants for one consumer and Export: the second waits, and holds the boundary once the
     // first is gone.
     apply_grant(&provider, "first", "carol", "widgets").await;

@@ -351,17 +351,17 @@ pub fn objects(
     }
 }
 
-/// The namespaces of `boundary` among `labelled` (namespace names carrying its label): those
-/// named `<boundary>-…`, the boundary itself excluded.
+/// The namespaces of `boundary` among `labelled` (each namespace's name and its boundary label):
+/// those labelled with it and named `<boundary>-…`, the boundary itself excluded.
 pub fn namespaces_of<'a>(
     boundary: &str,
-    labelled: impl IntoIterator<Item = &'a str>,
+    labelled: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Vec<String> {
     let prefix = format!("{boundary}-");
     let mut out: Vec<String> = labelled
         .into_iter()
-        .filter(|n| n.starts_with(&prefix))
-        .map(str::to_owned)
+        .filter(|(name, label)| *label == boundary && name.starts_with(&prefix))
+        .map(|(name, _)| name.to_owned())
         .collect();
     out.sort();
     out

@@ -282,14 +282,20 @@ async fn reconcile(grant: Arc<Grant>, issuer: Arc<Issuer>) -> Result<Action, Err
         }
     }
     if let Decision::Provision { export, .. } = &decision {
-        let labelled: Vec<String> = issuer
+        let labelled: Vec<(String, String)> = issuer
             .owned
             .namespaces
             .state()
             .iter()
-            .map(|n| n.name_any())
+            .map(|n| {
+                let label = n.labels().get(plan::BOUNDARY_LABEL).cloned();
+                (n.name_any(), label.unwrap_or_default())
+            })
             .collect();
-        let of = plan::namespaces_of(&boundary, labelled.iter().map(String::as_str));
+        let of = plan::namespaces_of(
+            &boundary,
+            labelled.iter().map(|(n, l)| (n.as_str(), l.as_str())),
+        );
         let (wanted, unwanted) =
             plan::objects((&name, &uid), &boundary, *export, grant.spec.revoked, &of);
         issuer.converge(&wanted, &unwanted).await?;

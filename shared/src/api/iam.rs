@@ -41,6 +41,7 @@ pub const IAM_GROUP: &str = "iam.kbind.io";
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = schema::grant_target_immutable)]
 pub struct GrantSpec {
     /// The Export the credentials are for.
     #[schemars(transform = schema::object_name)]

@@ -32,6 +32,17 @@ pub fn immutable_secret_ref(schema: &mut Schema) {
     );
 }
 
+/// A Grant is one consumer's credential for one Export: its Export and consumer never change
+/// (an edit would leave the old boundary's credential working under a Grant that no longer names
+/// it).
+pub fn grant_target_immutable(schema: &mut Schema) {
+    add_rule(
+        schema,
+        "self.export == oldSelf.export && self.consumer == oldSelf.consumer",
+        "export and consumer are immutable: a Grant is one consumer's credential for one Export (create another Grant instead)",
+    );
+}
+
 /// API-C6: a pinned cluster UID never changes, and cannot be dropped to get around that either
 /// (a transition rule on the field itself would not run when the field is removed).
 pub fn pinned_uids_immutable(schema: &mut Schema) {

@@ -231,13 +231,15 @@ fn a_grant_has_its_account_roles_and_bindings_and_a_revoked_one_loses_only_the_b
 }
 
 #[test]
-fn the_namespaces_of_a_boundary_are_named_after_it() {
+fn the_namespaces_of_a_boundary_are_named_after_it_and_labelled_with_it() {
     let labelled = [
-        B,
-        "kbind-0123456789-team-a",
-        "kbind-01234567890",
-        "other",
-        "kbind-0123456789-b",
+        (B, B),
+        ("kbind-0123456789-team-a", B),
+        ("kbind-01234567890", B),
+        ("other", B),
+        ("kbind-0123456789-b", B),
+        // Named like one of it, labelled with another boundary: not its.
+        ("kbind-0123456789-c", "kbind-9999999999"),
     ];
     assert_eq!(
         namespaces_of(B, labelled),

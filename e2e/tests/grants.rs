@@ -236,16 +236,61 @@ async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing
         1
     );
 
-    // A namespace of the boundary (where a consumer's copies live) gets the sync rules.
+    // A namespace of the boundary (where a consumer's copies live), created with the credential
+    // itself — the only kind of namespace the issuer chart's admission policy lets it create —
+    // gets the sync rules.
     let team = format!("{boundary}-team-a");
-    Api::<Namespace>::all(provider.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": {
-                "name": team, "labels": { plan::BOUNDARY_LABEL: boundary },
-            } }))
-            .unwrap(),
-        )
+    let as_consumer = Api::<Namespace>::all(consumer.clone());
+    let named = |name: &str, label: Option<&str>| -> Namespace {
+        let mut meta = json!({ "name": name });
+        if let Some(label) = label {
+            meta["labels"] = json!({ plan::BOUNDARY_LABEL: label });
+        }
+        serde_json::from_value(json!({ "metadata": meta })).unwrap()
+    };
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    // (The API server compiles a new policy in the background: refusals are awaited.)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match as_consumer
+            .create(&dry_run, &named("elsewhere", Some(&boundary)))
+            .await
+        {
+            Err(kube::Error::Api(s))
+                if s.code == 403 && s.message.contains("may only create namespaces named") =>
+            {
+                break;
+            }
+            other if Instant::now() > deadline => {
+                panic!("the boundaries policy refused nothing after 60 s: {other:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let other = rbac::boundary("someone else", None, "widgets");
+    for (what, namespace) in [
+        (
+            "a namespace of the boundary without its label",
+            named(&format!("{boundary}-x"), None),
+        ),
+        (
+            "a namespace of the boundary labelled with another",
+            named(&format!("{boundary}-x"), Some(&other)),
+        ),
+        (
+            "a namespace of another boundary",
+            named(&format!("{other}-x"), Some(&other)),
+        ),
+    ] {
+        if let Err(e) = forbidden(as_consumer.create(&dry_run, &namespace).await) {
+            panic!("{what}: {e}");
+        }
+    }
+    as_consumer
+        .create(&PostParams::default(), &named(&team, Some(&boundary)))
         .await
         .unwrap();
     let bindings = Api::<RoleBinding>::namespaced(provider.clone(), &team);
@@ -265,6 +310,7 @@ async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing
     let cluster: Rules<'_> = &[
         ("", "namespaces", &["get"], "kube-system"),
         ("core.kcp.io", "logicalclusters", &["get"], "cluster"),
+        ("", "namespaces", &["create"], ""),
         (
             "apiextensions.k8s.io",
             "customresourcedefinitions",

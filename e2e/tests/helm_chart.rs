@@ -1133,11 +1133,21 @@ fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_what_it_provision
     }
     assert_eq!(writes, expected);
     // Those rights behind the admission fence, on by default, matching the issuer's account.
-    let fence: Vec<&serde_json::Value> = docs
-        .iter()
-        .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
-        .collect();
+    let policy = |name: &str| {
+        docs.iter()
+            .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
+            .filter(|d| {
+                d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .ends_with(name)
+            })
+            .collect::<Vec<_>>()
+    };
+    let fence = policy("-fence");
     assert_eq!(fence.len(), 1, "{rendered}");
+    // The consumers' namespace policy is always there: the Grants' `create namespaces` needs it.
+    assert_eq!(policy("-boundaries").len(), 1, "{rendered}");
     assert!(
         fence[0]["spec"]["matchConditions"][0]["expression"]
             .as_str()
@@ -1151,7 +1161,8 @@ fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_what_it_provision
             .any(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
     );
     let unfenced = render(&["--set", "admissionFence=false"]);
-    assert!(!unfenced.contains("ValidatingAdmissionPolicy"));
+    assert!(!unfenced.contains("-fence"));
+    assert!(unfenced.contains("-boundaries"));
     for rule in rules("Role") {
         assert_eq!(rule["resources"], serde_json::json!(["leases"]), "{rule}");
         if rule["verbs"] != serde_json::json!(["create"]) {

@@ -7,12 +7,13 @@
 //!   exactly the Export's APIs (every verb kbind's syncer uses), its related Secrets/ConfigMaps
 //!   (read where the provider is the source, written only where the consumer is) and the provider's
 //!   Events (read);
-//! - **cluster-wide**, reads only: the provider's identity (the `kube-system` Namespace, or kcp's
-//!   `LogicalCluster` `cluster`, by name)
+//! - **cluster-wide**: creating namespaces of its own boundary (`<boundary>-…`, labelled with it:
+//!   the issuer chart's admission policy refuses anything else), and reads: the provider's
+//!   identity (the `kube-system` Namespace, or kcp's `LogicalCluster` `cluster`, by name)
 //!   and the Export's CRDs (`get` by name; `list`/`watch` cannot be limited by name, so every CRD's
 //!   schema is readable — schemas, not data).
 //!
-//! No wildcard anywhere; nothing written outside the boundary's namespaces.
+//! No wildcard anywhere; nothing written outside the boundary's namespaces but those namespaces.
 
 use std::collections::BTreeSet;
 
@@ -122,6 +123,9 @@ pub fn cluster_rules(export: &ExportSpec) -> Vec<PolicyRule> {
             &["get"],
             &["cluster"],
         ),
+        // A namespace of its own boundary for each consumer namespace with copies: the issuer
+        // chart's admission policy (`boundaries.yaml`) refuses any other name or label.
+        rule(&[""], &["namespaces"], &["create"], &[]),
         rule(
             &["apiextensions.k8s.io"],
             &["customresourcedefinitions"],
@@ -231,10 +235,14 @@ mod tests {
             .expect("a token rule");
         assert_eq!(token.resource_names, Some(vec![SERVICE_ACCOUNT.to_owned()]));
         assert_eq!(token.verbs, ["create"]);
-        // Cluster-wide: reads only.
+        // Cluster-wide: reads, and creating namespaces (the admission policy keeps those to the
+        // boundary's own).
         for r in cluster_rules(&spec) {
+            let namespaces = r.resources.as_deref() == Some(&["namespaces".to_owned()][..]);
             assert!(
-                r.verbs.iter().all(|v| READ_VERBS.contains(&v.as_str())),
+                r.verbs
+                    .iter()
+                    .all(|v| READ_VERBS.contains(&v.as_str()) || (namespaces && v == "create")),
                 "{r:?}"
             );
         }

@@ -155,6 +155,26 @@ fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> Result<(), S
     }
 }
 
+/// Tries `attempt` until the API server refuses it with a 403 whose message contains `says` — an
+/// admission policy is compiled in the background after it is created; panics after 60 s.
+async fn until_refused<T, F, Fut>(what: &str, says: &str, mut attempt: F)
+where
+    T: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match attempt().await {
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(says) => return,
+            other if Instant::now() > deadline => {
+                panic!("{what} refused nothing after 60 s: {other:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 fn widgets(client: &Client, namespace: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), namespace, &widget_resource())
 }
@@ -253,23 +273,13 @@ async fn a_grants_credential_may_do_its_exports_work_in_its_boundary_and_nothing
         ..PostParams::default()
     };
     // (The API server compiles a new policy in the background: refusals are awaited.)
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match as_consumer
-            .create(&dry_run, &named("elsewhere", Some(&boundary)))
-            .await
-        {
-            Err(kube::Error::Api(s))
-                if s.code == 403 && s.message.contains("may only create namespaces named") =>
-            {
-                break;
-            }
-            other if Instant::now() > deadline => {
-                panic!("the boundaries policy refused nothing after 60 s: {other:?}")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    let elsewhere = named("elsewhere", Some(&boundary));
+    until_refused(
+        "the boundaries policy",
+        "may only create namespaces named",
+        || as_consumer.create(&dry_run, &elsewhere),
+    )
+    .await;
     let other = rbac::boundary("someone else", None, "widgets");
     for (what, namespace) in [
         (
@@ -717,27 +727,14 @@ async fn a_bad_grant_gets_a_clear_condition_and_nothing_else_happens() {
 
     // The admission fence: the issuer's own account may not write what it did not create.
     let as_issuer = client_for(&issuer.kubeconfig).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let attempt = Api::<Namespace>::all(as_issuer.clone())
-            .patch(
-                &taken,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "labels": { plan::BOUNDARY_LABEL: taken } } })),
-            )
-            .await;
-        match attempt {
-            Err(kube::Error::Api(s))
-                if s.code == 403 && s.message.contains("kbind-issuer may only write") =>
-            {
-                break;
-            }
-            other if Instant::now() > deadline => {
-                panic!("the issuer's fence refused nothing after 60 s: {other:?}")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    let label = json!({ "metadata": { "labels": { plan::BOUNDARY_LABEL: taken } } });
+    let label = Patch::Merge(label);
+    let issuer_namespaces = Api::<Namespace>::all(as_issuer.clone());
+    let params = PatchParams::default();
+    until_refused("the issuer's fence", "kbind-issuer may only write", || {
+        issuer_namespaces.patch(&taken, &params, &label)
+    })
+    .await;
 
     // At rest: the issuer writes nothing but its leader Lease.
     let writes = |env: &kbind_e2e::TestEnv| {

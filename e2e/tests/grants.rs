@@ -694,6 +694,35 @@ async fn a_bad_grant_gets_a_clear_condition_and_nothing_else_happens() {
             .is_none()
     );
 
+    // An object a Grant needs, created by someone else under its name: never taken over.
+    let dave = rbac::boundary("dave", None, "widgets");
+    let roles = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(provider.clone());
+    let foreign: k8s_openapi::api::rbac::v1::ClusterRole = serde_json::from_value(json!({
+        "metadata": { "name": plan::cluster_role(&dave) },
+        "rules": [{ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"] }],
+    }))
+    .unwrap();
+    let before = roles
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    apply_grant(&provider, "dave", "dave", "widgets").await;
+    wait_issued(
+        &provider,
+        "dave",
+        plan::reasons::OBJECT_TAKEN,
+        &format!(
+            "ClusterRole {} exists and was not created by kbind-issuer",
+            plan::cluster_role(&dave)
+        ),
+    )
+    .await;
+    let after = roles.get(&plan::cluster_role(&dave)).await.unwrap();
+    assert_eq!(after.metadata.resource_version, before);
+    assert_eq!(after.metadata.labels, None);
+
     // A Grant's consumer and Export never change (the old boundary's credential would stay).
     let edit = Api::<Grant>::all(provider.clone())
         .patch(

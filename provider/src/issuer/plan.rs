@@ -53,6 +53,9 @@ pub mod reasons {
     pub const BOUNDARY_TAKEN: &str = "BoundaryTaken";
     /// Another Grant holds the boundary.
     pub const BOUNDARY_CLAIMED: &str = "BoundaryClaimed";
+    /// An object the Grant needs (a ServiceAccount, role or binding of its name) exists and the
+    /// issuer did not create it.
+    pub const OBJECT_TAKEN: &str = "ObjectTaken";
     /// `spec.revoked`.
     pub const REVOKED: &str = "Revoked";
 }

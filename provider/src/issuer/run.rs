@@ -23,6 +23,9 @@ use crate::status::{FIELD_MANAGER, Written, now, write_status};
 
 /// How soon a failed reconcile is tried again.
 const RETRY: Duration = Duration::from_secs(5);
+/// How often a Grant one of whose objects someone else holds looks again (that object is not in
+/// the issuer's caches, so its removal triggers nothing).
+const TAKEN_RECHECK: Duration = Duration::from_secs(30);
 
 /// A failed reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +125,7 @@ fn owned_cache<K>(
     stop: &CancellationToken,
     triggers: &Triggers,
     boundaries: &Boundaries,
+    selector: &str,
 ) -> Store<K>
 where
     K: Resource<DynamicType = ()>
@@ -137,7 +141,7 @@ where
     kbind_shared::cache::observe_modified(
         writer,
         Api::<K>::all(client.clone()),
-        watcher::Config::default().labels(plan::BOUNDARY_LABEL),
+        watcher::Config::default().labels(selector),
         stop.clone(),
         // Who wrote which field is never compared: not kept.
         |o| o.meta_mut().managed_fields = None,
@@ -174,13 +178,21 @@ pub async fn run(client: Client, metrics: kbind_shared::metrics::Metrics, stop: 
             },
         );
     }
+    let written = format!(
+        "{},{}={}",
+        plan::BOUNDARY_LABEL,
+        plan::MANAGED_BY_LABEL,
+        plan::MANAGED_BY
+    );
     let owned = Owned {
-        namespaces: owned_cache(&client, &stop, &triggers, &boundaries),
-        accounts: owned_cache(&client, &stop, &triggers, &boundaries),
-        roles: owned_cache(&client, &stop, &triggers, &boundaries),
-        role_bindings: owned_cache(&client, &stop, &triggers, &boundaries),
-        cluster_roles: owned_cache(&client, &stop, &triggers, &boundaries),
-        cluster_role_bindings: owned_cache(&client, &stop, &triggers, &boundaries),
+        // Boundaries and the namespaces of them (a consumer creates those: not the issuer's).
+        namespaces: owned_cache(&client, &stop, &triggers, &boundaries, plan::BOUNDARY_LABEL),
+        // The rest: only what the issuer wrote — nothing else is compared, updated or deleted.
+        accounts: owned_cache(&client, &stop, &triggers, &boundaries, &written),
+        roles: owned_cache(&client, &stop, &triggers, &boundaries, &written),
+        role_bindings: owned_cache(&client, &stop, &triggers, &boundaries, &written),
+        cluster_roles: owned_cache(&client, &stop, &triggers, &boundaries, &written),
+        cluster_role_bindings: owned_cache(&client, &stop, &triggers, &boundaries, &written),
     };
     let (exports, writer) = reflector::store::<Export>();
     let (export_changed, export_changes) = futures::channel::mpsc::unbounded::<String>();
@@ -272,6 +284,7 @@ async fn reconcile(grant: Arc<Grant>, issuer: Arc<Issuer>) -> Result<Action, Err
     let cached = issuer.owned.namespaces.get(&ObjectRef::new(&boundary));
     let claim = issuer.claim(&name, &uid, &boundary, cached.as_deref());
     let mut decision = plan::decide(claim, &offer, &boundary);
+    let mut retry = None;
     if let Decision::Provision { claim, .. } = &decision
         && let Some(found) = issuer.hold_boundary(&name, &uid, &boundary, claim).await?
     {
@@ -298,7 +311,13 @@ async fn reconcile(grant: Arc<Grant>, issuer: Arc<Issuer>) -> Result<Action, Err
         );
         let (wanted, unwanted) =
             plan::objects((&name, &uid), &boundary, *export, grant.spec.revoked, &of);
-        issuer.converge(&wanted, &unwanted).await?;
+        if let Some(taken) = issuer.converge(&wanted, &unwanted).await? {
+            decision = Decision::Refuse {
+                reason: plan::reasons::OBJECT_TAKEN,
+                message: taken,
+            };
+            retry = Some(TAKEN_RECHECK);
+        }
     }
     let status = plan::status(&grant, &boundary, &decision, &offer, &now());
     let key = format!("grant/{name}");
@@ -316,7 +335,7 @@ async fn reconcile(grant: Arc<Grant>, issuer: Arc<Issuer>) -> Result<Action, Err
             })?;
         issuer.written.wrote(&key, version.as_ref(), &status);
     }
-    Ok(Action::await_change())
+    Ok(retry.map_or_else(Action::await_change, Action::requeue))
 }
 
 impl Issuer {
@@ -390,26 +409,23 @@ impl Issuer {
         &self,
         wanted: &[plan::Object],
         unwanted: &[plan::Object],
-    ) -> Result<(), Error> {
+    ) -> Result<Option<String>, Error> {
         for object in wanted {
             let cached = self
                 .owned
                 .get(object.kind, object.namespace.as_deref(), &object.name);
-            if cached.is_some_and(|c| plan::holds(&c, &object.body)) {
-                continue;
+            match cached {
+                Some(cached) if plan::holds(&cached, &object.body) => continue,
+                // The issuer's own (the cache holds only what it labelled): brought in line.
+                Some(_) => self.apply(object).await?,
+                // Created, never over what stands there: one of the issuer's that the cache does
+                // not show yet is brought in line; anyone else's is left alone and named.
+                None => {
+                    if let Some(taken) = self.create(object).await? {
+                        return Ok(Some(taken));
+                    }
+                }
             }
-            self.api(object)
-                .patch(
-                    &object.name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&object.body),
-                )
-                .await
-                .map_err(|source| Error {
-                    what: format!("applying {:?} {}", object.kind, path(object)),
-                    step: "apply",
-                    source,
-                })?;
         }
         for object in unwanted {
             if self
@@ -435,7 +451,68 @@ impl Issuer {
                 }
             }
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// One server-side apply of `object` as the issuer (it is the issuer's).
+    async fn apply(&self, object: &plan::Object) -> Result<(), Error> {
+        self.api(object)
+            .patch(
+                &object.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&object.body),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|source| Error {
+                what: format!("applying {:?} {}", object.kind, path(object)),
+                step: "apply",
+                source,
+            })
+    }
+
+    /// Creates `object`; if one of that name exists, applies over it only when it is the
+    /// issuer's (labelled so, for this boundary), else returns what stands there.
+    async fn create(&self, object: &plan::Object) -> Result<Option<String>, Error> {
+        let api = self.api(object);
+        let failed = |source| Error {
+            what: format!("creating {:?} {}", object.kind, path(object)),
+            step: "apply",
+            source,
+        };
+        let body: DynamicObject = serde_json::from_value(object.body.clone())
+            .map_err(|e| failed(kube::Error::SerdeError(e)))?;
+        match api
+            .create(
+                &PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..PostParams::default()
+                },
+                &body,
+            )
+            .await
+        {
+            Ok(_) => return Ok(None),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(failed(e)),
+        }
+        let there = api.get_opt(&object.name).await.map_err(failed)?;
+        let label = |o: &DynamicObject, key: &str| o.labels().get(key).cloned();
+        let wanted_boundary = object.body["metadata"]["labels"][plan::BOUNDARY_LABEL].as_str();
+        match there {
+            None => Ok(None),
+            Some(o)
+                if label(&o, plan::MANAGED_BY_LABEL).as_deref() == Some(plan::MANAGED_BY)
+                    && label(&o, plan::BOUNDARY_LABEL).as_deref() == wanted_boundary =>
+            {
+                self.apply(object).await.map(|()| None)
+            }
+            Some(_) => Ok(Some(format!(
+                "{:?} {} exists and was not created by kbind-issuer for this boundary: it is never taken over (delete or rename it)",
+                object.kind,
+                path(object)
+            ))),
+        }
     }
 
     fn api(&self, object: &plan::Object) -> Api<DynamicObject> {

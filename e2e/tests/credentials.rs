@@ -181,6 +181,48 @@ async fn a_bound_token_is_renewed_in_process_while_objects_sync_and_a_hand_edit_
         assert!(process.is_running() && process.pid() == *pid);
     }
 
+    // The right to a new token taken away: the renewal is refused, said as a Warning on the
+    // Connection, and the token in use keeps working until it expires.
+    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(s.provider.clone())
+        .patch(
+            "renewing",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "rules": provider_rules(true) })),
+        )
+        .await
+        .unwrap();
+    let refused = wait_for("a CredentialRenewalFailed Warning", 60, || async {
+        let list = Api::<Event>::all(s.consumer.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(list
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("CredentialRenewalFailed"))
+            .map(|e| (e.type_.unwrap_or_default(), e.message.unwrap_or_default())))
+    })
+    .await;
+    assert_eq!(refused.0, "Warning");
+    assert!(
+        refused.1.contains("kbind-e2e-users/renewing")
+            && refused.1.contains("could not be renewed"),
+        "{refused:?}"
+    );
+    size += 1;
+    widgets(&s.consumer, "team-a")
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "size": size } })),
+        )
+        .await
+        .unwrap();
+    wait_for("a change synced with the unrenewed token", 30, || async {
+        Ok((size_upstream(&s.provider, "w").await == Some(size)).then_some(()))
+    })
+    .await;
+
     // A Secret edited by hand — here to a token that never expires — is kept as written.
     let legacy: Secret = serde_json::from_value(json!({
         "metadata": {

@@ -633,6 +633,30 @@ fn grants_as(client: &Client) -> Api<Grant> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_grant_gets_a_clear_condition_and_nothing_else_happens() {
     let (env, provider, issuer) = provider_with_issuer("grants-bad").await;
+    // Every failure series of the Grant controller exists from the start, at 0.
+    let metrics = wait_for("the issuer's Grant failure series", 30, || async {
+        let text = kbind_e2e::kbind::http_get(&issuer.metrics, "/metrics")
+            .await
+            .map(|(_, t)| t)
+            .unwrap_or_default();
+        Ok(text.contains("controller=\"grant\"").then_some(text))
+    })
+    .await;
+    for reason in ["namespace", "apply", "delete", "status-write"] {
+        assert_eq!(
+            metric_sum(
+                &metrics,
+                "kbind_reconcile_errors_total",
+                &[("controller", "grant"), ("reason", reason)]
+            ),
+            0.0,
+            "{reason}"
+        );
+        assert!(
+            metrics.contains(&format!("controller=\"grant\",reason=\"{reason}\"")),
+            "{reason}: {metrics}"
+        );
+    }
     let issuer = issuer.account;
     let namespaces = Api::<Namespace>::all(provider.clone());
 

@@ -28,6 +28,27 @@ async fn secret_token(consumer: &Client) -> (String, Vec<u8>) {
     (token, data)
 }
 
+/// Sets the consumer Widget `team-a/w`'s size.
+async fn resize(consumer: &Client, size: i64) {
+    widgets(consumer, "team-a")
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "size": size } })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Sets it and waits (≤ 30 s) for its provider copy to show it.
+async fn resize_synced(s: &SyncEnv, size: i64, what: &str) {
+    resize(&s.consumer, size).await;
+    wait_for(what, 30, || async {
+        Ok((size_upstream(&s.provider, "w").await == Some(size)).then_some(()))
+    })
+    .await;
+}
+
 async fn size_upstream(provider: &Client, name: &str) -> Option<i64> {
     widgets(provider, "team-a")
         .get_opt(name)
@@ -93,14 +114,7 @@ async fn a_bound_token_is_renewed_in_process_while_objects_sync_and_a_hand_edit_
     let mut slowest = Duration::ZERO;
     while started.elapsed() < Duration::from_secs(30) {
         size += 1;
-        widgets(&s.consumer, "team-a")
-            .patch(
-                "w",
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "spec": { "size": size } })),
-            )
-            .await
-            .unwrap();
+        resize(&s.consumer, size).await;
         let changed = Instant::now();
         loop {
             let (token, _) = secret_token(&s.consumer).await;
@@ -210,18 +224,7 @@ async fn a_bound_token_is_renewed_in_process_while_objects_sync_and_a_hand_edit_
         "{refused:?}"
     );
     size += 1;
-    widgets(&s.consumer, "team-a")
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "size": size } })),
-        )
-        .await
-        .unwrap();
-    wait_for("a change synced with the unrenewed token", 30, || async {
-        Ok((size_upstream(&s.provider, "w").await == Some(size)).then_some(()))
-    })
-    .await;
+    resize_synced(&s, size, "a change synced with the unrenewed token").await;
 
     // A Secret edited by hand — here to a token that never expires — is kept as written.
     let legacy: Secret = serde_json::from_value(json!({
@@ -257,18 +260,7 @@ async fn a_bound_token_is_renewed_in_process_while_objects_sync_and_a_hand_edit_
     );
     put_kubeconfig(&s.consumer, "provider-kubeconfig", &by_hand).await;
     size += 1;
-    widgets(&s.consumer, "team-a")
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "size": size } })),
-        )
-        .await
-        .unwrap();
-    wait_for("the change after the hand edit upstream", 30, || async {
-        Ok((size_upstream(&s.provider, "w").await == Some(size)).then_some(()))
-    })
-    .await;
+    resize_synced(&s, size, "the change after the hand edit upstream").await;
     // Two renewal periods of the bound tokens pass: the Secret is as the hand wrote it.
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert_eq!(secret_token(&s.consumer).await.1, by_hand.as_bytes());

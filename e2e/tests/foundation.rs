@@ -28,6 +28,7 @@ fn connection(name: &str, secret: &str) -> Connection {
             schema: Default::default(),
             auto_bind: false,
             access: Default::default(),
+            boundary: None,
         },
     )
 }

@@ -25,31 +25,6 @@ use serde_json::json;
 
 const IDENTITY: &str = "alice@example.org";
 
-async fn apply_export(provider: &Client, name: &str, apis: &[&str], related: bool) {
-    let mut spec = json!({
-        "title": name,
-        "apis": apis.iter().map(|a| json!({ "name": a })).collect::<Vec<_>>(),
-    });
-    if related {
-        spec["defaults"] = json!({ "relatedResources": [
-            { "resource": "secrets", "direction": "FromProvider", "selector": { "names": ["db-credentials"] } },
-        ] });
-    }
-    Api::<Export>::all(provider.clone())
-        .patch(
-            name,
-            &PatchParams::apply("platform-team").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "catalog.kbind.io/v1alpha1",
-                "kind": "Export",
-                "metadata": { "name": name },
-                "spec": spec,
-            })),
-        )
-        .await
-        .unwrap();
-}
-
 async fn apply_grant(provider: &Client, name: &str, identity: &str, export: &str) {
     Api::<Grant>::all(provider.clone())
         .patch(

@@ -114,6 +114,7 @@ pub async fn run(
         kubeconfig: &kubeconfig,
         export: &export.spec,
         namespace: request.namespace.as_deref(),
+        boundary: &boundary,
     })?;
     let note = (mode == CredentialMode::Bound).then(|| {
         format!(
@@ -279,6 +280,8 @@ pub struct Bundle<'a> {
     pub export: &'a ExportSpec,
     /// A Binding in this namespace, else a ClusterBinding.
     pub namespace: Option<&'a str>,
+    /// The Grant's boundary: the Connection's copies live in its namespaces (#51).
+    pub boundary: &'a str,
 }
 
 /// The bundle as YAML documents: Secret, Connection, binding.
@@ -297,6 +300,7 @@ pub fn bundle(b: &Bundle<'_>) -> Result<String, String> {
         "metadata": { "name": b.connection },
         "spec": {
             "kubeconfigSecretRef": { "namespace": b.secret_namespace, "name": secret_name, "key": "kubeconfig" },
+            "boundary": b.boundary,
         },
     });
     let mut spec = json!({
@@ -382,6 +386,7 @@ mod tests {
             kubeconfig: "KUBECONFIG",
             export: &spec,
             namespace: None,
+            boundary: "kbind-0123456789",
         })
         .unwrap();
         let docs = documents(&text);
@@ -396,6 +401,7 @@ mod tests {
             docs[1]["spec"]["kubeconfigSecretRef"]["name"],
             "widgets-kubeconfig"
         );
+        assert_eq!(docs[1]["spec"]["boundary"], "kbind-0123456789");
         assert_eq!(docs[2]["spec"]["connectionRef"]["name"], "widgets");
         assert_eq!(docs[2]["spec"]["apis"][0]["name"], "widgets.example.org");
         assert_eq!(docs[2]["spec"]["conflictPolicy"], "Adopt");
@@ -415,6 +421,7 @@ mod tests {
                 kubeconfig: "K",
                 export: &spec,
                 namespace: None,
+                boundary: "kbind-0123456789",
             }
         })
         .unwrap();

@@ -1021,6 +1021,7 @@ mod tests {
             },
             auto_bind: false,
             access: Default::default(),
+            boundary: None,
         }
     }
 

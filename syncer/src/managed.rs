@@ -45,6 +45,9 @@ struct Key {
     /// The bound APIs whose objects say where a ClusterBinding's provider copies may land
     /// (related workers).
     bound_apis: Vec<String>,
+    /// The Connection's boundary (#51; immutable, but a Connection deleted and made again may
+    /// have another).
+    boundary: Option<String>,
     /// The route an API worker serves (#36). Whether its API is routed is not part of it: the
     /// running worker reads that live (#50.3).
     route: Option<worker::RouteSpec>,
@@ -406,6 +409,7 @@ fn desired_related(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
             local_uid: local_uid.clone(),
             credentials,
             access: access.clone(),
+            boundary: connection.spec.boundary.clone(),
             route: None,
         };
         let spec = related::RelatedSpec {
@@ -531,6 +535,7 @@ fn desired_workers(inputs: &Inputs) -> HashMap<String, (Key, Work)> {
                 credentials,
                 access: Default::default(),
                 bound_apis: Vec::new(),
+                boundary: serving.spec.boundary.clone(),
                 route: Some(route.clone()),
             };
             let spec = WorkerSpec {
@@ -545,6 +550,7 @@ fn desired_workers(inputs: &Inputs) -> HashMap<String, (Key, Work)> {
                 kubeconfig,
                 digest: key.credentials.clone(),
                 buckets,
+                namespaces: serving.spec.namespaces(),
                 route,
             };
             // The serving Connection's worker keeps the CRD's name (as before routing).

@@ -21,7 +21,7 @@ use super::rbac;
 
 /// The label on every object the issuer writes for a Grant: the Grant's boundary. On a
 /// namespace, it marks the boundary itself and the namespaces of it.
-pub const BOUNDARY_LABEL: &str = "iam.kbind.io/boundary";
+pub use kbind_shared::boundary::BOUNDARY_LABEL;
 /// The annotation naming the Grant an object was written for (names can be longer than a label).
 pub const GRANT_ANNOTATION: &str = "iam.kbind.io/grant";
 /// The annotation on a boundary naming the UID of the Grant that claims it.

@@ -39,6 +39,7 @@ use crate::keys;
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = schema::boundary_immutable)]
 pub struct ConnectionSpec {
     /// The Secret holding a kubeconfig for the provider cluster. Immutable; the Secret's data may
     /// change (credential rotation). The kubeconfig must be self-contained: inline certificates
@@ -58,9 +59,22 @@ pub struct ConnectionSpec {
     /// Who may use this Connection's credentials, and what may leave this cluster through them.
     #[serde(default, skip_serializing_if = "ConnectionAccess::is_default")]
     pub access: ConnectionAccess,
+
+    /// The provider namespace prefix this Connection's credential is confined to — a Grant's
+    /// boundary, set by the bundle `kubectl kbind grant` prints: consumer namespace `N` is
+    /// provider namespace `<boundary>-N`, so consumers whose namespaces and objects share names
+    /// never meet on the provider. Omitted: names are preserved. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = schema::boundary_name)]
+    pub boundary: Option<String>,
 }
 
 impl ConnectionSpec {
+    /// How this Connection names consumer namespaces on the provider.
+    pub fn namespaces(&self) -> crate::boundary::NamespaceMap {
+        crate::boundary::NamespaceMap::new(self.boundary.as_deref())
+    }
+
     /// A spec reading the kubeconfig from the Secret `namespace/name` (key `kubeconfig`), with
     /// the default schema policy, no autoBind and the default access.
     pub fn for_secret(namespace: &str, name: &str) -> Self {
@@ -73,6 +87,7 @@ impl ConnectionSpec {
             schema: SchemaPolicy::default(),
             auto_bind: false,
             access: ConnectionAccess::default(),
+            boundary: None,
         }
     }
 }

@@ -43,6 +43,23 @@ pub fn grant_target_immutable(schema: &mut Schema) {
     );
 }
 
+/// A Connection's boundary is set when it is created and never changes: its copies live in the
+/// boundary's namespaces (a new boundary is a new Connection).
+pub fn boundary_immutable(schema: &mut Schema) {
+    add_rule(
+        schema,
+        "has(self.boundary) == has(oldSelf.boundary) && (!has(self.boundary) || self.boundary == oldSelf.boundary)",
+        "boundary is immutable: the Connection's provider copies live in its namespaces (create another Connection instead)",
+    );
+}
+
+/// A boundary: a DNS label short enough to leave 32 characters for the consumer namespace.
+pub fn boundary_name(schema: &mut Schema) {
+    set(schema, "pattern", json!(NAMESPACE_PATTERN));
+    set(schema, "minLength", json!(1));
+    set(schema, "maxLength", json!(30));
+}
+
 /// API-C6: a pinned cluster UID never changes, and cannot be dropped to get around that either
 /// (a transition rule on the field itself would not run when the field is removed).
 pub fn pinned_uids_immutable(schema: &mut Schema) {

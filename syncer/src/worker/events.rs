@@ -224,10 +224,13 @@ pub(super) async fn mirror(worker: Arc<Worker>) {
         .boxed();
     let mut throttle = Throttle::new(Instant::now());
     let scope = || {
-        worker
+        let scope = worker
             .ctx
-            .provider_events_scope(&worker.spec.connection, &worker.spec.api)
+            .provider_events_scope(&worker.spec.connection, &worker.spec.api);
+        in_boundary(&worker, scope)
     };
+    // In a boundary "everywhere" is where the consumer's objects are: looked at again now and then.
+    let mut recheck = tokio::time::interval(Duration::from_secs(5));
     loop {
         let watching = scope();
         let Some(mut events) = watch(&worker, &watching) else {
@@ -254,12 +257,37 @@ pub(super) async fn mirror(worker: Arc<Worker>) {
                         break;
                     }
                 }
+                _ = recheck.tick(), if worker.spec.namespaces.boundary().is_some() => {
+                    if scope() != watching {
+                        break;
+                    }
+                }
             }
         }
     }
 }
 
-/// The provider's Events about the API's kind in `scope`, as one stream; `None` for nowhere.
+/// `scope` as the worker's credential can watch it: in a boundary (#51) the credential reads only
+/// the boundary's namespaces, so "everywhere" is every namespace the consumer has objects of the
+/// API in.
+fn in_boundary(worker: &Worker, scope: EventsScope) -> EventsScope {
+    match scope {
+        EventsScope::Everywhere if worker.spec.namespaces.boundary().is_some() => {
+            EventsScope::Namespaces(
+                worker
+                    .consumer_objects
+                    .state()
+                    .iter()
+                    .filter_map(|o| o.metadata.namespace.clone())
+                    .collect(),
+            )
+        }
+        scope => scope,
+    }
+}
+
+/// The provider's Events about the API's kind in `scope` (consumer namespaces, mapped into the
+/// boundary), as one stream; `None` for nowhere.
 fn watch(
     worker: &Worker,
     scope: &EventsScope,
@@ -281,7 +309,8 @@ fn watch(
             futures::stream::select_all(
                 namespaces
                     .iter()
-                    .map(|ns| of(Api::namespaced(worker.provider.clone(), ns))),
+                    .filter_map(|ns| worker.spec.namespaces.provider(ns).ok())
+                    .map(|ns| of(Api::namespaced(worker.provider.clone(), &ns))),
             )
             .boxed(),
         ),
@@ -298,7 +327,14 @@ async fn handle(worker: &Worker, throttle: &mut Throttle, event: &ProviderEvent)
     ) else {
         return;
     };
-    let namespace = regarding.namespace.as_deref().filter(|n| !n.is_empty());
+    // The provider's namespace, as the consumer names it (in a boundary: only its own).
+    let namespace = match regarding.namespace.as_deref().filter(|n| !n.is_empty()) {
+        Some(provider) => match worker.spec.namespaces.consumer(provider) {
+            Some(consumer) => Some(consumer),
+            None => return,
+        },
+        None => None,
+    };
     let mut reference = ObjectRef::<Instance>::new_with(name, worker.dyntype.clone());
     if let Some(namespace) = namespace {
         reference = reference.within(namespace);
@@ -375,7 +411,11 @@ async fn about_current_copy(
     name: &str,
     regarding_uid: &str,
 ) -> bool {
-    match worker.provider_api(namespace).get_opt(name).await {
+    let api = match worker.provider_api(namespace) {
+        Ok(api) => api,
+        Err(_) => return false,
+    };
+    match api.get_opt(name).await {
         Ok(Some(current)) if current.uid().as_deref() == Some(regarding_uid) => true,
         Ok(_) => {
             worker.count_events("stale");

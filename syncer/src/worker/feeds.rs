@@ -11,6 +11,8 @@ use std::sync::Arc;
 use futures::channel::mpsc::{UnboundedReceiver, unbounded};
 use futures::{StreamExt, TryStreamExt};
 use kbind_shared::cache::{Instance, ProviderCopy};
+use kbind_shared::namespaced::{Command, Namespaced, Quick};
+use kbind_shared::streaming::Events;
 use kube::Api;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -43,7 +45,11 @@ pub(super) fn start(
     writers: Writers,
     overdue: overdue::Sender,
 ) -> (Feeds, ConsumerChanges, ProviderTriggers) {
-    let (provider, triggers) = provider(worker.clone(), writers.provider);
+    let (provider, triggers) = provider(
+        worker.clone(),
+        writers.provider,
+        writers.provider_namespaces,
+    );
     let (consumer, changes) = consumer(worker.clone(), writers.consumer, overdue);
     (Feeds([provider, consumer]), changes, triggers)
 }
@@ -67,13 +73,20 @@ fn own_copies(local_uid: &str) -> watcher::Config {
 fn provider(
     worker: Arc<Worker>,
     writer: reflector::store::Writer<ProviderCopy>,
+    namespaces: Option<UnboundedReceiver<Command>>,
 ) -> (JoinHandle<()>, ProviderTriggers) {
-    let api: Api<Instance> = Api::all_with(worker.provider.clone(), &worker.dyntype);
+    let source = match namespaces {
+        Some(commands) => in_boundary(&worker, commands),
+        None => kbind_shared::streaming::instances(
+            Api::all_with(worker.provider.clone(), &worker.dyntype),
+            own_copies(&worker.spec.local_uid),
+        ),
+    };
     let buckets = worker.spec.buckets.clone();
     let (seen, copied) = (worker.clone(), worker.clone());
     let events = reflector::reflector(
         writer,
-        kbind_shared::streaming::instances(api, own_copies(&worker.spec.local_uid))
+        source
             .filter(move |e| std::future::ready(buckets.keep(e)))
             .inspect(move |event| {
                 // (A re-list's objects are compared once it is complete, below.)
@@ -152,6 +165,47 @@ fn provider(
         }
     });
     (task, triggers)
+}
+
+/// In a boundary (#51) the credential reads only the boundary's namespaces: the provider is
+/// watched in each namespace the consumer has objects in, mapped (`<boundary>-N`), and its
+/// objects are held under the consumer's namespace — everything the worker keeps and decides is
+/// keyed as on the consumer.
+fn in_boundary(worker: &Worker, commands: UnboundedReceiver<Command>) -> Events<Instance> {
+    let (client, dyntype) = (worker.provider.clone(), worker.dyntype.clone());
+    let (map, selection) = (
+        worker.spec.namespaces.clone(),
+        own_copies(&worker.spec.local_uid),
+    );
+    let open = move |namespace: &str| -> Events<Instance> {
+        let Ok(mapped) = map.provider(namespace) else {
+            // Too long a name to map: nothing of it is ever on the provider (its objects fail
+            // with the reason).
+            let listed = [Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
+            return futures::stream::iter(listed)
+                .chain(futures::stream::pending())
+                .boxed();
+        };
+        let consumer = namespace.to_owned();
+        kbind_shared::streaming::instances(
+            Api::namespaced_with(client.clone(), &mapped, &dyntype),
+            selection.clone(),
+        )
+        .backoff(Quick::default())
+        .map_ok(move |event: watcher::Event<Instance>| {
+            event.modify(|o| o.metadata.namespace = Some(consumer.clone()))
+        })
+        .boxed()
+    };
+    Namespaced::new(Box::new(open), commands, |namespace, name| {
+        let metadata = kube::api::ObjectMeta {
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            ..Default::default()
+        };
+        Instance::new(metadata, None, None)
+    })
+    .boxed()
 }
 
 /// The consumer side: the cache the controller runs on, each object as slim as decisions allow.

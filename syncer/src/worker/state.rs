@@ -7,8 +7,10 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use kbind_shared::cache::{Instance, InstanceType, ProviderCopy};
 use kbind_shared::kubeconfig::InlineKubeconfig;
+use kbind_shared::namespaced::Command;
 use kube::api::ApiResource;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -41,6 +43,8 @@ pub struct WorkerSpec {
     pub digest: String,
     /// Which namespaces' objects this worker syncs.
     pub buckets: Buckets,
+    /// How the Connection names consumer namespaces on the provider (its boundary, #51).
+    pub namespaces: kbind_shared::boundary::NamespaceMap,
     /// This worker's route (#36): its Connection and provider, and the Connection serving the
     /// CRD. Whether the API is routed is read live ([`Worker::routing`]).
     pub route: RouteSpec,
@@ -109,6 +113,9 @@ pub(super) struct Worker {
     pub(super) echoes: Mutex<echoes::Echoes>,
     /// kbind's provider writes the provider cache does not show yet.
     pub(super) provider_echoes: Mutex<echoes::ProviderEchoes>,
+    /// In a boundary (#51), where the provider is watched: one namespace at a time, those the
+    /// consumer has objects in ([`kbind_shared::namespaced`]).
+    pub(super) provider_namespaces: Option<UnboundedSender<Command>>,
 }
 
 /// The writers of a new worker's two caches, for its feeds.
@@ -117,6 +124,9 @@ pub(super) struct Writers {
     pub(super) provider: reflector::store::Writer<ProviderCopy>,
     /// The consumer side's.
     pub(super) consumer: reflector::store::Writer<Instance>,
+    /// What the provider watch is told, in a boundary (the other end of
+    /// [`Worker::provider_namespaces`]).
+    pub(super) provider_namespaces: Option<UnboundedReceiver<Command>>,
 }
 
 /// A side of the sync.
@@ -168,9 +178,17 @@ impl Worker {
         provider: Client,
     ) -> (Arc<Self>, Writers) {
         let dyntype: InstanceType = Arc::new(spec.resource.clone());
+        let (commands, provider_namespaces) = match spec.namespaces.boundary() {
+            Some(_) => {
+                let (tx, rx) = futures::channel::mpsc::unbounded();
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
         let writers = Writers {
             provider: reflector::store::Writer::new(dyntype.clone()),
             consumer: reflector::store::Writer::new(dyntype.clone()),
+            provider_namespaces,
         };
         let worker = Arc::new(Worker {
             recorder: Recorder::new(ctx.client.clone(), ctx.reporter.clone()),
@@ -194,6 +212,7 @@ impl Worker {
             listed: Mutex::default(),
             echoes: Mutex::default(),
             provider_echoes: Mutex::default(),
+            provider_namespaces: commands,
         });
         (worker, writers)
     }
@@ -215,6 +234,7 @@ impl Worker {
         &self,
         event: &Result<watcher::Event<Instance>, watcher::Error>,
     ) {
+        self.tell_provider_watch(event);
         let now = std::time::Instant::now();
         match event {
             // (A listed object waits only if the list shows it has work to do: see `run`.)
@@ -230,6 +250,35 @@ impl Worker {
                 self.strangers.locked().forget(&pending::key(o));
             }
             _ => {}
+        }
+    }
+
+    /// In a boundary, the provider is watched in the namespaces the consumer has objects in: each
+    /// consumer object's namespace is watched from when it is seen, and the first consumer list
+    /// completes the provider's first.
+    fn tell_provider_watch(&self, event: &Result<watcher::Event<Instance>, watcher::Error>) {
+        let Some(commands) = &self.provider_namespaces else {
+            return;
+        };
+        let command = match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                let Some(namespace) = o.metadata.namespace.clone() else {
+                    return;
+                };
+                Command::Watch(namespace)
+            }
+            Ok(watcher::Event::InitDone) => Command::Complete,
+            _ => return,
+        };
+        // (The watch is gone only when the worker stops.)
+        let _ = commands.unbounded_send(command);
+    }
+
+    /// The provider namespace of `namespace` was just created: its watch starts again now
+    /// rather than after its backoff.
+    pub(super) fn created_provider_namespace(&self, namespace: &str) {
+        if let Some(commands) = &self.provider_namespaces {
+            let _ = commands.unbounded_send(Command::Created(namespace.to_owned()));
         }
     }
 

@@ -259,7 +259,7 @@ async fn push_spec(
     let mut body = ownership::spec_up_body(
         &spec.resource.api_version,
         &spec.resource.kind,
-        namespace.as_deref(),
+        worker.provider_namespace(namespace.as_deref())?.as_deref(),
         &object.name_any(),
         object.spec.as_ref().map(Json::value).as_ref(),
         &spec.local_uid,
@@ -277,7 +277,7 @@ async fn push_spec(
     let key = pending::key(object);
     worker.provider_echoes.locked().writing(key.clone());
     let applied = worker
-        .provider_api(namespace.as_deref())
+        .provider_api(namespace.as_deref())?
         .patch(
             &object.name_any(),
             &PatchParams::apply(keys::FIELD_MANAGER).force(),
@@ -806,7 +806,7 @@ async fn release(object: &Instance, worker: &Worker) -> Result<Action, Error> {
         if orphan {
             let copy_uid = copy.metadata.uid.clone().unwrap_or_default();
             match worker
-                .provider_api(object.namespace().as_deref())
+                .provider_api(object.namespace().as_deref())?
                 .patch(
                     &object.name_any(),
                     &PatchParams::default(),
@@ -852,16 +852,20 @@ async fn stranger(worker: &Worker, object: &Instance) -> Result<Option<Arc<Provi
 /// Reads the provider object under `object`'s name and records it as a stranger — unless it is
 /// this consumer cluster's labelled copy (the cache shows it shortly) or nothing is there.
 async fn read_stranger(worker: &Worker, object: &Instance) -> Result<Known, Error> {
-    let api: kube::Api<Instance> = match object.namespace() {
+    let api: kube::Api<Instance> = match worker.provider_namespace(object.namespace().as_deref())? {
         Some(namespace) => {
             kube::Api::namespaced_with(worker.provider.clone(), &namespace, &worker.dyntype)
         }
         None => kube::Api::all_with(worker.provider.clone(), &worker.dyntype),
     };
-    let read = api
+    let mut read = api
         .get_opt(&object.name_any())
         .await
         .map_err(Error::Provider)?;
+    // Held under the consumer's namespace, as the cache holds copies (#51).
+    if let Some(read) = &mut read {
+        read.metadata.namespace = object.namespace();
+    }
     let object_uid = object.metadata.uid.as_deref().unwrap_or_default();
     let copy = read
         .map(|o| ProviderCopy::of(o, &worker.spec.local_uid))
@@ -878,7 +882,7 @@ async fn our_copy(
     worker: &Worker,
 ) -> Result<Option<kube::api::DynamicObject>, Error> {
     let copy = worker
-        .provider_api(object.namespace().as_deref())
+        .provider_api(object.namespace().as_deref())?
         .get_opt(&object.name_any())
         .await
         .map_err(Error::Provider)?;
@@ -907,7 +911,7 @@ async fn delete_copy(
         ..Default::default()
     };
     match worker
-        .provider_api(object.namespace().as_deref())
+        .provider_api(object.namespace().as_deref())?
         .delete(&object.name_any(), &params)
         .await
     {

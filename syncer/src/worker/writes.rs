@@ -135,8 +135,30 @@ impl Worker {
             .await
     }
 
-    pub(super) fn provider_api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
-        kbind_shared::dynamic::scoped(&self.provider, namespace, &self.spec.resource)
+    /// The API of the provider copies of consumer objects in `namespace` (mapped into the
+    /// Connection's boundary, #51).
+    pub(super) fn provider_api(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Api<DynamicObject>, Error> {
+        let namespace = self.provider_namespace(namespace)?;
+        Ok(kbind_shared::dynamic::scoped(
+            &self.provider,
+            namespace.as_deref(),
+            &self.spec.resource,
+        ))
+    }
+
+    /// The provider namespace of consumer namespace `namespace`. A name too long to map is
+    /// refused as the provider's API server would refuse the namespace (422), naming the limit.
+    pub(super) fn provider_namespace(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Option<String>, Error> {
+        self.spec
+            .namespaces
+            .provider_opt(namespace)
+            .map_err(|e| Error::Provider(unmappable(&e)))
     }
 
     pub(super) fn count(&self, op: &str, result: &str) {
@@ -247,7 +269,10 @@ impl Worker {
         self.known_namespaces.locked().remove(namespace);
     }
 
-    /// LIM-26: create the provider namespace only when it does not exist.
+    /// LIM-26: create the provider namespace of consumer namespace `namespace` only when it
+    /// does not exist. In a boundary (#51) it carries the boundary's label, and once kbind has
+    /// created it, the first write waits (at most 10 s) until the issuer has granted it —
+    /// and its watch starts at once.
     pub(super) async fn ensure_provider_namespace(
         &self,
         namespace: &str,
@@ -255,6 +280,13 @@ impl Worker {
         if self.known_namespaces.locked().contains(namespace) {
             return Ok(());
         }
+        let consumer = namespace;
+        let mapped = self
+            .spec
+            .namespaces
+            .provider(namespace)
+            .map_err(|e| unmappable(&e))?;
+        let namespace = mapped.as_str();
         // KEY-4: on instance-created provider namespaces the consumer UID is a label.
         let object = Namespace {
             metadata: ObjectMeta {
@@ -267,7 +299,14 @@ impl Worker {
                             self.spec.local_uid.clone(),
                         ),
                     ]
-                    .into(),
+                    .into_iter()
+                    .chain(
+                        self.spec
+                            .namespaces
+                            .namespace_labels()
+                            .map(|(k, v)| (k.to_owned(), v)),
+                    )
+                    .collect(),
                 ),
                 annotations: Some(
                     [(keys::HEARTBEAT_ANNOTATION.to_owned(), self.spec.heartbeat())].into(),
@@ -276,10 +315,42 @@ impl Worker {
             },
             ..Default::default()
         };
-        namespaces::create_if_missing(&self.provider, &object).await?;
-        self.known_namespaces.locked().insert(namespace.to_owned());
+        let created = namespaces::create_if_missing(&self.provider, &object).await?;
+        if created && self.spec.namespaces.boundary().is_some() {
+            self.until_granted(namespace).await;
+            self.created_provider_namespace(consumer);
+        }
+        self.known_namespaces.locked().insert(consumer.to_owned());
         Ok(())
     }
+
+    /// Waits (at most 10 s) until the credential may list the API in `namespace` — a boundary's
+    /// namespace is granted by the issuer once it exists.
+    async fn until_granted(&self, namespace: &str) {
+        let api =
+            kbind_shared::dynamic::scoped(&self.provider, Some(namespace), &self.spec.resource);
+        let params = kube::api::ListParams::default().limit(1);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match api.list_metadata(&params).await {
+                Err(kube::Error::Api(s)) if s.is_forbidden() => {}
+                _ => return,
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The provider API server's answer to a namespace name too long for the boundary.
+fn unmappable(error: &kbind_shared::boundary::TooLong) -> kube::Error {
+    kube::Error::Api(Box::new(kube::core::Status {
+        code: 422,
+        reason: "Invalid".into(),
+        ..kube::core::Status::failure(&error.to_string(), "Invalid")
+    }))
 }
 
 #[cfg(test)]

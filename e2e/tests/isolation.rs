@@ -1,0 +1,229 @@
+//! Isolated tenants on one provider (#51): two consumers whose namespaces and objects have the same
+//! names bind one Export, each through the bundle `kubectl kbind grant` printed for it, and sync
+//! side by side — each with only its Grant's credential, each copy in its own boundary (`<boundary>-N`),
+//! neither writing nor reading the other's. Three real clusters; kbind's programs, the issuer and
+//! the plugin real processes.
+
+use std::time::Duration;
+
+use kbind_e2e::TestEnv;
+use kbind_e2e::cluster::{client_for, ensure_namespace};
+use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::wait_for;
+use kbind_provider::issuer::{plan, rbac};
+use kbind_shared::api::catalog::Export;
+use kbind_shared::keys;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+/// One consumer cluster with kbind running and its Grant's bundle applied.
+struct Tenant {
+    name: &'static str,
+    client: Client,
+    /// Its Grant's boundary on the provider.
+    boundary: String,
+    /// The credential in its bundle, as a client of the provider.
+    credential: Client,
+}
+
+impl Tenant {
+    /// Its copies' namespace on the provider for its namespace `team-a`.
+    fn team_a(&self) -> String {
+        format!("{}-team-a", self.boundary)
+    }
+}
+
+async fn size_of(api: &Api<kube::api::DynamicObject>, name: &str) -> Option<i64> {
+    api.get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|w| w.data["spec"]["size"].as_i64())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_consumers_with_the_same_names_sync_side_by_side_each_in_its_boundary() {
+    let mut env = TestEnv::start("isolation", &["provider", "alice", "bob"])
+        .await
+        .unwrap();
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_issuer_chart(&provider).await;
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    start_issuer(&mut env).await;
+    apply_export(&provider, "widgets", &["widgets.example.org"], false).await;
+    let exports = Api::<Export>::all(provider.clone());
+    wait_for("Export widgets offered", 30, || async {
+        let e = exports.get("widgets").await.map_err(|e| e.to_string())?;
+        Ok(plan::offered("widgets", Some(&e)).is_ok().then_some(()))
+    })
+    .await;
+    let controller = run_provider_widget_controller(provider.clone());
+
+    let admin = env.cluster("provider").admin_kubeconfig_path();
+    let mut tenants = Vec::new();
+    for (name, identity) in [("alice", "alice@example.org"), ("bob", "bob@example.org")] {
+        let client = env.cluster(name).admin_client().await.unwrap();
+        kbind_e2e::kbind::install_crds(&client).await.unwrap();
+        for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE, "team-a"] {
+            ensure_namespace(&client, namespace).await.unwrap();
+        }
+        let manager = Component::SchemaManager
+            .start(
+                &mut env,
+                name,
+                &format!("{name}-schema-manager"),
+                &["--leader-elect=false"],
+            )
+            .await
+            .unwrap();
+        let syncer = Component::Syncer
+            .start(&mut env, name, &format!("{name}-syncer"), &[])
+            .await
+            .unwrap();
+        manager.wait_ready("the schema manager", 60).await;
+        syncer.wait_ready("the syncer", 60).await;
+        // The provider admin's one command; the consumer's one apply.
+        let run = plugin(&admin, &["grant", "widgets", "--consumer", identity]).await;
+        assert_eq!(run.code, 0, "{run}");
+        let documents = yaml_documents(&run.stdout).unwrap();
+        let boundary = rbac::boundary(identity, None, "widgets");
+        assert_eq!(documents[1]["spec"]["boundary"], boundary.as_str());
+        let kubeconfig = documents[0]["stringData"]["kubeconfig"].as_str().unwrap();
+        let credential = client_for(kubeconfig).await.unwrap();
+        apply_manifest(&client, &run.stdout).await.unwrap();
+        wait_cluster_binding_ready(&client, "widgets").await;
+        tenants.push(Tenant {
+            name,
+            client,
+            boundary,
+            credential,
+        });
+    }
+    assert_ne!(tenants[0].boundary, tenants[1].boundary);
+
+    // The same namespace and name on both consumers, different specs.
+    for (tenant, size) in tenants.iter().zip([1, 2]) {
+        widgets(&tenant.client, "team-a")
+            .create(&Default::default(), &widget("w", size))
+            .await
+            .unwrap();
+    }
+    for (tenant, size) in tenants.iter().zip([1, 2]) {
+        let copies = widgets(&provider, &tenant.team_a());
+        wait_for(
+            &format!(
+                "{}'s copy in {} with size {size}",
+                tenant.name,
+                tenant.team_a()
+            ),
+            30,
+            || async { Ok((size_of(&copies, "w").await == Some(size)).then_some(())) },
+        )
+        .await;
+        let mine = widgets(&tenant.client, "team-a");
+        wait_for(
+            &format!("{}'s status back from its own copy", tenant.name),
+            30,
+            || async {
+                let w = mine.get("w").await.map_err(|e| e.to_string())?;
+                Ok((w.data["status"]["observedSize"] == size).then_some(w))
+            },
+        )
+        .await;
+        let w = mine.get("w").await.unwrap();
+        assert!(
+            !w.annotations().contains_key(keys::CONFLICT_ANNOTATION),
+            "{}: {:?}",
+            tenant.name,
+            w.annotations()
+        );
+        // The copy's namespace is the boundary's, labelled for it by kbind.
+        let namespace = Api::<k8s_openapi::api::core::v1::Namespace>::all(provider.clone())
+            .get(&tenant.team_a())
+            .await
+            .unwrap();
+        assert_eq!(
+            namespace.labels().get(plan::BOUNDARY_LABEL),
+            Some(&tenant.boundary)
+        );
+    }
+    // Nothing under the consumers' own namespace name on the provider.
+    let unmapped = widgets(&provider, "team-a")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(unmapped.items.is_empty(), "{:?}", unmapped.items);
+
+    // A change of one tenant's object reaches its copy only.
+    widgets(&tenants[0].client, "team-a")
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "size": 5 } })),
+        )
+        .await
+        .unwrap();
+    let alice_copies = widgets(&provider, &tenants[0].team_a());
+    wait_for("alice's change on her copy", 30, || async {
+        Ok((size_of(&alice_copies, "w").await == Some(5)).then_some(()))
+    })
+    .await;
+    assert_eq!(
+        size_of(&widgets(&provider, &tenants[1].team_a()), "w").await,
+        Some(2)
+    );
+
+    // Each credential reads and writes its own boundary only: the other's copies are refused.
+    for (me, other) in [(&tenants[0], &tenants[1]), (&tenants[1], &tenants[0])] {
+        let theirs = widgets(&me.credential, &other.team_a());
+        let listed = theirs.list(&ListParams::default()).await;
+        assert!(
+            matches!(&listed, Err(kube::Error::Api(s)) if s.code == 403),
+            "{} listing {}: {listed:?}",
+            me.name,
+            other.team_a()
+        );
+        let deleted = theirs.delete("w", &DeleteParams::default()).await;
+        assert!(
+            matches!(&deleted, Err(kube::Error::Api(s)) if s.code == 403),
+            "{} deleting in {}: {deleted:?}",
+            me.name,
+            other.team_a()
+        );
+        let everywhere = widgets_everywhere(&me.credential)
+            .list(&ListParams::default())
+            .await;
+        assert!(
+            matches!(&everywhere, Err(kube::Error::Api(s)) if s.code == 403),
+            "{} listing every namespace: {everywhere:?}",
+            me.name
+        );
+    }
+
+    // Deleting one tenant's object deletes its copy only.
+    widgets(&tenants[0].client, "team-a")
+        .delete("w", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("alice's copy deleted", 30, || async {
+        Ok(alice_copies
+            .get_opt("w")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        size_of(&widgets(&provider, &tenants[1].team_a()), "w").await,
+        Some(2),
+        "bob's copy stays"
+    );
+    controller.abort();
+}
+
+fn widgets_everywhere(client: &Client) -> Api<kube::api::DynamicObject> {
+    Api::all_with(client.clone(), &widget_resource())
+}

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
 use kbind_e2e::TestEnv;
 use kbind_e2e::cluster::{client_for, ensure_namespace};
 use kbind_e2e::fixtures::*;
@@ -51,7 +52,8 @@ async fn two_consumers_with_the_same_names_sync_side_by_side_each_in_its_boundar
     install_issuer_chart(&provider).await;
     install_crd(&provider, &widget_crd()).await.unwrap();
     start_issuer(&mut env).await;
-    apply_export(&provider, "widgets", &["widgets.example.org"], false).await;
+    // Its defaults copy the provider's Secret `db-credentials` next to the objects.
+    apply_export(&provider, "widgets", &["widgets.example.org"], true).await;
     let exports = Api::<Export>::all(provider.clone());
     wait_for("Export widgets offered", 30, || async {
         let e = exports.get("widgets").await.map_err(|e| e.to_string())?;
@@ -148,6 +150,38 @@ async fn two_consumers_with_the_same_names_sync_side_by_side_each_in_its_boundar
             Some(&tenant.boundary)
         );
     }
+    // Related resources too: the provider's Secret beside each tenant's copies reaches that
+    // tenant only.
+    for tenant in &tenants {
+        Api::<Secret>::namespaced(provider.clone(), &tenant.team_a())
+            .create(
+                &Default::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": "db-credentials" },
+                    "stringData": { "for": tenant.name },
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    for tenant in &tenants {
+        let secrets = Api::<Secret>::namespaced(tenant.client.clone(), "team-a");
+        let got = wait_for(
+            &format!("{}'s db-credentials copied from its boundary", tenant.name),
+            30,
+            || async {
+                let found = secrets
+                    .get_opt("db-credentials")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(found.and_then(|s| s.data).map(|d| d["for"].0.clone()))
+            },
+        )
+        .await;
+        assert_eq!(got, tenant.name.as_bytes());
+    }
+
     // Nothing under the consumers' own namespace name on the provider.
     let unmapped = widgets(&provider, "team-a")
         .list(&ListParams::default())

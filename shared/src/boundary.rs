@@ -39,6 +39,17 @@ impl std::fmt::Display for TooLong {
     }
 }
 
+impl TooLong {
+    /// As the provider's API server would refuse the name (422 Invalid), naming the limit.
+    pub fn to_error(&self) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code: 422,
+            reason: "Invalid".into(),
+            ..kube::core::Status::failure(&self.to_string(), "Invalid")
+        }))
+    }
+}
+
 impl NamespaceMap {
     /// The map of a Connection's `spec.boundary` (`None` or empty: names preserved).
     pub fn new(boundary: Option<&str>) -> Self {

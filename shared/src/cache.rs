@@ -132,9 +132,30 @@ pub fn observe_modified<K>(
         + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    let stream =
-        reflector::reflector(writer, watcher(api, config).modify(modify)).default_backoff();
-    drive(stream, stop, observer);
+    observe_stream(
+        writer,
+        Box::pin(watcher(api, config).modify(modify)),
+        stop,
+        observer,
+    );
+}
+
+/// [`observe`] of watch events already made — one watch, or several namespaces' merged
+/// ([`crate::namespaced::Namespaced`]).
+pub fn observe_stream<K>(
+    writer: reflector::store::Writer<K>,
+    events: crate::streaming::Events<K>,
+    stop: CancellationToken,
+    observer: impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    drive(
+        reflector::reflector(writer, events).default_backoff(),
+        stop,
+        observer,
+    );
 }
 
 /// [`observe_modified`], whose watch starts again — a fresh list into the same cache — each time

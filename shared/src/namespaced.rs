@@ -196,7 +196,8 @@ pub type Open<K> = Box<dyn Fn(&str) -> Events<K> + Send>;
 
 type Tagged<K> = Pin<Box<dyn Stream<Item = (String, watcher::Result<Event<K>>)> + Send>>;
 
-/// The watch of several namespaces as one ([`Merge`]); ends when the commands end.
+/// The watch of several namespaces as one ([`Merge`]); runs until dropped (the commands ending
+/// only means no namespace is added).
 pub struct Namespaced<K> {
     merge: Merge<K>,
     open: Open<K>,
@@ -204,7 +205,7 @@ pub struct Namespaced<K> {
     watching: HashMap<String, AbortHandle>,
     /// Namespaces whose watch has listed since it started.
     listed: HashSet<String>,
-    commands: UnboundedReceiver<Command>,
+    commands: Option<UnboundedReceiver<Command>>,
     out: VecDeque<Event<K>>,
 }
 
@@ -225,7 +226,7 @@ where
             streams: SelectAll::new(),
             watching: HashMap::new(),
             listed: HashSet::new(),
-            commands,
+            commands: Some(commands),
             out: VecDeque::new(),
         }
     }
@@ -325,13 +326,15 @@ where
             if let Some(event) = this.out.pop_front() {
                 return Poll::Ready(Some(Ok(event)));
             }
-            match this.commands.poll_next_unpin(cx) {
-                Poll::Ready(Some(command)) => {
-                    this.command(command);
-                    continue;
+            if let Some(commands) = &mut this.commands {
+                match commands.poll_next_unpin(cx) {
+                    Poll::Ready(Some(command)) => {
+                        this.command(command);
+                        continue;
+                    }
+                    Poll::Ready(None) => this.commands = None,
+                    Poll::Pending => {}
                 }
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => {}
             }
             match this.streams.poll_next_unpin(cx) {
                 Poll::Ready(Some((namespace, Ok(event)))) => {

@@ -390,11 +390,12 @@ fn desired_related(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
         let uid = binding.meta().uid.clone().unwrap_or_default();
         let generation = binding.meta().generation.unwrap_or_default();
         let bound_apis = if namespace.is_none()
-            && binding
-                .spec()
-                .related_resources
-                .iter()
-                .any(|e| e.direction == kbind_shared::api::RelatedDirection::FromProvider)
+            && (connection.spec.boundary.is_some()
+                || binding
+                    .spec()
+                    .related_resources
+                    .iter()
+                    .any(|e| e.direction == kbind_shared::api::RelatedDirection::FromProvider))
         {
             bound_resources(crds, binding.status(), connection_name)
         } else {
@@ -423,6 +424,7 @@ fn desired_related(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
             digest: key.credentials.clone(),
             access,
             bound_apis,
+            namespaces: connection.spec.namespaces(),
         };
         wanted.insert(unit.to_string(), (key, Work::Related(spec)));
     }

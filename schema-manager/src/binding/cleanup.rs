@@ -63,8 +63,11 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
     let uid = binding.meta().uid.clone().unwrap_or_default();
     let scope = binding.covered_namespace();
     let related = match delete_related_copies(
-        Some(&ctx.client),
-        provider.as_ref().map(|p| &p.client),
+        &ctx.client,
+        true,
+        provider
+            .as_ref()
+            .map(|p| (&p.client, &connection.namespaces)),
         scope.as_deref(),
         &uid,
     )
@@ -81,7 +84,7 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
                     kbind_shared::identity::describe_error(&source)
                 )));
             }
-            delete_related_copies(Some(&ctx.client), None, scope.as_deref(), &uid).await?
+            delete_related_copies(&ctx.client, true, None, scope.as_deref(), &uid).await?
         }
         Err(e) => return Err(e),
     };
@@ -108,24 +111,43 @@ pub async fn cleanup<B: Scoped>(binding: Arc<B>, ctx: &Context) -> Result<Action
 }
 
 /// BCL-4: deletes the Secrets and ConfigMaps this binding copied (labelled managed, annotated with
-/// its UID) on both clusters in its scope. Returns how many it found. Without a provider client
-/// only the consumer side is cleaned (best effort, like the reference).
+/// its UID) on both clusters in its scope — on the consumer when `on_consumer`, on the provider
+/// when its client (and how the Connection names namespaces there) is given. Returns how many it
+/// found. Without a provider client only the consumer side is cleaned (best effort, like the
+/// reference).
 pub(super) async fn delete_related_copies(
-    consumer: Option<&Client>,
-    provider: Option<&Client>,
+    consumer: &Client,
+    on_consumer: bool,
+    provider: Option<(&Client, &kbind_shared::boundary::NamespaceMap)>,
     namespace: Option<&str>,
     binding_uid: &str,
 ) -> Result<usize, Error> {
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let mut found = 0;
     let selector = format!("{}={}", keys::MANAGED_LABEL, keys::TRUE);
-    for (side, client) in [("consumer", consumer), ("provider", provider)] {
-        let Some(client) = client else { continue };
+    let mut sides = Vec::new();
+    if on_consumer {
+        sides.push(("consumer", consumer, vec![namespace.map(str::to_owned)]));
+    }
+    if let Some((client, map)) = provider {
+        sides.push((
+            "provider",
+            client,
+            provider_scopes(consumer, map, namespace).await?,
+        ));
+    }
+    for (side, client, scopes) in sides {
+        let mut lists = Vec::new();
         for resource in [
             ApiResource::erase::<Secret>(&()),
             ApiResource::erase::<ConfigMap>(&()),
         ] {
-            let api = scoped(client, namespace, &resource);
+            for scope in &scopes {
+                lists.push((resource.clone(), scope.clone()));
+            }
+        }
+        for (resource, scope) in lists {
+            let api = scoped(client, scope.as_deref(), &resource);
             let list = match api
                 .list_metadata(&ListParams::default().labels(&selector))
                 .await
@@ -185,4 +207,33 @@ pub(super) async fn delete_related_copies(
         }
     }
     Ok(found)
+}
+
+/// Where a binding's related copies can be on the provider: its scope, mapped into the
+/// Connection's boundary (#51) — where a ClusterBinding's are every consumer namespace's
+/// (the boundary's credential cannot list across namespaces).
+async fn provider_scopes(
+    consumer: &Client,
+    map: &kbind_shared::boundary::NamespaceMap,
+    namespace: Option<&str>,
+) -> Result<Vec<Option<String>>, Error> {
+    if map.boundary().is_none() {
+        return Ok(vec![namespace.map(str::to_owned)]);
+    }
+    let namespaces = match namespace {
+        Some(namespace) => vec![namespace.to_owned()],
+        None => kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(consumer.clone())
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(Error::Consumer)?
+            .items
+            .into_iter()
+            .map(|n| n.name_any())
+            .collect(),
+    };
+    Ok(namespaces
+        .iter()
+        .filter_map(|n| map.provider(n).ok())
+        .map(Some)
+        .collect())
 }

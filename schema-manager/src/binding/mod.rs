@@ -443,12 +443,14 @@ async fn let_go<B: Scoped>(
         // copies there go too (the new Connection's related worker copies anew).
         if let Step::Move { from, .. } = step
             && moved_from.insert(from.connection.clone())
-            && let Ok(old) = release::holder(ctx, &from.connection).await?.provider
+            && let holder = release::holder(ctx, &from.connection).await?
+            && let Ok(old) = &holder.provider
         {
             let uid = binding.meta().uid.clone().unwrap_or_default();
             let deleted = cleanup::delete_related_copies(
-                None,
-                Some(&old.client),
+                &ctx.client,
+                false,
+                Some((&old.client, &holder.namespaces)),
                 binding.covered_namespace().as_deref(),
                 &uid,
             )

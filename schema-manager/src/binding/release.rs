@@ -65,6 +65,8 @@ pub(super) struct Holder {
     /// Its verified provider client.
     pub(super) provider: Result<Provider, String>,
     local_uid: String,
+    /// How it names consumer namespaces on the provider (its boundary, #51).
+    pub(super) namespaces: kbind_shared::boundary::NamespaceMap,
 }
 
 pub(super) async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Error> {
@@ -78,6 +80,7 @@ pub(super) async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Er
             exists: false,
             provider: Err(format!("Connection {connection} not found")),
             local_uid: String::new(),
+            namespaces: Default::default(),
         });
     };
     let provider = ctx
@@ -98,6 +101,7 @@ pub(super) async fn holder(ctx: &Context, connection: &str) -> Result<Holder, Er
             .as_ref()
             .map(|s| s.local_cluster_uid.clone())
             .unwrap_or_default(),
+        namespaces: c.spec.namespaces(),
     })
 }
 

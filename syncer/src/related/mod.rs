@@ -63,6 +63,7 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
     let changes = Arc::new(Notify::new());
     let worker_stop = stop.child_token();
     let mut watched = HashMap::new();
+    let mut provider_watches = Vec::new();
     // The entries as this worker's watches read them (it is rebuilt when the spec changes).
     let parsed: Vec<Entry> = entries
         .iter()
@@ -80,12 +81,20 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
                 Side::Consumer => ctx.client.clone(),
                 Side::Provider => provider.clone(),
             };
+            // In a boundary the provider is read one namespace at a time (#51).
+            let scope = if side == Side::Provider && spec.namespaces.boundary().is_some() {
+                let (tx, rx) = futures::channel::mpsc::unbounded();
+                provider_watches.push(tx);
+                watch::Scope::Namespaces(rx, spec.namespaces.clone())
+            } else {
+                watch::Scope::Plain(spec.namespace.clone())
+            };
             watched.insert(
                 key,
                 watch::watch(
                     client,
                     entry.resource,
-                    spec.namespace.as_deref(),
+                    scope,
                     match role {
                         Role::Source => source_filter(&entries, entry.resource, from),
                         Role::Target => Some(watch::target_selector(side, &spec.local_uid)),
@@ -117,6 +126,21 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
             );
         }
     }
+    // In a boundary: a Binding's provider watches read its namespace; a ClusterBinding's those
+    // its entries list and those its bound objects are in (where its copies may land).
+    let told = (!provider_watches.is_empty()).then(|| {
+        let (occupancies, listed) = match &spec.namespace {
+            Some(namespace) => (0, vec![namespace.clone()]),
+            None => (
+                spec.bound_apis.len(),
+                parsed
+                    .iter()
+                    .flat_map(|e| e.namespaces().iter().cloned())
+                    .collect(),
+            ),
+        };
+        watch::Told::new(provider_watches, occupancies, listed)
+    });
     let occupancy = spec
         .bound_apis
         .iter()
@@ -127,6 +151,7 @@ pub async fn run(ctx: Arc<Context>, spec: RelatedSpec, stop: CancellationToken) 
                 resource,
                 worker_stop.clone(),
                 changes.clone(),
+                told.clone(),
             )
         })
         .collect();
@@ -176,8 +201,30 @@ impl Worker {
         }
     }
 
-    fn api(&self, kind: RelatedResourceKind, side: Side, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client(side).clone(), namespace, &resource(kind))
+    /// The namespace on `side` of (consumer) namespace `namespace`: in a Connection's boundary the
+    /// provider's is mapped (#51); a name too long to map is refused as the API server would.
+    fn on_side(&self, side: Side, namespace: &str) -> Result<String, kube::Error> {
+        match side {
+            Side::Consumer => Ok(namespace.to_owned()),
+            Side::Provider => self
+                .spec
+                .namespaces
+                .provider(namespace)
+                .map_err(|e| e.to_error()),
+        }
+    }
+
+    fn api(
+        &self,
+        kind: RelatedResourceKind,
+        side: Side,
+        namespace: &str,
+    ) -> Result<Api<DynamicObject>, kube::Error> {
+        Ok(Api::namespaced_with(
+            self.client(side).clone(),
+            &self.on_side(side, namespace)?,
+            &resource(kind),
+        ))
     }
 
     /// The binding this worker serves, unless it is gone, replaced or being deleted (its cleanup
@@ -370,7 +417,12 @@ impl Worker {
                 .flat_map(|o| o.store.state())
                 .filter_map(|o| o.metadata.namespace.clone())
                 .collect();
-            plan::landing(&entries, wanted, &occupied)
+            plan::landing(
+                &entries,
+                wanted,
+                &occupied,
+                self.spec.namespaces.boundary().is_some(),
+            )
         } else {
             (wanted, Vec::new())
         };

@@ -227,6 +227,11 @@ impl Entry {
     pub fn lists_namespaces(&self) -> bool {
         !self.namespaces.is_empty()
     }
+
+    /// The namespaces it is limited to (empty: all).
+    pub fn namespaces(&self) -> &BTreeSet<String> {
+        &self.namespaces
+    }
 }
 
 /// Reason when an entry asks for what the Connection does not allow.
@@ -311,11 +316,14 @@ impl Fence {
 /// Where the provider's objects may land on the consumer for a ClusterBinding: a copy made by a
 /// `FromProvider` entry goes only into a namespace that one of its entries lists, or that holds at
 /// least one object of the binding's bound APIs (`occupied`). A Binding's copies stay in its own
-/// namespace and need no such check. Returns the copies that may be made and those refused.
+/// namespace and need no such check. In a Connection's boundary (#51) the provider is read only
+/// where the binding's copies may be, so a `FromConsumer` copy lands by the same rule (`in_boundary`).
+/// Returns the copies that may be made and those refused.
 pub fn landing(
     entries: &[Entry],
     wanted: BTreeMap<TargetKey, Wanted>,
     occupied: &BTreeSet<String>,
+    in_boundary: bool,
 ) -> (BTreeMap<TargetKey, Wanted>, Vec<TargetKey>) {
     let listing: BTreeSet<&str> = entries
         .iter()
@@ -324,7 +332,7 @@ pub fn landing(
         .collect();
     let (kept, refused): (BTreeMap<TargetKey, Wanted>, BTreeMap<TargetKey, Wanted>) =
         wanted.into_iter().partition(|(key, want)| {
-            key.side != Side::Consumer
+            (key.side != Side::Consumer && !in_boundary)
                 || occupied.contains(&key.namespace)
                 || want.entries.iter().any(|id| listing.contains(id.as_str()))
         });
@@ -1287,7 +1295,12 @@ mod tests {
             Side::Consumer => consumer.iter().collect(),
         });
         let occupied: BTreeSet<String> = ["team-a".to_owned()].into();
-        let (kept, refused) = landing(&entries, copies, &occupied);
+        let (in_boundary, _) = landing(&entries, copies.clone(), &occupied, true);
+        let (kept, refused) = landing(&entries, copies, &occupied, false);
+        // In a boundary the copy to the provider in team-z (no object of the binding there, no
+        // entry lists it) is refused too.
+        assert_eq!(in_boundary.len(), kept.len() - 1);
+        assert!(in_boundary.keys().all(|k| k.namespace != "team-z"));
         let kept: Vec<String> = kept.keys().map(ToString::to_string).collect();
         let refused: Vec<String> = refused.iter().map(ToString::to_string).collect();
         // The ConfigMaps entry lands in team-a only (the binding's objects are there); the
@@ -1329,7 +1342,7 @@ mod tests {
         // Nothing occupied, nothing listed: nothing lands.
         let entries = parse(&[open.clone()]);
         let copies = wanted(&entries, |_, _| provider.iter().collect());
-        let (kept, refused) = landing(&entries, copies, &BTreeSet::new());
+        let (kept, refused) = landing(&entries, copies, &BTreeSet::new(), false);
         assert!(kept.is_empty());
         assert_eq!(refused.len(), 3);
         // In a Binding the namespaces are ignored (its scope is its own namespace).

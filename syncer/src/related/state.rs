@@ -34,9 +34,13 @@ pub struct RelatedSpec {
     pub kubeconfig: InlineKubeconfig,
     /// Their digest (workers of one Connection with the same digest share one provider client).
     pub digest: String,
-    /// A ClusterBinding with `FromProvider` entries: its bound APIs (name, consumer resource),
-    /// whose objects' namespaces are where the provider's copies may land. Empty otherwise.
+    /// A ClusterBinding with `FromProvider` entries, or any ClusterBinding of a Connection with a
+    /// boundary: its bound APIs (name, consumer resource), whose objects' namespaces are where the
+    /// provider's copies may land — and, in a boundary, where the provider is watched. Empty
+    /// otherwise.
     pub bound_apis: Vec<(String, kube::api::ApiResource)>,
+    /// How the Connection names consumer namespaces on the provider (its boundary, #51).
+    pub namespaces: kbind_shared::boundary::NamespaceMap,
 }
 
 /// One binding's related-resources worker: what it copies, with which clients, and what it

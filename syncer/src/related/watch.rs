@@ -4,12 +4,18 @@
 use kbind_shared::sync::Locked;
 use std::sync::{Arc, Mutex};
 
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kbind_shared::api::RelatedResourceKind;
 use kbind_shared::keys;
+use kbind_shared::namespaced::{Command, Namespaced, Quick};
+use kbind_shared::streaming::Events;
+use kube::Api;
 use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher;
+use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -112,29 +118,81 @@ pub(super) fn target_selector(side: Side, local_uid: &str) -> String {
     }
 }
 
-/// One watch of `kind` in `namespace` (all when `None`), selected by `labels`, each object as
-/// [`slim`] leaves it.
+/// Where a watch looks.
+pub(super) enum Scope {
+    /// One namespace (every one when `None`), named alike on both sides.
+    Plain(Option<String>),
+    /// The provider in a Connection's boundary (#51): the (consumer) namespaces the commands
+    /// name, each mapped ([`kbind_shared::namespaced`]) — a Binding's own, a ClusterBinding's
+    /// where its bound objects are and those its entries list ([`Told`]).
+    Namespaces(
+        UnboundedReceiver<Command>,
+        kbind_shared::boundary::NamespaceMap,
+    ),
+}
+
+/// One watch of `kind` in `scope`, selected by `labels`, each object as [`slim`] leaves it and
+/// held under its consumer namespace.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn watch(
     client: Client,
     kind: RelatedResourceKind,
-    namespace: Option<&str>,
+    scope: Scope,
     labels: Option<String>,
     selected: impl Fn(&DynamicObject) -> bool + Send + 'static,
     stop: CancellationToken,
     changes: Arc<Notify>,
 ) -> Watched {
     let resource = resource(kind);
-    let api = kbind_shared::dynamic::scoped(&client, namespace, &resource);
     let config = match labels {
         Some(labels) => watcher::Config::default().labels(&labels),
         None => watcher::Config::default(),
     };
+    let events: Events<DynamicObject> = match scope {
+        Scope::Plain(namespace) => watcher(
+            kbind_shared::dynamic::scoped(&client, namespace.as_deref(), &resource),
+            config.clone(),
+        )
+        .boxed(),
+        Scope::Namespaces(commands, map) => {
+            let (client, resource, config) = (client.clone(), resource.clone(), config.clone());
+            let open = move |namespace: &str| -> Events<DynamicObject> {
+                let Ok(mapped) = map.provider(namespace) else {
+                    let listed = [Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
+                    return futures::stream::iter(listed)
+                        .chain(futures::stream::pending())
+                        .boxed();
+                };
+                let consumer = namespace.to_owned();
+                watcher(
+                    Api::namespaced_with(client.clone(), &mapped, &resource),
+                    config.clone(),
+                )
+                .backoff(Quick::default())
+                .map_ok(move |event: watcher::Event<DynamicObject>| {
+                    event.modify(|o| o.metadata.namespace = Some(consumer.clone()))
+                })
+                .boxed()
+            };
+            Namespaced::new(Box::new(open), commands, |namespace, name| DynamicObject {
+                types: None,
+                metadata: kube::api::ObjectMeta {
+                    namespace: Some(namespace.to_owned()),
+                    name: Some(name.to_owned()),
+                    ..Default::default()
+                },
+                data: serde_json::Value::Null,
+            })
+            .boxed()
+        }
+    };
     let writer = reflector::store::Writer::<DynamicObject>::new(resource);
     let store = writer.as_reader();
     let health = Arc::new(Mutex::new(Health::default()));
-    let modify = move |object: &mut DynamicObject| slim(object, &selected);
-    kbind_shared::cache::observe_modified(writer, api, config, stop, modify, {
+    let events = events
+        .map_ok(move |event| event.modify(|object| slim(object, &selected)))
+        .boxed();
+    kbind_shared::cache::observe_stream(writer, events, stop, {
         let health = health.clone();
         move |event| {
             let mut health = health.locked();
@@ -167,12 +225,61 @@ pub(super) struct Occupancy {
 /// Watches where `resource`'s objects are. `changes` is told when the cache has listed and when an
 /// object appears in a namespace not seen before (a namespace emptied is noticed at the next pass:
 /// removing a copy is never urgent, creating one where it may not go must not happen).
+/// What a ClusterBinding's occupancy watches tell its provider watches in a boundary: each
+/// namespace its bound objects are in, and, once every one of them has listed, that the first
+/// list is complete.
+pub(super) struct Told {
+    watches: Vec<futures::channel::mpsc::UnboundedSender<Command>>,
+    /// Occupancy watches that have not listed yet.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl Told {
+    /// Tells `watches`, for `occupancies` occupancy watches, that the namespaces `listed` are to
+    /// be watched (those the entries name); complete at once without occupancy.
+    pub(super) fn new(
+        watches: Vec<futures::channel::mpsc::UnboundedSender<Command>>,
+        occupancies: usize,
+        listed: impl IntoIterator<Item = String>,
+    ) -> Arc<Self> {
+        let told = Arc::new(Told {
+            watches,
+            waiting: occupancies.into(),
+        });
+        for namespace in listed {
+            told.tell(&Command::Watch(namespace));
+        }
+        if occupancies == 0 {
+            told.tell(&Command::Complete);
+        }
+        told
+    }
+
+    fn tell(&self, command: &Command) {
+        for watch in &self.watches {
+            let _ = watch.unbounded_send(command.clone());
+        }
+    }
+
+    /// One occupancy watch listed for the first time.
+    fn listed(&self) {
+        if self
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.tell(&Command::Complete);
+        }
+    }
+}
+
 pub(super) fn occupancy(
     client: Client,
     api: String,
     resource: &ApiResource,
     stop: CancellationToken,
     changes: Arc<Notify>,
+    told: Option<Arc<Told>>,
 ) -> Occupancy {
     let health = Arc::new(Mutex::new(Health::default()));
     let seen = Mutex::new(std::collections::HashSet::<String>::new());
@@ -181,6 +288,11 @@ pub(super) fn occupancy(
         move |event| match event {
             Ok(watcher::Event::InitDone) => {
                 let mut health = health.locked();
+                if !health.listed
+                    && let Some(told) = &told
+                {
+                    told.listed();
+                }
                 health.listed = true;
                 health.error = None;
                 health.forbidden = false;
@@ -188,6 +300,9 @@ pub(super) fn occupancy(
             }
             Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
                 let namespace = o.namespace().unwrap_or_default();
+                if let Some(told) = &told {
+                    told.tell(&Command::Watch(namespace.clone()));
+                }
                 if seen.locked().insert(namespace) && health.locked().listed {
                     changes.notify_one();
                 }

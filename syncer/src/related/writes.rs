@@ -27,12 +27,14 @@ impl Worker {
         let mut decided = plan::step(existing.as_ref(), key.side, want, marker, policy);
         if existing.is_none() {
             // Not among our labelled copies: it may still exist without our label.
-            match self
-                .api(key.kind.0, key.side, &key.namespace)
-                .get_opt(&key.name)
-                .await
-            {
-                Ok(Some(found)) => {
+            let read = match self.api(key.kind.0, key.side, &key.namespace) {
+                Ok(api) => api.get_opt(&key.name).await,
+                Err(e) => Err(e),
+            };
+            match read {
+                Ok(Some(mut found)) => {
+                    // Held under the consumer's namespace, as the caches hold copies (#51).
+                    found.metadata.namespace = Some(key.namespace.clone());
                     existing = Some(item(&found));
                     decided = plan::step(existing.as_ref(), key.side, want, marker, policy);
                 }
@@ -131,7 +133,11 @@ impl Worker {
         if write == Write::CreateOnly {
             kbind_shared::apply::create_only(&mut body);
         }
-        self.api(key.kind.0, key.side, &key.namespace)
+        if key.side == Side::Provider {
+            body["metadata"]["namespace"] =
+                serde_json::Value::from(self.on_side(key.side, &key.namespace)?);
+        }
+        self.api(key.kind.0, key.side, &key.namespace)?
             .patch(
                 &key.name,
                 &PatchParams::apply(keys::RELATED_FIELD_MANAGER).force(),
@@ -159,11 +165,11 @@ impl Worker {
                 }),
                 ..Default::default()
             };
-            match self
-                .api(key.kind.0, key.side, &key.namespace)
-                .delete(&key.name, &params)
-                .await
-            {
+            let deleted = match self.api(key.kind.0, key.side, &key.namespace) {
+                Ok(api) => api.delete(&key.name, &params).await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            match deleted {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.is_not_found() => {}
                 Err(e) => return self.failed(outcome, format!("replace {key}"), &e),
@@ -193,11 +199,11 @@ impl Worker {
             }),
             ..Default::default()
         };
-        match self
-            .api(kind, side, &garbage.namespace)
-            .delete(&garbage.name, &params)
-            .await
-        {
+        let deleted = match self.api(kind, side, &garbage.namespace) {
+            Ok(api) => api.delete(&garbage.name, &params).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match deleted {
             Ok(_) => tracing::info!(
                 kind = plan::kind_name(kind),
                 side = side.as_str(),
@@ -236,9 +242,16 @@ impl Worker {
                 if targeted {
                     continue;
                 }
+                let scope = match self.spec.namespace.as_deref() {
+                    Some(namespace) => match self.on_side(side, namespace) {
+                        Ok(mapped) => Some(mapped),
+                        Err(_) => continue,
+                    },
+                    None => None,
+                };
                 let api = kbind_shared::dynamic::scoped(
                     self.client(side),
-                    self.spec.namespace.as_deref(),
+                    scope.as_deref(),
                     &resource(kind),
                 );
                 let list = api
@@ -249,7 +262,17 @@ impl Worker {
                     .await;
                 match list {
                     Ok(list) => {
-                        for object in list.items {
+                        for mut object in list.items {
+                            if side == Side::Provider {
+                                // Held under the consumer's namespace (#51).
+                                let namespace =
+                                    object.metadata.namespace.clone().unwrap_or_default();
+                                let Some(consumer) = self.spec.namespaces.consumer(&namespace)
+                                else {
+                                    continue;
+                                };
+                                object.metadata.namespace = Some(consumer.to_owned());
+                            }
                             let copy = item(&object);
                             if copy.copied_by() == Some(self.spec.uid.as_str()) && !copy.adopted() {
                                 self.delete(kind, side, &copy, outcome).await;
@@ -279,10 +302,21 @@ impl Worker {
         if self.known_namespaces.locked().contains(&known) {
             return Ok(());
         }
+        let mapped = self.on_side(side, namespace)?;
         let object = Namespace {
             metadata: ObjectMeta {
-                name: Some(namespace.to_owned()),
-                labels: Some([(keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned())].into()),
+                name: Some(mapped),
+                labels: Some(
+                    [(keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned())]
+                        .into_iter()
+                        .chain(
+                            self.spec
+                                .namespaces
+                                .namespace_labels()
+                                .map(|(k, v)| (k.to_owned(), v)),
+                        )
+                        .collect(),
+                ),
                 annotations: Some(
                     [
                         (

@@ -158,7 +158,7 @@ impl Worker {
         self.spec
             .namespaces
             .provider_opt(namespace)
-            .map_err(|e| Error::Provider(unmappable(&e)))
+            .map_err(|e| Error::Provider(e.to_error()))
     }
 
     pub(super) fn count(&self, op: &str, result: &str) {
@@ -285,7 +285,7 @@ impl Worker {
             .spec
             .namespaces
             .provider(namespace)
-            .map_err(|e| unmappable(&e))?;
+            .map_err(|e| e.to_error())?;
         let namespace = mapped.as_str();
         // KEY-4: on instance-created provider namespaces the consumer UID is a label.
         let object = Namespace {
@@ -342,15 +342,6 @@ impl Worker {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
-}
-
-/// The provider API server's answer to a namespace name too long for the boundary.
-fn unmappable(error: &kbind_shared::boundary::TooLong) -> kube::Error {
-    kube::Error::Api(Box::new(kube::core::Status {
-        code: 422,
-        reason: "Invalid".into(),
-        ..kube::core::Status::failure(&error.to_string(), "Invalid")
-    }))
 }
 
 #[cfg(test)]

@@ -208,6 +208,42 @@ async fn two_consumers_with_the_same_names_sync_side_by_side_each_in_its_boundar
         Some(2)
     );
 
+    // `kubectl kbind diff` finds each tenant's copy where it is, in its boundary.
+    for tenant in &tenants {
+        let kubeconfig = env.cluster(tenant.name).admin_kubeconfig_path();
+        let run = plugin(
+            &kubeconfig,
+            &["diff", "widget/w", "-n", "team-a", "-o", "json"],
+        )
+        .await;
+        assert_eq!(run.code, 0, "{}: {run}", tenant.name);
+        let report = run.json();
+        assert_eq!(report["identical"], true, "{report:#}");
+        let copy = widgets(&provider, &tenant.team_a()).get("w").await.unwrap();
+        assert_eq!(
+            report["provider"]["copy"]["uid"],
+            json!(copy.metadata.uid),
+            "{report:#}"
+        );
+    }
+
+    // `kubectl kbind doctor` asks the provider where each tenant's credential works — and it
+    // lacks nothing there.
+    for tenant in &tenants {
+        let kubeconfig = env.cluster(tenant.name).admin_kubeconfig_path();
+        let run = plugin(&kubeconfig, &["doctor", "widgets", "-o", "json"]).await;
+        assert_eq!(run.code, 0, "{}: {run}", tenant.name);
+        let report = run.json();
+        assert_eq!(report["missingRbac"], serde_json::Value::Null, "{report:#}");
+        let asked: Vec<&str> = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["need"]["namespace"].as_str())
+            .collect();
+        assert!(asked.contains(&tenant.team_a().as_str()), "{report:#}");
+    }
+
     // Each credential reads and writes its own boundary only: the other's copies are refused.
     for (me, other) in [(&tenants[0], &tenants[1]), (&tenants[1], &tenants[0])] {
         let theirs = widgets(&me.credential, &other.team_a());

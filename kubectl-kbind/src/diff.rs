@@ -455,6 +455,12 @@ pub async fn gather(
         copy: None,
     };
     let mut copy = None;
+    // In a boundary the copy lives in the mapped namespace (#51).
+    let provider_namespace = connection
+        .spec
+        .namespaces()
+        .provider_opt(namespace.as_deref())
+        .map_err(|e| e.to_string())?;
     match view::provider_maybe_unidentified(consumer, &connection.spec, transport).await {
         Err(e) => provider.unread = Some(e),
         Ok((_, Err(e))) => provider.unread = Some(e),
@@ -465,7 +471,7 @@ pub async fn gather(
                 Pin::Matches => {
                     copy = kbind_shared::dynamic::scoped(
                         &reached.provider.client,
-                        namespace.as_deref(),
+                        provider_namespace.as_deref(),
                         &resource,
                     )
                     .get_opt(name)
@@ -489,7 +495,7 @@ pub async fn gather(
     let mut desired = ownership::spec_up_body(
         &resource.api_version,
         &resource.kind,
-        namespace.as_deref(),
+        provider_namespace.as_deref(),
         name,
         object.data.get("spec"),
         &status.local_cluster_uid,

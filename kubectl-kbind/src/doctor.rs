@@ -87,22 +87,29 @@ pub fn needs(
     provider_events: &EventsScope,
 ) -> Vec<Need> {
     let mut out = vec![
-        need(
-            "read the provider's cluster identity",
-            "",
-            "namespaces",
-            None,
-            &["get"],
-        ),
+        // By name: the identity is the one namespace's UID (or kcp's one LogicalCluster's).
+        Need {
+            name: Some("kube-system".into()),
+            ..need(
+                "read the provider's cluster identity",
+                "",
+                "namespaces",
+                None,
+                &["get"],
+            )
+        },
         // Asked first, and RBAC answers before the API server knows whether kcp is there: a
         // plain Kubernetes provider needs it too.
-        need(
-            "read the provider's cluster identity (kcp's LogicalCluster, tried first)",
-            "core.kcp.io",
-            "logicalclusters",
-            None,
-            &["get"],
-        ),
+        Need {
+            name: Some("cluster".into()),
+            ..need(
+                "read the provider's cluster identity (kcp's LogicalCluster, tried first)",
+                "core.kcp.io",
+                "logicalclusters",
+                None,
+                &["get"],
+            )
+        },
         need(
             "create a provider namespace before the first object in it",
             "",
@@ -132,13 +139,29 @@ pub fn needs(
     ];
     let openapi = source == SchemaSource::OpenApi || active == Some(ActiveSchemaSource::OpenApi);
     // Every source reads the export marks on CRDs (the OpenAPI source exports only marked APIs).
+    let mut apis = apis.to_vec();
+    apis.sort();
+    apis.dedup();
     out.push(need(
-        "discover exported APIs and pull their CRDs",
+        "discover exported APIs",
         "apiextensions.k8s.io",
         "customresourcedefinitions",
         None,
-        &["get", "list", "watch"],
+        &["list", "watch"],
     ));
+    // Pulled by name: the bound APIs' CRDs.
+    for (group, resource) in &apis {
+        out.push(Need {
+            name: Some(format!("{resource}.{group}")),
+            ..need(
+                "pull a bound API's CRD",
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                None,
+                &["get"],
+            )
+        });
+    }
     if openapi {
         out.push(need(
             "find the aggregated APIs marked exported",
@@ -159,9 +182,6 @@ pub fn needs(
             });
         }
     }
-    let mut apis = apis.to_vec();
-    apis.sort();
-    apis.dedup();
     for (group, resource) in &apis {
         let name = if group.is_empty() {
             resource.clone()
@@ -284,6 +304,79 @@ fn bound_apis<'a>(
             Some((group.to_owned(), resource.to_owned()))
         })
         .collect()
+}
+
+/// The needs of a Connection with a boundary (#51): its credential works in the boundary's
+/// namespaces only, so each need of a namespace's objects (the APIs, related copies, Events) is
+/// asked in the provider namespace of each consumer namespace in `namespaces` (those holding bound
+/// objects) — the issuer grants a boundary namespace once kbind creates it. The rest (identity,
+/// discovery, namespaces, the heartbeat Lease in the boundary itself) stays as it is.
+pub fn in_boundary(
+    needs: Vec<Need>,
+    map: &kbind_shared::boundary::NamespaceMap,
+    namespaces: &std::collections::BTreeSet<String>,
+) -> Vec<Need> {
+    if map.boundary().is_none() {
+        return needs;
+    }
+    const CLUSTER_WORK: [&str; 5] = [
+        "namespaces",
+        "logicalclusters",
+        "leases",
+        "customresourcedefinitions",
+        "apiservices",
+    ];
+    let mut out = Vec::new();
+    for need in needs {
+        if !need.path.is_empty() || CLUSTER_WORK.contains(&need.resource.as_str()) {
+            out.push(need);
+            continue;
+        }
+        let places: Vec<&String> = match &need.namespace {
+            Some(namespace) => vec![namespace],
+            None => namespaces.iter().collect(),
+        };
+        for place in places {
+            if let Ok(mapped) = map.provider(place) {
+                out.push(Need {
+                    why: format!("{} (namespace {place})", need.why),
+                    namespace: Some(mapped),
+                    ..need.clone()
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The consumer namespaces holding objects of the `apis` (group, resource) — where a boundary's
+/// copies are.
+async fn occupied(
+    consumer: &Client,
+    apis: &[(String, String)],
+) -> std::collections::BTreeSet<String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let mut out = std::collections::BTreeSet::new();
+    for (group, resource) in apis {
+        let crd = Api::<CustomResourceDefinition>::all(consumer.clone())
+            .get_opt(&format!("{resource}.{group}"))
+            .await;
+        let Some(resource) = crd
+            .ok()
+            .flatten()
+            .and_then(|c| kbind_shared::dynamic::instance_resource(&c))
+        else {
+            continue;
+        };
+        let objects = Api::<kube::core::PartialObjectMeta<kube::api::DynamicObject>>::all_with(
+            consumer.clone(),
+            &resource,
+        );
+        if let Ok(list) = objects.list_metadata(&ListParams::default()).await {
+            out.extend(list.items.into_iter().filter_map(|o| o.metadata.namespace));
+        }
+    }
+    out
 }
 
 /// One verb of one [`Need`], as the provider answered.
@@ -539,14 +632,27 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
         .and_then(|r| r.status?.user_info?.username)
         .unwrap_or_else(|| "<the credential's user>".into());
     let mut checks = Vec::new();
-    for need in needs(
+    let map = connection.spec.namespaces();
+    let places = match map.boundary() {
+        Some(boundary) => {
+            let places = occupied(consumer, &apis).await;
+            notes.push(format!(
+                "the Connection's copies live in its boundary {boundary}: each namespace's needs are asked where its copies are ({} namespace(s) hold bound objects); the issuer grants a boundary namespace when kbind creates it",
+                places.len()
+            ));
+            places
+        }
+        None => Default::default(),
+    };
+    let wanted = needs(
         connection.spec.schema.source,
         status.active_schema_source,
         (lease_namespace, &lease_name),
         &apis,
         &related,
         &provider_events,
-    ) {
+    );
+    for need in in_boundary(wanted, &map, &places) {
         let (mut allowed, mut missing) = (Vec::new(), Vec::new());
         for verb in &need.verbs {
             if may(&client, &need, verb).await? {
@@ -716,18 +822,72 @@ mod tests {
     }
 
     #[test]
+    fn in_a_boundary_each_namespaces_needs_are_asked_where_its_copies_are() {
+        let widgets = vec![("example.org".to_owned(), "widgets".to_owned())];
+        let all = needs(
+            SchemaSource::Crd,
+            None,
+            ("kbind-0123456789", "c-0123456789"),
+            &widgets,
+            &[
+                related(
+                    RelatedResourceKind::Secrets,
+                    RelatedDirection::FromProvider,
+                    None,
+                ),
+                related(
+                    RelatedResourceKind::Configmaps,
+                    RelatedDirection::FromConsumer,
+                    Some("team-b"),
+                ),
+            ],
+            &EventsScope::Nowhere,
+        );
+        // Without a boundary nothing changes.
+        let none = kbind_shared::boundary::NamespaceMap::new(None);
+        let places: std::collections::BTreeSet<String> =
+            ["team-a".to_owned(), "team-b".to_owned()].into();
+        assert_eq!(in_boundary(all.clone(), &none, &places), all);
+        let map = kbind_shared::boundary::NamespaceMap::new(Some("kbind-0123456789"));
+        let got = kinds(&in_boundary(all, &map, &places));
+        let rw = "get,list,watch,create,update,patch,delete";
+        assert_eq!(
+            got,
+            [
+                "/namespaces None kube-system get".to_owned(),
+                "core.kcp.io/logicalclusters None cluster get".to_owned(),
+                "/namespaces None create".to_owned(),
+                "coordination.k8s.io/leases Some(\"kbind-0123456789\") create".to_owned(),
+                "coordination.k8s.io/leases Some(\"kbind-0123456789\") c-0123456789 get,update,patch"
+                    .to_owned(),
+                "apiextensions.k8s.io/customresourcedefinitions None list,watch".to_owned(),
+                "apiextensions.k8s.io/customresourcedefinitions None widgets.example.org get"
+                    .to_owned(),
+                format!("example.org/widgets Some(\"kbind-0123456789-team-a\") {rw}"),
+                format!("example.org/widgets Some(\"kbind-0123456789-team-b\") {rw}"),
+                "/configmaps Some(\"kbind-0123456789-team-b\") get,list,watch,create,patch,delete"
+                    .to_owned(),
+                "/secrets Some(\"kbind-0123456789-team-a\") get,list,watch".to_owned(),
+                "/secrets Some(\"kbind-0123456789-team-b\") get,list,watch".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
     fn needs_follow_the_schema_source_the_bound_apis_and_related_resources() {
         // #33.7: exactly what the bindings use — their APIs, and related kinds only in the
         // direction and namespaces their entries name.
         let widgets = vec![("example.org".to_owned(), "widgets".to_owned())];
         let base = [
-            "/namespaces None get",
-            "core.kcp.io/logicalclusters None get",
+            "/namespaces None kube-system get",
+            "core.kcp.io/logicalclusters None cluster get",
             "/namespaces None create",
             "coordination.k8s.io/leases Some(\"kbind\") create",
             "coordination.k8s.io/leases Some(\"kbind\") c-0123456789 get,update,patch",
         ];
-        let crd = "apiextensions.k8s.io/customresourcedefinitions None get,list,watch";
+        let crd = "apiextensions.k8s.io/customresourcedefinitions None list,watch";
+        let widgets_crd =
+            "apiextensions.k8s.io/customresourcedefinitions None widgets.example.org get";
         let apiservices = "apiregistration.k8s.io/apiservices None list";
         let rw = "get,list,watch,create,update,patch,delete";
         use RelatedDirection::{FromConsumer, FromProvider};
@@ -753,7 +913,11 @@ mod tests {
                 Some(ActiveSchemaSource::Crd),
                 [widgets.clone(), widgets.clone()].concat(),
                 vec![],
-                vec![crd.to_owned(), format!("example.org/widgets None {rw}")],
+                vec![
+                    crd.to_owned(),
+                    widgets_crd.to_owned(),
+                    format!("example.org/widgets None {rw}"),
+                ],
             ),
             (
                 SchemaSource::OpenApi,

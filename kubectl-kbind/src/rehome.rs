@@ -206,6 +206,7 @@ pub async fn run(
     let heartbeat = kbind_shared::heartbeat::record(provider.kubeconfig.namespace(), name, &uid);
     let mut copies = Vec::new();
     let mut claimed = 0;
+    let map = connection.spec.namespaces();
     for crd in managed_crds(consumer).await? {
         let serving = crd.annotations().get(keys::CONNECTION_ANNOTATION).cloned();
         let Some(resource) = kbind_shared::dynamic::instance_resource(&crd) else {
@@ -228,9 +229,13 @@ pub async fn run(
                     continue;
                 }
                 let namespace = object.namespace();
+                // In a boundary the copy lives in the mapped namespace (#51).
+                let copy_namespace = map
+                    .provider_opt(namespace.as_deref())
+                    .map_err(|e| e.to_string())?;
                 let copies_api = kbind_shared::dynamic::scoped(
                     &provider.client,
-                    namespace.as_deref(),
+                    copy_namespace.as_deref(),
                     &resource,
                 );
                 let copy = copies_api.get_opt(&object.name_any()).await.map_err(|e| {
@@ -251,7 +256,7 @@ pub async fn run(
                     let mut body = kbind_shared::ownership::spec_up_body(
                         &resource.api_version,
                         &resource.kind,
-                        namespace.as_deref(),
+                        copy_namespace.as_deref(),
                         &object.name_any(),
                         object.data.get("spec"),
                         &uid,

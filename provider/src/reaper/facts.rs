@@ -153,13 +153,15 @@ pub fn state_name(state: State) -> &'static str {
         State::Reaped => "Reaped",
         State::NoLease => "NoLease",
         State::Left => "Left",
+        State::Revoked => "Revoked",
         State::Unaccounted => "Unaccounted",
     }
 }
 
 /// Every state, in the status's order: the most urgent first.
-pub const STATES: [State; 7] = [
+pub const STATES: [State; 8] = [
     State::Reaping,
+    State::Revoked,
     State::Stale,
     State::Unaccounted,
     State::NoLease,
@@ -193,6 +195,7 @@ pub fn status(
             State::Reaped => &mut counts.reaped,
             State::NoLease => &mut counts.no_lease,
             State::Left => &mut counts.left,
+            State::Revoked => &mut counts.revoked,
             State::Unaccounted => &mut counts.unaccounted,
         };
         *slot = slot.saturating_add(1);

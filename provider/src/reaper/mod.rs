@@ -16,8 +16,11 @@
 //!   that wrote it; copies no judged heartbeat accounts for are `Unaccounted`, never reaped.
 //! - **No Lease ever seen**: `NoLease`, reported, never reaped. **Left cleanly** (the Lease marked
 //!   `core.kbind.io/disconnected` after its last renewal): reported, never reaped.
-//! - **Report first**: the default action only reports; `Orphan` and `Delete` act only a second
-//!   grace (`delete_after`) after the heartbeat was first seen stale.
+//! - **Report first**: the default action only reports; `Revoke`, `Orphan` and `Delete` act only a
+//!   second grace (`delete_after`) after the heartbeat was first seen stale.
+//! - **Revoke before anything is deleted** (#51): a heartbeat in a Grant's boundary is that
+//!   Grant's consumer's — nobody else may write there — and a Stale Grant is revoked first
+//!   (`Revoke` stops there); its copies are orphaned or deleted only once it is revoked.
 
 use std::time::Duration;
 
@@ -33,6 +36,9 @@ pub mod sweep;
 pub enum Action {
     /// Only report (the default).
     Report,
+    /// Revoke the consumer's Grant (`spec.revoked`): its credential stops working; its copies
+    /// stay. First step of `Orphan` and `Delete` for a consumer with a Grant.
+    Revoke,
     /// Remove kbind's markers from the copies and leave them (foreign to every consumer after).
     Orphan,
     /// Delete the copies (normal deletes with UID preconditions; a provider finalizer is waited
@@ -63,7 +69,13 @@ pub struct Facts {
     /// remain for the action: protected objects, and namespaces kept because they hold anything
     /// else, are not counted.
     pub objects: u64,
+    /// The heartbeat is in a Grant's boundary (#51): whether that Grant is revoked.
+    pub grant: Option<Revoked>,
 }
+
+/// Whether a Grant is revoked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Revoked(pub bool);
 
 /// A heartbeat Lease as the reaper observed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +117,8 @@ pub enum State {
     NoLease,
     /// Its Connection was deleted in an orderly way: reported, never touched.
     Left,
+    /// Its Grant is revoked (its credential works no more); its copies are left as they are.
+    Revoked,
     /// Copies no Lease the reaper can judge accounts for (written by a Connection whose Lease is
     /// outside the policy's namespaces, or by one of several Connections it cannot tell apart):
     /// reported, never touched.
@@ -150,11 +164,19 @@ pub fn decide(facts: &Facts, policy: &Policy) -> Step {
     let first = seen.stale_since.unwrap_or(facts.now).max(stale_at);
     let act_at = first.saturating_add(secs(policy.delete_after));
     let stale = Some(first);
-    match policy.action {
-        Action::Report => step(State::Stale, None, None, stale),
+    match (policy.action, facts.grant) {
+        (Action::Report, _) => step(State::Stale, None, None, stale),
         _ if facts.now < act_at => step(State::Stale, None, Some(act_at), stale),
+        // Nothing to revoke without a Grant: reported only.
+        (Action::Revoke, None) => step(State::Stale, None, None, stale),
+        (Action::Revoke, Some(Revoked(true))) => step(State::Revoked, None, None, stale),
+        (Action::Revoke, Some(Revoked(false))) => {
+            step(State::Revoked, Some(Action::Revoke), None, stale)
+        }
+        // The credential first: nothing of it is touched while it may still write.
+        (_, Some(Revoked(false))) => step(State::Reaping, Some(Action::Revoke), None, stale),
         _ if facts.objects == 0 => step(State::Reaped, None, None, stale),
-        action => step(State::Reaping, Some(action), None, stale),
+        (action, _) => step(State::Reaping, Some(action), None, stale),
     }
 }
 
@@ -173,6 +195,7 @@ pub fn policy_of(spec: &ReaperPolicySpec) -> Result<Policy, String> {
         delete_after: duration("deleteAfter", &spec.delete_after)?,
         action: match spec.action {
             ReapAction::Report => Action::Report,
+            ReapAction::Revoke => Action::Revoke,
             ReapAction::Orphan => Action::Orphan,
             ReapAction::Delete => Action::Delete,
         },
@@ -236,7 +259,71 @@ mod tests {
             now,
             heartbeat,
             objects,
+            grant: None,
         }
+    }
+
+    #[test]
+    fn a_stale_grant_is_revoked_before_anything_of_it_is_orphaned_or_deleted() {
+        let t0 = 1_000_000;
+        let stale_at = t0 + 30 * MIN;
+        let act_at = stale_at + 24 * 60 * MIN;
+        let granted = |revoked: bool, now: i64| Facts {
+            grant: Some(Revoked(revoked)),
+            ..facts(now, seen(t0, Some(stale_at)), 3)
+        };
+        for (action, revoked, now, want) in [
+            // Within the grace: Stale, whatever the action.
+            (Action::Revoke, false, act_at - 1, (State::Stale, None)),
+            (Action::Delete, false, act_at - 1, (State::Stale, None)),
+            // Revoke: the Grant is revoked, and that is all.
+            (
+                Action::Revoke,
+                false,
+                act_at,
+                (State::Revoked, Some(Action::Revoke)),
+            ),
+            (Action::Revoke, true, act_at, (State::Revoked, None)),
+            // Orphan and Delete: revoked first, then the copies.
+            (
+                Action::Delete,
+                false,
+                act_at,
+                (State::Reaping, Some(Action::Revoke)),
+            ),
+            (
+                Action::Delete,
+                true,
+                act_at,
+                (State::Reaping, Some(Action::Delete)),
+            ),
+            (
+                Action::Orphan,
+                false,
+                act_at,
+                (State::Reaping, Some(Action::Revoke)),
+            ),
+            (
+                Action::Orphan,
+                true,
+                act_at,
+                (State::Reaping, Some(Action::Orphan)),
+            ),
+            // Report never revokes.
+            (Action::Report, false, act_at, (State::Stale, None)),
+        ] {
+            let step = decide(&granted(revoked, now), &policy(action));
+            assert_eq!((step.state, step.act), want, "{action:?} revoked={revoked}");
+        }
+        // Revoke without a Grant: nothing to revoke, reported as Stale.
+        let step = decide(&facts(act_at, seen(t0, Some(stale_at)), 3), &policy(Action::Revoke));
+        assert_eq!((step.state, step.act), (State::Stale, None));
+        // A renewal seen cancels it all, Grant or not.
+        let live = Facts {
+            grant: Some(Revoked(false)),
+            ..facts(act_at, seen(act_at - MIN, None), 3)
+        };
+        assert_eq!(decide(&live, &policy(Action::Delete)).state, State::Live);
     }
 
     fn at(step: Step) -> (State, Option<Action>, Option<i64>, Option<i64>) {

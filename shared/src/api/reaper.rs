@@ -97,6 +97,14 @@ pub struct ReaperPolicySpec {
     /// Objects (and namespaces) with this label, whatever its value, are never touched.
     #[serde(default = "default_protect_label")]
     pub protect_label: String,
+
+    /// Also read the heartbeats in every Grant's boundary (`iam.kbind.io`, #51): a boundary is
+    /// the one place its consumer's Lease can be and only that consumer's credential may write
+    /// there, so its liveness cannot be forged by anyone else. A Stale Grant is revoked before
+    /// anything of it is orphaned or deleted (action `Revoke`, or first step of `Orphan` and
+    /// `Delete`).
+    #[serde(default)]
+    pub grants: bool,
 }
 
 /// What the reaper does with a dead consumer's objects.
@@ -105,6 +113,9 @@ pub enum ReapAction {
     /// Only report (the default).
     #[default]
     Report,
+    /// Revoke a Stale consumer's Grant (its credential stops working); nothing is orphaned or
+    /// deleted. Only consumers with a Grant (`grants: true`).
+    Revoke,
     /// Remove kbind's markers from the objects and leave them.
     Orphan,
     /// Delete the objects: normal deletes with UID preconditions; a provider finalizer is waited
@@ -170,6 +181,9 @@ pub struct ConsumerCounts {
     pub no_lease: u32,
     /// Deleted their Connection in an orderly way: never touched.
     pub left: u32,
+    /// Their Grant is revoked (by the reaper's `Revoke`, or by anyone): their copies untouched.
+    #[serde(default)]
+    pub revoked: u32,
     /// Objects no heartbeat the reaper can judge accounts for (written through a Connection
     /// whose Lease is outside `leaseNamespaces`, or by one of several it cannot tell apart):
     /// never touched.

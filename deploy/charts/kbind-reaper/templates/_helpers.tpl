@@ -34,9 +34,9 @@ app.kubernetes.io/component: reaper
 ["list", "delete"]
 {{- else if eq .Values.action "Orphan" -}}
 ["list", "patch"]
-{{- else if eq .Values.action "Report" -}}
+{{- else if or (eq .Values.action "Report") (eq .Values.action "Revoke") -}}
 ["list"]
 {{- else -}}
-{{- fail (printf "action must be Report, Orphan or Delete, not %q" .Values.action) -}}
+{{- fail (printf "action must be Report, Revoke, Orphan or Delete, not %q" .Values.action) -}}
 {{- end -}}
 {{- end -}}

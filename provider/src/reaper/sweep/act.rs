@@ -106,12 +106,14 @@ impl Reaper {
                     };
                     api.patch(&target.name, &params, &patch).await.map(|_| ())
                 }
-                Action::Report => Ok(()),
+                // (Grants are revoked by the sweep, never per target.)
+                Action::Report | Action::Revoke => Ok(()),
             };
             let action_name = match action {
                 Action::Delete => "Delete",
                 Action::Orphan => "Orphan",
                 Action::Report => "Report",
+                Action::Revoke => "Revoke",
             };
             match result {
                 Ok(()) => {

@@ -68,6 +68,9 @@ struct Seen {
     observed: BTreeMap<String, (Observed, LeaseSeen)>,
     /// Leases beyond what the record holds (never judged stale).
     unremembered: u64,
+    /// Each Grant's boundary (#51) → the Grant and whether it is revoked (`grants: true` only;
+    /// a boundary two Grants compute is nobody's to revoke).
+    grants: BTreeMap<String, (String, bool)>,
 }
 
 impl Seen {
@@ -77,11 +80,16 @@ impl Seen {
             Some((seen, _)) => Heartbeat::Seen(*seen),
             None => Heartbeat::Gone,
         };
+        let namespace = key.split_once('/').map(|(ns, _)| ns).unwrap_or_default();
         super::decide(
             &Facts {
                 now,
                 heartbeat,
                 objects,
+                grant: self
+                    .grants
+                    .get(namespace)
+                    .map(|(_, revoked)| super::Revoked(*revoked)),
             },
             policy,
         )
@@ -160,7 +168,9 @@ impl Reaper {
         }
         let spec = &policy.spec;
         // The heartbeats, read before "now" is taken: a renewal seen was written before it.
-        let (leases, complete, mut problems) = self.read_heartbeats(spec).await;
+        let (grants, mut problems) = self.read_grants(spec).await;
+        let (leases, complete, unread) = self.read_heartbeats(spec, &grants).await;
+        problems.extend(unread);
         let now = match self.server_now().await {
             Ok(now) => now,
             Err(error) => {
@@ -177,7 +187,7 @@ impl Reaper {
                 return interval;
             }
         };
-        let seen = self.observe(&name, spec, leases, &complete, now);
+        let seen = self.observe(&name, spec, leases, &complete, now, grants);
         // Which heartbeats' copies may be acted on, by their Leases alone.
         let eligible: BTreeSet<String> = seen
             .observed
@@ -199,8 +209,10 @@ impl Reaper {
                 &mut views, &judged, &census, &kinds, &seen, now, &settings, spec,
             )
             .await;
+            self.revoke(&name, &views, &seen).await;
             let acting: HashMap<&Judge, (Action, bool)> = views
                 .iter()
+                .filter(|(_, v)| v.step.act != Some(Action::Revoke))
                 .filter_map(|(judge, v)| {
                     // Namespaces go last: once nothing else of the heartbeat's is left.
                     Some((judge, (v.step.act?, act::only_namespaces_left(&v.objects))))
@@ -252,14 +264,67 @@ impl Reaper {
         }
     }
 
-    /// Every heartbeat Lease in the policy's namespaces; the namespaces read whole; what could
-    /// not be read.
+    /// With `grants: true`, every Grant's boundary (computed from its spec, as the issuer does —
+    /// never from a status) with the Grant's name and whether it is revoked; what could not be
+    /// read.
+    async fn read_grants(
+        &self,
+        spec: &ReaperPolicySpec,
+    ) -> (BTreeMap<String, (String, bool)>, Vec<String>) {
+        if !spec.grants {
+            return (BTreeMap::new(), Vec::new());
+        }
+        let api: Api<kbind_shared::api::iam::Grant> = Api::all(self.client.clone());
+        let grants = match api.list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            Err(e) => return (BTreeMap::new(), vec![format!("list Grants: {e}")]),
+        };
+        (boundaries(&grants), Vec::new())
+    }
+
+    /// Revokes the Grants of the heartbeats whose step says so (#51): `spec.revoked: true`, one
+    /// patch each, naming the reaper as its field manager; nothing else of them is touched.
+    async fn revoke(&self, policy: &str, views: &[(Judge, ConsumerView)], seen: &Seen) {
+        let api: Api<kbind_shared::api::iam::Grant> = Api::all(self.client.clone());
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        for (judge, view) in views {
+            let (Judge::Heartbeat(key), Some(Action::Revoke)) = (judge, view.step.act) else {
+                continue;
+            };
+            let namespace = key.split_once('/').map(|(ns, _)| ns).unwrap_or_default();
+            let Some((grant, false)) = seen.grants.get(namespace) else {
+                continue;
+            };
+            let patch = Patch::Merge(json!({ "spec": { "revoked": true } }));
+            match api.patch(grant, &params, &patch).await {
+                Ok(_) => {
+                    tracing::info!(policy, grant = %grant, consumer = %view.uid, "revoked a stale consumer's Grant");
+                    self.metrics
+                        .reaper_objects_total
+                        .with_label_values(&[policy, "grants.iam.kbind.io", "Revoke"])
+                        .inc();
+                }
+                Err(e) => {
+                    tracing::warn!(policy, grant = %grant, error = %e, "could not revoke");
+                }
+            }
+        }
+    }
+
+    /// Every heartbeat Lease in the policy's namespaces and the Grants' boundaries; the
+    /// namespaces read whole; what could not be read.
     async fn read_heartbeats(
         &self,
         spec: &ReaperPolicySpec,
+        grants: &BTreeMap<String, (String, bool)>,
     ) -> (Vec<LeaseSeen>, Vec<String>, Vec<String>) {
         let (mut leases, mut complete, mut problems) = (Vec::new(), Vec::new(), Vec::new());
-        for namespace in &spec.lease_namespaces {
+        let namespaces: BTreeSet<&String> =
+            spec.lease_namespaces.iter().chain(grants.keys()).collect();
+        for namespace in namespaces {
             match self.read_leases(namespace).await {
                 Ok(found) => {
                     leases.extend(found);
@@ -280,14 +345,21 @@ impl Reaper {
         leases: Vec<LeaseSeen>,
         complete: &[String],
         now: i64,
+        grants: BTreeMap<String, (String, bool)>,
     ) -> Seen {
         let mut seen = Seen {
             heartbeats: Heartbeats {
-                watched: spec.lease_namespaces.iter().cloned().collect(),
+                watched: spec
+                    .lease_namespaces
+                    .iter()
+                    .chain(grants.keys())
+                    .cloned()
+                    .collect(),
                 ..Default::default()
             },
             observed: BTreeMap::new(),
             unremembered: 0,
+            grants,
         };
         let mut memories = self.memory.locked();
         let (memory, _) = memories.entry(policy.to_owned()).or_default();
@@ -514,6 +586,7 @@ fn views(
                         now,
                         heartbeat,
                         objects: countable(&objects),
+                        grant: None,
                     },
                     settings,
                 )
@@ -599,4 +672,56 @@ fn countable(objects: &BTreeMap<String, u64>) -> u64 {
         .filter(|(api, _)| api.as_str() != "protected")
         .map(|(_, n)| n)
         .sum()
+}
+
+/// Each Grant's boundary, as the issuer computes it from the Grant's spec, with the Grant's name
+/// and whether it is revoked; a boundary more than one Grant computes is left out (whose it is
+/// only the issuer's claim on the namespace says: nobody's to revoke here).
+pub fn boundaries(grants: &[kbind_shared::api::iam::Grant]) -> BTreeMap<String, (String, bool)> {
+    let mut out: BTreeMap<String, Option<(String, bool)>> = BTreeMap::new();
+    for grant in grants {
+        let boundary = crate::issuer::rbac::boundary(
+            &grant.spec.consumer.identity,
+            grant.spec.consumer.cluster_name.as_deref(),
+            &grant.spec.export,
+        );
+        let entry = (grant.name_any(), grant.spec.revoked);
+        out.entry(boundary)
+            .and_modify(|e| *e = None)
+            .or_insert(Some(entry));
+    }
+    out.into_iter()
+        .filter_map(|(boundary, grant)| Some((boundary, grant?)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kbind_shared::api::iam::{Grant, GrantSpec};
+
+    fn grant(name: &str, identity: &str, export: &str, revoked: bool) -> Grant {
+        let spec: GrantSpec = serde_json::from_value(json!({
+            "export": export,
+            "consumer": { "identity": identity },
+            "revoked": revoked,
+        }))
+        .unwrap();
+        Grant::new(name, spec)
+    }
+
+    #[test]
+    fn a_grants_boundary_comes_from_its_spec_and_one_two_grants_share_is_nobodys() {
+        let alice = crate::issuer::rbac::boundary("alice", None, "widgets");
+        let bob = crate::issuer::rbac::boundary("bob", None, "widgets");
+        let got = boundaries(&[
+            grant("a", "alice", "widgets", false),
+            grant("b", "bob", "widgets", true),
+            // Another name for Alice's boundary: ambiguous, so neither is revoked here.
+            grant("a-again", "alice", "widgets", false),
+        ]);
+        assert_eq!(got.get(&bob), Some(&("b".to_owned(), true)));
+        assert_eq!(got.get(&alice), None);
+        assert_eq!(got.len(), 1);
+    }
 }

@@ -921,11 +921,51 @@ fn the_reaper_chart_grants_only_what_its_action_needs() {
     let error = reaper_template(&[]).unwrap_err();
     assert!(error.contains("set apis"), "{error}");
     let error = reaper_template(&[&widgets[..], &["--set", "action=Purge"]].concat()).unwrap_err();
-    assert!(error.contains("Report, Orphan or Delete"), "{error}");
+    assert!(
+        error.contains("Report, Revoke, Orphan or Delete"),
+        "{error}"
+    );
+    // Grants (#51): read only with `grants`, patched only by an action that acts, Leases listed
+    // everywhere then (the boundaries come and go).
+    for (action, grants, want) in [
+        ("Report", false, None),
+        ("Revoke", false, None),
+        ("Report", true, Some(serde_json::json!(["list"]))),
+        ("Revoke", true, Some(serde_json::json!(["list", "patch"]))),
+        ("Delete", true, Some(serde_json::json!(["list", "patch"]))),
+    ] {
+        let values = [format!("action={action}"), format!("grants={grants}")];
+        let extra = [&widgets[..], &["--set", &values[0], "--set", &values[1]]].concat();
+        let docs = yaml_documents(&reaper_template(&extra).unwrap()).unwrap();
+        let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+        let rules = role["rules"].as_array().unwrap();
+        let rule = |group: &str, resource: &str| {
+            rules
+                .iter()
+                .find(|r| {
+                    r["apiGroups"] == serde_json::json!([group])
+                        && r["resources"] == serde_json::json!([resource])
+                })
+                .map(|r| r["verbs"].clone())
+        };
+        assert_eq!(
+            rule("iam.kbind.io", "grants"),
+            want,
+            "{action} grants={grants}"
+        );
+        assert_eq!(
+            rule("coordination.k8s.io", "leases"),
+            grants.then(|| serde_json::json!(["list"])),
+            "{action} grants={grants}"
+        );
+        let policy = docs.iter().find(|d| d["kind"] == "ReaperPolicy").unwrap();
+        assert_eq!(policy["spec"]["grants"], grants);
+    }
     // The verbs on the consumers' objects follow the action; Secrets, ConfigMaps and Namespaces
     // only when included.
     for (action, verbs) in [
         ("Report", serde_json::json!(["list"])),
+        ("Revoke", serde_json::json!(["list"])),
         ("Orphan", serde_json::json!(["list", "patch"])),
         ("Delete", serde_json::json!(["list", "delete"])),
     ] {

@@ -7,101 +7,23 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kbind_e2e::TestEnv;
-use kbind_e2e::cluster::{client_for, ensure_namespace};
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::wait_for;
-use kbind_provider::issuer::{plan, rbac};
-use kbind_shared::api::catalog::Export;
+use kbind_provider::issuer::plan;
 use kbind_shared::keys;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-/// One consumer cluster with kbind running and its Grant's bundle applied.
-struct Tenant {
-    name: &'static str,
-    client: Client,
-    /// Its Grant's boundary on the provider.
-    boundary: String,
-    /// The credential in its bundle, as a client of the provider.
-    credential: Client,
-}
-
-impl Tenant {
-    /// Its copies' namespace on the provider for its namespace `team-a`.
-    fn team_a(&self) -> String {
-        format!("{}-team-a", self.boundary)
-    }
-}
-
-async fn size_of(api: &Api<kube::api::DynamicObject>, name: &str) -> Option<i64> {
-    api.get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|w| w.data["spec"]["size"].as_i64())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_consumers_with_the_same_names_sync_side_by_side_each_in_its_boundary() {
-    let mut env = TestEnv::start("isolation", &["provider", "alice", "bob"])
-        .await
-        .unwrap();
-    let provider = env.cluster("provider").admin_client().await.unwrap();
-    install_issuer_chart(&provider).await;
-    install_crd(&provider, &widget_crd()).await.unwrap();
-    start_issuer(&mut env).await;
-    // Its defaults copy the provider's Secret `db-credentials` next to the objects.
-    apply_export(&provider, "widgets", &["widgets.example.org"], true).await;
-    let exports = Api::<Export>::all(provider.clone());
-    wait_for("Export widgets offered", 30, || async {
-        let e = exports.get("widgets").await.map_err(|e| e.to_string())?;
-        Ok(plan::offered("widgets", Some(&e)).is_ok().then_some(()))
-    })
+    let (door, tenants) = tenants(
+        "isolation",
+        &[("alice", "alice@example.org"), ("bob", "bob@example.org")],
+        &[],
+    )
     .await;
-    let controller = run_provider_widget_controller(provider.clone());
-
-    let admin = env.cluster("provider").admin_kubeconfig_path();
-    let mut tenants = Vec::new();
-    for (name, identity) in [("alice", "alice@example.org"), ("bob", "bob@example.org")] {
-        let client = env.cluster(name).admin_client().await.unwrap();
-        kbind_e2e::kbind::install_crds(&client).await.unwrap();
-        for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE, "team-a"] {
-            ensure_namespace(&client, namespace).await.unwrap();
-        }
-        let manager = Component::SchemaManager
-            .start(
-                &mut env,
-                name,
-                &format!("{name}-schema-manager"),
-                &["--leader-elect=false"],
-            )
-            .await
-            .unwrap();
-        let syncer = Component::Syncer
-            .start(&mut env, name, &format!("{name}-syncer"), &[])
-            .await
-            .unwrap();
-        manager.wait_ready("the schema manager", 60).await;
-        syncer.wait_ready("the syncer", 60).await;
-        // The provider admin's one command; the consumer's one apply.
-        let run = plugin(&admin, &["grant", "widgets", "--consumer", identity]).await;
-        assert_eq!(run.code, 0, "{run}");
-        let documents = yaml_documents(&run.stdout).unwrap();
-        let boundary = rbac::boundary(identity, None, "widgets");
-        assert_eq!(documents[1]["spec"]["boundary"], boundary.as_str());
-        let kubeconfig = documents[0]["stringData"]["kubeconfig"].as_str().unwrap();
-        let credential = client_for(kubeconfig).await.unwrap();
-        apply_manifest(&client, &run.stdout).await.unwrap();
-        wait_cluster_binding_ready(&client, "widgets").await;
-        tenants.push(Tenant {
-            name,
-            client,
-            boundary,
-            credential,
-        });
-    }
+    let (env, provider) = (&door.env, door.provider.clone());
     assert_ne!(tenants[0].boundary, tenants[1].boundary);
 
     // The same namespace and name on both consumers, different specs.
@@ -291,7 +213,6 @@ async fn two_consumers_with_the_same_names_sync_side_by_side_each_in_its_boundar
         Some(2),
         "bob's copy stays"
     );
-    controller.abort();
 }
 
 fn widgets_everywhere(client: &Client) -> Api<kube::api::DynamicObject> {

@@ -9,148 +9,21 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kbind_e2e::cluster::{ensure_namespace, free_port};
+use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::{apiserver_requests, grown, http_get};
-use kbind_e2e::tools::{chart_dir, helm_checked};
 use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::ClusterBinding;
-use kbind_shared::api::reaper::ReaperPolicy;
 use kbind_shared::heartbeat::go_lease_name;
 use kbind_shared::keys;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-const REAPER_NAMESPACE: &str = "kbind-reaper";
-const SERVICE_ACCOUNT: &str = "r-kbind-reaper";
 const UID_B: &str = "consumer-b-0000-0000";
 const UID_C: &str = "consumer-c-never-leased";
 const FINALIZER: &str = "provider.example.org/hold";
 const PROTECT: &str = "reaper.kbind.io/protect";
-
-/// The reaper chart's RBAC, rendered for these values (`action`, Secrets/ConfigMaps and
-/// Namespaces included), and its CRD, applied to the provider.
-async fn install_reaper_rbac(provider: &Client, lease_namespace: &str, action: &str) {
-    install_reaper_rbac_with(provider, lease_namespace, action, &[]).await;
-}
-
-/// [`install_reaper_rbac`] with more `--set` values.
-async fn install_reaper_rbac_with(
-    provider: &Client,
-    lease_namespace: &str,
-    action: &str,
-    sets: &[&str],
-) {
-    let action = format!("action={action}");
-    let chart = chart_dir().with_file_name("kbind-reaper");
-    let chart = chart.display().to_string();
-    let lease_namespaces = format!("leaseNamespaces={{{lease_namespace}}}");
-    let rbac = helm_checked(
-        &[
-            "template",
-            "r",
-            &chart,
-            "--kube-version",
-            "1.36.3",
-            "-n",
-            REAPER_NAMESPACE,
-            "--show-only",
-            "templates/rbac.yaml",
-            "--show-only",
-            "templates/fence.yaml",
-            "--set",
-            "apis[0].group=example.org",
-            "--set",
-            "apis[0].resources[0]=widgets",
-            "--set",
-            &action,
-            "--set",
-            "includeRelated=true",
-            "--set",
-            "includeNamespaces=true",
-            "--set",
-            &lease_namespaces,
-        ]
-        .into_iter()
-        .chain(sets.iter().flat_map(|set| ["--set", *set]))
-        .collect::<Vec<_>>(),
-    )
-    .unwrap();
-    let crd = std::fs::read_to_string(
-        chart_dir()
-            .with_file_name("kbind-reaper")
-            .join("crds/reaper.kbind.io_reaperpolicies.yaml"),
-    )
-    .unwrap();
-    apply_manifest(provider, &crd).await.unwrap();
-    let crds = Api::all(provider.clone());
-    kbind_e2e::kbind::wait_established(&crds, "reaperpolicies.reaper.kbind.io")
-        .await
-        .unwrap();
-    apply_manifest(provider, &rbac).await.unwrap();
-}
-
-/// Installs the reaper's CRD and its chart's RBAC for the policy's action, creates the policy
-/// `default` with `spec`, and starts `kbind-reaper` as a process with its ServiceAccount's token
-/// and `extra` flags. Returns its process index and metrics address.
-async fn start_reaper(
-    env: &mut kbind_e2e::TestEnv,
-    provider: &Client,
-    lease_namespace: &str,
-    spec: serde_json::Value,
-    extra: &[&str],
-) -> (usize, String) {
-    ensure_namespace(provider, REAPER_NAMESPACE).await.unwrap();
-    let action = spec["action"].as_str().unwrap_or("Report").to_owned();
-    install_reaper_rbac(provider, lease_namespace, &action).await;
-    let account = env
-        .cluster("provider")
-        .mint_service_account_user(REAPER_NAMESPACE, SERVICE_ACCOUNT)
-        .await
-        .unwrap();
-    let kubeconfig = env.dir().join("reaper.kubeconfig");
-    std::fs::write(&kubeconfig, &account.kubeconfig).unwrap();
-    fence_in_force(
-        &kbind_e2e::cluster::client_for(&account.kubeconfig)
-            .await
-            .unwrap(),
-    )
-    .await;
-    Api::<ReaperPolicy>::all(provider.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "reaper.kbind.io/v1alpha1",
-                "kind": "ReaperPolicy",
-                "metadata": { "name": "default" },
-                "spec": spec,
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let index = run_reaper(env, "reaper", &metrics, extra);
-    (index, metrics)
-}
-
-/// Starts `kbind-reaper` as a process (log `<log>.log`) with the ServiceAccount kubeconfig
-/// [`start_reaper`] wrote, serving metrics on `metrics`, with `extra` flags; its index.
-fn run_reaper(env: &mut kbind_e2e::TestEnv, log: &str, metrics: &str, extra: &[&str]) -> usize {
-    let kubeconfig = env.dir().join("reaper.kubeconfig");
-    let mut args = vec![
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--namespace={REAPER_NAMESPACE}"),
-        format!("--metrics-bind-address={metrics}"),
-        format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
-        "--sweep-interval=2s".into(),
-        "--log-level=info,kbind_provider=debug".into(),
-    ];
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
-    env.start_kbind("kbind-reaper", log, &args, &[("POD_NAME", log)])
-        .unwrap()
-}
 
 /// A policy deleting Widget copies, related copies and namespaces of heartbeats in
 /// `lease_namespace` stale for `stale_after`, `delete_after` later, 600 a minute.
@@ -241,39 +114,6 @@ async fn widget_object_deletes(provider: &Client) -> f64 {
 
 fn widget_copies(provider: &Client, namespace: &str) -> Api<DynamicObject> {
     widgets(provider, namespace)
-}
-
-async fn policy_status(
-    provider: &Client,
-) -> Result<kbind_shared::api::reaper::ReaperPolicyStatus, String> {
-    Api::<ReaperPolicy>::all(provider.clone())
-        .get("default")
-        .await
-        .map_err(|e| e.to_string())?
-        .status
-        .ok_or_else(|| "no status yet".to_owned())
-}
-
-/// Waits until the policy's status says consumer `uid` is in `state`; returns the status.
-async fn wait_state(provider: &Client, uid: &str, state: &str, limit: u64) {
-    wait_for(&format!("consumer {uid} to be {state}"), limit, || async {
-        let status = policy_status(provider).await?;
-        Ok(status
-            .consumers
-            .iter()
-            .any(|c| c.uid == uid && c.state == state)
-            .then_some(()))
-    })
-    .await
-}
-
-fn state_of(status: &kbind_shared::api::reaper::ReaperPolicyStatus, uid: &str) -> String {
-    status
-        .consumers
-        .iter()
-        .find(|c| c.uid == uid)
-        .map(|c| c.state.clone())
-        .unwrap_or_default()
 }
 
 /// Renews consumer B's heartbeat Lease every second, as another implementation would, until
@@ -769,36 +609,6 @@ fn gadget_crd()
     kbind_e2e::fixtures::crd("gadgets", "example.org", "Gadget", &[])
 }
 
-/// Waits until the chart's admission fence refuses `reaper` (the reaper's ServiceAccount): the API
-/// server compiles a new ValidatingAdmissionPolicy asynchronously, so for a moment after it is
-/// created requests pass unchecked. Probes with a dry-run create of a Lease not its own, which
-/// the fence — and only the fence — refuses; panics when it is not in force within a minute.
-async fn fence_in_force(reaper: &Client) {
-    let probe: Lease =
-        serde_json::from_value(json!({ "metadata": { "name": "fence-probe" } })).unwrap();
-    let dry_run = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let last = Api::<Lease>::namespaced(reaper.clone(), REAPER_NAMESPACE)
-            .create(&dry_run, &probe)
-            .await;
-        match &last {
-            Err(kube::Error::Api(s))
-                if s.code == 403 && s.message.contains("kbind-reaper may only change") =>
-            {
-                return;
-            }
-            _ if std::time::Instant::now() > deadline => {
-                panic!("the reaper's admission fence is not in force after 60 s: {last:?}")
-            }
-            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
-        }
-    }
-}
-
 /// Whether `result` is the API server's refusal (403: RBAC, or the reaper's admission fence).
 fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
     match result {
@@ -999,7 +809,7 @@ async fn no_co_tenant_can_make_the_reaper_touch_a_live_consumer() {
     let account = s
         .env
         .cluster("provider")
-        .mint_service_account_user(REAPER_NAMESPACE, SERVICE_ACCOUNT)
+        .mint_service_account_user(REAPER_NAMESPACE, REAPER_SERVICE_ACCOUNT)
         .await
         .unwrap();
     let reaper_client = kbind_e2e::cluster::client_for(&account.kubeconfig)
@@ -1261,7 +1071,7 @@ async fn in_report_mode_the_reaper_may_write_nothing_and_reads_related_copies_on
     .await;
     let account = env
         .cluster("provider")
-        .mint_service_account_user(REAPER_NAMESPACE, SERVICE_ACCOUNT)
+        .mint_service_account_user(REAPER_NAMESPACE, REAPER_SERVICE_ACCOUNT)
         .await
         .unwrap();
     let reaper = kbind_e2e::cluster::client_for(&account.kubeconfig)

@@ -316,7 +316,10 @@ mod tests {
             assert_eq!((step.state, step.act), want, "{action:?} revoked={revoked}");
         }
         // Revoke without a Grant: nothing to revoke, reported as Stale.
-        let step = decide(&facts(act_at, seen(t0, Some(stale_at)), 3), &policy(Action::Revoke));
+        let step = decide(
+            &facts(act_at, seen(t0, Some(stale_at)), 3),
+            &policy(Action::Revoke),
+        );
         assert_eq!((step.state, step.act), (State::Stale, None));
         // A renewal seen cancels it all, Grant or not.
         let live = Facts {

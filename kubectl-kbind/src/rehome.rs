@@ -303,17 +303,24 @@ pub async fn run(
     }
     let claim = apply && refused.is_none();
     let claimants = crate::rehome_related::claimants(consumer, name).await?;
+    let provider_scopes = kbind_shared::boundary::provider_scopes(consumer, &map, None)
+        .await
+        .map_err(|e| view::read_error("namespaces", &e))?;
     let (mut related, mut related_claimed) = (Vec::new(), 0);
     for side in [
         crate::rehome_related::Side {
             client: &provider.client,
             name: "provider",
             direction: kbind_shared::api::RelatedDirection::FromConsumer,
+            scopes: provider_scopes.clone(),
+            map: map.clone(),
         },
         crate::rehome_related::Side {
             client: consumer,
             name: "consumer",
             direction: kbind_shared::api::RelatedDirection::FromProvider,
+            scopes: vec![None],
+            map: Default::default(),
         },
     ] {
         let (rows, n) =

@@ -227,6 +227,11 @@ pub struct Side<'a> {
     /// `provider` or `consumer`.
     pub name: &'static str,
     pub direction: RelatedDirection,
+    /// Where to list (`None`: every namespace) — on the provider in a boundary (#51), each
+    /// consumer namespace's mapped one.
+    pub scopes: Vec<Option<String>>,
+    /// How the Connection names consumer namespaces here (identity on the consumer).
+    pub map: kbind_shared::boundary::NamespaceMap,
 }
 
 /// The related copies on `side` that name the previous identity `from`, each with its verdict;
@@ -259,69 +264,76 @@ pub async fn copies(
                 ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
             }
         };
-        let api: Api<DynamicObject> = Api::all_with(side.client.clone(), &resource);
         let managed = ListParams::default()
             .labels(&format!("{}={}", keys::MANAGED_LABEL, keys::TRUE))
             .limit(PAGE);
-        let mut params = managed.clone();
-        loop {
-            let page = api.list(&params).await.map_err(|e| {
-                view::read_error(&format!("{} on the {}", resource.plural, side.name), &e)
-            })?;
-            for object in &page.items {
-                let annotations = object.annotations();
-                if annotations
-                    .get(keys::CONSUMER_CLUSTER_UID_ANNOTATION)
-                    .map(String::as_str)
-                    != Some(from)
-                    || !annotations.contains_key(keys::RELATED_BINDING_ANNOTATION)
-                {
-                    continue;
-                }
-                let namespace = object.namespace().unwrap_or_default();
-                let name = object.name_any();
-                let found = claimant(claimants, kind, side.direction, &namespace, &name);
-                if claim && let Ok(binding) = found {
-                    let body = claim_body(
-                        object,
-                        &resource.kind,
-                        side.name == "provider",
-                        uid,
-                        &binding.uid,
-                        heartbeat,
-                    );
-                    kbind_shared::dynamic::scoped(side.client, Some(&namespace), &resource)
-                        .patch(
-                            &name,
-                            &PatchParams::apply(keys::RELATED_FIELD_MANAGER).force(),
-                            &Patch::Apply(&body),
-                        )
-                        .await
-                        .map_err(|e| {
-                            format!(
-                                "claim the related copy {} {namespace}/{name} on the {}: {}",
-                                resource.kind,
-                                side.name,
-                                kbind_shared::identity::describe_error(&e)
+        for scope in &side.scopes {
+            let api: Api<DynamicObject> =
+                kbind_shared::dynamic::scoped(side.client, scope.as_deref(), &resource);
+            let mut params = managed.clone();
+            loop {
+                let page = api.list(&params).await.map_err(|e| {
+                    view::read_error(&format!("{} on the {}", resource.plural, side.name), &e)
+                })?;
+                for object in &page.items {
+                    let annotations = object.annotations();
+                    if annotations
+                        .get(keys::CONSUMER_CLUSTER_UID_ANNOTATION)
+                        .map(String::as_str)
+                        != Some(from)
+                        || !annotations.contains_key(keys::RELATED_BINDING_ANNOTATION)
+                    {
+                        continue;
+                    }
+                    let namespace = object.namespace().unwrap_or_default();
+                    let name = object.name_any();
+                    // Bindings speak of the consumer's namespaces.
+                    let Some(named) = side.map.consumer(&namespace) else {
+                        continue;
+                    };
+                    let found = claimant(claimants, kind, side.direction, named, &name);
+                    if claim && let Ok(binding) = found {
+                        let body = claim_body(
+                            object,
+                            &resource.kind,
+                            side.name == "provider",
+                            uid,
+                            &binding.uid,
+                            heartbeat,
+                        );
+                        kbind_shared::dynamic::scoped(side.client, Some(&namespace), &resource)
+                            .patch(
+                                &name,
+                                &PatchParams::apply(keys::RELATED_FIELD_MANAGER).force(),
+                                &Patch::Apply(&body),
                             )
-                        })?;
-                    claimed += 1;
+                            .await
+                            .map_err(|e| {
+                                format!(
+                                    "claim the related copy {} {namespace}/{name} on the {}: {}",
+                                    resource.kind,
+                                    side.name,
+                                    kbind_shared::identity::describe_error(&e)
+                                )
+                            })?;
+                        claimed += 1;
+                    }
+                    rows.push(RelatedCopy {
+                        side: side.name.to_owned(),
+                        kind: resource.kind.clone(),
+                        namespace: cell(&namespace),
+                        name: cell(&name),
+                        verdict: match found {
+                            Ok(_) => "claim".to_owned(),
+                            Err(why) => why.to_owned(),
+                        },
+                        binding: found.ok().map(|b| cell(&b.name)),
+                    });
                 }
-                rows.push(RelatedCopy {
-                    side: side.name.to_owned(),
-                    kind: resource.kind.clone(),
-                    namespace: cell(&namespace),
-                    name: cell(&name),
-                    verdict: match found {
-                        Ok(_) => "claim".to_owned(),
-                        Err(why) => why.to_owned(),
-                    },
-                    binding: found.ok().map(|b| cell(&b.name)),
-                });
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => params = managed.clone().continue_token(&token),
-                None => break,
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = managed.clone().continue_token(&token),
+                    None => break,
+                }
             }
         }
     }

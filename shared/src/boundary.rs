@@ -101,6 +101,35 @@ impl NamespaceMap {
     }
 }
 
+/// Where on the provider a Connection's copies in `namespace` (every namespace when `None`) can
+/// be listed: that scope itself without a boundary; in a boundary — whose credential cannot list
+/// across namespaces — each consumer namespace's provider namespace (one that cannot be mapped
+/// holds nothing).
+pub async fn provider_scopes(
+    consumer: &kube::Client,
+    map: &NamespaceMap,
+    namespace: Option<&str>,
+) -> Result<Vec<Option<String>>, kube::Error> {
+    if map.boundary().is_none() {
+        return Ok(vec![namespace.map(str::to_owned)]);
+    }
+    let namespaces = match namespace {
+        Some(namespace) => vec![namespace.to_owned()],
+        None => kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(consumer.clone())
+            .list_metadata(&kube::api::ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect(),
+    };
+    Ok(namespaces
+        .iter()
+        .filter_map(|n| map.provider(n).ok())
+        .map(Some)
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

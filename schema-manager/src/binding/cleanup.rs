@@ -130,11 +130,10 @@ pub(super) async fn delete_related_copies(
         sides.push(("consumer", consumer, vec![namespace.map(str::to_owned)]));
     }
     if let Some((client, map)) = provider {
-        sides.push((
-            "provider",
-            client,
-            provider_scopes(consumer, map, namespace).await?,
-        ));
+        let scopes = kbind_shared::boundary::provider_scopes(consumer, map, namespace)
+            .await
+            .map_err(Error::Consumer)?;
+        sides.push(("provider", client, scopes));
     }
     for (side, client, scopes) in sides {
         let mut lists = Vec::new();
@@ -207,33 +206,4 @@ pub(super) async fn delete_related_copies(
         }
     }
     Ok(found)
-}
-
-/// Where a binding's related copies can be on the provider: its scope, mapped into the
-/// Connection's boundary (#51) — where a ClusterBinding's are every consumer namespace's
-/// (the boundary's credential cannot list across namespaces).
-async fn provider_scopes(
-    consumer: &Client,
-    map: &kbind_shared::boundary::NamespaceMap,
-    namespace: Option<&str>,
-) -> Result<Vec<Option<String>>, Error> {
-    if map.boundary().is_none() {
-        return Ok(vec![namespace.map(str::to_owned)]);
-    }
-    let namespaces = match namespace {
-        Some(namespace) => vec![namespace.to_owned()],
-        None => kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(consumer.clone())
-            .list_metadata(&ListParams::default())
-            .await
-            .map_err(Error::Consumer)?
-            .items
-            .into_iter()
-            .map(|n| n.name_any())
-            .collect(),
-    };
-    Ok(namespaces
-        .iter()
-        .filter_map(|n| map.provider(n).ok())
-        .map(Some)
-        .collect())
 }

@@ -95,9 +95,20 @@ impl NamespaceMap {
         }
     }
 
-    /// The labels a provider namespace kbind creates carries for the boundary.
+    /// The label a provider namespace kbind creates carries for the boundary.
     pub fn namespace_labels(&self) -> Option<(&'static str, String)> {
         self.boundary.clone().map(|b| (BOUNDARY_LABEL, b))
+    }
+
+    /// `labels` of a provider namespace kbind creates, with the boundary's label added.
+    pub fn labelled(
+        &self,
+        labels: impl IntoIterator<Item = (String, String)>,
+    ) -> std::collections::BTreeMap<String, String> {
+        labels
+            .into_iter()
+            .chain(self.namespace_labels().map(|(k, v)| (k.to_owned(), v)))
+            .collect()
     }
 }
 
@@ -174,6 +185,13 @@ mod tests {
             map.namespace_labels(),
             Some((BOUNDARY_LABEL, "kbind-0123456789".to_owned()))
         );
+        let labels = map.labelled([("a".to_owned(), "b".to_owned())]);
+        assert_eq!(
+            labels.get(BOUNDARY_LABEL).map(String::as_str),
+            Some("kbind-0123456789")
+        );
+        assert_eq!(labels.len(), 2);
+        assert_eq!(NamespaceMap::new(None).labelled([]).len(), 0);
     }
 
     #[test]

@@ -303,6 +303,36 @@ impl kube::runtime::utils::Backoff for Quick {
     }
 }
 
+/// How a Connection's boundary's namespaces are opened (#51): `watch` of the provider namespace
+/// of each consumer namespace, its objects held under the consumer's namespace, retried soon
+/// ([`Quick`]); a consumer namespace too long to map lists as empty (nothing of it can be
+/// there: its objects fail with the reason).
+pub fn in_boundary<K>(
+    map: crate::boundary::NamespaceMap,
+    watch: impl Fn(&str) -> Events<K> + Send + 'static,
+) -> Open<K>
+where
+    K: Resource + Clone + Send + 'static,
+{
+    use futures::TryStreamExt;
+    use kube::runtime::WatchStreamExt;
+    Box::new(move |namespace: &str| -> Events<K> {
+        let Ok(mapped) = map.provider(namespace) else {
+            let listed = [Ok(Event::Init), Ok(Event::InitDone)];
+            return futures::stream::iter(listed)
+                .chain(futures::stream::pending())
+                .boxed();
+        };
+        let consumer = namespace.to_owned();
+        watch(&mapped)
+            .backoff(Quick::default())
+            .map_ok(move |event: Event<K>| {
+                event.modify(|o| o.meta_mut().namespace = Some(consumer.clone()))
+            })
+            .boxed()
+    })
+}
+
 /// Whether a namespace's watch failed because its namespace is not readable yet: refused (the
 /// grant of it is made once it exists) or not there.
 fn absent(error: &watcher::Error) -> bool {

@@ -9,11 +9,10 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kbind_shared::api::RelatedResourceKind;
 use kbind_shared::keys;
-use kbind_shared::namespaced::{Command, Namespaced, Quick};
+use kbind_shared::namespaced::{Command, Namespaced};
 use kbind_shared::streaming::Events;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
@@ -156,25 +155,14 @@ pub(super) fn watch(
         .boxed(),
         Scope::Namespaces(commands, map) => {
             let (client, resource, config) = (client.clone(), resource.clone(), config.clone());
-            let open = move |namespace: &str| -> Events<DynamicObject> {
-                let Ok(mapped) = map.provider(namespace) else {
-                    let listed = [Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
-                    return futures::stream::iter(listed)
-                        .chain(futures::stream::pending())
-                        .boxed();
-                };
-                let consumer = namespace.to_owned();
+            let open = kbind_shared::namespaced::in_boundary(map, move |namespace| {
                 watcher(
-                    Api::namespaced_with(client.clone(), &mapped, &resource),
+                    Api::namespaced_with(client.clone(), namespace, &resource),
                     config.clone(),
                 )
-                .backoff(Quick::default())
-                .map_ok(move |event: watcher::Event<DynamicObject>| {
-                    event.modify(|o| o.metadata.namespace = Some(consumer.clone()))
-                })
                 .boxed()
-            };
-            Namespaced::new(Box::new(open), commands, |namespace, name| DynamicObject {
+            });
+            Namespaced::new(open, commands, |namespace, name| DynamicObject {
                 types: None,
                 metadata: kube::api::ObjectMeta {
                     namespace: Some(namespace.to_owned()),

@@ -307,15 +307,9 @@ impl Worker {
             metadata: ObjectMeta {
                 name: Some(mapped),
                 labels: Some(
-                    [(keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned())]
-                        .into_iter()
-                        .chain(
-                            self.spec
-                                .namespaces
-                                .namespace_labels()
-                                .map(|(k, v)| (k.to_owned(), v)),
-                        )
-                        .collect(),
+                    self.spec
+                        .namespaces
+                        .labelled([(keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned())]),
                 ),
                 annotations: Some(
                     [

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::channel::mpsc::{UnboundedReceiver, unbounded};
 use futures::{StreamExt, TryStreamExt};
 use kbind_shared::cache::{Instance, ProviderCopy};
-use kbind_shared::namespaced::{Command, Namespaced, Quick};
+use kbind_shared::namespaced::{Command, Namespaced};
 use kbind_shared::streaming::Events;
 use kube::Api;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -177,27 +177,13 @@ fn in_boundary(worker: &Worker, commands: UnboundedReceiver<Command>) -> Events<
         worker.spec.namespaces.clone(),
         own_copies(&worker.spec.local_uid),
     );
-    let open = move |namespace: &str| -> Events<Instance> {
-        let Ok(mapped) = map.provider(namespace) else {
-            // Too long a name to map: nothing of it is ever on the provider (its objects fail
-            // with the reason).
-            let listed = [Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
-            return futures::stream::iter(listed)
-                .chain(futures::stream::pending())
-                .boxed();
-        };
-        let consumer = namespace.to_owned();
+    let open = kbind_shared::namespaced::in_boundary(map, move |namespace| {
         kbind_shared::streaming::instances(
-            Api::namespaced_with(client.clone(), &mapped, &dyntype),
+            Api::namespaced_with(client.clone(), namespace, &dyntype),
             selection.clone(),
         )
-        .backoff(Quick::default())
-        .map_ok(move |event: watcher::Event<Instance>| {
-            event.modify(|o| o.metadata.namespace = Some(consumer.clone()))
-        })
-        .boxed()
-    };
-    Namespaced::new(Box::new(open), commands, |namespace, name| {
+    });
+    Namespaced::new(open, commands, |namespace, name| {
         let metadata = kube::api::ObjectMeta {
             namespace: Some(namespace.to_owned()),
             name: Some(name.to_owned()),

@@ -291,23 +291,13 @@ impl Worker {
         let object = Namespace {
             metadata: ObjectMeta {
                 name: Some(namespace.to_owned()),
-                labels: Some(
-                    [
-                        (keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned()),
-                        (
-                            keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
-                            self.spec.local_uid.clone(),
-                        ),
-                    ]
-                    .into_iter()
-                    .chain(
-                        self.spec
-                            .namespaces
-                            .namespace_labels()
-                            .map(|(k, v)| (k.to_owned(), v)),
-                    )
-                    .collect(),
-                ),
+                labels: Some(self.spec.namespaces.labelled([
+                    (keys::MANAGED_LABEL.to_owned(), keys::TRUE.to_owned()),
+                    (
+                        keys::CONSUMER_CLUSTER_UID_ANNOTATION.to_owned(),
+                        self.spec.local_uid.clone(),
+                    ),
+                ])),
                 annotations: Some(
                     [(keys::HEARTBEAT_ANNOTATION.to_owned(), self.spec.heartbeat())].into(),
                 ),

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Event, Secret};
 use kbind_e2e::fixtures::*;
 use kbind_e2e::wait::wait_for;
 use kbind_provider::issuer::plan;
@@ -164,6 +164,69 @@ async fn two_consumers_with_the_same_names_sync_side_by_side_each_in_its_boundar
             .filter_map(|c| c["need"]["namespace"].as_str())
             .collect();
         assert!(asked.contains(&tenant.team_a().as_str()), "{report:#}");
+    }
+
+    // Provider Events, when asked for: each tenant's copy's Event reaches that tenant's object
+    // only (the watch is in the tenant's boundary, the Event mapped back).
+    for tenant in &tenants {
+        let bindings = Api::<kbind_shared::api::ClusterBinding>::all(tenant.client.clone());
+        bindings
+            .patch(
+                "widgets",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "providerEvents": {} } })),
+            )
+            .await
+            .unwrap();
+        let copy = widgets(&provider, &tenant.team_a()).get("w").await.unwrap();
+        let event: Event = serde_json::from_value(json!({
+            "metadata": { "generateName": "w." },
+            "involvedObject": {
+                "apiVersion": "example.org/v1", "kind": "Widget",
+                "name": "w", "namespace": tenant.team_a(), "uid": copy.uid(),
+            },
+            // (Warnings are what a binding asks for by default.)
+            "type": "Warning",
+            "reason": format!("ReadyFor-{}", tenant.name),
+            "message": "provisioned",
+            "source": { "component": "db-operator" },
+            "firstTimestamp": jiff::Timestamp::now().to_string(),
+            "lastTimestamp": jiff::Timestamp::now().to_string(),
+            "count": 1,
+        }))
+        .unwrap();
+        Api::<Event>::namespaced(provider.clone(), &tenant.team_a())
+            .create(&Default::default(), &event)
+            .await
+            .unwrap();
+    }
+    for tenant in &tenants {
+        let uid = widgets(&tenant.client, "team-a")
+            .get("w")
+            .await
+            .unwrap()
+            .uid()
+            .unwrap();
+        let events = Api::<Event>::namespaced(tenant.client.clone(), "team-a");
+        let reasons = wait_for(
+            &format!("the provider's Event on {}'s object", tenant.name),
+            30,
+            || async {
+                let copied: Vec<String> = events
+                    .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .into_iter()
+                    .filter(|e| e.reporting_component.as_deref() == Some("kbind-konnector"))
+                    .filter_map(|e| e.reason)
+                    .filter(|r| r.starts_with("ReadyFor-"))
+                    .collect();
+                Ok((!copied.is_empty()).then_some(copied))
+            },
+        )
+        .await;
+        assert_eq!(reasons, [format!("ReadyFor-{}", tenant.name)]);
     }
 
     // Each credential reads and writes its own boundary only: the other's copies are refused.

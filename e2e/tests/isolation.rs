@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kbind_e2e::fixtures::*;
-use kbind_e2e::wait::wait_for;
+use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_provider::issuer::plan;
 use kbind_shared::keys;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -261,15 +261,7 @@ async fn two_consumers_with_the_same_names_sync_side_by_side_each_in_its_boundar
         .delete("w", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("alice's copy deleted", 30, || async {
-        Ok(alice_copies
-            .get_opt("w")
-            .await
-            .map_err(|e| e.to_string())?
-            .is_none()
-            .then_some(()))
-    })
-    .await;
+    wait_gone(&alice_copies, "w", "alice's copy deleted", 30).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         size_of(&widgets(&provider, &tenants[1].team_a()), "w").await,

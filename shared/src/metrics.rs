@@ -121,7 +121,7 @@ pub struct Metrics {
     /// at the last sweep
     pub reaper_consumers: GaugeVec,
     /// `kbind_reaper_objects_total{policy,api,action}` (kbind-reaper): objects it deleted or
-    /// orphaned (the API server accepted the write)
+    /// orphaned, and Grants it revoked (the API server accepted the write)
     pub reaper_objects_total: IntCounterVec,
     /// `kbind_reaper_last_sweep_timestamp_seconds{policy}` (kbind-reaper): the provider API
     /// server's time of the last complete sweep
@@ -340,7 +340,7 @@ impl Metrics {
             reaper_objects_total: counter_vec(
                 &registry,
                 "kbind_reaper_objects_total",
-                "Objects of dead consumers the reaper deleted or orphaned, by API and action",
+                "Objects of dead consumers the reaper deleted or orphaned, and Grants it revoked, by API and action",
                 &["policy", "api", "action"],
             ),
             reaper_last_sweep_timestamp_seconds: gauge_vec(

@@ -188,27 +188,19 @@ async fn main() {
 
     // The reaper, on Delete.
     let stale_after = (args.renew_secs * 10).max(30);
-    Api::<ReaperPolicy>::all(provider.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "reaper.kbind.io/v1alpha1",
-                "kind": "ReaperPolicy",
-                "metadata": { "name": "default" },
-                "spec": {
-                    "leaseNamespaces": ["kbind"],
-                    "staleAfter": format!("{stale_after}s"),
-                    "deleteAfter": "1s",
-                    "action": "Delete",
-                    "apis": ["widgets.example.org"],
-                    "includeNamespaces": true,
-                    "deletesPerMinute": args.deletes_per_minute,
-                },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    kbind_e2e::fixtures::create_reaper_policy(
+        &provider,
+        json!({
+            "leaseNamespaces": ["kbind"],
+            "staleAfter": format!("{stale_after}s"),
+            "deleteAfter": "1s",
+            "action": "Delete",
+            "apis": ["widgets.example.org"],
+            "includeNamespaces": true,
+            "deletesPerMinute": args.deletes_per_minute,
+        }),
+    )
+    .await;
     let metrics = format!("127.0.0.1:{}", free_port());
     let kubeconfig = env.cluster("provider").admin_kubeconfig_path();
     env.start_kbind(

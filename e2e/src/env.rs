@@ -10,7 +10,7 @@ use crate::process::ChildProcess;
 
 /// The environment of one test. Dropping it stops kbind's processes, then the clusters; the
 /// directory with every log is removed after a passing test and kept (and printed) after a failing
-/// one, or always with `KBIND_E2E_KEEP=1`.
+/// one — its logs, not its etcd data — or kept whole with `KBIND_E2E_KEEP=1`.
 pub struct TestEnv {
     dir: PathBuf,
     keep: bool,
@@ -21,6 +21,25 @@ pub struct TestEnv {
     // Image containers the processes ran in: removed once the processes are gone.
     containers: Vec<crate::images::Container>,
     clusters: Vec<Cluster>,
+}
+
+/// Removes the etcd data directories (`<cluster>/etcd/`) under a run's directory, keeping
+/// every log beside them.
+fn remove_etcd_data(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !path.is_dir() {
+            continue;
+        }
+        if path.file_name().is_some_and(|n| n == "etcd") && path.join("member").is_dir() {
+            let _ = std::fs::remove_dir_all(&path);
+        } else {
+            remove_etcd_data(&path);
+        }
+    }
 }
 
 /// Where test environments keep their files: `target/e2e-runs/`.
@@ -286,10 +305,13 @@ impl Drop for TestEnv {
         self.processes.clear();
         self.containers.clear();
         self.clusters.clear();
-        let keep = self.keep
-            || std::thread::panicking()
-            || std::env::var_os("KBIND_E2E_KEEP").is_some_and(|v| v == "1");
-        if keep {
+        let asked = self.keep || std::env::var_os("KBIND_E2E_KEEP").is_some_and(|v| v == "1");
+        if asked {
+            self.keep_logs();
+        } else if std::thread::panicking() {
+            // A failed test keeps its logs, not its clusters' databases (~125 MB of etcd
+            // write-ahead log each, which fill a CI machine's disk when several tests fail).
+            remove_etcd_data(&self.dir);
             self.keep_logs();
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);

@@ -5,7 +5,7 @@
 use kbind_shared::api::ConflictPolicy;
 use kbind_shared::ownership::{self, Decision, Owner};
 
-use super::states::SyncState;
+use super::record::SyncState;
 
 /// The provider copy the cache holds under the consumer object's namespace and name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -383,9 +383,27 @@ async fn handle(worker: &Worker, throttle: &mut Throttle, event: &ProviderEvent)
     {
         return;
     }
-    let consumer_event = ConsumerEvent {
+    let consumer_event = consumer_event(
+        worker,
+        &object,
+        namespace,
+        event_name(name, event_uid),
+        copied,
+    );
+    publish(worker, namespace, &consumer_event).await;
+}
+
+/// The consumer's Event `name` about `object` (in `namespace`), copied from the provider's.
+fn consumer_event(
+    worker: &Worker,
+    object: &Instance,
+    namespace: Option<&str>,
+    name: String,
+    copied: Copied,
+) -> ConsumerEvent {
+    ConsumerEvent {
         metadata: ObjectMeta {
-            name: Some(event_name(name, event_uid)),
+            name: Some(name),
             namespace: Some(namespace.unwrap_or("default").to_owned()),
             ..Default::default()
         },
@@ -399,8 +417,7 @@ async fn handle(worker: &Worker, throttle: &mut Throttle, event: &ProviderEvent)
             .map(|i| cut_bytes(&i, MAX_WORD)),
         regarding: Some(object.object_ref(&worker.dyntype)),
         ..Default::default()
-    };
-    publish(worker, namespace, &consumer_event).await;
+    }
 }
 
 /// Whether the provider copy `namespace/name` that exists now has the UID an Event regards (a

@@ -92,14 +92,14 @@ fn provider(
                 // (A re-list's objects are compared once it is complete, below.)
                 if let Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) = event {
                     let key = pending::key(o);
-                    seen.provider_echoes
+                    seen.tracked
                         .locked()
                         .saw(&key, o.metadata.resource_version.as_deref());
                     let reference = seen.reference(key.0.as_deref(), &key.1);
                     if seen.consumer_objects.get(&reference).is_some() {
-                        seen.pending
+                        seen.tracked
                             .locked()
-                            .provider_changed(key, std::time::Instant::now());
+                            .provider_changed(&key, std::time::Instant::now());
                     }
                 }
             })
@@ -115,56 +115,61 @@ fn provider(
     let task = tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
-            let object = match event {
-                // The cache holds the event now: a write's echo among those seen ends its wait.
-                Ok(watcher::Event::Apply(o)) => {
-                    let key = (
-                        o.namespace.as_deref().map(str::to_owned),
-                        o.name.to_string(),
-                    );
-                    worker.provider_echoes.locked().cached(&key);
-                    // Shown by the watch: ours and labelled, no stranger any more.
-                    worker.strangers.locked().forget(&key);
-                    o
+            for reference in provider_cached(&worker, event) {
+                if trigger.unbounded_send(reference).is_err() {
+                    return;
                 }
-                Ok(watcher::Event::Delete(o)) => {
-                    let key = (
-                        o.namespace.as_deref().map(str::to_owned),
-                        o.name.to_string(),
-                    );
-                    worker.provider_echoes.locked().forget(&key);
-                    o
-                }
-                // A (re-)list is complete and the cache holds it: only the consumer objects it
-                // leaves with work to do are synced, not every object again.
-                Ok(watcher::Event::InitDone) => {
-                    worker.provider_echoes.locked().clear();
-                    if !worker.listed(Side::Provider) {
-                        continue;
-                    }
-                    let now = std::time::Instant::now();
-                    for object in worker.with_work(&crate::bindings::Reach::All) {
-                        worker
-                            .pending
-                            .locked()
-                            .provider_changed(pending::key(object.as_ref()), now);
-                        let reference =
-                            ObjectRef::from_obj_with(object.as_ref(), worker.dyntype.clone());
-                        if trigger.unbounded_send(reference).is_err() {
-                            return;
-                        }
-                    }
-                    continue;
-                }
-                _ => continue,
-            };
-            let reference = worker.reference(object.namespace.as_deref(), &object.name);
-            if trigger.unbounded_send(reference).is_err() {
-                break;
             }
         }
     });
     (task, triggers)
+}
+
+/// A provider watch event, now in the cache: what it ends, and the consumer objects to sync.
+fn provider_cached(
+    worker: &Worker,
+    event: Result<watcher::Event<ProviderCopy>, watcher::Error>,
+) -> Vec<ObjectRef<Instance>> {
+    let key = |o: &ProviderCopy| {
+        (
+            o.namespace.as_deref().map(str::to_owned),
+            o.name.to_string(),
+        )
+    };
+    let object = match event {
+        // The cache holds the event now: a write's echo among those seen ends its wait.
+        Ok(watcher::Event::Apply(o)) => {
+            let mut tracked = worker.tracked.locked();
+            tracked.cached(&key(&o));
+            // Shown by the watch: ours and labelled, no stranger any more.
+            tracked.forget_stranger(&key(&o));
+            o
+        }
+        Ok(watcher::Event::Delete(o)) => {
+            worker.tracked.locked().provider_gone(&key(&o));
+            o
+        }
+        // A (re-)list is complete and the cache holds it: only the consumer objects it leaves
+        // with work to do are synced, not every object again.
+        Ok(watcher::Event::InitDone) => {
+            worker.tracked.locked().provider_relisted();
+            if !worker.listed(Side::Provider) {
+                return Vec::new();
+            }
+            let now = std::time::Instant::now();
+            let objects = worker.with_work(&crate::bindings::Reach::All);
+            let mut tracked = worker.tracked.locked();
+            return objects
+                .iter()
+                .map(|object| {
+                    tracked.provider_changed(&pending::key(object.as_ref()), now);
+                    ObjectRef::from_obj_with(object.as_ref(), worker.dyntype.clone())
+                })
+                .collect();
+        }
+        _ => return Vec::new(),
+    };
+    vec![worker.reference(object.namespace.as_deref(), &object.name)]
 }
 
 /// In a boundary (#51) the credential reads only the boundary's namespaces: the provider is
@@ -218,26 +223,24 @@ fn consumer(
             let changed = match event {
                 Ok(watcher::Event::Apply(o)) => {
                     worker
-                        .echoes
+                        .tracked
                         .locked()
                         .showed(&pending::key(&o), o.metadata.resource_version.as_deref());
                     overdue::note(&worker, &o, std::time::Instant::now(), &overdue);
                     o
                 }
-                Ok(watcher::Event::Delete(o)) => {
-                    worker.echoes.locked().forget(&pending::key(&o));
-                    continue;
-                }
+                // (Its record went as the event passed: `Worker::saw_consumer_event`.)
+                Ok(watcher::Event::Delete(_)) => continue,
                 Ok(watcher::Event::InitDone) => {
-                    worker.echoes.locked().clear();
+                    worker.tracked.locked().consumer_relisted();
                     if !worker.listed(Side::Consumer) {
                         continue;
                     }
                     let now = std::time::Instant::now();
                     for object in worker.with_work(&crate::bindings::Reach::All) {
                         let deleting = object.metadata.deletion_timestamp.is_some();
-                        worker.pending.locked().consumer_changed(
-                            pending::key(object.as_ref()),
+                        worker.tracked.locked().consumer_changed(
+                            &pending::key(object.as_ref()),
                             now,
                             deleting,
                         );

@@ -2,13 +2,24 @@
 //! Connection (REFERENCE-BEHAVIOUR §17: SYNC, OWN, IDEL). The provider side is read from a
 //! watch-fed cache; a write happens only when something differs.
 //!
-//! Its parts: [`state`] (the caches and what the worker has seen and written), [`feeds`] (the
-//! two watches that fill the caches and start syncs), [`sync`] (one object's sync: facts,
-//! [`decide`], the step's writes), [`writes`] (each write and what it leaves behind), [`report`]
+//! Its parts: [`state`] (the caches and the clients), [`tracked`] (one record per object of
+//! everything else the worker keeps — changes waiting ([`pending`]), its own writes' echoes
+//! ([`echoes`]), strangers under an object's name ([`strangers`]), where each object stands —
+//! with the record's data in [`record`]), [`feeds`] (the two watches that fill the caches and
+//! start syncs), [`sync`] (one object's sync: the facts, [`decide`], and the dispatch to its
+//! step's executor in [`steps`]), [`writes`] (each write and what it leaves behind), [`report`]
 //! (the backlog gauges and objects per unit), [`events`] (provider Events copied onto consumer
 //! objects, for the bindings that ask), [`overdue`] (a change still undelivered after a second
 //! says so), [`in_flight`] (the syncs in progress, each ended by a guard, and the stop that waits
 //! for them).
+//!
+//! The path of one consumer change: the consumer feed notes it in the object's record
+//! (`consumer_changed`) and queues the object; the controller calls [`reconcile`], which waits
+//! out an echo of kbind's own last write if the record says one is due, takes what waits from the
+//! record and calls [`sync::sync`]; that gathers the facts from the caches (and a stranger's from
+//! the record), [`decide`] names the step, and the step's executor writes — each write noting
+//! what it leaves behind in the same record (`wrote`, `writing`/`wrote_provider`,
+//! `spec_applied`, `status_written`) — and says where the object stands (`set_state`).
 
 use kbind_shared::sync::Locked;
 use std::sync::Arc;
@@ -34,12 +45,14 @@ mod feeds;
 mod in_flight;
 mod overdue;
 mod pending;
+mod record;
 mod report;
 mod state;
-mod states;
 mod status_delay;
+mod steps;
 mod strangers;
 mod sync;
+mod tracked;
 mod writes;
 
 pub use buckets::Buckets;
@@ -187,7 +200,7 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
     let key = state::object_key(object.as_ref());
     let waiting = pending::key(object.as_ref());
     if worker
-        .echoes
+        .tracked
         .locked()
         .behind(&waiting, object.metadata.resource_version.as_deref())
     {
@@ -196,21 +209,21 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
         return Ok(Action::await_change());
     }
     let provider_wait = worker
-        .provider_echoes
+        .tracked
         .locked()
-        .waits(&waiting, std::time::Instant::now());
+        .provider_echo_wait(&waiting, std::time::Instant::now());
     if let Some(wait) = provider_wait {
         // The same on the provider side: the echo of kbind's spec-up syncs it again, or, if the
         // write changed nothing (no echo), the wait lapses.
         tracing::trace!(object = %name, "the provider cache does not show kbind's last write yet");
         return Ok(Action::requeue(wait));
     }
-    let seen = worker.pending.locked().take(&waiting);
+    let seen = worker.tracked.locked().take(&waiting);
     let result = sync::sync(object, worker.clone(), seen).await;
     if result.is_ok() {
         worker.retries.succeeded(&key);
     } else {
-        worker.pending.locked().give_back(waiting, seen);
+        worker.tracked.locked().give_back(&waiting, seen);
     }
     tracing::trace!(object = %name, ok = result.is_ok(), "sync end");
     result

@@ -132,7 +132,7 @@ fn still_undelivered(worker: &Worker, due: &Due) -> Option<Arc<Instance>> {
     let object = worker
         .consumer_objects
         .get(&worker.reference(due.key.0.as_deref(), &due.key.1))?;
-    let delivered = worker.pending.locked().applied_since(&due.key, due.seen);
+    let delivered = worker.tracked.locked().applied_since(&due.key, due.seen);
     let bound = worker.binds_in(object.metadata.namespace.as_deref());
     let says_synced = super::backlog::says_synced_while_waiting(&worker.backlog_facts(
         &object,

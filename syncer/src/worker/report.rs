@@ -10,6 +10,7 @@ use kbind_shared::keys;
 use kube::ResourceExt;
 
 use super::backlog;
+use super::pending;
 use super::state::Worker;
 
 /// Objects per unit are counted every this many ticks (seconds).
@@ -34,9 +35,9 @@ pub(super) async fn gauges(worker: &Worker) {
         }
         ticks += 1;
         let record_wait = {
-            let mut pending = worker.pending.locked();
-            pending.compact(std::time::Instant::now());
-            pending.record_wait()
+            let mut tracked = worker.tracked.locked();
+            tracked.compact(std::time::Instant::now());
+            tracked.record_wait()
         };
         ctx.metrics
             .delivery_record_wait_seconds
@@ -105,7 +106,14 @@ impl Worker {
                 tally.add(state, age);
             }
         }
-        for (key, seen) in self.pending.locked().entries() {
+        // (Copied out: the lock is not held while the objects are looked at.)
+        let waiting: Vec<(pending::Key, pending::Seen)> = self
+            .tracked
+            .locked()
+            .waiting()
+            .map(|(key, seen)| (key.clone(), *seen))
+            .collect();
+        for (key, seen) in waiting {
             if let Some(object) = consumer.get(&self.reference(key.0.as_deref(), &key.1))
                 && self
                     .waits(&object, &mut Default::default(), routed, wall)

@@ -19,8 +19,9 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use super::buckets::Buckets;
-use super::states::{self, SyncState};
-use super::{echoes, pending};
+use super::pending;
+use super::record::SyncState;
+use super::tracked::Tracked;
 use crate::context::Context;
 
 /// What a worker syncs, and with which provider.
@@ -91,28 +92,20 @@ pub(super) struct Worker {
     /// This consumer cluster's copies on the provider (selected by their label), as the facts a
     /// sync reads.
     pub(super) provider_objects: Store<ProviderCopy>,
-    /// Other provider objects met under consumer objects' names ([`super::strangers`]).
-    pub(super) strangers: Mutex<super::strangers::Strangers>,
     /// The consumer's objects of the API (this worker's buckets).
     pub(super) consumer_objects: Store<Instance>,
     pub(super) recorder: Recorder,
     pub(super) known_namespaces: Mutex<HashSet<String>>,
     pub(super) warned_no_status: Mutex<bool>,
-    /// Objects whose provider status is too large to copy, warned about once each.
-    pub(super) oversized: Mutex<HashSet<pending::Key>>,
-    pub(super) states: Mutex<states::States>,
+    /// One record per object of everything tracked besides the caches ([`super::tracked`]):
+    /// changes waiting, echoes awaited, strangers, where it stands.
+    pub(super) tracked: Mutex<Tracked>,
     /// The syncs in progress ([`super::in_flight`]).
     pub(super) in_flight: super::in_flight::InFlight,
     /// Backoff and log-once for objects whose sync keeps failing.
     pub(super) retries: kbind_shared::backoff::Retries,
-    /// Changes seen and not yet synced: the backlog, and what lag is measured from.
-    pub(super) pending: Mutex<pending::Pending>,
     /// Which sides' caches have listed.
     pub(super) listed: Mutex<Listed>,
-    /// kbind's consumer writes the cache does not show yet.
-    pub(super) echoes: Mutex<echoes::Echoes>,
-    /// kbind's provider writes the provider cache does not show yet.
-    pub(super) provider_echoes: Mutex<echoes::ProviderEchoes>,
     /// In a boundary (#51), where the provider is watched: one namespace at a time, those the
     /// consumer has objects in ([`kbind_shared::namespaced`]).
     pub(super) provider_namespaces: Option<UnboundedSender<Command>>,
@@ -192,26 +185,21 @@ impl Worker {
         };
         let worker = Arc::new(Worker {
             recorder: Recorder::new(ctx.client.clone(), ctx.reporter.clone()),
-            pending: Mutex::new(pending::Pending::new(ctx.limits.status_min_interval)),
+            tracked: Mutex::new(Tracked::new(ctx.limits.status_min_interval)),
             ctx,
             spec,
             provider,
             dyntype,
             provider_objects: writers.provider.as_reader(),
-            strangers: Mutex::default(),
             consumer_objects: writers.consumer.as_reader(),
             known_namespaces: Mutex::default(),
             warned_no_status: Mutex::new(false),
-            oversized: Mutex::default(),
-            states: Mutex::default(),
             in_flight: Default::default(),
             retries: kbind_shared::backoff::Retries::new(
                 Duration::from_secs(1),
                 Duration::from_secs(300),
             ),
             listed: Mutex::default(),
-            echoes: Mutex::default(),
-            provider_echoes: Mutex::default(),
             provider_namespaces: commands,
         });
         (worker, writers)
@@ -240,14 +228,15 @@ impl Worker {
             // (A listed object waits only if the list shows it has work to do: see `run`.)
             Ok(watcher::Event::Apply(o)) => {
                 let deleting = o.metadata.deletion_timestamp.is_some();
-                self.pending
+                self.tracked
                     .locked()
-                    .consumer_changed(pending::key(o), now, deleting);
+                    .consumer_changed(&pending::key(o), now, deleting);
             }
-            // Gone from the consumer: nothing of it is synced any more, nor waits.
+            // Gone from the consumer: nothing of it is synced any more, nor waits, nor stands
+            // anywhere.
             Ok(watcher::Event::Delete(o)) => {
-                self.pending.locked().deleted(&pending::key(o));
-                self.strangers.locked().forget(&pending::key(o));
+                let counts = self.tracked.locked().gone(&pending::key(o));
+                self.publish(counts);
             }
             _ => {}
         }
@@ -296,21 +285,21 @@ impl Worker {
     /// cache's copy, else the stranger last read there ([`super::strangers`]), stale or not.
     pub(super) fn known_copy(&self, object: &Instance) -> Option<Arc<ProviderCopy>> {
         self.provider_copy(object)
-            .or_else(|| self.strangers.locked().last(&pending::key(object)))
+            .or_else(|| self.tracked.locked().last_stranger(&pending::key(object)))
     }
 
     /// Records where `object` stands (`None`: neither synced nor conflicting) and updates the
     /// per-API gauges.
     pub(super) fn mark(&self, object: &Instance, state: Option<SyncState>) {
-        let counts = {
-            let mut states = self.states.locked();
-            states.set(
-                object.metadata.namespace.as_deref(),
-                object.metadata.name.as_deref().unwrap_or_default(),
-                state,
-            );
-            states.counts()
-        };
+        let counts = self
+            .tracked
+            .locked()
+            .set_state(&pending::key(object), state);
+        self.publish(counts);
+    }
+
+    /// The per-API gauges of where objects stand.
+    fn publish(&self, counts: super::record::Counts) {
         self.ctx.set_object_counts(
             &self.spec.api,
             &self.spec.connection,

@@ -14,30 +14,19 @@
 //!
 //! Pure: the map and its waits; the reads are the sync's.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kbind_shared::cache::ProviderCopy;
 
 use super::pending::Key;
+use super::record::Stranger;
+use super::tracked::Tracked;
 
 /// The wait before an object read the first time is read again.
 pub const FIRST_WAIT: Duration = Duration::from_secs(1);
 /// The longest wait between two reads of an object that keeps reading the same.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
-
-/// The provider objects read because a create-only spec-up found them, by consumer object.
-#[derive(Debug, Default)]
-pub struct Strangers(HashMap<Key, Entry>);
-
-#[derive(Debug)]
-struct Entry {
-    /// What was read (`None`: nothing read yet — a copy is expected, [`Strangers::expect`]).
-    copy: Option<Arc<ProviderCopy>>,
-    read_at: Instant,
-    wait: Duration,
-}
 
 /// What is known of the object under a consumer object's name besides the cache.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,12 +39,12 @@ pub enum Known {
     Stale,
 }
 
-impl Strangers {
+impl Tracked {
     /// What is known under `key` at `now`.
-    pub fn known(&self, key: &Key, now: Instant) -> Known {
-        match self.0.get(key) {
+    pub fn known_stranger(&self, key: &Key, now: Instant) -> Known {
+        match self.busy(key).and_then(|b| b.stranger.as_ref()) {
             None => Known::Nothing,
-            Some(Entry {
+            Some(Stranger {
                 copy: Some(copy),
                 read_at,
                 wait,
@@ -65,8 +54,8 @@ impl Strangers {
     }
 
     /// The object last read under `key`, however long ago.
-    pub fn last(&self, key: &Key) -> Option<Arc<ProviderCopy>> {
-        self.0.get(key).and_then(|e| e.copy.clone())
+    pub fn last_stranger(&self, key: &Key) -> Option<Arc<ProviderCopy>> {
+        self.busy(key)?.stranger.as_ref()?.copy.clone()
     }
 
     /// Something is expected under `key` that the cache does not show (a consumer object that
@@ -74,58 +63,52 @@ impl Strangers {
     /// reads it before deciding, instead of trying a create that would be refused — a copy of
     /// ours written before copies carried the label costs one read and one write, not a refused
     /// write too.
-    pub fn expect(&mut self, key: Key, now: Instant) {
-        self.0.entry(key).or_insert(Entry {
-            copy: None,
-            read_at: now,
-            wait: Duration::ZERO,
+    pub fn expect_stranger(&mut self, key: &Key, now: Instant) {
+        self.update(key, |b| {
+            b.stranger.get_or_insert(Stranger {
+                copy: None,
+                read_at: now,
+                wait: Duration::ZERO,
+            });
         });
     }
 
     /// The object under `key` was read at `now`: `copy` (its ownership facts), or nothing there.
     /// The same facts again double the wait before the next read; changed facts start it over.
-    pub fn read(&mut self, key: Key, copy: Option<ProviderCopy>, now: Instant) -> Known {
+    pub fn stranger_read(&mut self, key: &Key, copy: Option<ProviderCopy>, now: Instant) -> Known {
         let Some(copy) = copy.map(facts_only) else {
-            self.0.remove(&key);
+            self.forget_stranger(key);
             return Known::Nothing;
         };
-        let wait = match self.0.get(&key) {
-            Some(Entry {
-                copy: Some(last),
-                wait,
-                ..
-            }) if **last == copy => (*wait * 2).clamp(FIRST_WAIT, MAX_WAIT),
-            _ => FIRST_WAIT,
-        };
         let copy = Arc::new(copy);
-        self.0.insert(
-            key,
-            Entry {
+        self.update(key, |b| {
+            let wait = match &b.stranger {
+                Some(Stranger {
+                    copy: Some(last),
+                    wait,
+                    ..
+                }) if *last == copy => (*wait * 2).clamp(FIRST_WAIT, MAX_WAIT),
+                _ => FIRST_WAIT,
+            };
+            b.stranger = Some(Stranger {
                 copy: Some(copy.clone()),
                 read_at: now,
                 wait,
-            },
-        );
+            });
+        });
         Known::Fresh(copy)
     }
 
     /// The cache shows the object now (ours and labelled), or the consumer object went: nothing
     /// under `key` is a stranger any more.
-    pub fn forget(&mut self, key: &Key) {
-        self.0.remove(key);
+    pub fn forget_stranger(&mut self, key: &Key) {
+        self.update_existing(key, |b| b.stranger = None);
     }
 
     /// When a sync that decided from the stranger under `key` looks again: when its wait ends.
-    pub fn recheck_in(&self, key: &Key, now: Instant) -> Option<Duration> {
-        self.0
-            .get(key)
-            .map(|e| (e.read_at + e.wait).saturating_duration_since(now))
-    }
-
-    /// How many are known.
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.0.len()
+    pub fn stranger_recheck_in(&self, key: &Key, now: Instant) -> Option<Duration> {
+        let stranger = self.busy(key)?.stranger.as_ref()?;
+        Some((stranger.read_at + stranger.wait).saturating_duration_since(now))
     }
 }
 
@@ -173,68 +156,74 @@ mod tests {
 
     #[test]
     fn a_stranger_is_read_again_after_a_wait_that_doubles_while_it_reads_the_same() {
-        let mut strangers = Strangers::default();
+        let mut strangers = Tracked::default();
         let t0 = Instant::now();
-        assert_eq!(strangers.known(&key(), t0), Known::Nothing);
-        assert_eq!(strangers.recheck_in(&key(), t0), None);
+        assert_eq!(strangers.known_stranger(&key(), t0), Known::Nothing);
+        assert_eq!(strangers.stranger_recheck_in(&key(), t0), None);
         let foreign = copy(ClusterMarker::Absent, false);
         let mut now = t0;
         let mut waits = Vec::new();
         for _ in 0..12 {
             assert!(matches!(
-                strangers.read(key(), Some(foreign.clone()), now),
+                strangers.stranger_read(&key(), Some(foreign.clone()), now),
                 Known::Fresh(_)
             ));
-            let wait = strangers.recheck_in(&key(), now).unwrap();
+            let wait = strangers.stranger_recheck_in(&key(), now).unwrap();
             waits.push(wait.as_secs());
             assert!(matches!(
-                strangers.known(&key(), now + wait - Duration::from_millis(1)),
+                strangers.known_stranger(&key(), now + wait - Duration::from_millis(1)),
                 Known::Fresh(_)
             ));
-            assert_eq!(strangers.known(&key(), now + wait), Known::Stale);
+            assert_eq!(strangers.known_stranger(&key(), now + wait), Known::Stale);
             now += wait;
         }
         assert_eq!(waits, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
         // Changed facts (it began terminating) start the wait over.
-        strangers.read(key(), Some(copy(ClusterMarker::Absent, true)), now);
-        assert_eq!(strangers.recheck_in(&key(), now), Some(FIRST_WAIT));
+        strangers.stranger_read(&key(), Some(copy(ClusterMarker::Absent, true)), now);
+        assert_eq!(strangers.stranger_recheck_in(&key(), now), Some(FIRST_WAIT));
         // Gone: nothing is known, nothing is read again.
-        assert_eq!(strangers.read(key(), None, now), Known::Nothing);
-        assert_eq!(strangers.known(&key(), now), Known::Nothing);
-        assert_eq!(strangers.len(), 0);
+        assert_eq!(strangers.stranger_read(&key(), None, now), Known::Nothing);
+        assert_eq!(strangers.known_stranger(&key(), now), Known::Nothing);
+        assert_eq!(strangers.len(), 0, "nothing left of it");
     }
 
     #[test]
     fn only_the_facts_ownership_is_decided_by_are_kept() {
-        let mut strangers = Strangers::default();
+        let mut strangers = Tracked::default();
         let now = Instant::now();
         let Known::Fresh(kept) =
-            strangers.read(key(), Some(copy(ClusterMarker::Other, false)), now)
+            strangers.stranger_read(&key(), Some(copy(ClusterMarker::Other, false)), now)
         else {
             panic!("read");
         };
         assert_eq!(kept.spec, None);
         assert_eq!(kept.status, None);
         assert_eq!(kept.cluster_marker, ClusterMarker::Other);
-        assert_eq!(strangers.last(&key()), Some(kept));
-        strangers.forget(&key());
-        assert_eq!(strangers.known(&key(), now), Known::Nothing);
-        assert_eq!(strangers.last(&key()), None);
+        assert_eq!(strangers.last_stranger(&key()), Some(kept));
+        strangers.forget_stranger(&key());
+        assert_eq!(strangers.known_stranger(&key(), now), Known::Nothing);
+        assert_eq!(strangers.last_stranger(&key()), None);
     }
 
     #[test]
     fn an_expected_copy_is_read_before_the_first_decision_and_never_replaces_what_was_read() {
-        let mut strangers = Strangers::default();
+        let mut strangers = Tracked::default();
         let now = Instant::now();
-        strangers.expect(key(), now);
-        assert_eq!(strangers.known(&key(), now), Known::Stale);
-        assert_eq!(strangers.last(&key()), None);
-        assert_eq!(strangers.recheck_in(&key(), now), Some(Duration::ZERO));
-        strangers.read(key(), Some(copy(ClusterMarker::Absent, false)), now);
-        assert_eq!(strangers.recheck_in(&key(), now), Some(FIRST_WAIT));
+        strangers.expect_stranger(&key(), now);
+        assert_eq!(strangers.known_stranger(&key(), now), Known::Stale);
+        assert_eq!(strangers.last_stranger(&key()), None);
+        assert_eq!(
+            strangers.stranger_recheck_in(&key(), now),
+            Some(Duration::ZERO)
+        );
+        strangers.stranger_read(&key(), Some(copy(ClusterMarker::Absent, false)), now);
+        assert_eq!(strangers.stranger_recheck_in(&key(), now), Some(FIRST_WAIT));
         // Expected again at the next re-list: what was read, and its wait, stay.
-        strangers.expect(key(), now);
-        assert!(matches!(strangers.known(&key(), now), Known::Fresh(_)));
-        assert_eq!(strangers.recheck_in(&key(), now), Some(FIRST_WAIT));
+        strangers.expect_stranger(&key(), now);
+        assert!(matches!(
+            strangers.known_stranger(&key(), now),
+            Known::Fresh(_)
+        ));
+        assert_eq!(strangers.stranger_recheck_in(&key(), now), Some(FIRST_WAIT));
     }
 }

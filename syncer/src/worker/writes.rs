@@ -236,8 +236,8 @@ impl Worker {
 
     /// kbind wrote `object` (as the cache showed it), and the API server answered `written`.
     pub(super) fn wrote(&self, object: &Instance, written: &kube::api::DynamicObject) {
-        self.echoes.locked().wrote(
-            pending::key(object),
+        self.tracked.locked().wrote(
+            &pending::key(object),
             object.metadata.resource_version.as_deref(),
             written.metadata.resource_version.as_deref(),
         );
@@ -246,14 +246,13 @@ impl Worker {
     /// Whether the provider's status of `object` is too large to copy (`Some(size)`): a Warning
     /// Event the first time, and counted; nothing once it fits again.
     pub(super) async fn note_oversized(&self, object: &Instance, size: Option<usize>) {
-        let key = pending::key(object);
-        let Some(size) = size else {
-            self.oversized.locked().remove(&key);
+        let news = self
+            .tracked
+            .locked()
+            .status_too_large(&pending::key(object), size.is_some());
+        let (true, Some(size)) = (news, size) else {
             return;
         };
-        if !self.oversized.locked().insert(key) {
-            return;
-        }
         self.count("status_down", "too_large");
         let limit = self.ctx.limits.max_status_bytes;
         self.warn(

@@ -1,0 +1,164 @@
+//! The steps that end a copy (IDEL-1 … IDEL-3, #36): the object's deletion, and its release
+//! when the user moves it to another route — always from a fresh read, never from the cache.
+
+use kbind_shared::sync::Locked;
+use std::time::Duration;
+
+use kbind_shared::cache::Instance;
+use kbind_shared::delivery;
+use kbind_shared::keys;
+use kbind_shared::ownership::{self, Owner};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+
+use super::super::pending::{self};
+use super::super::state::Worker;
+use super::super::writes::{Error, result_label};
+
+/// #36: the user moved `object` to another route. This route's copy goes first — deleted, or
+/// with `core.kbind.io/deletion-policy: Orphan` unmarked and left, foreign to kbind — and only
+/// once it is gone (or unmarked) is this route's finalizer dropped, which lets the new route's
+/// worker write. Never both at once.
+pub(in crate::worker) async fn release(
+    object: &Instance,
+    worker: &Worker,
+) -> Result<Action, Error> {
+    let Some(released) =
+        kbind_shared::finalizers::toggled(&object.metadata, &worker.spec.finalizer(), false)
+    else {
+        return Ok(Action::await_change());
+    };
+    let orphan = object
+        .annotations()
+        .get(keys::DELETION_POLICY_ANNOTATION)
+        .map(String::as_str)
+        == Some(keys::DELETION_POLICY_ORPHAN);
+    // A fresh read: a release must not act on a stale cache.
+    if let Some(copy) = our_copy(object, worker).await? {
+        worker.fence()?;
+        if orphan {
+            let copy_uid = copy.metadata.uid.clone().unwrap_or_default();
+            match worker
+                .provider_api(object.namespace().as_deref())?
+                .patch(
+                    &object.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(ownership::unmark_patch(&copy_uid)),
+                )
+                .await
+            {
+                Ok(_) => worker.count("release", "orphaned"),
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                Err(e) => {
+                    worker.count("release", result_label(&e));
+                    return Err(Error::Provider(e));
+                }
+            }
+            // Looked at again: dropped only once the copy no longer reads as ours.
+            return Ok(Action::requeue(Duration::from_millis(500)));
+        }
+        delete_copy(object, worker, &copy, "release").await?;
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    worker.set_finalizers(object, released, None).await?;
+    worker.mark(object, None);
+    Ok(Action::await_change())
+}
+
+/// IDEL-1 … IDEL-3.
+pub(in crate::worker) async fn delete(object: &Instance, worker: &Worker) -> Result<Action, Error> {
+    let Some(released) =
+        kbind_shared::finalizers::toggled(&object.metadata, &worker.spec.finalizer(), false)
+    else {
+        return Ok(Action::await_change());
+    };
+    let release = || async {
+        // Read first: the object can vanish (and its watch event clear the entry) before the
+        // release's answer arrives.
+        let key = pending::key(object);
+        let since = worker.tracked.locked().deletion_started(&key);
+        worker
+            .set_finalizers(object, released.clone(), None)
+            .await?;
+        worker.tracked.locked().deleted(&key);
+        let deleted_at = object
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .and_then(delivery::Seconds::of);
+        worker.lag("delete", since, deleted_at);
+        Ok::<(), Error>(())
+    };
+    if object
+        .annotations()
+        .get(keys::DELETION_POLICY_ANNOTATION)
+        .map(String::as_str)
+        == Some(keys::DELETION_POLICY_ORPHAN)
+    {
+        release().await?;
+        return Ok(Action::await_change());
+    }
+    // A fresh read: deletion must not act on a stale cache.
+    match our_copy(object, worker).await? {
+        Some(copy) => {
+            worker.fence()?;
+            delete_copy(object, worker, &copy, "delete").await?;
+            Ok(Action::requeue(Duration::from_secs(2)))
+        }
+        None => {
+            release().await?;
+            worker.mark(object, None);
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// `object`'s provider copy, read fresh, if it is kbind's copy of it (OWN-1).
+pub(in crate::worker) async fn our_copy(
+    object: &Instance,
+    worker: &Worker,
+) -> Result<Option<kube::api::DynamicObject>, Error> {
+    let copy = worker
+        .provider_api(object.namespace().as_deref())?
+        .get_opt(&object.name_any())
+        .await
+        .map_err(Error::Provider)?;
+    let object_uid = object.metadata.uid.clone().unwrap_or_default();
+    Ok(copy.filter(|c| {
+        ownership::classify(c.annotations(), &worker.spec.local_uid, &object_uid) == Owner::Ours
+    }))
+}
+
+/// Deletes exactly `copy` (its UID is the precondition: a foreign object re-created under the
+/// name since is never deleted), unless its deletion runs already; counted as `op`.
+pub(in crate::worker) async fn delete_copy(
+    object: &Instance,
+    worker: &Worker,
+    copy: &kube::api::DynamicObject,
+    op: &str,
+) -> Result<(), Error> {
+    if copy.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: copy.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match worker
+        .provider_api(object.namespace().as_deref())?
+        .delete(&object.name_any(), &params)
+        .await
+    {
+        Ok(_) => worker.count(op, "ok"),
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+        Err(e) => {
+            worker.count(op, result_label(&e));
+            return Err(Error::Provider(e));
+        }
+    }
+    Ok(())
+}

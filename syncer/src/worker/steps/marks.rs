@@ -1,0 +1,261 @@
+//! The steps that say where an object stands and write nothing to the provider: unbound (the
+//! marks go), held by routing, in conflict, paused, waiting for a terminating copy — and the
+//! delivery record of a refusal.
+
+use kbind_shared::sync::Locked;
+use std::time::Duration;
+
+use kbind_shared::cache::{Instance, Json};
+use kbind_shared::delivery;
+use kbind_shared::keys;
+use kbind_shared::ownership::Owner;
+use kbind_shared::routing;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+
+use super::super::pending::{self};
+use super::super::record::SyncState;
+use super::super::state::Worker;
+use super::super::writes::Error;
+use super::status_down::status_down;
+
+/// `Step::Unmark`: no binding binds the object any more; kbind's conflict annotation goes, and
+/// with it routing's record: `Delivery` must not go on saying why kbind holds it.
+pub(in crate::worker) async fn unmark(worker: &Worker, object: &Instance) -> Result<Action, Error> {
+    if object.annotations().contains_key(keys::CONFLICT_ANNOTATION) {
+        worker.set_conflict(object, None).await?;
+    }
+    if let Some(status) = without_hold_record(object.status.as_ref().map(Json::value)) {
+        status_down(worker, object, status, "record").await?;
+    }
+    worker.mark(object, None);
+    Ok(Action::await_change())
+}
+
+/// `Step::Held` (#36): written to no provider; the annotation and the record say why, and a
+/// Warning Event when it is new.
+pub(in crate::worker) async fn held(
+    worker: &Worker,
+    object: &Instance,
+    gate: Option<&routing::Gate>,
+    reason: &str,
+    announce: bool,
+) -> Result<Action, Error> {
+    let message = match gate {
+        Some(routing::Gate::Hold(_, message)) => message.as_str(),
+        _ => "",
+    };
+    worker.set_conflict(object, Some(reason)).await?;
+    record_refusal(worker, object, reason, message).await?;
+    if announce {
+        worker
+            .warn(object, reason, format!("written to no provider: {message}"))
+            .await;
+        worker.count("route", reason);
+    }
+    worker.mark(object, Some(SyncState::Conflict));
+    Ok(Action::await_change())
+}
+
+/// `Step::Conflict` (OWN): the provider object is not this consumer object's; `policy` leaves
+/// it alone. The annotation says so, and a Warning Event when it is new.
+pub(in crate::worker) async fn conflict(
+    worker: &Worker,
+    object: &Instance,
+    policy: kbind_shared::api::ConflictPolicy,
+    reason: &str,
+    owner: Owner,
+    announce: bool,
+) -> Result<Action, Error> {
+    worker.set_conflict(object, Some(reason)).await?;
+    if announce {
+        let owner_text = if owner == Owner::Unmarked {
+            "exists without kbind's markers"
+        } else {
+            "is owned by another consumer object or cluster"
+        };
+        let namespace = object
+            .namespace()
+            .map(|n| format!("{n}/"))
+            .unwrap_or_default();
+        worker
+            .warn(object, reason, format!("the provider object {namespace}{} {owner_text}; conflictPolicy {policy:?} leaves it alone", object.name_any()))
+            .await;
+        worker.count("spec_up", "conflict");
+    }
+    worker.mark(object, Some(SyncState::Conflict));
+    // A stranger's conflict is looked at again when its read goes stale: no watch event tells
+    // when it goes ([`super::strangers`]).
+    let recheck = worker
+        .tracked
+        .locked()
+        .stranger_recheck_in(&pending::key(object), std::time::Instant::now());
+    Ok(recheck.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// `Step::Paused`: the one write a pause costs is the record saying so (none once it does).
+pub(in crate::worker) async fn paused(worker: &Worker, object: &Instance) -> Result<Action, Error> {
+    if let Some(status) = paused_status(worker, object) {
+        status_down(worker, object, status, "record").await?;
+    }
+    worker.mark(object, Some(SyncState::Paused));
+    Ok(Action::await_change())
+}
+
+/// `Step::WaitForTerminatingCopy`: said once on the object (the same record again writes
+/// nothing), not per poll.
+pub(in crate::worker) async fn wait_for_terminating_copy(
+    worker: &Worker,
+    object: &Instance,
+) -> Result<Action, Error> {
+    record_refusal(
+        worker,
+        object,
+        delivery::PENDING,
+        "waiting for the provider's previous copy to finish terminating",
+    )
+    .await?;
+    Ok(Action::requeue(Duration::from_secs(1)))
+}
+
+/// The conflict annotation a `Step::Sync` wants: none, or `RouteChanged` (#36) — announced
+/// once, when the gate says why.
+pub(in crate::worker) async fn show_route_changed(
+    worker: &Worker,
+    object: &Instance,
+    route_changed: bool,
+    gate: Option<&routing::Gate>,
+) -> Result<(), Error> {
+    let wanted = route_changed.then_some(super::super::decide::ROUTE_CHANGED);
+    worker.set_conflict(object, wanted).await?;
+    if let (
+        Some(reason),
+        Some(routing::Gate::Sync {
+            changed: Some(message),
+        }),
+    ) = (wanted, gate)
+    {
+        worker.warn(object, reason, message.clone()).await;
+        worker.count("route", reason);
+    }
+    Ok(())
+}
+
+/// The delivery record says the current spec did not reach the provider (refused, or
+/// [`delivery::PENDING`]), why, and since when the change waits — written once per cause (a
+/// retry that fails the same way writes nothing).
+pub(in crate::worker) async fn record_refusal(
+    worker: &Worker,
+    object: &Instance,
+    state: &str,
+    message: &str,
+) -> Result<(), Error> {
+    if !worker.spec.has_delivery || !worker.spec.has_status_subresource {
+        return Ok(());
+    }
+    let current_status = object.status.as_ref().map(Json::value);
+    let current = delivery::record_of(current_status.as_ref());
+    let since = object.changed_at.map(delivery::Seconds::time);
+    let record = delivery::refused(current, state, message, since.as_ref());
+    let status = delivery::with_record(current_status.as_ref(), &record);
+    if current_status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    status_down(worker, object, status, "record").await
+}
+
+/// The status that records `object` as paused, when it does not say so already (`None`: nothing
+/// to write — the record says so, or its CRD keeps no record).
+pub(in crate::worker) fn paused_record(
+    worker: &Worker,
+    object: &Instance,
+    message: &str,
+) -> Option<serde_json::Value> {
+    if !worker.spec.has_delivery || !worker.spec.has_status_subresource {
+        return None;
+    }
+    let current = object.status.as_ref().map(Json::value);
+    let record = delivery::paused(delivery::record_of(current.as_ref()), message);
+    let status = delivery::with_record(current.as_ref(), &record);
+    (current.as_ref() != Some(&status)).then_some(status)
+}
+
+/// [`paused_record`] with the message of why `object` is paused now.
+pub(in crate::worker) fn paused_status(
+    worker: &Worker,
+    object: &Instance,
+) -> Option<serde_json::Value> {
+    let resolution = worker.ctx.resolve(
+        &worker.spec.connection,
+        &worker.spec.api,
+        object.metadata.namespace.as_deref(),
+    );
+    let message = pause_message(object, resolution.as_ref())?;
+    paused_record(worker, object, &message)
+}
+
+/// The status without kbind's record, when the record says routing held the object (`None`:
+/// it does not, nothing to write).
+pub(in crate::worker) fn without_hold_record(
+    status: Option<serde_json::Value>,
+) -> Option<serde_json::Value> {
+    let held = delivery::summary(status.as_ref())?.state == delivery::State::Held;
+    let mut status = status?;
+    held.then(|| {
+        if let Some(map) = status.as_object_mut() {
+            map.remove(delivery::FIELD);
+        }
+        status
+    })
+}
+
+/// Why the user paused `object`, if they did: its own `core.kbind.io/paused: "true"`, else its
+/// binding's `spec.suspend`.
+pub(in crate::worker) fn pause_message(
+    object: &Instance,
+    resolution: Option<&kbind_shared::resolve::Resolution>,
+) -> Option<String> {
+    let annotated = object
+        .annotations()
+        .get(keys::PAUSED_ANNOTATION)
+        .map(String::as_str);
+    if annotated == Some(keys::TRUE) {
+        return Some(format!(
+            "paused by its {} annotation: kbind neither writes its spec to the provider nor copies the provider's status until the annotation is removed",
+            keys::PAUSED_ANNOTATION
+        ));
+    }
+    let binding = resolution.filter(|r| r.suspended)?;
+    let described = match &binding.namespace {
+        Some(namespace) => format!("Binding {namespace}/{}", binding.name),
+        None => format!("ClusterBinding {}", binding.name),
+    };
+    Some(format!(
+        "{described} is suspended (spec.suspend): kbind writes nothing for the objects it covers until it is resumed"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_routings_record_goes_with_its_mark() {
+        use serde_json::json;
+        let held = json!({ "phase": "Ready", "kbindSync": { "state": "NoRoute", "message": "x" } });
+        assert_eq!(
+            super::without_hold_record(Some(held)),
+            Some(json!({ "phase": "Ready" }))
+        );
+        for kept in [
+            json!({ "kbindSync": { "state": "Synced", "generation": 1 } }),
+            json!({ "kbindSync": { "state": "Pending" } }),
+            json!({ "phase": "Ready" }),
+        ] {
+            assert_eq!(
+                super::without_hold_record(Some(kept.clone())),
+                None,
+                "{kept}"
+            );
+        }
+        assert_eq!(super::without_hold_record(None), None);
+    }
+}

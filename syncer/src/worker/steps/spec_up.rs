@@ -1,0 +1,258 @@
+//! The steps that deliver a spec (SYNC-7/8, OWN): kbind's finalizer first, then the spec by
+//! server-side apply (create-only when no copy is cached), and what a refusal or a stranger
+//! under the name leaves behind.
+
+use kbind_shared::sync::Locked;
+use std::time::Duration;
+
+use kbind_shared::cache::{Instance, Json, ProviderCopy};
+use kbind_shared::delivery;
+use kbind_shared::keys;
+use kbind_shared::ownership::{self, Owner};
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+
+use super::super::decide::SpecUp;
+use super::super::pending::{self, Seen};
+use super::super::state::{Worker, object_key};
+use super::super::strangers::Known;
+use super::super::writes::{Error, result_label};
+use super::marks::record_refusal;
+use super::status_down::{Delivered, bounded};
+
+/// `Step::AddFinalizer`: kbind's finalizer before anything is written to the provider — and a
+/// routed object's pin to this route in the same write (#36).
+pub(in crate::worker) async fn add_finalizer(
+    worker: &Worker,
+    object: &Instance,
+    seen: Seen,
+) -> Result<Action, Error> {
+    let finalizers =
+        kbind_shared::finalizers::toggled(&object.metadata, &worker.spec.finalizer(), true)
+            .unwrap_or_default();
+    let pin = worker
+        .routing()
+        .filter(|_| !object.annotations().contains_key(keys::ROUTE_ANNOTATION))
+        .map(|r| r.route.pin_text());
+    worker.set_finalizers(object, finalizers, pin).await?;
+    // The change still waits for its spec-up (which the finalizer's echo starts): its lag runs
+    // from when it was first seen, the creation, not from the echo (#33.3).
+    worker
+        .tracked
+        .locked()
+        .give_back(&pending::key(object), seen);
+    Ok(Action::await_change())
+}
+
+/// SYNC-7/8: the spec up, by server-side apply — create only when no copy is cached. `Ok(Err)`:
+/// the sync ends here with that action (a copy appeared meanwhile: classified next time).
+pub(in crate::worker) async fn push_spec(
+    worker: &Worker,
+    object: &Instance,
+    how: SpecUp,
+    seen: Seen,
+) -> Result<Result<Delivered, Action>, Error> {
+    let spec = &worker.spec;
+    let namespace = object.namespace();
+    if let Some(ns) = namespace.as_deref()
+        && let Err(e) = worker.ensure_provider_namespace(ns).await
+    {
+        return forbidden_or(worker, object, "create the provider namespace", e)
+            .await
+            .map(Err);
+    }
+    let mut body = ownership::spec_up_body(
+        &spec.resource.api_version,
+        &spec.resource.kind,
+        worker.provider_namespace(namespace.as_deref())?.as_deref(),
+        &object.name_any(),
+        object.spec.as_ref().map(Json::value).as_ref(),
+        &spec.local_uid,
+        object.metadata.uid.as_deref().unwrap_or_default(),
+        &spec.heartbeat(),
+    );
+    // OWN on fresh facts: with no copy in the cache, the first write only creates. Anything that
+    // exists under the name (created in the instant the cache has not seen yet) answers 409, and
+    // the next sync classifies it from the cache — it is never forced over.
+    let creating = how == SpecUp::Create;
+    if creating {
+        kbind_shared::apply::create_only(&mut body);
+    }
+    worker.fence()?;
+    let key = pending::key(object);
+    worker.tracked.locked().writing(&key);
+    let applied = worker
+        .provider_api(namespace.as_deref())?
+        .patch(
+            &object.name_any(),
+            &PatchParams::apply(keys::FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await;
+    let now = std::time::Instant::now();
+    let written = applied.as_ref().ok();
+    worker.tracked.locked().wrote_provider(
+        &key,
+        written.and_then(|a| a.metadata.resource_version.as_deref()),
+        now,
+    );
+    match applied {
+        Ok(applied) => Ok(Ok(spec_applied(worker, object, &key, seen, &applied, now))),
+        Err(e) if creating && kbind_shared::apply::exists(&e) => {
+            tracing::debug!(api = %spec.api, object = %object.name_any(), "a provider object exists under the name; classifying it");
+            // Ours and labelled: the cache shows it shortly. Anything else: decided from what was
+            // read, at once.
+            let wait = match read_stranger(worker, object).await? {
+                Known::Fresh(_) => Duration::from_millis(10),
+                _ => Duration::from_millis(200),
+            };
+            Ok(Err(Action::requeue(wait)))
+        }
+        Err(kube::Error::Api(s)) if s.is_not_found() => {
+            // The provider namespace went away under us: forget it, create it next time.
+            if let Some(ns) = namespace.as_deref() {
+                worker.forget_namespace(ns);
+            }
+            Err(Error::Provider(kube::Error::Api(s)))
+        }
+        Err(e) => forbidden_or(worker, object, "apply the spec to the provider", e)
+            .await
+            .map(Err),
+    }
+}
+
+/// The provider took the spec (`applied` is its answer at `now`): counted and timed, and what the
+/// provider has of the object now.
+fn spec_applied(
+    worker: &Worker,
+    object: &Instance,
+    key: &pending::Key,
+    seen: Seen,
+    applied: &kube::api::DynamicObject,
+    now: std::time::Instant,
+) -> Delivered {
+    worker.count("spec_up", "ok");
+    // Adopted, or labelled: ours now, and the watch shows it.
+    worker.tracked.locked().forget_stranger(key);
+    // A new generation is timed from its change as the consumer's API server recorded it; a
+    // drift repair (the same generation again) from its receipt.
+    let new_generation = object
+        .delivery
+        .as_ref()
+        .is_none_or(|d| d.generation.map(std::num::NonZeroI64::get) != object.metadata.generation);
+    worker.lag(
+        "spec_up",
+        seen.first(),
+        object.changed_at.filter(|_| new_generation),
+    );
+    worker.tracked.locked().spec_applied(key, now);
+    let (provider_status, oversized) = match bounded(
+        applied.data.get("status"),
+        worker.ctx.limits.max_status_bytes,
+    ) {
+        Ok(status) => (status, None),
+        Err(size) => (object.status.as_ref().map(Json::value), Some(size)),
+    };
+    Delivered {
+        provider_status,
+        oversized,
+        at: delivery::applied_at(&applied.metadata),
+    }
+}
+
+/// SYNC-10: a Forbidden or rejected write is recorded on the object, gets a Warning Event once
+/// per refusal (not per retry), and is retried with the same exponential backoff as any error
+/// (`error_policy`); anything else is an error.
+pub(in crate::worker) async fn forbidden_or(
+    worker: &Worker,
+    object: &Instance,
+    operation: &str,
+    error: kube::Error,
+) -> Result<Action, Error> {
+    // Told apart by what the provider says: a webhook's 403 is a rejection, not RBAC (#33.2).
+    let refusal = match &error {
+        kube::Error::Api(s) => match delivery::refusal(s.code, &s.message) {
+            Some(delivery::Refusal::Forbidden) => Some((
+                "forbidden",
+                delivery::FORBIDDEN,
+                delivery::Refusal::Forbidden.event_reason(),
+                format!("cannot {operation}"),
+            )),
+            // The provider's validation or admission said no: tell the user why; other objects
+            // are unaffected.
+            Some(delivery::Refusal::Rejected) => Some((
+                "rejected",
+                delivery::REJECTED,
+                delivery::Refusal::Rejected.event_reason(),
+                "the provider rejected the object".to_owned(),
+            )),
+            None => None,
+        },
+        _ => None,
+    };
+    let (kube::Error::Api(s), Some((result, state, reason, what))) = (&error, refusal) else {
+        worker.count("spec_up", result_label(&error));
+        // #33.1: the provider did not take the spec (an outage, a 5xx, a timeout): the object
+        // says so — Pending, with the answer — instead of keeping the last state.
+        let answer = match &error {
+            kube::Error::Api(s) => format!("the provider answered {}: {}", s.code, s.message),
+            other => format!("the provider did not answer: {other}"),
+        };
+        record_refusal(
+            worker,
+            object,
+            delivery::PENDING,
+            &format!("cannot {operation}: {answer}"),
+        )
+        .await?;
+        return Err(Error::Provider(error));
+    };
+    worker.count("spec_up", result);
+    record_refusal(worker, object, state, &s.message).await?;
+    let news = worker.retries.is_new(
+        &object_key(object),
+        &Error::Provider(error_copy(s)).to_string(),
+    );
+    if news {
+        let message = format!("{what}: {}", kbind_shared::redact::remote(&s.message));
+        worker.warn(object, reason, message).await;
+    }
+    Err(Error::Provider(error))
+}
+
+/// The same API error again (a `kube::Error` is not `Clone`).
+pub(in crate::worker) fn error_copy(status: &kube::core::Status) -> kube::Error {
+    kube::Error::Api(Box::new(status.clone()))
+}
+
+/// Reads the provider object under `object`'s name and records it as a stranger — unless it is
+/// this consumer cluster's labelled copy (the cache shows it shortly) or nothing is there.
+pub(in crate::worker) async fn read_stranger(
+    worker: &Worker,
+    object: &Instance,
+) -> Result<Known, Error> {
+    let api: kube::Api<Instance> = match worker.provider_namespace(object.namespace().as_deref())? {
+        Some(namespace) => {
+            kube::Api::namespaced_with(worker.provider.clone(), &namespace, &worker.dyntype)
+        }
+        None => kube::Api::all_with(worker.provider.clone(), &worker.dyntype),
+    };
+    let mut read = api
+        .get_opt(&object.name_any())
+        .await
+        .map_err(Error::Provider)?;
+    // Held under the consumer's namespace, as the cache holds copies (#51).
+    if let Some(read) = &mut read {
+        read.metadata.namespace = object.namespace();
+    }
+    let object_uid = object.metadata.uid.as_deref().unwrap_or_default();
+    let copy = read
+        .map(|o| ProviderCopy::of(o, &worker.spec.local_uid))
+        .filter(|c| !(c.labelled && c.owner(object_uid) == Owner::Ours));
+    Ok(worker.tracked.locked().stranger_read(
+        &pending::key(object),
+        copy,
+        std::time::Instant::now(),
+    ))
+}

@@ -1,0 +1,205 @@
+//! The status down (SYNC-9): the provider's status with kbind's delivery record, copied only
+//! when it differs, paced per object, and a record alone waiting a while for the provider's
+//! status change to carry it.
+
+use kbind_shared::sync::Locked;
+
+use kbind_shared::cache::{Instance, Json, ProviderCopy};
+use kbind_shared::delivery;
+use kbind_shared::ownership::{self};
+use kube::runtime::controller::Action;
+use serde_json::json;
+
+use super::super::pending::{self, Seen};
+use super::super::record::SyncState;
+use super::super::state::{Worker, WorkerSpec};
+use super::super::writes::{Error, result_label};
+
+/// What the provider has of the object after a sync's spec step: its status (within the size
+/// limit), the size of one too large to copy, and when kbind last wrote its spec.
+pub(in crate::worker) struct Delivered {
+    pub(in crate::worker) provider_status: Option<serde_json::Value>,
+    pub(in crate::worker) oversized: Option<usize>,
+    pub(in crate::worker) at: Option<String>,
+}
+
+impl Delivered {
+    /// As the provider cache shows the copy (no spec write this sync).
+    pub(in crate::worker) fn as_cached(object: &Instance, copy: Option<&ProviderCopy>) -> Self {
+        Delivered {
+            provider_status: provider_side_status(copy, object),
+            oversized: copy.and_then(|c| c.oversized_status),
+            at: copy.and_then(ProviderCopy::applied_at),
+        }
+    }
+}
+
+/// SYNC-9: the status down, only when it differs — with kbind's delivery record, which says the
+/// current generation reached the provider; paced per object, and a record alone waits a while
+/// for the provider's status change to carry it.
+pub(in crate::worker) async fn copy_status(
+    worker: &Worker,
+    object: &Instance,
+    provider_copy: Option<&ProviderCopy>,
+    delivered: Delivered,
+    seen: Seen,
+) -> Result<Action, Error> {
+    let current = object.status.as_ref().map(Json::value);
+    let current = current.as_ref();
+    let desired = desired_status(
+        &worker.spec,
+        object,
+        delivered.provider_status,
+        delivered.at,
+    );
+    let Some(status) = desired.filter(|status| current != Some(status)) else {
+        worker.mark(object, Some(SyncState::Synced));
+        // The backstop resync is one periodic pass over the whole cache (`resync_ticks` in the
+        // worker), not a timer per object: at rest a synced object costs no scheduler entry.
+        return Ok(Action::await_change());
+    };
+    let key = pending::key(object);
+    let now = std::time::Instant::now();
+    // A provider rewriting a status faster than --status-min-interval is copied at that pace;
+    // the next sync copies whatever is latest then.
+    let paced = worker.tracked.locked().status_write_wait(&key, now);
+    if let Some(wait) = paced {
+        worker.tracked.locked().give_back(&key, seen);
+        return Ok(Action::requeue(wait));
+    }
+    if !delivery::differs_beyond_record(current, Some(&status)) {
+        // A Pending record (a late change's, or a failure's that a retry overcame) is corrected
+        // at once: it would go on saying the spec has not arrived. Any other waits to be carried
+        // (a Paused record after a resume: one write, as always).
+        let says_pending = object
+            .delivery
+            .as_ref()
+            .is_some_and(|r| r.state == delivery::State::Pending);
+        let wait = (!says_pending)
+            .then(|| worker.tracked.locked().record_wait_left(&key, now))
+            .flatten();
+        if let Some(wait) = wait {
+            // Only the record is new: the status change the provider makes for this spec will
+            // carry it, in the one consumer write a change costs. If none comes soon (how soon
+            // is learned from the provider's recent answers), the record is written on its own.
+            worker.mark(object, Some(SyncState::Synced));
+            return Ok(Action::requeue(wait));
+        }
+        status_down(worker, object, status, "record").await?;
+    } else {
+        status_down(worker, object, status, "status_down").await?;
+        worker
+            .tracked
+            .locked()
+            .status_carried(&key, seen.provider_latest.unwrap_or(now));
+        // A provider change (or one learned of late: a restart, a resync) is timed from the
+        // provider's API server's record of its status write too; a consumer-side trigger (a
+        // status someone else edited, restored) from its receipt.
+        let provider_side = seen.provider.is_some() || seen.first().is_none();
+        worker.lag(
+            "status_down",
+            seen.provider.or(seen.consumer),
+            provider_copy
+                .and_then(|c| c.status_at)
+                .filter(|_| provider_side),
+        );
+    }
+    worker.mark(object, Some(SyncState::Synced));
+    Ok(Action::await_change())
+}
+
+/// The status a sync leaves on `object` (SYNC-9): the provider's `provider_status` with, where
+/// the CRD has one, kbind's delivery record of the spec kbind applied at `delivered_at`.
+/// `None`: the provider has none and the CRD has no record to keep.
+pub(in crate::worker) fn desired_status(
+    spec: &WorkerSpec,
+    object: &Instance,
+    provider_status: Option<serde_json::Value>,
+    delivered_at: Option<String>,
+) -> Option<serde_json::Value> {
+    if spec.has_delivery {
+        let record = delivery::delivered(object.metadata.generation, delivered_at);
+        Some(delivery::with_record(provider_status.as_ref(), &record))
+    } else {
+        provider_status
+    }
+}
+
+/// The provider's status as a sync copies it down: the copy's — or, when the provider's is larger
+/// than `--max-status-bytes` (the cache then holds only its size), what the consumer object holds
+/// already: an oversized status is never copied, and nothing of the last good one is lost.
+pub(in crate::worker) fn provider_side_status(
+    copy: Option<&ProviderCopy>,
+    object: &Instance,
+) -> Option<serde_json::Value> {
+    let copy = copy?;
+    if copy.oversized_status.is_some() {
+        return object.status.as_ref().map(Json::value);
+    }
+    copy.status.as_ref().map(Json::value)
+}
+
+/// `status` if its compact JSON is at most `max_bytes`, else its size.
+pub(in crate::worker) fn bounded(
+    status: Option<&serde_json::Value>,
+    max_bytes: usize,
+) -> Result<Option<serde_json::Value>, usize> {
+    let Some(status) = status else {
+        return Ok(None);
+    };
+    match serde_json::to_vec(status).map(|v| v.len()) {
+        Ok(size) if size > max_bytes => Err(size),
+        _ => Ok(Some(status.clone())),
+    }
+}
+
+/// Writes `status` (the provider's, and kbind's record) to the consumer object, counted as `op`:
+/// `status_down`, or `record` when only kbind's delivery record changes.
+pub(in crate::worker) async fn status_down(
+    worker: &Worker,
+    object: &Instance,
+    status: serde_json::Value,
+    op: &str,
+) -> Result<(), Error> {
+    if !worker.spec.has_status_subresource {
+        // QRK-12: one clear Warning, not an endless error loop.
+        let first = !std::mem::replace(&mut *worker.warned_no_status.locked(), true);
+        if first {
+            worker
+                .warn(object, "NoStatusSubresource", format!("the consumer CRD {} has no status subresource, so the provider's status cannot be copied back", worker.spec.api))
+                .await;
+        }
+        return Ok(());
+    }
+    let current = object.status.as_ref().map(Json::value).unwrap_or(json!({}));
+    let mut status_patch = ownership::merge_patch(&current, &status);
+    delivery::set_record_whole(&mut status_patch, delivery::record_of(Some(&status)));
+    let patch = json!({ "status": status_patch });
+    worker.fence()?;
+    match worker.patch_status(object, &patch).await {
+        Ok(written) => {
+            worker.count(op, "ok");
+            worker.wrote(object, &written);
+            worker
+                .tracked
+                .locked()
+                .status_written(&pending::key(object), std::time::Instant::now());
+            Ok(())
+        }
+        Err(e) => {
+            worker.count(op, result_label(&e));
+            Err(Error::Consumer(e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_status_over_the_limit_is_refused_by_its_size() {
+        let status = serde_json::json!({ "phase": "Ready" }); // 17 bytes
+        assert_eq!(super::bounded(Some(&status), 17), Ok(Some(status.clone())));
+        assert_eq!(super::bounded(Some(&status), 16), Err(17));
+        assert_eq!(super::bounded(None, 0), Ok(None));
+    }
+}

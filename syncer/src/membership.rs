@@ -120,6 +120,12 @@ impl Membership {
         }
     }
 
+    /// The Lease was renewed just now (a test's fence, current).
+    #[cfg(test)]
+    pub fn renewed_now(&self) {
+        self.renewed_at_ms.store(now_ms(), Ordering::SeqCst);
+    }
+
     fn within_fence(&self) -> bool {
         now_ms() - self.renewed_at_ms.load(Ordering::SeqCst)
             < (self.duration.as_millis() as i64) * 2 / 3

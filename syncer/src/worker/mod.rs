@@ -41,6 +41,8 @@ mod buckets;
 mod decide;
 mod echoes;
 mod events;
+#[cfg(test)]
+mod fake;
 mod feeds;
 mod in_flight;
 mod overdue;

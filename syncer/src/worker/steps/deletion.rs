@@ -162,3 +162,110 @@ pub(in crate::worker) async fn delete_copy(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::fake;
+    use super::super::super::record::SyncState;
+    use kbind_shared::keys;
+    use kbind_shared::sync::Locked;
+    use kube::runtime::controller::Action;
+    use serde_json::{Value, json};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    fn deleted(annotations: Value) -> kbind_shared::cache::Instance {
+        fake::widget(
+            json!({ "finalizers": [keys::SYNCER_FINALIZER], "annotations": annotations,
+                "deletionTimestamp": "2026-12-06T00:00:00Z" }),
+            Value::Null,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_deleted_object_deletes_exactly_its_copy_then_lets_go() {
+        let widget = fake::widget_path("team-a", "w", "");
+        let gone = Arc::new(AtomicBool::new(false));
+        let copy_gone = gone.clone();
+        let provider_widget = widget.clone();
+        let (provider, on_provider) = fake::server(move |method, path| {
+            if path != provider_widget {
+                return None;
+            }
+            match method {
+                "GET" if copy_gone.load(Ordering::SeqCst) => {
+                    Some(fake::status(404, "NotFound", "gone"))
+                }
+                "GET" => Some((
+                    200,
+                    json!({ "apiVersion": "example.org/v1", "kind": "Widget",
+                    "metadata": { "name": "w", "namespace": "team-a", "uid": "copy-uid",
+                        "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+                            keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" } } }),
+                )),
+                "DELETE" => Some((
+                    200,
+                    json!({ "kind": "Status", "apiVersion": "v1", "status": "Success" }),
+                )),
+                _ => None,
+            }
+        });
+        let (consumer, on_consumer) = fake::server(move |method, path| {
+            (method == "PATCH" && path == widget)
+                .then(|| (200, json!({ "metadata": { "resourceVersion": "11" } })))
+        });
+        let worker = fake::worker(consumer, provider).await;
+        let object = deleted(json!({}));
+        worker.mark(&object, Some(SyncState::Synced));
+
+        // The copy first, by its UID (a foreign object created under the name since is safe) …
+        let action = super::delete(&object, &worker).await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(2)));
+        let calls = fake::calls(&on_provider);
+        let asked: Vec<&str> = calls.iter().map(|c| c.method.as_str()).collect();
+        assert_eq!(asked, ["GET", "DELETE"], "a fresh read, then the delete");
+        assert_eq!(calls[1].body["preconditions"]["uid"], "copy-uid");
+        assert!(
+            fake::calls(&on_consumer).is_empty(),
+            "the finalizer stays while the copy exists"
+        );
+
+        // … and only once it is gone, the finalizer.
+        gone.store(true, Ordering::SeqCst);
+        let action = super::delete(&object, &worker).await.unwrap();
+        assert_eq!(action, Action::await_change());
+        let released = fake::calls(&on_consumer);
+        assert_eq!(released.len(), 1, "{released:?}");
+        assert_eq!(
+            released[0].body["metadata"]["finalizers"],
+            json!([]),
+            "{:?}",
+            released[0].body
+        );
+        assert_eq!(
+            fake::calls(&on_provider).len(),
+            3,
+            "one more read, no more deletes"
+        );
+        assert_eq!(worker.tracked.locked().counts().synced, 0);
+    }
+
+    #[tokio::test]
+    async fn an_orphaned_object_is_let_go_without_a_word_to_the_provider() {
+        let widget = fake::widget_path("team-a", "w", "");
+        let (provider, on_provider) = fake::server(|_, _| None);
+        let (consumer, on_consumer) = fake::server(move |method, path| {
+            (method == "PATCH" && path == widget)
+                .then(|| (200, json!({ "metadata": { "resourceVersion": "11" } })))
+        });
+        let worker = fake::worker(consumer, provider).await;
+        let object =
+            deleted(json!({ keys::DELETION_POLICY_ANNOTATION: keys::DELETION_POLICY_ORPHAN }));
+
+        let action = super::delete(&object, &worker).await.unwrap();
+        assert_eq!(action, Action::await_change());
+        assert!(fake::calls(&on_provider).is_empty());
+        assert_eq!(fake::calls(&on_consumer).len(), 1);
+    }
+}

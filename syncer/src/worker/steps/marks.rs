@@ -258,4 +258,104 @@ mod tests {
         }
         assert_eq!(super::without_hold_record(None), None);
     }
+
+    use super::super::super::fake;
+    use super::super::super::pending;
+    use kbind_shared::keys;
+    use kbind_shared::sync::Locked;
+    use kube::runtime::controller::Action;
+    use serde_json::{Value, json};
+
+    /// The consumer's answer to a write of the widget: it, at resourceVersion `version`.
+    fn written(version: &str) -> (u16, Value) {
+        let mut object = json!({ "apiVersion": "example.org/v1", "kind": "Widget",
+            "metadata": { "name": "w", "namespace": "team-a", "uid": "w-uid" } });
+        object["metadata"]["resourceVersion"] = json!(version);
+        (200, object)
+    }
+
+    #[tokio::test]
+    async fn a_pause_is_recorded_once_on_the_object_and_nothing_reaches_the_provider() {
+        let status = fake::widget_path("team-a", "w", "/status");
+        let (consumer, on_consumer) = fake::server(move |method, path| {
+            (method == "PATCH" && path == status).then(|| written("11"))
+        });
+        let (provider, on_provider) = fake::server(|_, _| None);
+        let worker = fake::worker(consumer, provider).await;
+        let paused = json!({ "annotations": { keys::PAUSED_ANNOTATION: "true" } });
+        let object = fake::widget(paused.clone(), Value::Null);
+
+        let action = super::paused(&worker, &object).await.unwrap();
+        assert_eq!(action, Action::await_change());
+        let calls = fake::calls(&on_consumer);
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert_eq!(
+            (calls[0].method.as_str(), calls[0].path.as_str()),
+            (
+                "PATCH",
+                fake::widget_path("team-a", "w", "/status").as_str()
+            )
+        );
+        let record = &calls[0].body["status"]["kbindSync"];
+        assert_eq!(record["state"], "Paused", "{record}");
+        assert!(
+            record["message"]
+                .as_str()
+                .unwrap()
+                .contains(keys::PAUSED_ANNOTATION),
+            "{record}"
+        );
+        assert!(fake::calls(&on_provider).is_empty());
+        // The record: the write's echo is awaited (the cache still shows 10), and it stands
+        // paused.
+        let key = pending::key(&object);
+        assert!(worker.tracked.locked().behind(&key, Some("10")));
+        assert!(!worker.tracked.locked().behind(&key, Some("11")));
+        assert_eq!(worker.tracked.locked().counts().paused, 1);
+
+        // The object as written says so already: nothing more is written.
+        let mut recorded = paused;
+        recorded["resourceVersion"] = json!("11");
+        let object = fake::widget(recorded, fake::merged(&calls[0].body["status"]));
+        super::paused(&worker, &object).await.unwrap();
+        assert_eq!(fake::calls(&on_consumer).len(), 1);
+        assert_eq!(worker.tracked.locked().counts().paused, 1);
+    }
+
+    #[tokio::test]
+    async fn an_unbound_object_loses_kbinds_mark_and_routings_record_in_two_writes_and_its_state() {
+        let (object_path, status) = (
+            fake::widget_path("team-a", "w", ""),
+            fake::widget_path("team-a", "w", "/status"),
+        );
+        let (consumer, on_consumer) = fake::server(move |method, path| {
+            (method == "PATCH" && (path == object_path || path == status)).then(|| written("11"))
+        });
+        let (provider, on_provider) = fake::server(|_, _| None);
+        let worker = fake::worker(consumer, provider).await;
+        let object = fake::widget(
+            json!({ "annotations": { keys::CONFLICT_ANNOTATION: "NoRoute" } }),
+            json!({ "phase": "Ready", "kbindSync": { "state": "NoRoute", "message": "m" } }),
+        );
+        worker.mark(
+            &object,
+            Some(super::super::super::record::SyncState::Conflict),
+        );
+
+        super::unmark(&worker, &object).await.unwrap();
+        let calls = fake::calls(&on_consumer);
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(
+            calls[0].body["metadata"]["annotations"][keys::CONFLICT_ANNOTATION],
+            Value::Null
+        );
+        assert_eq!(
+            calls[1].body["status"]["kbindSync"],
+            Value::Null,
+            "{:?}",
+            calls[1].body
+        );
+        assert!(fake::calls(&on_provider).is_empty());
+        assert_eq!(worker.tracked.locked().counts().conflicts, 0);
+    }
 }

@@ -256,3 +256,206 @@ pub(in crate::worker) async fn read_stranger(
         std::time::Instant::now(),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::decide::SpecUp;
+    use super::super::super::fake;
+    use super::super::super::pending::{self, Seen};
+    use super::super::super::strangers::Known;
+    use kbind_shared::cache::ClusterMarker;
+    use kbind_shared::keys;
+    use kbind_shared::sync::Locked;
+    use kube::runtime::controller::Action;
+    use serde_json::{Value, json};
+    use std::time::{Duration, Instant};
+
+    /// The provider's copy as it answers an apply or a read: `annotations` its markers.
+    fn copy(annotations: Value, version: &str) -> Value {
+        json!({ "apiVersion": "example.org/v1", "kind": "Widget",
+            "metadata": { "name": "w", "namespace": "team-a", "uid": "copy-uid",
+                "resourceVersion": version, "annotations": annotations },
+            "spec": { "size": 3 }, "status": { "phase": "Ready" } })
+    }
+
+    fn ours() -> Value {
+        json!({ keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+            keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" })
+    }
+
+    #[tokio::test]
+    async fn a_new_object_is_created_with_its_markers_create_only_and_its_echo_awaited() {
+        let widget = fake::widget_path("team-a", "w", "");
+        let (provider, on_provider) = fake::server(move |method, path| match (method, path) {
+            ("POST", "/api/v1/namespaces") => {
+                Some((201, json!({ "metadata": { "name": "team-a" } })))
+            }
+            ("PATCH", p) if p == widget => Some((201, copy(ours(), "5"))),
+            _ => None,
+        });
+        let (consumer, _) = fake::server(|_, _| None);
+        let worker = fake::worker(consumer, provider).await;
+        let object = fake::widget(
+            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
+            Value::Null,
+        );
+        let before = Instant::now();
+
+        let delivered = super::push_spec(&worker, &object, SpecUp::Create, Seen::default())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(delivered.provider_status, Some(json!({ "phase": "Ready" })));
+        assert_eq!(delivered.oversized, None);
+        let calls = fake::calls(&on_provider);
+        let asked: Vec<(&str, &str)> = calls
+            .iter()
+            .map(|c| (c.method.as_str(), c.path.as_str()))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                ("POST", "/api/v1/namespaces"),
+                ("PATCH", fake::widget_path("team-a", "w", "").as_str())
+            ]
+        );
+        let apply = &calls[1];
+        assert!(
+            apply.query.contains("fieldManager=kbind"),
+            "{}",
+            apply.query
+        );
+        assert!(apply.query.contains("force=true"), "{}", apply.query);
+        assert_eq!(apply.body["spec"], json!({ "size": 3 }));
+        assert_eq!(
+            apply.body["metadata"]["annotations"][keys::CONSUMER_OBJECT_UID_ANNOTATION],
+            "w-uid"
+        );
+        assert_eq!(
+            apply.body["metadata"]["labels"][keys::CONSUMER_CLUSTER_UID_LABEL],
+            "consumer-uid"
+        );
+        assert_eq!(
+            apply.body["metadata"]["resourceVersion"],
+            kbind_shared::apply::CREATE_ONLY_RESOURCE_VERSION,
+            "a create only: never over something the cache did not show"
+        );
+        // The record: the spec was applied (a status change may carry the delivery record), and
+        // a sync waits for the write's echo in the provider cache.
+        let key = pending::key(&object);
+        let mut tracked = worker.tracked.locked();
+        assert!(tracked.applied_since(&key, before));
+        assert!(tracked.provider_echo_wait(&key, Instant::now()).is_some());
+        tracked.saw(&key, Some("5"));
+        tracked.cached(&key);
+        assert_eq!(tracked.provider_echo_wait(&key, Instant::now()), None);
+    }
+
+    #[tokio::test]
+    async fn an_object_found_under_the_name_is_read_and_never_written_over() {
+        let widget = fake::widget_path("team-a", "w", "");
+        let (provider, on_provider) = fake::server(move |method, path| match (method, path) {
+            ("POST", "/api/v1/namespaces") => Some(fake::status(409, "AlreadyExists", "exists")),
+            ("PATCH", p) if p == widget => Some(fake::status(
+                409,
+                "Conflict",
+                "the object has been modified",
+            )),
+            ("GET", p) if p == widget => Some((200, copy(json!({}), "7"))),
+            _ => None,
+        });
+        let (consumer, on_consumer) = fake::server(|_, _| None);
+        let worker = fake::worker(consumer, provider).await;
+        let object = fake::widget(
+            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
+            Value::Null,
+        );
+
+        let action = super::push_spec(&worker, &object, SpecUp::Create, Seen::default())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(
+            action,
+            Action::requeue(Duration::from_millis(10)),
+            "decided from what was read, at once"
+        );
+        let writes: Vec<_> = fake::calls(&on_provider)
+            .into_iter()
+            .filter(|c| c.path.contains("/widgets/"))
+            .map(|c| c.method)
+            .collect();
+        assert_eq!(
+            writes,
+            ["PATCH", "GET"],
+            "one refused create, one read; nothing forced"
+        );
+        assert!(fake::calls(&on_consumer).is_empty());
+        let key = pending::key(&object);
+        let Known::Fresh(found) = worker.tracked.locked().known_stranger(&key, Instant::now())
+        else {
+            panic!("the stranger is known");
+        };
+        assert_eq!(found.cluster_marker, ClusterMarker::Absent);
+        assert_eq!(found.spec, None, "nothing of another's data is kept");
+    }
+
+    /// What an API server's RBAC answers.
+    const RBAC: &str = "widgets.example.org \"w\" is forbidden: User \"system:serviceaccount:kbind:c\" cannot patch resource \"widgets\" in API group \"example.org\" in the namespace \"team-a\"";
+
+    #[tokio::test]
+    async fn a_refused_spec_is_recorded_on_the_object_and_announced_once() {
+        let widget = fake::widget_path("team-a", "w", "");
+        let status = fake::widget_path("team-a", "w", "/status");
+        let (provider, _) = fake::server(move |method, path| match (method, path) {
+            ("POST", "/api/v1/namespaces") => Some(fake::status(409, "AlreadyExists", "exists")),
+            ("PATCH", p) if p == widget => Some(fake::status(403, "Forbidden", RBAC)),
+            _ => None,
+        });
+        let (consumer, on_consumer) = fake::server(move |method, path| {
+            (method == "PATCH" && path == status)
+                .then(|| (200, json!({ "metadata": { "resourceVersion": "11" } })))
+        });
+        let worker = fake::worker(consumer, provider).await;
+        let object = fake::widget(
+            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
+            Value::Null,
+        );
+
+        for _ in 0..2 {
+            let refused = super::push_spec(&worker, &object, SpecUp::Apply, Seen::default()).await;
+            assert!(
+                matches!(refused, Err(super::Error::Provider(_))),
+                "{refused:?}"
+            );
+        }
+        let calls = fake::calls(&on_consumer);
+        let records: Vec<&Value> = calls
+            .iter()
+            .filter(|c| c.path.ends_with("/status"))
+            .map(|c| &c.body["status"]["kbindSync"])
+            .collect();
+        assert_eq!(
+            records.len(),
+            2,
+            "the object (as the cache shows it) says so each time"
+        );
+        assert_eq!(records[0]["state"], "Forbidden", "{}", records[0]);
+        let events: Vec<&Value> = calls
+            .iter()
+            .filter(|c| c.path.ends_with("/events"))
+            .map(|c| &c.body)
+            .collect();
+        assert_eq!(
+            events.len(),
+            1,
+            "one Warning per refusal, not per retry: {events:?}"
+        );
+        assert_eq!(events[0]["type"], "Warning");
+        assert!(
+            events[0]["note"].as_str().unwrap().contains("forbidden"),
+            "{}",
+            events[0]
+        );
+    }
+}

@@ -17,6 +17,7 @@ use super::super::writes::{Error, result_label};
 
 /// What the provider has of the object after a sync's spec step: its status (within the size
 /// limit), the size of one too large to copy, and when kbind last wrote its spec.
+#[derive(Debug)]
 pub(in crate::worker) struct Delivered {
     pub(in crate::worker) provider_status: Option<serde_json::Value>,
     pub(in crate::worker) oversized: Option<usize>,
@@ -201,5 +202,91 @@ mod tests {
         assert_eq!(super::bounded(Some(&status), 17), Ok(Some(status.clone())));
         assert_eq!(super::bounded(Some(&status), 16), Err(17));
         assert_eq!(super::bounded(None, 0), Ok(None));
+    }
+
+    use super::super::super::fake;
+    use super::super::super::pending::{self, Seen};
+    use super::Delivered;
+    use kbind_shared::cache::ProviderCopy;
+    use kbind_shared::keys;
+    use kbind_shared::sync::Locked;
+    use kube::runtime::controller::Action;
+    use serde_json::{Value, json};
+    use std::time::Instant;
+
+    fn provider_copy(status: Value) -> ProviderCopy {
+        let copy = fake::widget(
+            json!({ "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+                keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" } }),
+            status,
+        );
+        ProviderCopy::of(copy, "consumer-uid")
+    }
+
+    #[tokio::test]
+    async fn the_providers_status_comes_down_with_the_record_in_one_write() {
+        let status = fake::widget_path("team-a", "w", "/status");
+        let (consumer, on_consumer) = fake::server(move |method, path| {
+            (method == "PATCH" && path == status)
+                .then(|| (200, json!({ "metadata": { "resourceVersion": "11" } })))
+        });
+        let (provider, on_provider) = fake::server(|_, _| None);
+        let worker = fake::worker(consumer, provider).await;
+        let object = fake::widget(
+            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
+            Value::Null,
+        );
+        let copy = provider_copy(json!({ "phase": "Ready" }));
+        let delivered = Delivered::as_cached(&object, Some(&copy));
+        let now = Instant::now();
+        let seen = Seen {
+            consumer: None,
+            provider: Some(now),
+            provider_latest: Some(now),
+        };
+
+        let action = super::copy_status(&worker, &object, Some(&copy), delivered, seen)
+            .await
+            .unwrap();
+        assert_eq!(action, Action::await_change());
+        let calls = fake::calls(&on_consumer);
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        let written = &calls[0].body["status"];
+        assert_eq!(written["phase"], "Ready");
+        assert_eq!(written["kbindSync"]["state"], "Synced", "{written}");
+        assert_eq!(written["kbindSync"]["generation"], 2);
+        assert!(fake::calls(&on_provider).is_empty());
+        let key = pending::key(&object);
+        assert_eq!(worker.tracked.locked().counts().synced, 1);
+        assert!(worker.tracked.locked().behind(&key, Some("10")));
+    }
+
+    #[tokio::test]
+    async fn a_record_alone_waits_for_the_providers_status_change_to_carry_it() {
+        let (consumer, on_consumer) = fake::server(|_, _| None);
+        let (provider, _) = fake::server(|_, _| None);
+        let worker = fake::worker(consumer, provider).await;
+        let object = fake::widget(
+            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
+            json!({ "phase": "Ready" }),
+        );
+        let copy = provider_copy(json!({ "phase": "Ready" }));
+        // The spec was just applied: its status change is expected to carry the record.
+        worker
+            .tracked
+            .locked()
+            .spec_applied(&pending::key(&object), Instant::now());
+        let delivered = Delivered::as_cached(&object, Some(&copy));
+
+        let action = super::copy_status(&worker, &object, Some(&copy), delivered, Seen::default())
+            .await
+            .unwrap();
+        assert_ne!(
+            action,
+            Action::await_change(),
+            "looked at again after the wait"
+        );
+        assert!(fake::calls(&on_consumer).is_empty(), "nothing written yet");
+        assert_eq!(worker.tracked.locked().counts().synced, 1);
     }
 }

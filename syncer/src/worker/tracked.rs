@@ -293,6 +293,12 @@ mod tests {
     }
 
     #[test]
+    fn at_rest_a_record_costs_two_words() {
+        // Every synced object has one: its state and an empty pointer (#50.5's memory goal).
+        assert_eq!(std::mem::size_of::<Record>(), 16);
+    }
+
+    #[test]
     fn a_record_lives_while_it_holds_a_state_or_something_under_way() {
         let mut t = Tracked::default();
         t.update(&key("a"), |b| b.oversized = true);

@@ -65,6 +65,11 @@ impl Retries {
     }
 }
 
+/// The wait after the `attempt`th failure in a row of `key`: [`delay`] with its jitter.
+pub fn jittered(base: Duration, cap: Duration, key: &str, attempt: u32) -> Duration {
+    delay(base, cap, attempt, jitter_seed(key, attempt))
+}
+
 /// A seed that differs between objects and attempts, so that retries of many objects spread out.
 fn jitter_seed(key: &str, attempt: u32) -> u64 {
     use std::hash::{Hash, Hasher};

@@ -212,7 +212,7 @@ pub fn widget(metadata: Value, status: Value) -> Instance {
     serde_json::from_value(object).unwrap()
 }
 
-/// The requests to the test API (`example.org`) and Events, in order: what a step wrote or read
+/// The requests to the test API (`example.org`), namespace writes and Events, in order: what a step wrote or read
 /// — the reflectors' lists left out.
 pub fn calls(requests: &Requests) -> Vec<Request> {
     requests
@@ -223,7 +223,7 @@ pub fn calls(requests: &Requests) -> Vec<Request> {
             let test_api = r.path.starts_with("/apis/example.org/")
                 && (r.method != "GET" || r.path.contains("/widgets/"));
             let namespace_write = r.path.starts_with("/api/v1/namespaces") && r.method != "GET";
-            test_api || namespace_write || r.path.ends_with("/events")
+            test_api || namespace_write || r.path.contains("/events")
         })
         .cloned()
         .collect()

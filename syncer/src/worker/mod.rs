@@ -176,7 +176,10 @@ fn error_policy(object: Arc<Instance>, error: &Error, worker: Arc<Worker>) -> Ac
         return Action::requeue(Duration::from_millis(200));
     }
     let key = state::object_key(object.as_ref());
-    let retry = worker.retries.failed(&key, &error.to_string());
+    let retry = worker
+        .tracked
+        .locked()
+        .failed(&pending::key(object.as_ref()), &error.to_string());
     if retry.log {
         tracing::warn!(api = %worker.spec.api, object = %key, error = %kbind_shared::redact::remote(&error.to_string()), kind = error.metric_label(), retry_in = ?retry.after, "sync failed");
     } else {
@@ -199,7 +202,6 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
     };
     let name = object.name_any();
     tracing::trace!(object = %name, "sync start");
-    let key = state::object_key(object.as_ref());
     let waiting = pending::key(object.as_ref());
     if worker
         .tracked
@@ -223,7 +225,7 @@ async fn reconcile(object: Arc<Instance>, worker: Arc<Worker>) -> Result<Action,
     let seen = worker.tracked.locked().take(&waiting);
     let result = sync::sync(object, worker.clone(), seen).await;
     if result.is_ok() {
-        worker.retries.succeeded(&key);
+        worker.tracked.locked().succeeded(&waiting);
     } else {
         worker.tracked.locked().give_back(&waiting, seen);
     }

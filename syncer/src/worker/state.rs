@@ -102,8 +102,6 @@ pub(super) struct Worker {
     pub(super) tracked: Mutex<Tracked>,
     /// The syncs in progress ([`super::in_flight`]).
     pub(super) in_flight: super::in_flight::InFlight,
-    /// Backoff and log-once for objects whose sync keeps failing.
-    pub(super) retries: kbind_shared::backoff::Retries,
     /// Which sides' caches have listed.
     pub(super) listed: Mutex<Listed>,
     /// In a boundary (#51), where the provider is watched: one namespace at a time, those the
@@ -195,10 +193,6 @@ impl Worker {
             known_namespaces: Mutex::default(),
             warned_no_status: Mutex::new(false),
             in_flight: Default::default(),
-            retries: kbind_shared::backoff::Retries::new(
-                Duration::from_secs(1),
-                Duration::from_secs(300),
-            ),
             listed: Mutex::default(),
             provider_namespaces: commands,
         });

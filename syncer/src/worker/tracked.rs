@@ -25,6 +25,11 @@ use std::time::Duration;
 use super::record::{Applied, Counts, Key, ProviderEcho, Seen, Stranger, SyncState};
 use super::status_delay::StatusDelay;
 
+/// The first wait after a failed sync.
+const RETRY_BASE: Duration = Duration::from_secs(1);
+/// The longest wait between two tries of a sync that keeps failing.
+const RETRY_CAP: Duration = Duration::from_secs(300);
+
 /// The records of one worker's objects, and what is learned across them.
 #[derive(Debug)]
 pub struct Tracked {
@@ -67,6 +72,8 @@ pub(super) struct Busy {
     pub(super) stranger: Option<Stranger>,
     /// Its provider status is too large to copy (warned about once).
     pub(super) oversized: bool,
+    /// Its syncs' failures in a row, and the last one's message (logged and announced once).
+    pub(super) failures: Option<(u32, Box<str>)>,
 }
 
 impl Busy {
@@ -81,6 +88,7 @@ impl Busy {
             provider_echo: None,
             stranger: None,
             oversized: false,
+            failures: None,
         }
     }
 
@@ -98,6 +106,7 @@ impl Busy {
             && self.provider_echo.is_none()
             && self.stranger.is_none()
             && !self.oversized
+            && self.failures.is_none()
     }
 }
 
@@ -271,6 +280,37 @@ impl Tracked {
         self.update(key, |b| !std::mem::replace(&mut b.oversized, true))
     }
 
+    /// A sync of `key` failed with `message`: how long until the next try (doubling from 1 s to
+    /// 5 min, jittered), and whether to log it — once per streak and message.
+    pub fn failed(&mut self, key: &Key, message: &str) -> kbind_shared::backoff::Retry {
+        let attempt = self.update(key, |b| {
+            let (count, last) = b.failures.get_or_insert((0, "".into()));
+            *count = count.saturating_add(1);
+            let log = **last != *message;
+            if log {
+                *last = message.into();
+            }
+            (*count, log)
+        });
+        let name = format!("{}/{}", key.0.as_deref().unwrap_or_default(), key.1);
+        kbind_shared::backoff::Retry {
+            after: kbind_shared::backoff::jittered(RETRY_BASE, RETRY_CAP, &name, attempt.0),
+            log: attempt.1,
+        }
+    }
+
+    /// Whether a failure of `key` with `message` is news (not the one its streak last had).
+    pub fn failure_is_new(&self, key: &Key, message: &str) -> bool {
+        self.busy(key)
+            .and_then(|b| b.failures.as_ref())
+            .is_none_or(|(_, last)| **last != *message)
+    }
+
+    /// A sync of `key` succeeded: its streak of failures ends.
+    pub fn succeeded(&mut self, key: &Key) {
+        self.update_existing(key, |b| b.failures = None);
+    }
+
     /// How many records there are (objects with a state or something under way).
     #[cfg(test)]
     pub fn len(&self) -> usize {
@@ -412,6 +452,24 @@ mod tests {
             };
             assert_eq!(states.counts(), want, "step {i}");
         }
+    }
+
+    #[test]
+    fn failures_back_off_are_logged_once_per_message_and_end_with_a_success() {
+        let mut t = Tracked::default();
+        let logged: Vec<bool> = ["a", "a", "b", "b", "a"]
+            .iter()
+            .map(|m| t.failed(&key("x"), m).log)
+            .collect();
+        assert_eq!(logged, [true, false, true, false, true]);
+        assert!(t.failed(&key("x"), "a").after >= Duration::from_secs(32).mul_f64(0.8));
+        assert!(!t.failure_is_new(&key("x"), "a"));
+        assert!(t.failure_is_new(&key("x"), "b"));
+        assert!(t.failure_is_new(&key("y"), "a"), "per object");
+        t.succeeded(&key("x"));
+        assert_eq!(t.len(), 0, "a success leaves nothing behind");
+        assert!(t.failed(&key("x"), "a").log, "a new streak logs again");
+        assert!(t.failed(&key("y"), "a").after <= Duration::from_secs(1));
     }
 
     #[test]

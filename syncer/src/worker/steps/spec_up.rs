@@ -15,7 +15,7 @@ use kube::runtime::controller::Action;
 
 use super::super::decide::SpecUp;
 use super::super::pending::{self, Seen};
-use super::super::state::{Worker, object_key};
+use super::super::state::Worker;
 use super::super::strangers::Known;
 use super::super::writes::{Error, result_label};
 use super::marks::record_refusal;
@@ -210,8 +210,8 @@ pub(in crate::worker) async fn forbidden_or(
     };
     worker.count("spec_up", result);
     record_refusal(worker, object, state, &s.message).await?;
-    let news = worker.retries.is_new(
-        &object_key(object),
+    let news = worker.tracked.locked().failure_is_new(
+        &pending::key(object),
         &Error::Provider(error_copy(s)).to_string(),
     );
     if news {
@@ -424,10 +424,15 @@ mod tests {
 
         for _ in 0..2 {
             let refused = super::push_spec(&worker, &object, SpecUp::Apply, Seen::default()).await;
-            assert!(
-                matches!(refused, Err(super::Error::Provider(_))),
-                "{refused:?}"
-            );
+            let Err(error) = refused else {
+                panic!("refused: {refused:?}");
+            };
+            assert!(matches!(error, super::Error::Provider(_)), "{error:?}");
+            // What the worker's error policy records of it before the retry.
+            worker
+                .tracked
+                .locked()
+                .failed(&pending::key(&object), &error.to_string());
         }
         let calls = fake::calls(&on_consumer);
         let records: Vec<&Value> = calls
@@ -443,7 +448,7 @@ mod tests {
         assert_eq!(records[0]["state"], "Forbidden", "{}", records[0]);
         let events: Vec<&Value> = calls
             .iter()
-            .filter(|c| c.path.ends_with("/events"))
+            .filter(|c| c.path.contains("/events"))
             .map(|c| &c.body)
             .collect();
         assert_eq!(

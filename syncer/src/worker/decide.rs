@@ -18,7 +18,7 @@ pub struct Copy {
     pub current: bool,
 }
 
-/// What a sync knows before it writes anything.
+/// What a sync knows before it writes anything — and what its writes would say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Facts<'a> {
     /// The consumer object is being deleted.
@@ -32,11 +32,11 @@ pub struct Facts<'a> {
     /// The conflict annotation the consumer object carries.
     pub conflict: Option<&'a str>,
     /// The user paused the object (its annotation, or its binding's `spec.suspend`).
-    pub paused: Option<Paused>,
+    pub paused: Option<Paused<'a>>,
     /// What routing says when several Connections serve the API (#36; `None`: sync as usual —
     /// the API has one route, or this worker's route is the object's). A route that is not the
     /// object's reaches here as `bound: None`.
-    pub routing: Option<Routing>,
+    pub routing: Option<Routing<'a>>,
     /// This worker speaks for the object when no binding has it bound (the API is not routed,
     /// or it is and no route covers, pins or holds it, and this is the serving Connection's
     /// worker): a mark kbind left on it is this worker's to clear.
@@ -47,22 +47,24 @@ pub struct Facts<'a> {
 
 /// Routing's word on an object of a routed API, for this worker's route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Routing {
+pub enum Routing<'a> {
     /// Written to no provider: the conflict annotation says why (`AmbiguousRoute`, `NoRoute`,
-    /// `SchemaMismatch`, `NotAllowed`).
-    Hold(&'static str),
+    /// `SchemaMismatch`, `NotAllowed`), and the message the record and the Event say.
+    Hold(&'static str, &'a str),
     /// The user moved it elsewhere: this route's copy goes (deleted or orphaned), then this
     /// route's finalizer.
     Release,
-    /// Synced here, its pinned route, while its labels choose another: `RouteChanged` is shown.
-    Changed,
+    /// Synced here, its pinned route, while its labels choose another: `RouteChanged` is shown,
+    /// and this message announced.
+    Changed(&'a str),
 }
 
 /// A paused object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Paused {
-    /// Its delivery record says so already (or its CRD keeps no record): nothing to write.
-    pub recorded: bool,
+pub struct Paused<'a> {
+    /// The status that records the pause (`None`: its delivery record says so already, or its
+    /// CRD keeps no record — nothing to write).
+    pub record: Option<&'a serde_json::Value>,
 }
 
 /// How the spec goes up.
@@ -74,9 +76,9 @@ pub enum SpecUp {
     Apply,
 }
 
-/// The next step.
+/// The next step, with what its writes say: its executor computes nothing but the requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum Step<'a> {
     /// SYNC-3: the object is being deleted (bound or not): run the deletion.
     Delete,
     /// SYNC-4: no binding has the API bound for it: nothing to do.
@@ -91,11 +93,13 @@ pub enum Step {
         reason: &'static str,
         /// Who owns the provider object.
         owner: Owner,
+        /// The binding's conflict policy, which leaves it alone.
+        policy: ConflictPolicy,
         /// The annotation did not say so yet.
         announce: bool,
     },
     /// The user paused it: no write on either side but the delivery record saying so, once.
-    Paused(Paused),
+    Paused(Paused<'a>),
     /// QRK-13: the copy is terminating; look again once it is gone.
     WaitForTerminatingCopy,
     /// KEY-10: the finalizer goes on before the first provider write.
@@ -109,14 +113,16 @@ pub enum Step {
         /// `None`: the copy is current, no provider write.
         spec_up: Option<SpecUp>,
         /// Its labels choose another route than the one it is pinned to: the annotation says
-        /// `RouteChanged` (#36).
-        route_changed: bool,
+        /// `RouteChanged` (#36), and a Warning this message when it is new.
+        route_changed: Option<&'a str>,
     },
-    /// #36: held by routing — written to no provider; `reason` recorded on the object,
-    /// announced when new.
+    /// #36: held by routing — written to no provider; `reason` recorded on the object, with
+    /// `message`, announced when new.
     Held {
         /// The conflict annotation's value.
         reason: &'static str,
+        /// Why, as the record and the Event say.
+        message: &'a str,
         /// The annotation did not say so yet.
         announce: bool,
     },
@@ -125,15 +131,16 @@ pub enum Step {
 }
 
 /// Decides the next step.
-pub fn decide(facts: &Facts<'_>) -> Step {
+pub fn decide<'a>(facts: &Facts<'a>) -> Step<'a> {
     if facts.deleting {
         return Step::Delete;
     }
     match facts.routing {
         Some(Routing::Release) => return Step::Release,
-        Some(Routing::Hold(reason)) => {
+        Some(Routing::Hold(reason, message)) => {
             return Step::Held {
                 reason,
+                message,
                 announce: facts.conflict != Some(reason),
             };
         }
@@ -156,6 +163,7 @@ pub fn decide(facts: &Facts<'_>) -> Step {
             return Step::Conflict {
                 reason,
                 owner: copy.owner,
+                policy,
                 announce: facts.conflict != Some(reason),
             };
         }
@@ -171,8 +179,11 @@ pub fn decide(facts: &Facts<'_>) -> Step {
         Some(copy) if !copy.current => Some(SpecUp::Apply),
         Some(_) => None,
     };
-    let route_changed = facts.routing == Some(Routing::Changed);
-    let wanted = route_changed.then_some(ROUTE_CHANGED);
+    let route_changed = match facts.routing {
+        Some(Routing::Changed(message)) => Some(message),
+        _ => None,
+    };
+    let wanted = route_changed.map(|_| ROUTE_CHANGED);
     Step::Sync {
         clear_conflict: facts.conflict != wanted,
         spec_up,
@@ -199,7 +210,7 @@ pub enum Rest {
 /// consumer object already has the status that sync would leave on it (asked only when the
 /// step gets that far). A restart or a re-list shows every object again; those at rest are
 /// recorded where they stand instead of each taking a turn in the queue.
-pub fn rest(step: Step, status_current: impl FnOnce() -> bool) -> Rest {
+pub fn rest(step: Step<'_>, status_current: impl FnOnce() -> bool) -> Rest {
     match step {
         Step::Idle => Rest::Unbound,
         Step::Conflict {
@@ -208,7 +219,7 @@ pub fn rest(step: Step, status_current: impl FnOnce() -> bool) -> Rest {
         | Step::Held {
             announce: false, ..
         } => Rest::Stands(SyncState::Conflict),
-        Step::Paused(Paused { recorded: true }) => Rest::Stands(SyncState::Paused),
+        Step::Paused(Paused { record: None }) => Rest::Stands(SyncState::Paused),
         Step::Sync {
             clear_conflict: false,
             spec_up: None,
@@ -254,22 +265,33 @@ mod tests {
         }
     }
 
+    /// The status a pause still has to write.
+    static RECORD: std::sync::LazyLock<serde_json::Value> =
+        std::sync::LazyLock::new(|| serde_json::json!({ "kbindSync": { "state": "Paused" } }));
+
+    /// A pause not recorded yet (`true`: its record to write) or recorded.
+    fn pause(to_record: bool) -> Paused<'static> {
+        Paused {
+            record: to_record.then_some(&*RECORD),
+        }
+    }
+
     fn paused(facts: Facts<'_>, recorded: bool) -> Facts<'_> {
         Facts {
-            paused: Some(Paused { recorded }),
+            paused: Some(pause(!recorded)),
             ..facts
         }
     }
 
-    fn sync(clear_conflict: bool, spec_up: Option<SpecUp>) -> Step {
+    fn sync(clear_conflict: bool, spec_up: Option<SpecUp>) -> Step<'static> {
         Step::Sync {
             clear_conflict,
             spec_up,
-            route_changed: false,
+            route_changed: None,
         }
     }
 
-    fn routed(facts: Facts<'_>, routing: Routing) -> Facts<'_> {
+    fn routed<'a>(facts: Facts<'a>, routing: Routing<'a>) -> Facts<'a> {
         Facts {
             routing: Some(routing),
             ..facts
@@ -302,10 +324,11 @@ mod tests {
                 "held: announced once",
                 routed(
                     facts(false, None, None, false, None),
-                    Routing::Hold("AmbiguousRoute"),
+                    Routing::Hold("AmbiguousRoute", "why"),
                 ),
                 Step::Held {
                     reason: "AmbiguousRoute",
+                    message: "why",
                     announce: true,
                 },
             ),
@@ -313,32 +336,33 @@ mod tests {
                 "held: said already",
                 routed(
                     facts(false, None, None, false, Some("AmbiguousRoute")),
-                    Routing::Hold("AmbiguousRoute"),
+                    Routing::Hold("AmbiguousRoute", "why"),
                 ),
                 Step::Held {
                     reason: "AmbiguousRoute",
+                    message: "why",
                     announce: false,
                 },
             ),
             (
                 "route changed: shown",
-                routed(synced, Routing::Changed),
+                routed(synced, Routing::Changed("moved")),
                 Step::Sync {
                     clear_conflict: true,
                     spec_up: None,
-                    route_changed: true,
+                    route_changed: Some("moved"),
                 },
             ),
             (
                 "route changed: shown already",
                 routed(
                     facts(false, FAIL, ours, true, Some(ROUTE_CHANGED)),
-                    Routing::Changed,
+                    Routing::Changed("moved"),
                 ),
                 Step::Sync {
                     clear_conflict: false,
                     spec_up: None,
-                    route_changed: true,
+                    route_changed: Some("moved"),
                 },
             ),
             (
@@ -354,7 +378,7 @@ mod tests {
             rest(
                 decide(&routed(
                     facts(false, FAIL, ours, true, Some(ROUTE_CHANGED)),
-                    Routing::Changed
+                    Routing::Changed("moved")
                 )),
                 || true
             ),
@@ -364,7 +388,7 @@ mod tests {
             rest(
                 decide(&routed(
                     facts(false, None, None, false, Some("NoRoute")),
-                    Routing::Hold("NoRoute")
+                    Routing::Hold("NoRoute", "why")
                 )),
                 || true
             ),
@@ -372,10 +396,11 @@ mod tests {
         );
     }
 
-    fn conflict(reason: &'static str, owner: Owner, announce: bool) -> Step {
+    fn conflict(reason: &'static str, owner: Owner, announce: bool) -> Step<'static> {
         Step::Conflict {
             reason,
             owner,
+            policy: ConflictPolicy::Fail,
             announce,
         }
     }
@@ -495,7 +520,12 @@ mod tests {
             (
                 "another's under Adopt: never taken",
                 facts(false, ADOPT, copy(Owner::Another, false, true), true, None),
-                conflict(CONFLICT_OWNED_BY_ANOTHER, Owner::Another, true),
+                Step::Conflict {
+                    reason: CONFLICT_OWNED_BY_ANOTHER,
+                    owner: Owner::Another,
+                    policy: ConflictPolicy::Adopt,
+                    announce: true,
+                },
             ),
             (
                 "the kind of conflict changed: announced",
@@ -511,12 +541,12 @@ mod tests {
             (
                 "paused: nothing but the record, however far the sync got",
                 paused(facts(false, FAIL, ours(false), true, None), false),
-                Step::Paused(Paused { recorded: false }),
+                Step::Paused(pause(true)),
             ),
             (
                 "paused before the finalizer: none is added",
                 paused(facts(false, FAIL, None, false, None), true),
-                Step::Paused(Paused { recorded: true }),
+                Step::Paused(pause(false)),
             ),
             (
                 "paused over a conflict: the annotation stays as it is",
@@ -530,7 +560,7 @@ mod tests {
                     ),
                     true,
                 ),
-                Step::Paused(Paused { recorded: true }),
+                Step::Paused(pause(false)),
             ),
             (
                 "paused and deleted: the deletion runs",
@@ -597,13 +627,13 @@ mod tests {
             ("no finalizer", Step::AddFinalizer, true, Rest::Work),
             (
                 "paused, recorded",
-                Step::Paused(Paused { recorded: true }),
+                Step::Paused(pause(false)),
                 false,
                 Rest::Stands(SyncState::Paused),
             ),
             (
                 "paused, not recorded yet",
-                Step::Paused(Paused { recorded: false }),
+                Step::Paused(pause(true)),
                 false,
                 Rest::Work,
             ),

@@ -37,26 +37,26 @@ pub(super) async fn sync(
         Some(copy) => Some(copy),
         None => stranger(&worker, &object).await?,
     };
-    let gate = gate_of(&worker, &object);
-    let facts = facts(&worker, &object, provider_copy.as_deref(), gate.as_ref());
+    let inputs = inputs(&worker, &object);
+    let facts = facts(&worker, &object, provider_copy.as_deref(), &inputs);
     let (worker, object) = (worker.as_ref(), object.as_ref());
     match decide(&facts) {
         Step::Delete => deletion::delete(object, worker).await,
         Step::Idle => Ok(Action::await_change()),
         Step::Unmark => marks::unmark(worker, object).await,
         Step::Release => deletion::release(object, worker).await,
-        Step::Held { reason, announce } => {
-            marks::held(worker, object, gate.as_ref(), reason, announce).await
-        }
+        Step::Held {
+            reason,
+            message,
+            announce,
+        } => marks::held(worker, object, reason, message, announce).await,
         Step::Conflict {
             reason,
             owner,
+            policy,
             announce,
-        } => {
-            let policy = facts.bound.unwrap_or_default();
-            marks::conflict(worker, object, policy, reason, owner, announce).await
-        }
-        Step::Paused(_) => marks::paused(worker, object).await,
+        } => marks::conflict(worker, object, policy, reason, owner, announce).await,
+        Step::Paused(paused) => marks::paused(worker, object, paused.record).await,
         Step::WaitForTerminatingCopy => marks::wait_for_terminating_copy(worker, object).await,
         Step::AddFinalizer => spec_up::add_finalizer(worker, object, seen).await,
         Step::Sync {
@@ -65,7 +65,7 @@ pub(super) async fn sync(
             route_changed,
         } => {
             if clear_conflict {
-                marks::show_route_changed(worker, object, route_changed, gate.as_ref()).await?;
+                marks::show_route_changed(worker, object, route_changed).await?;
             }
             let delivered = match spec_up {
                 Some(how) => match spec_up::push_spec(worker, object, how, seen).await? {
@@ -138,14 +138,18 @@ pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gat
     ))
 }
 
-/// The facts a sync of `object` decides from, with `copy` the provider copy the cache holds and
-/// `gate` routing's word on it (#36; `None`: the API has one route).
-fn facts<'a>(
-    worker: &Worker,
-    object: &'a Instance,
-    copy: Option<&ProviderCopy>,
-    gate: Option<&routing::Gate>,
-) -> Facts<'a> {
+/// What the facts of one object's sync are read from besides the object and its copy.
+struct Inputs {
+    /// Routing's word on it (#36; `None`: the API has one route).
+    gate: Option<routing::Gate>,
+    /// The binding that binds its API for this worker, if one does.
+    resolution: Option<kbind_shared::resolve::Resolution>,
+    /// The user paused it (`Some`), with the status that records it when one is to be written.
+    pause: Option<Option<serde_json::Value>>,
+}
+
+fn inputs(worker: &Worker, object: &Instance) -> Inputs {
+    let gate = gate_of(worker, object);
     // SYNC-14: cluster-scoped instances sync only under a ClusterBinding (the resolver ensures it).
     let resolution = worker
         .ctx
@@ -157,6 +161,23 @@ fn facts<'a>(
         .filter(|r| r.is_bound())
         // Another route's object is not this worker's to sync.
         .filter(|_| !matches!(gate, Some(routing::Gate::Idle | routing::Gate::Uncovered)));
+    let pause = pause_message(object, resolution.as_ref())
+        .map(|message| paused_record(worker, object, &message));
+    Inputs {
+        gate,
+        resolution,
+        pause,
+    }
+}
+
+/// The facts a sync of `object` decides from, with `copy` the provider copy the cache holds.
+fn facts<'a>(
+    worker: &Worker,
+    object: &'a Instance,
+    copy: Option<&ProviderCopy>,
+    inputs: &'a Inputs,
+) -> Facts<'a> {
+    let gate = inputs.gate.as_ref();
     let speaks_when_unbound = match gate {
         None => true,
         Some(routing::Gate::Uncovered) => worker
@@ -166,13 +187,15 @@ fn facts<'a>(
     };
     let routing = match gate {
         None | Some(routing::Gate::Idle | routing::Gate::Uncovered | routing::Gate::Pin(_)) => None,
-        Some(routing::Gate::Sync { changed }) => changed.as_ref().map(|_| Routing::Changed),
+        Some(routing::Gate::Sync { changed }) => changed.as_deref().map(Routing::Changed),
         Some(routing::Gate::Release { .. }) => Some(Routing::Release),
-        Some(routing::Gate::Hold(reason, _)) => Some(Routing::Hold(reason.as_str())),
+        Some(routing::Gate::Hold(reason, message)) => {
+            Some(Routing::Hold(reason.as_str(), message.as_str()))
+        }
     };
-    let bound = resolution.as_ref().map(|r| r.conflict_policy);
-    let paused = pause_message(object, resolution.as_ref()).map(|message| Paused {
-        recorded: paused_record(worker, object, &message).is_none(),
+    let bound = inputs.resolution.as_ref().map(|r| r.conflict_policy);
+    let paused = inputs.pause.as_ref().map(|record| Paused {
+        record: record.as_ref(),
     });
     let object_uid = object.metadata.uid.as_deref().unwrap_or_default();
     Facts {
@@ -201,8 +224,8 @@ fn facts<'a>(
 /// Whether a sync of `object` (with `copy` the provider copy the cache holds) would write
 /// nothing: the same facts, [`decide`] and status the sync itself uses.
 pub(super) fn at_rest(worker: &Worker, object: &Instance, copy: Option<&ProviderCopy>) -> Rest {
-    let gate = gate_of(worker, object);
-    rest(decide(&facts(worker, object, copy, gate.as_ref())), || {
+    let inputs = inputs(worker, object);
+    rest(decide(&facts(worker, object, copy, &inputs)), || {
         let desired = desired_status(
             &worker.spec,
             object,

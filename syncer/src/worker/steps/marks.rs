@@ -9,7 +9,6 @@ use kbind_shared::cache::{Instance, Json};
 use kbind_shared::delivery;
 use kbind_shared::keys;
 use kbind_shared::ownership::Owner;
-use kbind_shared::routing;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
@@ -37,14 +36,10 @@ pub(in crate::worker) async fn unmark(worker: &Worker, object: &Instance) -> Res
 pub(in crate::worker) async fn held(
     worker: &Worker,
     object: &Instance,
-    gate: Option<&routing::Gate>,
     reason: &str,
+    message: &str,
     announce: bool,
 ) -> Result<Action, Error> {
-    let message = match gate {
-        Some(routing::Gate::Hold(_, message)) => message.as_str(),
-        _ => "",
-    };
     worker.set_conflict(object, Some(reason)).await?;
     record_refusal(worker, object, reason, message).await?;
     if announce {
@@ -94,9 +89,13 @@ pub(in crate::worker) async fn conflict(
 }
 
 /// `Step::Paused`: the one write a pause costs is the record saying so (none once it does).
-pub(in crate::worker) async fn paused(worker: &Worker, object: &Instance) -> Result<Action, Error> {
-    if let Some(status) = paused_status(worker, object) {
-        status_down(worker, object, status, "record").await?;
+pub(in crate::worker) async fn paused(
+    worker: &Worker,
+    object: &Instance,
+    record: Option<&serde_json::Value>,
+) -> Result<Action, Error> {
+    if let Some(status) = record {
+        status_down(worker, object, status.clone(), "record").await?;
     }
     worker.mark(object, Some(SyncState::Paused));
     Ok(Action::await_change())
@@ -123,19 +122,12 @@ pub(in crate::worker) async fn wait_for_terminating_copy(
 pub(in crate::worker) async fn show_route_changed(
     worker: &Worker,
     object: &Instance,
-    route_changed: bool,
-    gate: Option<&routing::Gate>,
+    route_changed: Option<&str>,
 ) -> Result<(), Error> {
-    let wanted = route_changed.then_some(super::super::decide::ROUTE_CHANGED);
+    let wanted = route_changed.map(|_| super::super::decide::ROUTE_CHANGED);
     worker.set_conflict(object, wanted).await?;
-    if let (
-        Some(reason),
-        Some(routing::Gate::Sync {
-            changed: Some(message),
-        }),
-    ) = (wanted, gate)
-    {
-        worker.warn(object, reason, message.clone()).await;
+    if let (Some(reason), Some(message)) = (wanted, route_changed) {
+        worker.warn(object, reason, message.to_owned()).await;
         worker.count("route", reason);
     }
     Ok(())
@@ -178,20 +170,6 @@ pub(in crate::worker) fn paused_record(
     let record = delivery::paused(delivery::record_of(current.as_ref()), message);
     let status = delivery::with_record(current.as_ref(), &record);
     (current.as_ref() != Some(&status)).then_some(status)
-}
-
-/// [`paused_record`] with the message of why `object` is paused now.
-pub(in crate::worker) fn paused_status(
-    worker: &Worker,
-    object: &Instance,
-) -> Option<serde_json::Value> {
-    let resolution = worker.ctx.resolve(
-        &worker.spec.connection,
-        &worker.spec.api,
-        object.metadata.namespace.as_deref(),
-    );
-    let message = pause_message(object, resolution.as_ref())?;
-    paused_record(worker, object, &message)
 }
 
 /// The status without kbind's record, when the record says routing held the object (`None`:
@@ -284,8 +262,17 @@ mod tests {
         let worker = fake::worker(consumer, provider).await;
         let paused = json!({ "annotations": { keys::PAUSED_ANNOTATION: "true" } });
         let object = fake::widget(paused.clone(), Value::Null);
+        // What the sync's facts carry to the step: the record of why it is paused.
+        let to_record = |object| {
+            let message = super::pause_message(object, None).unwrap();
+            super::paused_record(&worker, object, &message)
+        };
+        let record = to_record(&object);
+        assert!(record.is_some());
 
-        let action = super::paused(&worker, &object).await.unwrap();
+        let action = super::paused(&worker, &object, record.as_ref())
+            .await
+            .unwrap();
         assert_eq!(action, Action::await_change());
         let calls = fake::calls(&on_consumer);
         assert_eq!(calls.len(), 1, "{calls:?}");
@@ -317,7 +304,11 @@ mod tests {
         let mut recorded = paused;
         recorded["resourceVersion"] = json!("11");
         let object = fake::widget(recorded, fake::merged(&calls[0].body["status"]));
-        super::paused(&worker, &object).await.unwrap();
+        let record = to_record(&object);
+        assert_eq!(record, None, "recorded already");
+        super::paused(&worker, &object, record.as_ref())
+            .await
+            .unwrap();
         assert_eq!(fake::calls(&on_consumer).len(), 1);
         assert_eq!(worker.tracked.locked().counts().paused, 1);
     }

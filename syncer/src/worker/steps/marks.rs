@@ -118,7 +118,7 @@ pub(in crate::worker) async fn wait_for_terminating_copy(
 }
 
 /// The conflict annotation a `Step::Sync` wants: none, or `RouteChanged` (#36) — announced
-/// once, when the gate says why.
+/// with the warning the step carries, once (the annotation changes only then).
 pub(in crate::worker) async fn show_route_changed(
     worker: &Worker,
     object: &Instance,

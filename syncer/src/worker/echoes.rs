@@ -11,7 +11,6 @@
 use std::time::{Duration, Instant};
 
 use super::pending::Key;
-use super::record::ProviderEcho;
 use super::tracked::Tracked;
 
 /// Objects kbind wrote, each with the resourceVersion the cache showed when it was written over:
@@ -78,7 +77,7 @@ const PASSED: usize = 16;
 impl Tracked {
     /// kbind is about to write `key`'s provider copy.
     pub fn writing(&mut self, key: &Key) {
-        self.update(key, |b| b.provider_echo = Some(ProviderEcho::default()));
+        self.update(key, |b| b.provider_echo = Some(Box::default()));
     }
 
     /// The provider write of `key` was answered at `answered` with `version` (`None`: it

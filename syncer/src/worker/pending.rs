@@ -161,9 +161,9 @@ impl Tracked {
     }
 
     /// The objects waiting, and when their changes were seen.
-    pub fn waiting(&self) -> impl Iterator<Item = (&Key, &Seen)> {
+    pub fn waiting(&self) -> impl Iterator<Item = (Key, Seen)> {
         self.busy_parts()
-            .filter_map(|b| Some((b.key(), b.waiting.as_ref()?)))
+            .filter_map(|b| Some((b.name().key(), *b.waiting.as_ref()?)))
     }
 
     /// Objects waiting, and how long the oldest has waited at `now` (what memory alone says; the

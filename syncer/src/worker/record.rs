@@ -15,6 +15,47 @@ pub(super) fn key<K: kube::Resource>(object: &K) -> Key {
     (object.namespace(), object.name_any())
 }
 
+/// A [`Key`] in one allocation, as a record's busy part keeps it: `N<namespace>\0<name>` or
+/// `C<name>` (a namespace or a name never holds a NUL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Name(Box<str>);
+
+impl Name {
+    /// `key`, compact.
+    pub fn of(key: &Key) -> Self {
+        Name(
+            match &key.0 {
+                Some(namespace) => format!("N{namespace}\0{}", key.1),
+                None => format!("C{}", key.1),
+            }
+            .into_boxed_str(),
+        )
+    }
+
+    /// Whether this is `key`.
+    pub fn is(&self, key: &Key) -> bool {
+        self.parts() == (key.0.as_deref(), key.1.as_str())
+    }
+
+    /// The namespace and name.
+    pub fn parts(&self) -> (Option<&str>, &str) {
+        match self
+            .0
+            .strip_prefix('N')
+            .and_then(|rest| rest.split_once('\0'))
+        {
+            Some((namespace, name)) => (Some(namespace), name),
+            None => (None, self.0.get(1..).unwrap_or_default()),
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> Key {
+        let (namespace, name) = self.parts();
+        (namespace.map(str::to_owned), name.to_owned())
+    }
+}
+
 /// When the changes waiting for one object were first seen.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Seen {

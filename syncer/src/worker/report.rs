@@ -107,12 +107,7 @@ impl Worker {
             }
         }
         // (Copied out: the lock is not held while the objects are looked at.)
-        let waiting: Vec<(pending::Key, pending::Seen)> = self
-            .tracked
-            .locked()
-            .waiting()
-            .map(|(key, seen)| (key.clone(), *seen))
-            .collect();
+        let waiting: Vec<(pending::Key, pending::Seen)> = self.tracked.locked().waiting().collect();
         for (key, seen) in waiting {
             if let Some(object) = consumer.get(&self.reference(key.0.as_deref(), &key.1))
                 && self

@@ -42,7 +42,7 @@ pub enum Known {
 impl Tracked {
     /// What is known under `key` at `now`.
     pub fn known_stranger(&self, key: &Key, now: Instant) -> Known {
-        match self.busy(key).and_then(|b| b.stranger.as_ref()) {
+        match self.busy(key).and_then(|b| b.stranger.as_deref()) {
             None => Known::Nothing,
             Some(Stranger {
                 copy: Some(copy),
@@ -65,10 +65,12 @@ impl Tracked {
     /// write too.
     pub fn expect_stranger(&mut self, key: &Key, now: Instant) {
         self.update(key, |b| {
-            b.stranger.get_or_insert(Stranger {
-                copy: None,
-                read_at: now,
-                wait: Duration::ZERO,
+            b.stranger.get_or_insert_with(|| {
+                Box::new(Stranger {
+                    copy: None,
+                    read_at: now,
+                    wait: Duration::ZERO,
+                })
             });
         });
     }
@@ -82,7 +84,7 @@ impl Tracked {
         };
         let copy = Arc::new(copy);
         self.update(key, |b| {
-            let wait = match &b.stranger {
+            let wait = match b.stranger.as_deref() {
                 Some(Stranger {
                     copy: Some(last),
                     wait,
@@ -90,11 +92,11 @@ impl Tracked {
                 }) if *last == copy => (*wait * 2).clamp(FIRST_WAIT, MAX_WAIT),
                 _ => FIRST_WAIT,
             };
-            b.stranger = Some(Stranger {
+            b.stranger = Some(Box::new(Stranger {
                 copy: Some(copy.clone()),
                 read_at: now,
                 wait,
-            });
+            }));
         });
         Known::Fresh(copy)
     }

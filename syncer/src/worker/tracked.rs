@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
-use super::record::{Applied, Counts, Key, ProviderEcho, Seen, Stranger, SyncState};
+use super::record::{Applied, Counts, Key, Name, ProviderEcho, Seen, Stranger, SyncState};
 use super::status_delay::StatusDelay;
 
 /// The first wait after a failed sync.
@@ -55,7 +55,7 @@ struct Record {
 /// What is under way for one object.
 #[derive(Debug)]
 pub(super) struct Busy {
-    key: Key,
+    name: Name,
     /// Changes seen and not synced yet (`pending`).
     pub(super) waiting: Option<Seen>,
     /// When its deletion was first seen.
@@ -67,19 +67,19 @@ pub(super) struct Busy {
     /// The resourceVersion kbind's last consumer write went over, until its echo (`echoes`).
     pub(super) written_over: Option<Box<str>>,
     /// kbind's provider write whose echo the provider cache does not show yet.
-    pub(super) provider_echo: Option<ProviderEcho>,
+    pub(super) provider_echo: Option<Box<ProviderEcho>>,
     /// The provider object under its name the cache does not show (`strangers`).
-    pub(super) stranger: Option<Stranger>,
+    pub(super) stranger: Option<Box<Stranger>>,
     /// Its provider status is too large to copy (warned about once).
     pub(super) oversized: bool,
     /// Its syncs' failures in a row, and the last one's message (logged and announced once).
-    pub(super) failures: Option<(u32, Box<str>)>,
+    pub(super) failures: Option<Box<(u32, Box<str>)>>,
 }
 
 impl Busy {
-    fn new(key: Key) -> Self {
+    fn new(key: &Key) -> Self {
         Self {
-            key,
+            name: Name::of(key),
             waiting: None,
             deleting: None,
             applied: None,
@@ -93,8 +93,8 @@ impl Busy {
     }
 
     /// The object it is of.
-    pub(super) fn key(&self) -> &Key {
-        &self.key
+    pub(super) fn name(&self) -> &Name {
+        &self.name
     }
 
     fn idle(&self) -> bool {
@@ -136,7 +136,7 @@ impl Tracked {
     /// What is under way for `key`, if anything.
     pub(super) fn busy(&self, key: &Key) -> Option<&Busy> {
         let busy = self.records.get(&self.id(key))?.busy.as_deref()?;
-        (busy.key == *key).then_some(busy)
+        busy.name.is(key).then_some(busy)
     }
 
     /// Changes what is under way for `key` — begun for it when nothing was — and drops what is
@@ -145,15 +145,15 @@ impl Tracked {
         let id = self.id(key);
         let record = self.records.entry(id).or_default();
         let busy = match &mut record.busy {
-            Some(busy) if busy.key == *key => busy,
+            Some(busy) if busy.name.is(key) => busy,
             // (A collision: the other object's busy part gives way.)
             Some(busy) => {
-                **busy = Busy::new(key.clone());
+                **busy = Busy::new(key);
                 busy
             }
             empty => {
                 self.busy += 1;
-                empty.insert(Box::new(Busy::new(key.clone())))
+                empty.insert(Box::new(Busy::new(key)))
             }
         };
         let out = change(busy);
@@ -170,7 +170,7 @@ impl Tracked {
     ) -> Option<T> {
         let id = self.id(key);
         let busy = self.records.get_mut(&id)?.busy.as_deref_mut()?;
-        if busy.key != *key {
+        if !busy.name.is(key) {
             return None;
         }
         let out = change(busy);
@@ -255,7 +255,7 @@ impl Tracked {
         let Some(record) = self.records.get_mut(&id) else {
             return self.counts;
         };
-        if record.busy.as_deref().is_some_and(|b| b.key == *key) {
+        if record.busy.as_deref().is_some_and(|b| b.name.is(key)) {
             record.busy = None;
             self.busy -= 1;
         }
@@ -284,7 +284,7 @@ impl Tracked {
     /// 5 min, jittered), and whether to log it — once per streak and message.
     pub fn failed(&mut self, key: &Key, message: &str) -> kbind_shared::backoff::Retry {
         let attempt = self.update(key, |b| {
-            let (count, last) = b.failures.get_or_insert((0, "".into()));
+            let (count, last) = &mut **b.failures.get_or_insert_default();
             *count = count.saturating_add(1);
             let log = **last != *message;
             if log {
@@ -302,7 +302,7 @@ impl Tracked {
     /// Whether a failure of `key` with `message` is news (not the one its streak last had).
     pub fn failure_is_new(&self, key: &Key, message: &str) -> bool {
         self.busy(key)
-            .and_then(|b| b.failures.as_ref())
+            .and_then(|b| b.failures.as_deref())
             .is_none_or(|(_, last)| **last != *message)
     }
 
@@ -336,6 +336,12 @@ mod tests {
     fn at_rest_a_record_costs_two_words() {
         // Every synced object has one: its state and an empty pointer (#50.5's memory goal).
         assert_eq!(std::mem::size_of::<Record>(), 16);
+        // And while something is under way, one allocation of this size (was 280 bytes).
+        assert!(
+            std::mem::size_of::<Busy>() <= 168,
+            "{}",
+            std::mem::size_of::<Busy>()
+        );
     }
 
     #[test]
@@ -405,7 +411,7 @@ mod tests {
         let mut visited = 0;
         t.update_all(|b| {
             visited += 1;
-            b.oversized = b.key().1 == "a";
+            b.oversized = b.name().parts().1 == "a";
         });
         assert_eq!(visited, 3);
         assert_eq!((t.len(), t.busy), (2, 1), "a busy, c with its state");
@@ -481,6 +487,23 @@ mod tests {
         assert_ne!(id(Some("a"), "bc"), id(Some("ab"), "c"));
         assert_ne!(id(None, "w"), id(Some(""), "w"));
         assert_eq!(id(Some("a"), "w"), id(Some("a"), "w"));
+        // The busy part's compact name tells them apart too.
+        let keys: Vec<Key> = [
+            (Some("a"), "bc"),
+            (Some("ab"), "c"),
+            (None, "w"),
+            (Some(""), "w"),
+        ]
+        .into_iter()
+        .map(|(namespace, name)| (namespace.map(str::to_owned), name.to_owned()))
+        .collect();
+        for (i, key) in keys.iter().enumerate() {
+            let name = Name::of(key);
+            assert_eq!(&name.key(), key);
+            for (j, other) in keys.iter().enumerate() {
+                assert_eq!(name.is(other), i == j, "{key:?} {other:?}");
+            }
+        }
     }
 
     #[test]
@@ -499,7 +522,7 @@ mod tests {
         for i in 0..1000 {
             t.update(&key(&format!("w{i}")), |b| b.oversized = true);
         }
-        t.update_all(|b| b.oversized = b.key().1 == "w0");
+        t.update_all(|b| b.oversized = b.name().parts().1 == "w0");
         assert!(t.capacity() >= 1000);
         t.shrink();
         assert!(t.capacity() < 100, "{}", t.capacity());

@@ -66,18 +66,38 @@ async fn wait_conflict(consumer: &Client, name: &str, reason: Option<&str>) -> D
     .await
 }
 
-/// Samples both providers every 100 ms — `second` first, so an object seen there and then still
-/// on `provider` was on both at once — until `done` holds for (on provider, on second).
+/// Where the objects a check follows are moving.
+#[derive(Clone, Copy)]
+enum Toward {
+    /// From the provider (or nowhere) to the second.
+    Second,
+    /// From the second to the provider.
+    Provider,
+}
+
+/// Samples both providers every 100 ms — the one the objects move `toward` first, so that an
+/// object seen there and then still on the other was on both at once (sampled the other way
+/// round, a move whose old copy went just before the new one came would look like both) —
+/// until `done` holds for (on provider, on second).
 async fn never_on_both(
     provider: &Client,
     second: &Client,
+    toward: Toward,
     what: &str,
     done: impl Fn(&BTreeSet<String>, &BTreeSet<String>) -> bool,
 ) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let on_second = names(second).await;
-        let on_first = names(provider).await;
+        let (on_first, on_second) = match toward {
+            Toward::Second => {
+                let on_second = names(second).await;
+                (names(provider).await, on_second)
+            }
+            Toward::Provider => {
+                let on_first = names(provider).await;
+                (on_first, names(second).await)
+            }
+        };
         let both: Vec<&String> = on_second.intersection(&on_first).collect();
         assert!(both.is_empty(), "on both providers at once: {both:?}");
         if done(&on_first, &on_second) {
@@ -231,6 +251,7 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     never_on_both(
         &s.provider,
         &second,
+        Toward::Second,
         "each on its route",
         |first, second| {
             first.contains("plain") && second.contains("us") && second.contains("us-orphan")
@@ -412,9 +433,13 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
         &json!({ "metadata": { "labels": { "tier": null } } }),
     )
     .await;
-    never_on_both(&s.provider, &second, "both on the second", |_, second| {
-        second.contains("both")
-    })
+    never_on_both(
+        &s.provider,
+        &second,
+        Toward::Second,
+        "both on the second",
+        |_, second| second.contains("both"),
+    )
     .await;
     wait_conflict(&s.consumer, "both", None).await;
 
@@ -469,6 +494,7 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     never_on_both(
         &s.provider,
         &second,
+        Toward::Provider,
         "us moved to provider",
         |first, second| first.contains("us") && !second.contains("us"),
     )
@@ -559,17 +585,25 @@ async fn each_object_goes_to_exactly_the_route_its_labels_choose_and_stays_there
     // Unbinding the route drains its copies; what was pinned there is held (NoRoute), never
     // moved to the default route behind the user's back — until the user removes the pin.
     create(&s.consumer, "us2", &[("region", "us")]).await;
-    never_on_both(&s.provider, &second, "us2 on the second", |_, second| {
-        second.contains("us2")
-    })
+    never_on_both(
+        &s.provider,
+        &second,
+        Toward::Second,
+        "us2 on the second",
+        |_, second| second.contains("us2"),
+    )
     .await;
     cluster_bindings
         .delete("second-us", &Default::default())
         .await
         .unwrap();
-    never_on_both(&s.provider, &second, "us2 drained", |_, second| {
-        !second.contains("us2")
-    })
+    never_on_both(
+        &s.provider,
+        &second,
+        Toward::Second,
+        "us2 drained",
+        |_, second| !second.contains("us2"),
+    )
     .await;
     wait_object(
         &widgets(&s.consumer, NS),
@@ -626,6 +660,7 @@ async fn a_schema_drift_on_one_provider_holds_only_that_routes_objects() {
     never_on_both(
         &s.provider,
         &second,
+        Toward::Second,
         "each on its route",
         |first, second| first.contains("plain") && second.contains("us"),
     )

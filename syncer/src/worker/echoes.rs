@@ -151,9 +151,7 @@ impl Tracked {
 mod tests {
     use super::*;
 
-    fn key(name: &str) -> Key {
-        (Some("ns".to_owned()), name.to_owned())
-    }
+    use super::super::record::test_key as key;
 
     #[test]
     fn a_provider_write_waits_until_its_echo_is_in_the_cache() {

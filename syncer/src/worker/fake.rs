@@ -212,6 +212,14 @@ pub fn widget(metadata: Value, status: Value) -> Instance {
     serde_json::from_value(object).unwrap()
 }
 
+/// [`widget`] holding kbind's finalizer (a copy may exist), its status empty.
+pub fn bound_widget() -> Instance {
+    widget(
+        json!({ "finalizers": [kbind_shared::keys::SYNCER_FINALIZER] }),
+        Value::Null,
+    )
+}
+
 /// The requests to the test API (`example.org`), namespace writes and Events, in order: what a step wrote or read
 /// — the reflectors' lists left out.
 pub fn calls(requests: &Requests) -> Vec<Request> {

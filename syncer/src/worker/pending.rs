@@ -234,9 +234,7 @@ mod tests {
         assert_eq!(change_start(None, at(2_000), now, wall), Some(now));
     }
 
-    fn key(name: &str) -> Key {
-        (Some("ns".into()), name.into())
-    }
+    use super::super::record::test_key as key;
 
     #[test]
     fn changes_wait_until_a_sync_takes_them_and_failures_give_them_back() {

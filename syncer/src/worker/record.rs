@@ -15,6 +15,12 @@ pub(super) fn key<K: kube::Resource>(object: &K) -> Key {
     (object.namespace(), object.name_any())
 }
 
+/// The key of the object `name` in namespace `ns`, for the record's unit tests.
+#[cfg(test)]
+pub(super) fn test_key(name: &str) -> Key {
+    (Some("ns".to_owned()), name.to_owned())
+}
+
 /// A [`Key`] in one allocation, as a record's busy part keeps it: `N<namespace>\0<name>` or
 /// `C<name>` (a namespace or a name never holds a NUL).
 #[derive(Debug, Clone, PartialEq, Eq)]

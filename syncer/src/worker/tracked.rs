@@ -328,9 +328,7 @@ impl Tracked {
 mod tests {
     use super::*;
 
-    fn key(name: &str) -> Key {
-        (Some("ns".into()), name.into())
-    }
+    use super::super::record::test_key as key;
 
     #[test]
     fn at_rest_a_record_costs_two_words() {

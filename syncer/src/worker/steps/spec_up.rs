@@ -295,10 +295,7 @@ mod tests {
         });
         let (consumer, _) = fake::server(|_, _| None);
         let worker = fake::worker(consumer, provider).await;
-        let object = fake::widget(
-            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
-            Value::Null,
-        );
+        let object = fake::bound_widget();
         let before = Instant::now();
 
         let delivered = super::push_spec(&worker, &object, SpecUp::Create, Seen::default())
@@ -366,10 +363,7 @@ mod tests {
         });
         let (consumer, on_consumer) = fake::server(|_, _| None);
         let worker = fake::worker(consumer, provider).await;
-        let object = fake::widget(
-            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
-            Value::Null,
-        );
+        let object = fake::bound_widget();
 
         let action = super::push_spec(&worker, &object, SpecUp::Create, Seen::default())
             .await
@@ -417,10 +411,7 @@ mod tests {
                 .then(|| (200, json!({ "metadata": { "resourceVersion": "11" } })))
         });
         let worker = fake::worker(consumer, provider).await;
-        let object = fake::widget(
-            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
-            Value::Null,
-        );
+        let object = fake::bound_widget();
 
         for _ in 0..2 {
             let refused = super::push_spec(&worker, &object, SpecUp::Apply, Seen::default()).await;

@@ -232,10 +232,7 @@ mod tests {
         });
         let (provider, on_provider) = fake::server(|_, _| None);
         let worker = fake::worker(consumer, provider).await;
-        let object = fake::widget(
-            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
-            Value::Null,
-        );
+        let object = fake::bound_widget();
         let copy = provider_copy(json!({ "phase": "Ready" }));
         let delivered = Delivered::as_cached(&object, Some(&copy));
         let now = Instant::now();

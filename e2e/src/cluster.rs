@@ -651,17 +651,31 @@ impl Cluster {
             .signal(signal)
     }
 
-    /// Logs of this cluster's processes, for a failure message.
     /// The requests this API server has answered so far that its audit log keeps: every request
     /// of a minted user, and the writes to the test APIs (group `example.org`).
     pub fn audited(&self) -> Vec<Audited> {
+        // A WATCH is kept from when it started (it completes when it ends, if ever).
+        self.audit_events(|stage, verb| {
+            stage == "ResponseComplete" && verb != "watch"
+                || stage == "ResponseStarted" && verb == "watch"
+        })
+    }
+
+    /// The WATCHes of [`Cluster::audited`] that have ended (their client went, or the server
+    /// closed them).
+    pub fn audited_watch_ends(&self) -> Vec<Audited> {
+        self.audit_events(|stage, verb| stage == "ResponseComplete" && verb == "watch")
+    }
+
+    fn audit_events(&self, keep: impl Fn(&str, &str) -> bool) -> Vec<Audited> {
         let text = std::fs::read_to_string(self.dir.join(AUDIT_LOG)).unwrap_or_default();
         text.lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            // A WATCH is kept from when it started (it completes when it ends, if ever).
             .filter(|event| {
-                event["stage"] == "ResponseComplete" && event["verb"] != "watch"
-                    || event["stage"] == "ResponseStarted" && event["verb"] == "watch"
+                keep(
+                    event["stage"].as_str().unwrap_or_default(),
+                    event["verb"].as_str().unwrap_or_default(),
+                )
             })
             .map(|event| {
                 let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
@@ -680,6 +694,7 @@ impl Cluster {
             .collect()
     }
 
+    /// Logs of this cluster's processes, for a failure message.
     pub fn logs(&self) -> Vec<PathBuf> {
         self.processes
             .iter()

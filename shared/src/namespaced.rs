@@ -12,9 +12,12 @@
 //! - **afterwards**, a namespace's re-list goes out as `Apply` for what it holds and `Delete` for
 //!   what it held before and no longer does; a namespace added later lists the same way.
 //!
+//! - **a namespace no longer watched** goes out as a `Delete` of each object it held (#54: a
+//!   Binding's namespace left behind), and the other namespaces are untouched.
+//!
 //! The I/O ([`Namespaced`]) runs one watch per namespace and takes [`Command`]s: watch a
 //! namespace; it was just created (its failing watch starts again at once, not after its
-//! backoff); the set is complete.
+//! backoff); stop watching one; the set is complete.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::pin::Pin;
@@ -36,6 +39,8 @@ pub enum Command {
     /// This namespace was just created: its watch, unless it has listed, starts again now rather
     /// than after its backoff (watched from now on, if it was not).
     Created(String),
+    /// Stop watching this namespace: what it held is deleted (nothing if it is not watched).
+    Unwatch(String),
     /// Every namespace of the first list has been named.
     Complete,
 }
@@ -81,6 +86,27 @@ impl<K: Resource + Clone> Merge<K> {
             starting.waiting.insert(namespace.to_owned());
             starting.held.insert(namespace.to_owned(), BTreeMap::new());
         }
+    }
+
+    /// `namespace` is no longer watched: each object it held goes out as a `Delete` (none while
+    /// starting — nothing went out yet; the first list then waits for it no more).
+    pub fn unwatch(&mut self, namespace: &str) -> Vec<Event<K>> {
+        if let Some(starting) = &mut self.starting {
+            starting.waiting.remove(namespace);
+            starting.held.remove(namespace);
+            return self.started();
+        }
+        self.relisting.remove(namespace);
+        let mut gone: Vec<String> = self
+            .known
+            .remove(namespace)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        gone.sort();
+        gone.into_iter()
+            .map(|n| Event::Delete((self.tombstone)(namespace, &n)))
+            .collect()
     }
 
     /// Every namespace of the first list has been named.
@@ -257,6 +283,14 @@ where
                 if !self.listed.contains(&namespace) {
                     self.merge.watch(&namespace);
                     self.start(&namespace);
+                }
+            }
+            Command::Unwatch(namespace) => {
+                if let Some(running) = self.watching.remove(&namespace) {
+                    running.abort();
+                    self.listed.remove(&namespace);
+                    let out = self.merge.unwatch(&namespace);
+                    self.out.extend(out);
                 }
             }
             Command::Complete => {
@@ -527,5 +561,65 @@ mod tests {
         merge.watch("c");
         assert_eq!(listed(&mut merge, "c", &["q"]), ["Apply c/q"]);
         assert_eq!(listed(&mut merge, "c", &[]), ["Delete c/q"]);
+    }
+
+    #[test]
+    fn a_namespace_no_longer_watched_deletes_what_it_held_and_nothing_else() {
+        let mut merge = Merge::new(tombstone);
+        merge.watch("a");
+        merge.watch("b");
+        listed(&mut merge, "a", &["x", "y"]);
+        listed(&mut merge, "b", &["x"]);
+        merge.complete();
+        merge.on("a", Event::Apply(cm("a", "z")));
+        merge.on("a", Event::Delete(cm("a", "x")));
+        assert_eq!(
+            show(merge.unwatch("a")),
+            ["Delete a/y", "Delete a/z"],
+            "what a held when it went, once"
+        );
+        assert!(merge.unwatch("a").is_empty(), "not twice");
+        assert_eq!(
+            listed(&mut merge, "b", &["x"]),
+            ["Apply b/x"],
+            "b untouched"
+        );
+        // Watched again later, it lists as applies.
+        merge.watch("a");
+        assert_eq!(listed(&mut merge, "a", &["y"]), ["Apply a/y"]);
+        // A namespace half way through a re-list when it goes leaves nothing behind.
+        merge.on("a", Event::Init);
+        merge.on("a", Event::InitApply(cm("a", "w")));
+        assert_eq!(show(merge.unwatch("a")), ["Delete a/y"]);
+        merge.watch("a");
+        assert_eq!(
+            listed(&mut merge, "a", &["v"]),
+            ["Apply a/v"],
+            "the abandoned re-list's objects never go out"
+        );
+    }
+
+    #[test]
+    fn a_namespace_no_longer_watched_while_starting_is_not_waited_for() {
+        let mut merge = Merge::new(tombstone);
+        merge.watch("a");
+        merge.watch("slow");
+        assert!(merge.complete().is_empty());
+        assert!(
+            listed(&mut merge, "a", &["x"]).is_empty(),
+            "slow has not listed"
+        );
+        assert_eq!(
+            show(merge.unwatch("slow")),
+            ["Init", "InitApply a/x", "InitDone"]
+        );
+        // Listed and then unwatched before the start: its objects never go out.
+        let mut merge = Merge::new(tombstone);
+        merge.watch("a");
+        merge.watch("b");
+        listed(&mut merge, "b", &["q"]);
+        assert!(merge.unwatch("b").is_empty());
+        merge.complete();
+        assert_eq!(listed(&mut merge, "a", &[]), ["Init", "InitDone"]);
     }
 }

@@ -14,6 +14,11 @@ use kbind_shared::binding_cap::Seniority;
 use kbind_shared::resolve::{self, BindingObject, Resolution};
 use kube::ResourceExt;
 
+mod scope;
+
+use scope::Scopes;
+pub use scope::WatchScope;
+
 /// What a binding change may alter: the lookups of some APIs in one namespace (or cluster-wide),
 /// or everything (a re-list, a Connection's access rules).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +127,8 @@ pub struct Index {
     by_api: HashMap<String, ApiBindings>,
     /// (API, serving Connection) → route Connection → how many served bindings offer it.
     routes: HashMap<(String, String), BTreeMap<String, usize>>,
+    /// Where each API's instances are read ([`WatchScope`]): every binding, served or not.
+    scopes: Scopes,
 }
 
 impl Index {
@@ -134,14 +141,34 @@ impl Index {
             places: HashMap::new(),
             by_api: HashMap::new(),
             routes: HashMap::new(),
+            scopes: Scopes::default(),
         }
+    }
+
+    /// Where `api`'s instances are read: cluster-wide while a ClusterBinding lists it, else in
+    /// the namespaces whose Bindings do ([`WatchScope`]).
+    pub fn watch_scope(&self, api: &str) -> WatchScope {
+        self.scopes.of(api)
     }
 
     /// A ClusterBinding added or changed.
     pub fn apply_cluster(&mut self, binding: Arc<ClusterBinding>) -> Option<Touched> {
+        let scoped = self
+            .scopes
+            .apply(None, &binding.name_any(), binding.as_ref());
+        with_scope(self.serve_cluster(binding), scoped, None)
+    }
+
+    /// A ClusterBinding gone.
+    pub fn remove_cluster(&mut self, name: &str) -> Option<Touched> {
+        let scoped = self.scopes.remove(None, name);
+        with_scope(self.unserve_cluster(name), scoped, None)
+    }
+
+    fn serve_cluster(&mut self, binding: Arc<ClusterBinding>) -> Option<Touched> {
         let name = binding.name_any();
         if binding.metadata.deletion_timestamp.is_some() {
-            return self.remove_cluster(&name);
+            return self.unserve_cluster(&name);
         }
         let old = self.cluster.insert(name, binding.clone());
         let mut apis = BTreeSet::new();
@@ -159,8 +186,7 @@ impl Index {
         })
     }
 
-    /// A ClusterBinding gone.
-    pub fn remove_cluster(&mut self, name: &str) -> Option<Touched> {
+    fn unserve_cluster(&mut self, name: &str) -> Option<Touched> {
         let old = self.cluster.remove(name)?;
         let mut apis = BTreeSet::new();
         self.unindex_cluster(&old, &mut apis);
@@ -174,8 +200,9 @@ impl Index {
     pub fn apply_binding(&mut self, binding: Arc<Binding>) -> Option<Touched> {
         let namespace = binding.namespace().unwrap_or_default();
         let name = binding.name_any();
+        let scoped = self.scopes.apply(Some(&namespace), &name, binding.as_ref());
         let place = Seniority::of(&binding.metadata);
-        self.change_namespace(&namespace, |index| {
+        let touched = self.change_namespace(&namespace, |index| {
             let old = index.take_binding(&namespace, &name);
             if let Some(place) = place {
                 index
@@ -188,22 +215,30 @@ impl Index {
                     .insert(place, binding.clone());
             }
             old
-        })
+        });
+        with_scope(touched, scoped, Some(&namespace))
     }
 
     /// A Binding gone.
     pub fn remove_binding(&mut self, namespace: &str, name: &str) -> Option<Touched> {
-        self.change_namespace(namespace, |index| index.take_binding(namespace, name))
+        let scoped = self.scopes.remove(Some(namespace), name);
+        let touched = self.change_namespace(namespace, |index| index.take_binding(namespace, name));
+        with_scope(touched, scoped, Some(namespace))
     }
 
     /// A re-list of every ClusterBinding: the index holds exactly `all`.
     pub fn relist_cluster(&mut self, all: Vec<Arc<ClusterBinding>>) -> Touched {
+        self.scopes.relist(
+            false,
+            all.iter()
+                .map(|b| (None, b.name_any(), scope::listed(b.as_ref()))),
+        );
         let old: Vec<String> = self.cluster.keys().cloned().collect();
         for name in old {
-            self.remove_cluster(&name);
+            self.unserve_cluster(&name);
         }
         for binding in all {
-            self.apply_cluster(binding);
+            self.serve_cluster(binding);
         }
         Touched::Everything
     }
@@ -211,6 +246,11 @@ impl Index {
     /// A re-list of every Binding: the index holds exactly `all` (built at once: a re-list of a
     /// namespace's flood costs one insertion per Binding, not a re-index each).
     pub fn relist_bindings(&mut self, all: Vec<Arc<Binding>>) -> Touched {
+        self.scopes.relist(
+            true,
+            all.iter()
+                .map(|b| (b.namespace(), b.name_any(), scope::listed(b.as_ref()))),
+        );
         let served: Vec<Arc<Binding>> = self
             .queues
             .keys()
@@ -514,6 +554,31 @@ fn listed<B: BindingObject>(binding: &B) -> Vec<String> {
         .iter()
         .map(|a| a.name.clone())
         .collect()
+}
+
+/// `touched`, reaching also the APIs whose [`WatchScope`] changed (`scoped`) in `namespace`.
+fn with_scope(
+    touched: Option<Touched>,
+    scoped: BTreeSet<String>,
+    namespace: Option<&str>,
+) -> Option<Touched> {
+    if scoped.is_empty() {
+        return touched;
+    }
+    match touched {
+        Some(Touched::Everything) => Some(Touched::Everything),
+        Some(Touched::Apis { mut apis, .. }) => {
+            apis.extend(scoped);
+            Some(Touched::Apis {
+                apis,
+                namespace: namespace.map(str::to_owned),
+            })
+        }
+        None => Some(Touched::Apis {
+            apis: scoped,
+            namespace: namespace.map(str::to_owned),
+        }),
+    }
 }
 
 /// Whether two versions of a binding look the same to every lookup: spec and status equal.

@@ -19,7 +19,7 @@ use kube::{Api, Client};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use crate::bindings::{Index, Touched};
+use crate::bindings::{Index, Touched, WatchScope};
 use crate::membership::Membership;
 
 /// Bounds on what a provider can make this replica write to the consumer (#32.2).
@@ -289,6 +289,12 @@ impl Context {
         served_by: &str,
     ) -> std::collections::BTreeSet<String> {
         self.index.locked().route_connections(api, served_by)
+    }
+
+    /// Where `api`'s instances are read (#54): cluster-wide while a ClusterBinding lists it,
+    /// else in the namespaces whose Bindings do ([`WatchScope`]).
+    pub fn watch_scope(&self, api: &str) -> WatchScope {
+        self.index.locked().watch_scope(api)
     }
 
     /// Whether `api` is routed: served bindings offer a route besides `served_by` (as it stands

@@ -51,6 +51,9 @@ struct Key {
     /// The route an API worker serves (#36). Whether its API is routed is not part of it: the
     /// running worker reads that live (#50.3).
     route: Option<worker::RouteSpec>,
+    /// Whether an API worker reads cluster-wide (a ClusterBinding lists the API) or per
+    /// namespace (#54). Which namespaces is not part of it: the running worker follows them.
+    cluster_wide: bool,
 }
 
 /// A worker to run.
@@ -157,7 +160,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             credentials: &credentials,
             mine: &mine,
         };
-        let mut wanted = desired_workers(&inputs);
+        let mut wanted = desired_workers(&ctx, &inputs);
         wanted.extend(desired_related(&ctx, &inputs));
         credentials.retain(connections.state().iter().map(|c| c.as_ref()));
         // A Connection no wanted worker uses any more (deleted, not Ready, assigned elsewhere)
@@ -412,6 +415,7 @@ fn desired_related(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
             access: access.clone(),
             boundary: connection.spec.boundary.clone(),
             route: None,
+            cluster_wide: true,
         };
         let spec = related::RelatedSpec {
             namespace: namespace.clone(),
@@ -461,7 +465,7 @@ fn bound_resources(
 
 /// SCTL-2 … SCTL-5: the API workers that should run (for the assigned units only), keyed by CRD
 /// name.
-fn desired_workers(inputs: &Inputs) -> HashMap<String, (Key, Work)> {
+fn desired_workers(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work)> {
     let mut wanted = HashMap::new();
     for crd in inputs.crds.state() {
         let name = crd.name_any();
@@ -539,6 +543,7 @@ fn desired_workers(inputs: &Inputs) -> HashMap<String, (Key, Work)> {
                 bound_apis: Vec::new(),
                 boundary: serving.spec.boundary.clone(),
                 route: Some(route.clone()),
+                cluster_wide: ctx.watch_scope(&name).is_cluster(),
             };
             let spec = WorkerSpec {
                 api: name.clone(),
@@ -553,6 +558,7 @@ fn desired_workers(inputs: &Inputs) -> HashMap<String, (Key, Work)> {
                 digest: key.credentials.clone(),
                 buckets,
                 namespaces: serving.spec.namespaces(),
+                cluster_wide: key.cluster_wide,
                 route,
             };
             // The serving Connection's worker keeps the CRD's name (as before routing).

@@ -347,3 +347,55 @@ fn an_api_stays_indexed_while_any_binding_lists_it() {
     index.remove_cluster("all");
     assert_eq!(resolved(&index, "a").as_deref(), Some("one"));
 }
+
+#[test]
+fn where_an_api_is_read_follows_every_binding_listing_it_and_its_changes_are_announced() {
+    let mut index = Index::new(1);
+    let scope = |index: &Index| index.watch_scope(W);
+    assert_eq!(scope(&index), WatchScope::Namespaces(Default::default()));
+    index.apply_binding(binding("a", "one", 1, &[W]));
+    // Past the cap: not served, but its namespace is read all the same (it may hold objects).
+    assert_eq!(
+        index.apply_binding(binding("b", "one", 1, &[W])),
+        in_ns(&[W], "b")
+    );
+    let mut flood = (*binding("a", "two", 2, &[W])).clone();
+    flood.status = None;
+    assert_eq!(
+        index.apply_binding(Arc::new(flood)),
+        None,
+        "past a's cap: nothing"
+    );
+    assert_eq!(
+        scope(&index),
+        WatchScope::Namespaces(["a".to_owned(), "b".to_owned()].into())
+    );
+    // Being deleted, it still holds W (its objects are let go of): b is read until it is gone.
+    let mut deleting = (*binding("b", "one", 1, &[W])).clone();
+    deleting.metadata.deletion_timestamp =
+        Some(Time(jiff::Timestamp::from_second(9).expect("valid")));
+    index.apply_binding(Arc::new(deleting));
+    assert!(index.watch_scope(W) != WatchScope::Namespaces(["a".to_owned()].into()));
+    assert_eq!(
+        index.remove_binding("b", "one"),
+        in_ns(&[W], "b"),
+        "announced"
+    );
+    assert_eq!(
+        scope(&index),
+        WatchScope::Namespaces(["a".to_owned()].into())
+    );
+    // A ClusterBinding makes it cluster-wide, announced to every namespace.
+    let touched = index.apply_cluster(cluster_binding("all", &[W]));
+    assert!(
+        touched
+            .as_ref()
+            .is_some_and(|t| t.reaches(None) && t.concerns_api(W))
+    );
+    assert_eq!(scope(&index), WatchScope::Cluster);
+    index.remove_cluster("all");
+    assert_eq!(
+        scope(&index),
+        WatchScope::Namespaces(["a".to_owned()].into())
+    );
+}

@@ -186,6 +186,7 @@ pub async fn worker(consumer: Client, provider: Client) -> Arc<Worker> {
         digest: String::new(),
         buckets: Buckets::All,
         namespaces: Default::default(),
+        cluster_wide: true,
         route: RouteSpec {
             route,
             served_by: "c".into(),

@@ -50,7 +50,12 @@ pub(super) fn start(
         writers.provider,
         writers.provider_namespaces,
     );
-    let (consumer, changes) = consumer(worker.clone(), writers.consumer, overdue);
+    let (consumer, changes) = consumer(
+        worker.clone(),
+        writers.consumer,
+        writers.consumer_namespaces,
+        overdue,
+    );
     (Feeds([provider, consumer]), changes, triggers)
 }
 
@@ -76,7 +81,7 @@ fn provider(
     namespaces: Option<UnboundedReceiver<Command>>,
 ) -> (JoinHandle<()>, ProviderTriggers) {
     let source = match namespaces {
-        Some(commands) => in_boundary(&worker, commands),
+        Some(commands) => provider_per_namespace(&worker, commands),
         None => kbind_shared::streaming::instances(
             Api::all_with(worker.provider.clone(), &worker.dyntype),
             own_copies(&worker.spec.local_uid),
@@ -172,11 +177,15 @@ fn provider_cached(
     vec![worker.reference(object.namespace.as_deref(), &object.name)]
 }
 
-/// In a boundary (#51) the credential reads only the boundary's namespaces: the provider is
-/// watched in each namespace the consumer has objects in, mapped (`<boundary>-N`), and its
-/// objects are held under the consumer's namespace — everything the worker keeps and decides is
-/// keyed as on the consumer.
-fn in_boundary(worker: &Worker, commands: UnboundedReceiver<Command>) -> Events<Instance> {
+/// In a boundary (#51) the credential reads only the boundary's namespaces, and when the API is
+/// not read cluster-wide (#54) kbind reads only where it syncs: the provider is watched in each
+/// namespace the consumer has objects in, mapped (`<boundary>-N` in a boundary), and its objects
+/// are held under the consumer's namespace — everything the worker keeps and decides is keyed as
+/// on the consumer.
+fn provider_per_namespace(
+    worker: &Worker,
+    commands: UnboundedReceiver<Command>,
+) -> Events<Instance> {
     let (client, dyntype) = (worker.provider.clone(), worker.dyntype.clone());
     let (map, selection) = (
         worker.spec.namespaces.clone(),
@@ -188,29 +197,58 @@ fn in_boundary(worker: &Worker, commands: UnboundedReceiver<Command>) -> Events<
             selection.clone(),
         )
     });
-    Namespaced::new(open, commands, |namespace, name| {
-        let metadata = kube::api::ObjectMeta {
-            namespace: Some(namespace.to_owned()),
-            name: Some(name.to_owned()),
-            ..Default::default()
-        };
-        Instance::new(metadata, None, None)
-    })
-    .boxed()
+    Namespaced::new(open, commands, tombstone).boxed()
+}
+
+/// When the API is not read cluster-wide (#54), the consumer is watched in each namespace whose
+/// Bindings list it ([`super::scope`]), as one watch would deliver them.
+fn consumer_per_namespace(
+    worker: &Worker,
+    commands: UnboundedReceiver<Command>,
+) -> Events<Instance> {
+    let (client, dyntype) = (worker.ctx.client.clone(), worker.dyntype.clone());
+    let open: kbind_shared::namespaced::Open<Instance> = Box::new(move |namespace: &str| {
+        kbind_shared::streaming::instances(
+            Api::namespaced_with(client.clone(), namespace, &dyntype),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        // Slim as it arrives: the first list holds every namespace's objects until all listed.
+        .modify(|o: &mut Instance| kbind_shared::cache::consumer_metadata(&mut o.metadata))
+        .boxed()
+    });
+    Namespaced::new(open, commands, tombstone).boxed()
+}
+
+/// What stands for an object no longer listed in its namespace (its name is all a delete needs).
+fn tombstone(namespace: &str, name: &str) -> Instance {
+    let metadata = kube::api::ObjectMeta {
+        namespace: Some(namespace.to_owned()),
+        name: Some(name.to_owned()),
+        ..Default::default()
+    };
+    Instance::new(metadata, None, None)
 }
 
 /// The consumer side: the cache the controller runs on, each object as slim as decisions allow.
 fn consumer(
     worker: Arc<Worker>,
     writer: reflector::store::Writer<Instance>,
+    namespaces: Option<UnboundedReceiver<Command>>,
     overdue: overdue::Sender,
 ) -> (JoinHandle<()>, ConsumerChanges) {
-    let api: Api<Instance> = Api::all_with(worker.ctx.client.clone(), &worker.dyntype);
+    let source = match namespaces {
+        Some(commands) => consumer_per_namespace(&worker, commands),
+        None => kbind_shared::streaming::instances(
+            Api::all_with(worker.ctx.client.clone(), &worker.dyntype),
+            watcher::Config::default(),
+        ),
+    };
     let buckets = worker.spec.buckets.clone();
     let seen = worker.clone();
     let events = reflector::reflector(
         writer,
-        kbind_shared::streaming::instances(api, watcher::Config::default())
+        source
             .filter(move |e| std::future::ready(buckets.keep(e)))
             .modify(|o| kbind_shared::cache::consumer_metadata(&mut o.metadata))
             .inspect(move |event| seen.saw_consumer_event(event)),

@@ -11,7 +11,7 @@
 //! (the backlog gauges and objects per unit), [`events`] (provider Events copied onto consumer
 //! objects, for the bindings that ask), [`overdue`] (a change still undelivered after a second
 //! says so), [`in_flight`] (the syncs in progress, each ended by a guard, and the stop that waits
-//! for them).
+//! for them), [`scope`] (where it reads when its API is not read cluster-wide, #54).
 //!
 //! The path of one consumer change: the consumer feed notes it in the object's record
 //! (`consumer_changed`) and queues the object; the controller calls [`reconcile`], which waits
@@ -49,6 +49,7 @@ mod overdue;
 mod pending;
 mod record;
 mod report;
+mod scope;
 mod state;
 mod status_delay;
 mod steps;
@@ -85,6 +86,8 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
     let (worker, writers) = Worker::new(ctx.clone(), spec, provider);
     let (overdue_tx, overdue_rx) = futures::channel::mpsc::unbounded();
     let (_feeds, consumer_changes, provider_triggers) = feeds::start(&worker, writers, overdue_tx);
+    // Where to read, when not cluster-wide (#54): told before anything waits on the caches.
+    let scope = scope::follow(&worker);
     // Decisions read the provider cache: nothing syncs before it has listed (waited for once
     // here; a Store's readiness wakes only the last of several concurrent waiters).
     tokio::select! {
@@ -118,6 +121,7 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         _ = report::gauges(&worker) => {}
         _ = events::mirror(worker.clone()) => {}
         _ = overdue::run(worker.clone(), overdue_rx) => {}
+        _ = scope => {}
     }
     report::forget(&worker);
 }

@@ -46,6 +46,10 @@ pub struct WorkerSpec {
     pub buckets: Buckets,
     /// How the Connection names consumer namespaces on the provider (its boundary, #51).
     pub namespaces: kbind_shared::boundary::NamespaceMap,
+    /// Whether the API's instances are read cluster-wide (a ClusterBinding lists it), or only in
+    /// the namespaces whose Bindings list it, on both clusters (#54; which namespaces is followed
+    /// live, [`super::scope`]).
+    pub cluster_wide: bool,
     /// This worker's route (#36): its Connection and provider, and the Connection serving the
     /// CRD. Whether the API is routed is read live ([`Worker::routing`]).
     pub route: RouteSpec,
@@ -104,9 +108,15 @@ pub(super) struct Worker {
     pub(super) in_flight: super::in_flight::InFlight,
     /// Which sides' caches have listed.
     pub(super) listed: Mutex<Listed>,
-    /// In a boundary (#51), where the provider is watched: one namespace at a time, those the
-    /// consumer has objects in ([`kbind_shared::namespaced`]).
+    /// In a boundary (#51), or when not cluster-wide (#54), where the provider is watched: one
+    /// namespace at a time, those the consumer has objects in ([`kbind_shared::namespaced`]).
     pub(super) provider_namespaces: Option<UnboundedSender<Command>>,
+    /// When not cluster-wide (#54), where the consumer is watched: the namespaces whose Bindings
+    /// list the API ([`super::scope`]).
+    pub(super) consumer_namespaces: Option<UnboundedSender<Command>>,
+    /// The consumer namespaces read, when read per namespace: only their objects' namespaces are
+    /// watched on the provider (an event of a namespace just let go of starts nothing there).
+    pub(super) reading: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// The writers of a new worker's two caches, for its feeds.
@@ -115,9 +125,12 @@ pub(super) struct Writers {
     pub(super) provider: reflector::store::Writer<ProviderCopy>,
     /// The consumer side's.
     pub(super) consumer: reflector::store::Writer<Instance>,
-    /// What the provider watch is told, in a boundary (the other end of
+    /// What the provider watch is told, watched per namespace (the other end of
     /// [`Worker::provider_namespaces`]).
     pub(super) provider_namespaces: Option<UnboundedReceiver<Command>>,
+    /// What the consumer watch is told, watched per namespace (the other end of
+    /// [`Worker::consumer_namespaces`]).
+    pub(super) consumer_namespaces: Option<UnboundedReceiver<Command>>,
 }
 
 /// A side of the sync.
@@ -169,17 +182,21 @@ impl Worker {
         provider: Client,
     ) -> (Arc<Self>, Writers) {
         let dyntype: InstanceType = Arc::new(spec.resource.clone());
-        let (commands, provider_namespaces) = match spec.namespaces.boundary() {
-            Some(_) => {
-                let (tx, rx) = futures::channel::mpsc::unbounded();
-                (Some(tx), Some(rx))
+        let channel = |per_namespace: bool| {
+            if !per_namespace {
+                return (None, None);
             }
-            None => (None, None),
+            let (tx, rx) = futures::channel::mpsc::unbounded();
+            (Some(tx), Some(rx))
         };
+        let (commands, provider_namespaces) =
+            channel(spec.namespaces.boundary().is_some() || !spec.cluster_wide);
+        let (consumer_commands, consumer_namespaces) = channel(!spec.cluster_wide);
         let writers = Writers {
             provider: reflector::store::Writer::new(dyntype.clone()),
             consumer: reflector::store::Writer::new(dyntype.clone()),
             provider_namespaces,
+            consumer_namespaces,
         };
         let worker = Arc::new(Worker {
             recorder: Recorder::new(ctx.client.clone(), ctx.reporter.clone()),
@@ -195,6 +212,8 @@ impl Worker {
             in_flight: Default::default(),
             listed: Mutex::default(),
             provider_namespaces: commands,
+            consumer_namespaces: consumer_commands,
+            reading: Mutex::default(),
         });
         (worker, writers)
     }
@@ -236,9 +255,9 @@ impl Worker {
         }
     }
 
-    /// In a boundary, the provider is watched in the namespaces the consumer has objects in: each
-    /// consumer object's namespace is watched from when it is seen, and the first consumer list
-    /// completes the provider's first.
+    /// Watched per namespace, the provider is watched in the namespaces the consumer has objects
+    /// in: each consumer object's namespace is watched from when it is seen, and the first
+    /// consumer list completes the provider's first.
     fn tell_provider_watch(&self, event: &Result<watcher::Event<Instance>, watcher::Error>) {
         let Some(commands) = &self.provider_namespaces else {
             return;
@@ -248,6 +267,10 @@ impl Worker {
                 let Some(namespace) = o.metadata.namespace.clone() else {
                     return;
                 };
+                if self.consumer_namespaces.is_some() && !self.reading.locked().contains(&namespace)
+                {
+                    return;
+                }
                 Command::Watch(namespace)
             }
             Ok(watcher::Event::InitDone) => Command::Complete,
@@ -255,6 +278,24 @@ impl Worker {
         };
         // (The watch is gone only when the worker stops.)
         let _ = commands.unbounded_send(command);
+    }
+
+    /// Tells the consumer watch, read per namespace (#54), where to read.
+    pub(super) fn tell_consumer_watch(&self, command: Command) {
+        if let Some(commands) = &self.consumer_namespaces {
+            let _ = commands.unbounded_send(command);
+        }
+    }
+
+    /// The consumer namespace `namespace` is no longer read (#54): neither is its provider
+    /// namespace.
+    pub(super) fn unwatch(&self, namespace: &str) {
+        for commands in [&self.consumer_namespaces, &self.provider_namespaces]
+            .into_iter()
+            .flatten()
+        {
+            let _ = commands.unbounded_send(Command::Unwatch(namespace.to_owned()));
+        }
     }
 
     /// The provider namespace of `namespace` was just created: its watch starts again now

@@ -543,7 +543,8 @@ fn desired_workers(ctx: &Context, inputs: &Inputs) -> HashMap<String, (Key, Work
                 bound_apis: Vec::new(),
                 boundary: serving.spec.boundary.clone(),
                 route: Some(route.clone()),
-                cluster_wide: ctx.watch_scope(&name).is_cluster(),
+                // (A cluster-scoped API has no namespaces to read: only a ClusterBinding binds it.)
+                cluster_wide: crd.spec.scope == "Cluster" || ctx.watch_scope(&name).is_cluster(),
             };
             let spec = WorkerSpec {
                 api: name.clone(),

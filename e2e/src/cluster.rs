@@ -625,6 +625,51 @@ impl Cluster {
         Ok(())
     }
 
+    /// Grants `user` the `rules` in `namespace` only: a Role and a RoleBinding named `binding`
+    /// there.
+    pub async fn grant_in(
+        &self,
+        user: &User,
+        namespace: &str,
+        binding: &str,
+        rules: Vec<PolicyRule>,
+    ) -> Result<(), String> {
+        use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+        let client = self.admin_client().await?;
+        let meta = ObjectMeta {
+            name: Some(binding.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..Default::default()
+        };
+        let role = Role {
+            metadata: meta.clone(),
+            rules: Some(rules),
+        };
+        Api::<Role>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &role)
+            .await
+            .map_err(|e| format!("create Role {namespace}/{binding}: {e}"))?;
+        let role_binding = RoleBinding {
+            metadata: meta,
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: binding.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: user.service_account.clone(),
+                namespace: Some(user.namespace.clone()),
+                ..Default::default()
+            }]),
+        };
+        Api::<RoleBinding>::namespaced(client, namespace)
+            .create(&PostParams::default(), &role_binding)
+            .await
+            .map_err(|e| format!("create RoleBinding {namespace}/{binding}: {e}"))?;
+        Ok(())
+    }
+
     fn process_mut(&mut self, name: &str) -> &mut ChildProcess {
         self.processes
             .iter_mut()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kbind_e2e::cluster::{client_for, ensure_namespace};
+use kbind_e2e::cluster::{User, client_for, ensure_namespace};
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::wait_established;
 use kbind_e2e::tools::{chart_dir, run_helm};
@@ -309,19 +309,24 @@ fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
     }
 }
 
-#[tokio::test]
-async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
-    let rendered = template(&[
-        "--set",
-        "boundAPIGroups={example.org}",
-        "--set",
-        "relatedResources.enabled=true",
-        "--set",
-        "relatedResources.namespaces={team-a}",
-        "--set",
-        "metrics.auth.enabled=true",
-    ]);
-    let mut env = TestEnv::start("helm_rbac", &["consumer", "provider"])
+/// Two clusters with `rendered` (the chart) applied on the consumer — after the namespaces
+/// `namespaces` it binds Roles in — and kbind's programs running as the chart's ServiceAccounts,
+/// as the chart runs them (its default providerSecretNamespaces: the release namespace), with
+/// `flags` too: the env, both admin clients, the two users and the two programs.
+async fn run_as_chart(
+    test: &str,
+    rendered: &str,
+    namespaces: &[&str],
+    flags: &[&str],
+) -> (
+    TestEnv,
+    kube::Client,
+    kube::Client,
+    User,
+    User,
+    [Program; 2],
+) {
+    let mut env = TestEnv::start(test, &["consumer", "provider"])
         .await
         .expect("clusters start");
     let consumer = env.cluster("consumer").admin_client().await.unwrap();
@@ -329,14 +334,15 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
     ensure_namespace(&consumer, RELEASE_NAMESPACE)
         .await
         .unwrap();
-    // `relatedResources.namespaces` must exist before the chart binds Roles in them.
-    ensure_namespace(&consumer, "team-a").await.unwrap();
+    for namespace in namespaces {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+    }
 
     // Server-side dry run first, then for real.
-    apply_manifest_with(&consumer, &rendered, true)
+    apply_manifest_with(&consumer, rendered, true)
         .await
         .expect("the chart passes a server-side dry run");
-    apply_manifest_with(&consumer, &rendered, false)
+    apply_manifest_with(&consumer, rendered, false)
         .await
         .expect("the chart applies");
     let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
@@ -348,7 +354,6 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
         wait_established(&crds, name).await.unwrap();
     }
 
-    // kbind's programs, authenticated as the chart's ServiceAccounts.
     let consumer_cluster = env.cluster("consumer");
     let manager = consumer_cluster
         .mint_service_account_user(RELEASE_NAMESPACE, "kbind-schema-manager")
@@ -362,16 +367,17 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
     let syncer_kubeconfig = env.dir().join("syncer-sa.kubeconfig");
     std::fs::write(&manager_kubeconfig, &manager.kubeconfig).unwrap();
     std::fs::write(&syncer_kubeconfig, &syncer.kubeconfig).unwrap();
-    // As the chart runs them (its default providerSecretNamespaces: the release namespace).
     let namespace_flag = format!("--namespace={RELEASE_NAMESPACE}");
     let secrets_flag = format!("--provider-secret-namespaces={RELEASE_NAMESPACE}");
+    let mut args = vec![namespace_flag.as_str(), secrets_flag.as_str()];
+    args.extend_from_slice(flags);
     let manager_program = Component::SchemaManager
         .start_built(
             &mut env,
             &Build::Current,
             &manager_kubeconfig,
             "schema-manager",
-            &[&namespace_flag, &secrets_flag, "--metrics-auth=true"],
+            &args,
         )
         .unwrap();
     let syncer_program = Component::Syncer
@@ -380,9 +386,48 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
             &Build::Current,
             &syncer_kubeconfig,
             "syncer-0",
-            &[&namespace_flag, &secrets_flag, "--metrics-auth=true"],
+            &args,
         )
         .unwrap();
+    (
+        env,
+        consumer,
+        provider,
+        manager,
+        syncer,
+        [manager_program, syncer_program],
+    )
+}
+
+/// The one file, with the provider Secret (holding `kubeconfig`) in the release namespace;
+/// `order` as [`one_file`]'s.
+fn chart_one_file(kubeconfig: &str, order: &[usize]) -> String {
+    one_file(kubeconfig, order).replace(
+        "namespace: kbind",
+        &format!("namespace: {RELEASE_NAMESPACE}"),
+    )
+}
+
+#[tokio::test]
+async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
+    let rendered = template(&[
+        "--set",
+        "boundAPIGroups={example.org}",
+        "--set",
+        "relatedResources.enabled=true",
+        "--set",
+        "relatedResources.namespaces={team-a}",
+        "--set",
+        "metrics.auth.enabled=true",
+    ]);
+    let (env, consumer, provider, manager, syncer, [manager_program, syncer_program]) =
+        run_as_chart(
+            "helm_rbac",
+            &rendered,
+            &["team-a"],
+            &["--metrics-auth=true"],
+        )
+        .await;
     // `metrics.auth.enabled`: the chart's RBAC lets both review a scraper's token (#32.10).
     let consumer_cluster = env.cluster("consumer");
     let scraper = consumer_cluster
@@ -426,10 +471,7 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
     // The one file, with the provider Secret in the release namespace.
     install_crd(&provider, &widget_crd()).await.unwrap();
     let _provider_controller = run_provider_widget_controller(provider.clone());
-    let manifest = one_file(&env.cluster("provider").admin_kubeconfig(), &[0, 1, 2]).replace(
-        "namespace: kbind",
-        &format!("namespace: {RELEASE_NAMESPACE}"),
-    );
+    let manifest = chart_one_file(&env.cluster("provider").admin_kubeconfig(), &[0, 1, 2]);
     apply_manifest(&consumer, &manifest).await.unwrap();
     wait_binding(
         &Api::<ClusterBinding>::all(consumer.clone()),
@@ -555,6 +597,7 @@ async fn chart_rbac_is_enough_for_a_sync_and_refuses_what_it_does_not_grant() {
         matches!(&err, kube::Error::Api(s) if s.is_forbidden()),
         "the syncer may not delete the leader Lease: {err}"
     );
+    let crds: Api<CustomResourceDefinition> = Api::all(consumer.clone());
     let crd = crds.get("widgets.example.org").await.unwrap();
     assert_eq!(label(&crd, "core.kbind.io/managed"), Some("true"));
 }
@@ -1212,5 +1255,137 @@ fn the_issuer_chart_lints_runs_the_built_image_and_writes_only_what_it_provision
                 "{rule}"
             );
         }
+    }
+}
+
+/// #54: with `boundAPINamespaces`, kbind holds no cluster-wide right on the bound APIs on the
+/// consumer, and its provider credential none on the provider — and syncs two team namespaces'
+/// Bindings both ways, refused nothing, never reading a third namespace (the audit logs of both
+/// API servers).
+#[tokio::test]
+async fn chart_namespaced_rbac_syncs_two_team_namespaces_and_reads_no_third() {
+    let teams = ["team-a", "team-b"];
+    let rendered = template(&[
+        "--set",
+        "boundAPIGroups={example.org}",
+        "--set",
+        "boundAPINamespaces={team-a,team-b}",
+    ]);
+    let (env, consumer, provider, manager, syncer, _programs) =
+        run_as_chart("helm_rbac_namespaced", &rendered, &teams, &[]).await;
+    ensure_namespace(&consumer, "team-c").await.unwrap();
+    // What the chart granted cluster-wide on the bound group: nothing.
+    for user in [&manager, &syncer] {
+        let as_user = client_for(&user.kubeconfig).await.unwrap();
+        let everywhere: Api<kube::api::DynamicObject> = Api::all_with(as_user, &widget_resource());
+        // (The CRD is not there yet: RBAC answers first.)
+        let err = everywhere.list(&Default::default()).await.unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.is_forbidden()),
+            "{} may not list Widgets cluster-wide: {err}",
+            user.username
+        );
+    }
+
+    // The provider credential: the Connection's cluster-wide needs (identity, CRDs, namespaces,
+    // heartbeat Lease) and Widgets in team-a and team-b only.
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    let _provider_controller = run_provider_widget_controller(provider.clone());
+    let provider_cluster = env.cluster("provider");
+    let credential = provider_cluster.mint_user("kbind").await.unwrap();
+    provider_cluster
+        .grant(&credential, "kbind-connection", connection_rules())
+        .await
+        .unwrap();
+    for team in teams {
+        ensure_namespace(&provider, team).await.unwrap();
+        let widget_verbs = [
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ];
+        provider_cluster
+            .grant_in(
+                &credential,
+                team,
+                "kbind-widgets",
+                vec![rule("example.org", &["widgets"], &widget_verbs)],
+            )
+            .await
+            .unwrap();
+    }
+    apply_manifest(&consumer, &chart_one_file(&credential.kubeconfig, &[0, 1]))
+        .await
+        .unwrap();
+    for team in teams {
+        let bindings: Api<Binding> = Api::namespaced(consumer.clone(), team);
+        bindings
+            .create(
+                &PostParams::default(),
+                &Binding::new(
+                    "widgets",
+                    binding_spec("provider", &["widgets.example.org"]),
+                ),
+            )
+            .await
+            .unwrap();
+        wait_binding(&bindings, "widgets", "Ready=True").await;
+    }
+    widgets(&consumer, "team-c")
+        .create(&PostParams::default(), &widget("c", 1))
+        .await
+        .unwrap();
+    for (size, team) in (4..).zip(teams) {
+        widgets(&consumer, team)
+            .create(&PostParams::default(), &widget("w", size))
+            .await
+            .unwrap();
+        eventually(
+            &format!("{team}'s Widget synced up and its status back"),
+            Duration::from_secs(45),
+            || async {
+                let w = widgets(&consumer, team)
+                    .get("w")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok((w.data["status"]["observedSize"] == size).then_some(()))
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let c = widgets(&consumer, "team-c").get("c").await.unwrap();
+    assert!(
+        c.metadata.finalizers.is_none(),
+        "team-c is not synced: {c:?}"
+    );
+
+    // Every request of kbind about Widgets, on both clusters: in team-a or team-b, none refused.
+    for cluster in ["consumer", "provider"] {
+        let requests: Vec<_> = env
+            .cluster(cluster)
+            .audited()
+            .into_iter()
+            .filter(|a| a.resource == "widgets" && a.user_agent.starts_with("kbind-"))
+            .collect();
+        assert!(
+            requests
+                .iter()
+                .any(|a| a.user_agent.starts_with("kbind-syncer/")),
+            "the {cluster}'s audit log shows the syncer's requests"
+        );
+        let stray: Vec<String> = requests
+            .iter()
+            .filter(|a| !teams.contains(&a.namespace.as_str()) || a.code == 403)
+            .map(|a| {
+                format!(
+                    "{} {} {} → {} ({})",
+                    a.verb, a.namespace, a.name, a.code, a.user_agent
+                )
+            })
+            .collect();
+        assert!(
+            stray.is_empty(),
+            "on the {cluster}, kbind asked outside team-a and team-b (an empty namespace: \
+             cluster-wide) or was refused: {stray:#?}"
+        );
     }
 }

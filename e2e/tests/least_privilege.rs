@@ -1,5 +1,5 @@
-//! Least privilege (#54): an API only Bindings list is read by the syncer in their namespaces
-//! only, on both clusters — proven from the API servers' audit logs — and the namespaces read
+//! Least privilege (#54): an API only Bindings list is read by kbind in their namespaces only, on
+//! both clusters — proven from the API servers' audit logs — and the namespaces the syncer reads
 //! grow and shrink with the Bindings without re-listing the others.
 
 use std::time::Duration;
@@ -13,12 +13,12 @@ use kube::{Api, ResourceExt};
 
 const WIDGETS: &str = "widgets.example.org";
 
-/// The syncer's requests about Widgets an API server audited, as `verb namespace uri` lines
-/// (namespace `*` for a cluster-wide one).
-fn syncer_widget_requests(audited: Vec<Audited>) -> Vec<(String, String, String)> {
+/// The requests about Widgets of a program whose User-Agent starts with `agent` an API server
+/// audited, as (verb, namespace, URI) (namespace `*` for a cluster-wide one).
+fn widget_requests(audited: Vec<Audited>, agent: &str) -> Vec<(String, String, String)> {
     audited
         .into_iter()
-        .filter(|a| a.resource == "widgets" && a.user_agent.starts_with("kbind-syncer/"))
+        .filter(|a| a.resource == "widgets" && a.user_agent.starts_with(agent))
         .map(|a| {
             let namespace = if a.namespace.is_empty() {
                 "*".to_owned()
@@ -75,31 +75,36 @@ async fn an_api_only_bindings_list_is_read_only_in_their_namespaces_on_both_clus
     assert!(status_back.is_object(), "{status_back:?}");
     assert!(copies.get_opt("a1").await.unwrap().is_some());
 
+    // Both programs: the syncer's syncs, the schema manager's counts of conflicts and pauses.
     let outside = |cluster: &str, allowed: &[&str]| -> Vec<(String, String, String)> {
-        syncer_widget_requests(s.env.cluster(cluster).audited())
+        widget_requests(s.env.cluster(cluster).audited(), "kbind-")
             .into_iter()
             .filter(|(_, namespace, _)| !allowed.contains(&namespace.as_str()))
             .collect()
     };
     for cluster in ["consumer", "provider"] {
         assert!(
-            !syncer_widget_requests(s.env.cluster(cluster).audited()).is_empty(),
+            !widget_requests(s.env.cluster(cluster).audited(), "kbind-syncer/").is_empty(),
             "the audit log of the {cluster} shows the syncer's reads (the check can fail)"
         );
         let stray = outside(cluster, &["team-a", "team-b"]);
         assert!(
             stray.is_empty(),
-            "the syncer read or wrote Widgets outside team-a and team-b on the {cluster} \
+            "kbind read or wrote Widgets outside team-a and team-b on the {cluster} \
              (`*`: cluster-wide): {stray:#?}"
         );
     }
+    assert!(
+        !widget_requests(s.env.cluster("consumer").audited(), "kbind-schema-manager/").is_empty(),
+        "the consumer's audit log shows the schema manager's reads (the check can fail)"
+    );
     let c1 = widgets(&s.consumer, "team-c").get("c1").await.unwrap();
     assert!(c1.finalizers().is_empty(), "team-c is not synced: {c1:?}");
 
     // team-c gets a Binding: it is read from then on, its Widget syncs, and team-a and team-b
     // are not listed again.
     let lists_in = |cluster: &str, namespace: &str| -> usize {
-        syncer_widget_requests(s.env.cluster(cluster).audited())
+        widget_requests(s.env.cluster(cluster).audited(), "kbind-syncer/")
             .into_iter()
             .filter(|(verb, ns, uri)| {
                 ns == namespace && (verb == "list" || uri.contains("sendInitialEvents=true"))
@@ -162,7 +167,7 @@ async fn an_api_only_bindings_list_is_read_only_in_their_namespaces_on_both_clus
     // clusters, and none starts again.
     let watches_of_c = |cluster: &str| -> (usize, usize) {
         let of_c = |requests: Vec<Audited>| {
-            syncer_widget_requests(requests)
+            widget_requests(requests, "kbind-syncer/")
                 .into_iter()
                 .filter(|(verb, ns, _)| verb == "watch" && ns == "team-c")
                 .count()

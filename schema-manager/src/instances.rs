@@ -1,7 +1,9 @@
 //! What the binding reconciles read of the consumer's instances of bound APIs: how many existing
 //! objects a held schema change would invalidate (a bounded, paged LIST, reused briefly), and one
-//! metadata watch per API that keeps the instances carrying a mark (a conflict annotation, a
-//! pause) and counts all of them per namespace, announcing when either changes.
+//! metadata watch per API and scope that keeps the instances carrying a mark (a conflict
+//! annotation, a pause) and counts all of them per namespace, announcing when either changes.
+//! Both read only the scope of the binding that asks (#54): a Binding's namespace, or the cluster
+//! for a ClusterBinding.
 
 use kbind_shared::sync::Locked;
 use std::collections::{HashMap, HashSet};
@@ -293,16 +295,20 @@ impl Instances {
         Some(affected)
     }
 
-    /// A metadata-only cache of the instances of a bound API that carry a mark (the rest are
-    /// counted, not kept: [`only_marked`]), started on first use (conflict and pause counts read
-    /// it instead of listing, LIM-16). A change of the marks is announced at once
-    /// ([`Change::Marked`]), a change of how many instances there are at most every
-    /// [`TOTALS_ANNOUNCED_EVERY`] ([`Change::Instances`]). Caches unused for
-    /// [`METADATA_CACHE_IDLE`] (an API no longer bound, a CRD gone) are stopped.
-    pub fn marked(&self, resource: &ApiResource) -> Marked {
+    /// A metadata-only cache of the instances of a bound API in `namespace` (`None`: everywhere,
+    /// for a ClusterBinding) that carry a mark (the rest are counted, not kept:
+    /// [`only_marked`]), started on first use (conflict and pause counts read it instead of
+    /// listing, LIM-16). A change of the marks is announced at once ([`Change::Marked`]), a
+    /// change of how many instances there are at most every [`TOTALS_ANNOUNCED_EVERY`]
+    /// ([`Change::Instances`]). Caches unused for [`METADATA_CACHE_IDLE`] (an API no longer
+    /// bound there, a CRD gone) are stopped: a namespace no Binding reads is not read.
+    pub fn marked(&self, resource: &ApiResource, namespace: Option<&str>) -> Marked {
         let key = format!(
-            "{}/{}/{}",
-            resource.group, resource.version, resource.plural
+            "{}/{}/{}/{}",
+            resource.group,
+            resource.version,
+            resource.plural,
+            namespace.unwrap_or("*")
         );
         let now = Instant::now();
         let mut caches = self.metadata.locked();
@@ -318,8 +324,10 @@ impl Instances {
                 reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(resource.clone());
             let store = writer.as_reader();
             let totals = Arc::new(Mutex::new(Totals::default()));
-            let api: Api<PartialObjectMeta<DynamicObject>> =
-                Api::all_with(self.client.clone(), resource);
+            let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
+                Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
+                None => Api::all_with(self.client.clone(), resource),
+            };
             let counted = totals.clone();
             let counts_changed = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let changed = counts_changed.clone();

@@ -199,7 +199,8 @@ fn count_marks(
     let Some(resource) = kbind_shared::dynamic::instance_resource(crd) else {
         return Marks::default();
     };
-    let marked = ctx.instances.marked(&resource);
+    // Read in the binding's scope only (#54): a Binding's namespace, or everywhere.
+    let marked = ctx.instances.marked(&resource, namespace);
     let mut marks = Marks::default();
     for item in marked.store.state() {
         if namespace.is_some() && item.metadata.namespace.as_deref() != namespace {

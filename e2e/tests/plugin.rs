@@ -385,27 +385,9 @@ spec: { connectionRef: { name: second }, apis: [ { name: widgets.example.org } ]
     assert!(bad.stderr.contains("a plan reads only"), "{bad}");
 }
 
-#[tokio::test]
-async fn doctor_finds_what_the_credential_lacks_and_its_rbac_fixes_it() {
-    let s = SyncEnv::start("plugin-doctor", &[0, 1, 2], None).await;
-    wait_connection(&s.consumer, "provider", "Ready=True").await;
-    // The credential becomes alice's: same provider, but only what a Connection needs — no
-    // Widgets.
-    let cluster = s.env.cluster("provider");
-    let alice = cluster.mint_user("alice").await.unwrap();
-    cluster
-        .grant(&alice, "alice", connection_rules())
-        .await
-        .unwrap();
-    put_kubeconfig(&s.consumer, "provider-kubeconfig", &alice.kubeconfig).await;
-    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
-
-    let run = plugin(&kubeconfig, &["doctor", "provider", "-o", "json"]).await;
-    assert_eq!(run.code, 1, "missing permissions ask for attention: {run}");
-    let report = run.json();
-    assert_eq!(report["identity"]["verdict"], "matches", "{report:#}");
-    assert_eq!(report["user"], alice.username, "{report:#}");
-    let missing: Vec<(String, Vec<String>)> = report["checks"]
+/// What a doctor report found missing: (group/resource, namespace, verbs) per check.
+fn missing_checks(report: &Value) -> Vec<(String, Option<String>, Vec<String>)> {
+    report["checks"]
         .as_array()
         .unwrap()
         .iter()
@@ -417,20 +399,112 @@ async fn doctor_finds_what_the_credential_lacks_and_its_rbac_fixes_it() {
                     c["need"]["group"].as_str().unwrap(),
                     c["need"]["resource"].as_str().unwrap()
                 ),
+                c["need"]["namespace"].as_str().map(str::to_owned),
                 serde_json::from_value(c["missing"].clone()).unwrap(),
             )
         })
-        .collect();
+        .collect()
+}
+
+fn read_write() -> Vec<String> {
+    [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Switches Connection `provider`'s credential to a new provider user with only what a
+/// Connection needs (no bound API): the user.
+async fn only_connection_rights(s: &SyncEnv, name: &str) -> kbind_e2e::cluster::User {
+    let cluster = s.env.cluster("provider");
+    let user = cluster.mint_user(name).await.unwrap();
+    cluster
+        .grant(&user, name, connection_rules())
+        .await
+        .unwrap();
+    put_kubeconfig(&s.consumer, "provider-kubeconfig", &user.kubeconfig).await;
+    user
+}
+
+#[tokio::test]
+async fn doctor_asks_for_an_api_only_bindings_list_in_their_namespaces_and_that_is_enough() {
+    // #54: the Widgets are listed only by Bindings in team-a and team-b, so kbind reads and
+    // writes them only there — and the doctor asks for exactly that: Roles in those namespaces,
+    // no cluster-wide rule on Widgets. Applied as printed, the objects sync.
+    let s = SyncEnv::start("plugin-doctor-namespaces", &[0, 1], None).await;
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    for team in ["team-a", "team-b"] {
+        ensure_namespace(&s.consumer, team).await.unwrap();
+        let bindings: Api<kbind_shared::api::Binding> = Api::namespaced(s.consumer.clone(), team);
+        bindings
+            .create(
+                &PostParams::default(),
+                &kbind_shared::api::Binding::new("widgets", binding_spec("provider", &[API])),
+            )
+            .await
+            .unwrap();
+        wait_binding(&bindings, "widgets", "Ready=True").await;
+    }
+    only_connection_rights(&s, "bob").await;
+    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+    let run = plugin(&kubeconfig, &["doctor", "provider", "-o", "json"]).await;
+    assert_eq!(run.code, 1, "{run}");
+    let report = run.json();
     assert_eq!(
-        missing,
-        [(
-            "example.org/widgets".to_owned(),
-            [
-                "get", "list", "watch", "create", "update", "patch", "delete"
-            ]
-            .map(String::from)
-            .to_vec()
-        )],
+        missing_checks(&report),
+        [
+            (
+                "example.org/widgets".to_owned(),
+                Some("team-a".to_owned()),
+                read_write()
+            ),
+            (
+                "example.org/widgets".to_owned(),
+                Some("team-b".to_owned()),
+                read_write()
+            ),
+        ],
+        "{report:#}"
+    );
+    let rbac = report["missingRbac"]
+        .as_str()
+        .expect("RBAC to apply")
+        .to_owned();
+    for document in yaml_documents(&rbac).unwrap() {
+        assert!(
+            document["kind"] != "ClusterRole",
+            "nothing cluster-wide is missing: {rbac}"
+        );
+    }
+    apply_manifest(&s.provider, &rbac).await.unwrap();
+    wait_for("the doctor is satisfied", 30, || async {
+        let run = plugin(&kubeconfig, &["doctor", "provider"]).await;
+        Ok((run.code == 0).then_some(()))
+    })
+    .await;
+    for team in ["team-a", "team-b"] {
+        create_widget_and_wait_upstream(&s.consumer, &s.provider, team, "w", 1).await;
+    }
+}
+
+#[tokio::test]
+async fn doctor_finds_what_the_credential_lacks_and_its_rbac_fixes_it() {
+    let s = SyncEnv::start("plugin-doctor", &[0, 1, 2], None).await;
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    // The credential becomes alice's: same provider, but only what a Connection needs — no
+    // Widgets.
+    let alice = only_connection_rights(&s, "alice").await;
+    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+
+    let run = plugin(&kubeconfig, &["doctor", "provider", "-o", "json"]).await;
+    assert_eq!(run.code, 1, "missing permissions ask for attention: {run}");
+    let report = run.json();
+    assert_eq!(report["identity"]["verdict"], "matches", "{report:#}");
+    assert_eq!(report["user"], alice.username, "{report:#}");
+    assert_eq!(
+        missing_checks(&report),
+        [("example.org/widgets".to_owned(), None, read_write())],
         "{report:#}"
     );
     let rbac = report["missingRbac"]

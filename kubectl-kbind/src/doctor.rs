@@ -306,6 +306,66 @@ fn bound_apis<'a>(
         .collect()
 }
 
+/// Where the Connection `connection`'s bindings make kbind read each bound API (group,
+/// resource) (#54): everywhere (`None`) when a ClusterBinding lists it, else the namespaces of the
+/// Bindings that do — as the syncer reads them.
+fn api_scopes(
+    cluster_bindings: &[ClusterBinding],
+    bindings: &[Binding],
+    connection: &str,
+) -> BTreeMap<(String, String), Option<std::collections::BTreeSet<String>>> {
+    let mut scopes: BTreeMap<(String, String), Option<std::collections::BTreeSet<String>>> =
+        BTreeMap::new();
+    let of = |spec: &BindingSpec| -> Vec<(String, String)> {
+        bound_apis(std::iter::once(spec), connection)
+    };
+    for binding in cluster_bindings {
+        for api in of(&binding.spec.binding) {
+            scopes.insert(api, None);
+        }
+    }
+    for binding in bindings {
+        let Some(namespace) = binding.metadata.namespace.clone() else {
+            continue;
+        };
+        for api in of(&binding.spec) {
+            if let Some(namespaces) = scopes
+                .entry(api)
+                .or_insert_with(|| Some(Default::default()))
+            {
+                namespaces.insert(namespace.clone());
+            }
+        }
+    }
+    scopes
+}
+
+/// `needs` with each bound API's asked only where its bindings make kbind read it
+/// ([`api_scopes`]): one need per namespace instead of one cluster-wide, for an API only
+/// Bindings list (#54: the least the credential needs).
+pub fn where_bound(
+    needs: Vec<Need>,
+    scopes: &BTreeMap<(String, String), Option<std::collections::BTreeSet<String>>>,
+) -> Vec<Need> {
+    let mut out = Vec::new();
+    for need in needs {
+        let key = (need.group.clone(), need.resource.clone());
+        match scopes.get(&key) {
+            Some(Some(namespaces)) if need.namespace.is_none() && need.path.is_empty() => {
+                for namespace in namespaces {
+                    out.push(Need {
+                        why: format!("{} (namespace {namespace})", need.why),
+                        namespace: Some(namespace.clone()),
+                        ..need.clone()
+                    });
+                }
+            }
+            _ => out.push(need),
+        }
+    }
+    out
+}
+
 /// The needs of a Connection with a boundary (#51): its credential works in the boundary's
 /// namespaces only, so each need of a namespace's objects (the APIs, related copies, Events) is
 /// asked in the provider namespace of each consumer namespace in `namespaces` (those holding bound
@@ -652,7 +712,8 @@ pub async fn gather(consumer: &Client, name: &str, transport: Transport) -> Resu
         &related,
         &provider_events,
     );
-    for need in in_boundary(wanted, &map, &places) {
+    let scopes = api_scopes(&cluster_bindings, &bindings, name);
+    for need in in_boundary(where_bound(wanted, &scopes), &map, &places) {
         let (mut allowed, mut missing) = (Vec::new(), Vec::new());
         for verb in &need.verbs {
             if may(&client, &need, verb).await? {
@@ -819,6 +880,71 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    #[test]
+    fn an_api_only_bindings_list_is_asked_in_their_namespaces_and_a_cluster_binding_everywhere() {
+        let widgets = ("example.org".to_owned(), "widgets".to_owned());
+        let gadgets = ("example.org".to_owned(), "gadgets".to_owned());
+        let binding = |namespace: &str, apis: &[&str]| {
+            let mut b = Binding::new("b", BindingSpec::new("c", apis));
+            b.metadata.namespace = Some(namespace.into());
+            b
+        };
+        let cluster = ClusterBinding::new(
+            "all",
+            kbind_shared::api::ClusterBindingSpec::from(BindingSpec::new(
+                "c",
+                &["gadgets.example.org"],
+            )),
+        );
+        let elsewhere = Binding::new("x", BindingSpec::new("other", &["widgets.example.org"]));
+        let scopes = api_scopes(
+            &[cluster],
+            &[
+                binding("team-a", &["widgets.example.org", "gadgets.example.org"]),
+                binding("team-b", &["widgets.example.org"]),
+                Binding {
+                    metadata: kube::api::ObjectMeta {
+                        namespace: Some("team-z".into()),
+                        ..elsewhere.metadata
+                    },
+                    ..elsewhere
+                },
+            ],
+            "c",
+        );
+        assert_eq!(
+            scopes.get(&widgets),
+            Some(&Some(["team-a".to_owned(), "team-b".to_owned()].into())),
+            "another Connection's Binding adds nothing"
+        );
+        assert_eq!(
+            scopes.get(&gadgets),
+            Some(&None),
+            "a ClusterBinding: everywhere"
+        );
+        let all = needs(
+            SchemaSource::Crd,
+            None,
+            ("kbind", "c-0123456789"),
+            &[widgets.clone(), gadgets.clone()],
+            &[],
+            &EventsScope::Nowhere,
+        );
+        let got: Vec<String> = kinds(&where_bound(all, &scopes))
+            .into_iter()
+            .filter(|k| k.starts_with("example.org/"))
+            .collect();
+        let rw = "get,list,watch,create,update,patch,delete";
+        assert_eq!(
+            got,
+            [
+                format!("example.org/gadgets None {rw}"),
+                format!("example.org/widgets Some(\"team-a\") {rw}"),
+                format!("example.org/widgets Some(\"team-b\") {rw}"),
+            ]
+        );
     }
 
     #[test]

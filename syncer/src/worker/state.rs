@@ -48,7 +48,7 @@ pub struct WorkerSpec {
     pub namespaces: kbind_shared::boundary::NamespaceMap,
     /// Whether the API's instances are read cluster-wide (a ClusterBinding lists it), or only in
     /// the namespaces whose Bindings list it, on both clusters (#54; which namespaces is followed
-    /// live, [`super::scope`]).
+    /// live by the worker's `scope`).
     pub cluster_wide: bool,
     /// This worker's route (#36): its Connection and provider, and the Connection serving the
     /// CRD. Whether the API is routed is read live ([`Worker::routing`]).
@@ -112,7 +112,7 @@ pub(super) struct Worker {
     /// namespace at a time, those the consumer has objects in ([`kbind_shared::namespaced`]).
     pub(super) provider_namespaces: Option<UnboundedSender<Command>>,
     /// When not cluster-wide (#54), where the consumer is watched: the namespaces whose Bindings
-    /// list the API ([`super::scope`]).
+    /// list the API (the worker's `scope` says which).
     pub(super) consumer_namespaces: Option<UnboundedSender<Command>>,
     /// The consumer namespaces read, when read per namespace: only their objects' namespaces are
     /// watched on the provider (an event of a namespace just let go of starts nothing there).

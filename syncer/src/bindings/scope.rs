@@ -225,6 +225,8 @@ mod tests {
     fn an_api_only_bindings_list_is_read_in_their_namespaces_and_nothing_read_nowhere() {
         let mut scopes = Scopes::default();
         assert_eq!(scopes.of("w.x"), namespaces(&[]));
+        assert!(!scopes.of("w.x").is_cluster());
+        assert!(WatchScope::Cluster.is_cluster());
         let changed = scopes.apply(Some("a"), "b1", &binding("a", "b1", &["w.x"], &[]));
         assert_eq!(changed, set(&["w.x"]));
         assert_eq!(scopes.of("w.x"), namespaces(&["a"]));

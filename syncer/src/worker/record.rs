@@ -177,3 +177,18 @@ impl Counts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    #[test]
+    fn an_objects_key_is_its_namespace_and_name() {
+        let mut object = ConfigMap::default();
+        object.metadata.name = Some("w".into());
+        assert_eq!(key(&object), (None, "w".to_owned()), "cluster-scoped");
+        object.metadata.namespace = Some("team-a".into());
+        assert_eq!(key(&object), (Some("team-a".to_owned()), "w".to_owned()));
+    }
+}

@@ -193,13 +193,25 @@ mod tests {
     fn only_the_facts_ownership_is_decided_by_are_kept() {
         let mut strangers = Tracked::default();
         let now = Instant::now();
-        let Known::Fresh(kept) =
-            strangers.stranger_read(&key(), Some(copy(ClusterMarker::Other, false)), now)
-        else {
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::from_second(1_800_000_000).expect("valid"),
+        );
+        let another = ProviderCopy {
+            oversized_status: Some(300_000),
+            status_at: kbind_shared::delivery::Seconds::of(&at),
+            applied_at: Some(at),
+            ..copy(ClusterMarker::Other, false)
+        };
+        assert!(another.status_at.is_some());
+        let Known::Fresh(kept) = strangers.stranger_read(&key(), Some(another), now) else {
             panic!("read");
         };
         assert_eq!(kept.spec, None);
         assert_eq!(kept.status, None);
+        // Nor anything about its status or its writes: another's, not ours to know.
+        assert_eq!(kept.oversized_status, None);
+        assert_eq!(kept.applied_at, None);
+        assert_eq!(kept.status_at, None);
         assert_eq!(kept.cluster_marker, ClusterMarker::Other);
         assert_eq!(strangers.last_stranger(&key()), Some(kept));
         strangers.forget_stranger(&key());

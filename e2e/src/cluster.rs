@@ -116,6 +116,18 @@ pub struct User {
     pub kubeconfig: String,
 }
 
+impl User {
+    /// The user as an RBAC binding's subject: its ServiceAccount.
+    fn subject(&self) -> Subject {
+        Subject {
+            kind: "ServiceAccount".into(),
+            name: self.service_account.clone(),
+            namespace: Some(self.namespace.clone()),
+            ..Default::default()
+        }
+    }
+}
+
 /// A free TCP port on 127.0.0.1 for a process a test starts.
 ///
 /// Ports come from outside the kernel's ephemeral range (`ip_local_port_range`), so no other
@@ -611,12 +623,7 @@ impl Cluster {
                 kind: "ClusterRole".into(),
                 name: binding.into(),
             },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: user.service_account.clone(),
-                namespace: Some(user.namespace.clone()),
-                ..Default::default()
-            }]),
+            subjects: Some(vec![user.subject()]),
         };
         Api::<ClusterRoleBinding>::all(client)
             .create(&PostParams::default(), &role_binding)
@@ -656,12 +663,7 @@ impl Cluster {
                 kind: "Role".into(),
                 name: binding.into(),
             },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: user.service_account.clone(),
-                namespace: Some(user.namespace.clone()),
-                ..Default::default()
-            }]),
+            subjects: Some(vec![user.subject()]),
         };
         Api::<RoleBinding>::namespaced(client, namespace)
             .create(&PostParams::default(), &role_binding)

@@ -1316,18 +1316,14 @@ async fn chart_namespaced_rbac_syncs_two_team_namespaces_and_reads_no_third() {
         .await
         .unwrap();
     for team in teams {
-        let bindings: Api<Binding> = Api::namespaced(consumer.clone(), team);
-        bindings
-            .create(
-                &PostParams::default(),
-                &Binding::new(
-                    "widgets",
-                    binding_spec("provider", &["widgets.example.org"]),
-                ),
-            )
-            .await
-            .unwrap();
-        wait_binding(&bindings, "widgets", "Ready=True").await;
+        bind_in(
+            &consumer,
+            team,
+            "widgets",
+            "provider",
+            &["widgets.example.org"],
+        )
+        .await;
     }
     widgets(&consumer, "team-c")
         .create(&PostParams::default(), &widget("c", 1))

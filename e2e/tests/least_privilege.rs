@@ -31,15 +31,7 @@ fn widget_requests(audited: Vec<Audited>, agent: &str) -> Vec<(String, String, S
 }
 
 async fn bind(consumer: &kube::Client, namespace: &str) {
-    let bindings: Api<Binding> = Api::namespaced(consumer.clone(), namespace);
-    bindings
-        .create(
-            &PostParams::default(),
-            &Binding::new("widgets", binding_spec("provider", &[WIDGETS])),
-        )
-        .await
-        .unwrap();
-    wait_binding(&bindings, "widgets", "Ready=True").await;
+    bind_in(consumer, namespace, "widgets", "provider", &[WIDGETS]).await;
 }
 
 #[tokio::test]

@@ -436,15 +436,7 @@ async fn doctor_asks_for_an_api_only_bindings_list_in_their_namespaces_and_that_
     wait_connection(&s.consumer, "provider", "Ready=True").await;
     for team in ["team-a", "team-b"] {
         ensure_namespace(&s.consumer, team).await.unwrap();
-        let bindings: Api<kbind_shared::api::Binding> = Api::namespaced(s.consumer.clone(), team);
-        bindings
-            .create(
-                &PostParams::default(),
-                &kbind_shared::api::Binding::new("widgets", binding_spec("provider", &[API])),
-            )
-            .await
-            .unwrap();
-        wait_binding(&bindings, "widgets", "Ready=True").await;
+        bind_in(&s.consumer, team, "widgets", "provider", &[API]).await;
     }
     only_connection_rights(&s, "bob").await;
     let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();

@@ -18,7 +18,7 @@ use kbind_e2e::cluster::ensure_namespace;
 use kbind_e2e::fixtures::*;
 use kbind_e2e::kbind::apiserver_watches;
 use kbind_e2e::measure::{cpu_seconds, rss_mib};
-use kbind_shared::api::{Binding, ClusterBinding, ClusterBindingSpec};
+use kbind_shared::api::{ClusterBinding, ClusterBindingSpec};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -73,18 +73,6 @@ async fn provider_widgets(provider: &Client) -> usize {
         .unwrap_or_default()
 }
 
-async fn bind_namespace(consumer: &Client, ns: &str) {
-    let bindings: Api<Binding> = Api::namespaced(consumer.clone(), ns);
-    bindings
-        .create(
-            &PostParams::default(),
-            &Binding::new("widgets", binding_spec("provider", &[API])),
-        )
-        .await
-        .expect("a Binding");
-    wait_binding(&bindings, "widgets", "Ready=True").await;
-}
-
 /// Waits until the provider holds `n` Widgets; how long that took.
 async fn all_synced(provider: &Client, n: usize) -> Duration {
     let started = Instant::now();
@@ -123,7 +111,7 @@ async fn run(k: usize, per_namespace: bool, args: &Args) {
         // The first Binding installs the CRD; each next one is a namespace more to read.
         for i in 0..k {
             let ns = namespace(i);
-            bind_namespace(&s.consumer, &ns).await;
+            bind_in(&s.consumer, &ns, "widgets", "provider", &[API]).await;
             let started = Instant::now();
             create_widget_and_wait_upstream(&s.consumer, &s.provider, &ns, "w0", 1).await;
             per_namespace_first.push(started.elapsed().as_secs_f64() * 1000.0);

@@ -251,6 +251,93 @@ mod tests {
         assert_eq!(worker.tracked.locked().counts().synced, 0);
     }
 
+    /// A provider answering the GET of the copy `w` as ours, and `write` (`DELETE` or `PATCH`)
+    /// with `code`.
+    fn our_copy_answering(write: &'static str, code: u16) -> (kube::Client, fake::Requests) {
+        let widget = fake::widget_path("team-a", "w", "");
+        fake::server(move |method, path| {
+            if path != widget {
+                return None;
+            }
+            match method {
+                "GET" => Some((
+                    200,
+                    json!({ "apiVersion": "example.org/v1", "kind": "Widget",
+                    "metadata": { "name": "w", "namespace": "team-a", "uid": "copy-uid",
+                        "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+                            keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" } } }),
+                )),
+                m if m == write && code < 300 => Some((
+                    200,
+                    json!({ "kind": "Status", "apiVersion": "v1", "status": "Success" }),
+                )),
+                m if m == write => {
+                    let reason = match code {
+                        404 => "NotFound",
+                        409 => "Conflict",
+                        _ => "InternalError",
+                    };
+                    Some(fake::status(code, reason, "answered"))
+                }
+                _ => None,
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn a_copy_gone_or_replaced_meanwhile_is_no_error_and_anything_else_is() {
+        // The delete is by UID: NotFound (gone) and Conflict (another object under the name now)
+        // both mean ours is not there — looked at again, not failed. A 500 is a failure.
+        for (code, fails) in [(404, false), (409, false), (500, true)] {
+            let (provider, on_provider) = our_copy_answering("DELETE", code);
+            let (consumer, _) = fake::server(|_, _| None);
+            let worker = fake::worker(consumer, provider).await;
+            let result = super::delete(&deleted(json!({})), &worker).await;
+            assert_eq!(result.is_err(), fails, "{code}: {result:?}");
+            let asked: Vec<String> = fake::calls(&on_provider)
+                .into_iter()
+                .map(|c| c.method)
+                .collect();
+            assert_eq!(asked, ["GET", "DELETE"], "{code}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unbound_object_to_orphan_is_unmarked_on_the_provider_never_deleted() {
+        // Unbound (not deleted) with the Orphan policy: its copy loses kbind's markers, and the
+        // finalizer waits until the copy no longer reads as ours. A copy gone or changed
+        // meanwhile is looked at again, not failed; a 500 is a failure.
+        for (code, fails) in [(200, false), (404, false), (409, false), (500, true)] {
+            let (provider, on_provider) = our_copy_answering("PATCH", code);
+            let (consumer, on_consumer) = fake::server(|_, _| None);
+            let worker = fake::worker(consumer, provider).await;
+            let object = fake::widget(
+                json!({ "finalizers": [keys::SYNCER_FINALIZER],
+                    "annotations": { keys::DELETION_POLICY_ANNOTATION: keys::DELETION_POLICY_ORPHAN } }),
+                Value::Null,
+            );
+            let result = super::release(&object, &worker).await;
+            match result {
+                Ok(action) => {
+                    assert!(!fails, "{code}");
+                    assert_eq!(
+                        action,
+                        Action::requeue(Duration::from_millis(500)),
+                        "{code}"
+                    );
+                }
+                Err(e) => assert!(fails, "{code}: {e}"),
+            }
+            let calls = fake::calls(&on_provider);
+            let asked: Vec<&str> = calls.iter().map(|c| c.method.as_str()).collect();
+            assert_eq!(asked, ["GET", "PATCH"], "{code}: unmarked, not deleted");
+            assert!(
+                fake::calls(&on_consumer).is_empty(),
+                "the finalizer stays for now"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn an_orphaned_object_is_let_go_without_a_word_to_the_provider() {
         let widget = fake::widget_path("team-a", "w", "");

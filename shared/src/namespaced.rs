@@ -462,6 +462,17 @@ mod tests {
             .collect()
     }
 
+    /// A merge past its start: `a` listed `x` and `y`, `b` listed `x`.
+    fn started() -> Merge<ConfigMap> {
+        let mut merge = Merge::new(tombstone);
+        merge.watch("a");
+        merge.watch("b");
+        listed(&mut merge, "a", &["x", "y"]);
+        listed(&mut merge, "b", &["x"]);
+        merge.complete();
+        merge
+    }
+
     fn listed(merge: &mut Merge<ConfigMap>, ns: &str, names: &[&str]) -> Vec<String> {
         let mut out = merge.on(ns, Event::Init);
         for n in names {
@@ -537,12 +548,7 @@ mod tests {
 
     #[test]
     fn a_relist_afterwards_applies_what_it_holds_and_deletes_only_what_its_namespace_lost() {
-        let mut merge = Merge::new(tombstone);
-        merge.watch("a");
-        merge.watch("b");
-        listed(&mut merge, "a", &["x", "y"]);
-        listed(&mut merge, "b", &["x"]);
-        merge.complete();
+        let mut merge = started();
         assert_eq!(
             show(merge.on("a", Event::Apply(cm("a", "n")))),
             ["Apply a/n"]
@@ -565,12 +571,7 @@ mod tests {
 
     #[test]
     fn a_namespace_no_longer_watched_deletes_what_it_held_and_nothing_else() {
-        let mut merge = Merge::new(tombstone);
-        merge.watch("a");
-        merge.watch("b");
-        listed(&mut merge, "a", &["x", "y"]);
-        listed(&mut merge, "b", &["x"]);
-        merge.complete();
+        let mut merge = started();
         merge.on("a", Event::Apply(cm("a", "z")));
         merge.on("a", Event::Delete(cm("a", "x")));
         assert_eq!(

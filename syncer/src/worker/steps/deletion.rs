@@ -197,13 +197,7 @@ mod tests {
                 "GET" if copy_gone.load(Ordering::SeqCst) => {
                     Some(fake::status(404, "NotFound", "gone"))
                 }
-                "GET" => Some((
-                    200,
-                    json!({ "apiVersion": "example.org/v1", "kind": "Widget",
-                    "metadata": { "name": "w", "namespace": "team-a", "uid": "copy-uid",
-                        "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
-                            keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" } } }),
-                )),
+                "GET" => Some((200, our_copy())),
                 "DELETE" => Some((
                     200,
                     json!({ "kind": "Status", "apiVersion": "v1", "status": "Success" }),
@@ -251,6 +245,14 @@ mod tests {
         assert_eq!(worker.tracked.locked().counts().synced, 0);
     }
 
+    /// The provider copy of `team-a/w`, marked as this consumer's.
+    fn our_copy() -> Value {
+        json!({ "apiVersion": "example.org/v1", "kind": "Widget",
+            "metadata": { "name": "w", "namespace": "team-a", "uid": "copy-uid",
+                "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+                    keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" } } })
+    }
+
     /// A provider answering the GET of the copy `w` as ours, and `write` (`DELETE` or `PATCH`)
     /// with `code`.
     fn our_copy_answering(write: &'static str, code: u16) -> (kube::Client, fake::Requests) {
@@ -260,13 +262,7 @@ mod tests {
                 return None;
             }
             match method {
-                "GET" => Some((
-                    200,
-                    json!({ "apiVersion": "example.org/v1", "kind": "Widget",
-                    "metadata": { "name": "w", "namespace": "team-a", "uid": "copy-uid",
-                        "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
-                            keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" } } }),
-                )),
+                "GET" => Some((200, our_copy())),
                 m if m == write && code < 300 => Some((
                     200,
                     json!({ "kind": "Status", "apiVersion": "v1", "status": "Success" }),

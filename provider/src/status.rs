@@ -24,8 +24,9 @@ pub struct Error {
 /// it was: until the cache shows a newer version of the object, a reconcile compares with what
 /// was written, not with the cache's older status. (A second trigger arriving before the watch
 /// event of the issuer's own write — a new CRD is announced twice, created and established —
-/// would otherwise write the same status again.) A status changed by anyone else afterwards is
-/// a newer version, compared as it is.
+/// would otherwise write the same status again — and, computed from the cache's older conditions
+/// a moment later, with a later transition time: the times are left out of that comparison.) A
+/// status changed by anyone else afterwards is a newer version, compared as it is.
 #[derive(Default)]
 pub struct Written(std::sync::Mutex<std::collections::HashMap<String, (Option<String>, String)>>);
 
@@ -51,7 +52,7 @@ impl Written {
         if cached == Some(computed) {
             return false;
         }
-        let computed = serde_json::to_string(computed).unwrap_or_default();
+        let computed = timeless(computed);
         self.entries()
             .get(key)
             .is_none_or(|(at, status)| at.as_ref() != version || *status != computed)
@@ -59,10 +60,28 @@ impl Written {
 
     /// Records that `status` was written to `key` while its cached version was `version`.
     pub fn wrote<T: serde::Serialize>(&self, key: &str, version: Option<&String>, status: &T) {
-        let status = serde_json::to_string(status).unwrap_or_default();
+        let status = timeless(status);
         self.entries()
             .insert(key.to_owned(), (version.cloned(), status));
     }
+}
+
+/// `status` as JSON text without its conditions' `lastTransitionTime`s: what a status says, not
+/// when it was computed.
+fn timeless<T: serde::Serialize>(status: &T) -> String {
+    fn strip(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                map.remove("lastTransitionTime");
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    strip(&mut value);
+    value.to_string()
 }
 
 /// Now, as a condition's time.
@@ -119,5 +138,27 @@ mod tests {
         assert!(written.needed("e", rv("1").as_ref(), Some(&"old"), &"newer"));
         // Another object is its own.
         assert!(written.needed("f", rv("1").as_ref(), Some(&"old"), &"new"));
+    }
+
+    #[test]
+    fn the_same_status_computed_a_second_later_from_the_old_cache_is_not_written_again() {
+        // The catalog test once saw two writes of one Export 20 ms apart: the second trigger
+        // computed the same condition from the cache's older status across a second boundary,
+        // so with a later transition time.
+        let condition = |status: &str, at: &str| {
+            json!({ "conditions": [{ "type": "Offered", "status": status,
+                "reason": "Exported", "message": "m", "lastTransitionTime": at }] })
+        };
+        let written = Written::default();
+        let rv = Some("1".to_owned());
+        let old = condition("False", "2026-12-07T02:40:00Z");
+        let first = condition("True", "2026-12-07T02:47:04Z");
+        assert!(written.needed("e", rv.as_ref(), Some(&old), &first));
+        written.wrote("e", rv.as_ref(), &first);
+        let again = condition("True", "2026-12-07T02:47:05Z");
+        assert!(!written.needed("e", rv.as_ref(), Some(&old), &again));
+        // What it says changed: written.
+        let changed = condition("False", "2026-12-07T02:47:05Z");
+        assert!(written.needed("e", rv.as_ref(), Some(&old), &changed));
     }
 }

@@ -259,6 +259,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_pending_record_is_corrected_at_once_not_left_to_wait() {
+        // The record says Pending (a late change's, or a failure a retry overcame): it would go
+        // on saying the spec has not arrived, so it is written now, on its own.
+        let status_path = fake::widget_path("team-a", "w", "/status");
+        let (consumer, on_consumer) = fake::server(move |method, path| {
+            (method == "PATCH" && path == status_path)
+                .then(|| (200, json!({ "metadata": { "resourceVersion": "11" } })))
+        });
+        let (provider, _) = fake::server(|_, _| None);
+        let worker = fake::worker(consumer, provider).await;
+        let object = fake::widget(
+            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
+            json!({ "phase": "Ready",
+                kbind_shared::delivery::FIELD: { "state": "Pending", "generation": 1,
+                    "message": "the provider did not answer" } }),
+        );
+        assert_eq!(
+            object.delivery.as_ref().map(|r| r.state),
+            Some(kbind_shared::delivery::State::Pending),
+            "the fixture's record reads as Pending"
+        );
+        let copy = provider_copy(json!({ "phase": "Ready" }));
+        worker
+            .tracked
+            .locked()
+            .spec_applied(&pending::key(&object), Instant::now());
+        let delivered = Delivered::as_cached(&object, Some(&copy));
+
+        super::copy_status(&worker, &object, Some(&copy), delivered, Seen::default())
+            .await
+            .unwrap();
+        let written = fake::calls(&on_consumer);
+        assert_eq!(written.len(), 1, "written at once: {written:?}");
+        assert_eq!(
+            written[0].body["status"][kbind_shared::delivery::FIELD]["state"],
+            "Synced",
+            "{:?}",
+            written[0].body
+        );
+    }
+
+    #[tokio::test]
     async fn a_record_alone_waits_for_the_providers_status_change_to_carry_it() {
         let (consumer, on_consumer) = fake::server(|_, _| None);
         let (provider, _) = fake::server(|_, _| None);

@@ -223,13 +223,30 @@ mod tests {
         ProviderCopy::of(copy, "consumer-uid")
     }
 
-    #[tokio::test]
-    async fn the_providers_status_comes_down_with_the_record_in_one_write() {
+    /// `object`'s spec was just applied, and its copy's status is `phase: Ready`: the copy.
+    fn applied_just_now(
+        worker: &super::super::super::state::Worker,
+        object: &kbind_shared::cache::Instance,
+    ) -> ProviderCopy {
+        worker
+            .tracked
+            .locked()
+            .spec_applied(&pending::key(object), Instant::now());
+        provider_copy(json!({ "phase": "Ready" }))
+    }
+
+    /// A consumer that takes patches of `team-a/w`'s status, and what it was sent.
+    fn status_patches() -> (kube::Client, fake::Requests) {
         let status = fake::widget_path("team-a", "w", "/status");
-        let (consumer, on_consumer) = fake::server(move |method, path| {
+        fake::server(move |method, path| {
             (method == "PATCH" && path == status)
                 .then(|| (200, json!({ "metadata": { "resourceVersion": "11" } })))
-        });
+        })
+    }
+
+    #[tokio::test]
+    async fn the_providers_status_comes_down_with_the_record_in_one_write() {
+        let (consumer, on_consumer) = status_patches();
         let (provider, on_provider) = fake::server(|_, _| None);
         let worker = fake::worker(consumer, provider).await;
         let object = fake::bound_widget();
@@ -262,11 +279,7 @@ mod tests {
     async fn a_pending_record_is_corrected_at_once_not_left_to_wait() {
         // The record says Pending (a late change's, or a failure a retry overcame): it would go
         // on saying the spec has not arrived, so it is written now, on its own.
-        let status_path = fake::widget_path("team-a", "w", "/status");
-        let (consumer, on_consumer) = fake::server(move |method, path| {
-            (method == "PATCH" && path == status_path)
-                .then(|| (200, json!({ "metadata": { "resourceVersion": "11" } })))
-        });
+        let (consumer, on_consumer) = status_patches();
         let (provider, _) = fake::server(|_, _| None);
         let worker = fake::worker(consumer, provider).await;
         let object = fake::widget(
@@ -280,11 +293,7 @@ mod tests {
             Some(kbind_shared::delivery::State::Pending),
             "the fixture's record reads as Pending"
         );
-        let copy = provider_copy(json!({ "phase": "Ready" }));
-        worker
-            .tracked
-            .locked()
-            .spec_applied(&pending::key(&object), Instant::now());
+        let copy = applied_just_now(&worker, &object);
         let delivered = Delivered::as_cached(&object, Some(&copy));
 
         super::copy_status(&worker, &object, Some(&copy), delivered, Seen::default())
@@ -309,12 +318,8 @@ mod tests {
             json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
             json!({ "phase": "Ready" }),
         );
-        let copy = provider_copy(json!({ "phase": "Ready" }));
         // The spec was just applied: its status change is expected to carry the record.
-        worker
-            .tracked
-            .locked()
-            .spec_applied(&pending::key(&object), Instant::now());
+        let copy = applied_just_now(&worker, &object);
         let delivered = Delivered::as_cached(&object, Some(&copy));
 
         let action = super::copy_status(&worker, &object, Some(&copy), delivered, Seen::default())

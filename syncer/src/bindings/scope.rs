@@ -63,17 +63,17 @@ impl Scopes {
         let lists = listed(binding);
         let mut apis = self.lists(namespace, name);
         apis.extend(lists.iter().cloned());
-        let before = self.scopes_of(&apis);
+        let before = self.reach_of(&apis, namespace);
         self.set(namespace, name, lists);
-        self.changed(before, apis)
+        self.changed(before, apis, namespace)
     }
 
     /// A binding gone; the APIs whose scope changed.
     pub fn remove(&mut self, namespace: Option<&str>, name: &str) -> BTreeSet<String> {
         let apis = self.lists(namespace, name);
-        let before = self.scopes_of(&apis);
+        let before = self.reach_of(&apis, namespace);
         self.set(namespace, name, BTreeSet::new());
-        self.changed(before, apis)
+        self.changed(before, apis, namespace)
     }
 
     /// Every binding of one kind (`namespaced` or not) re-listed as `all` ((namespace, name,
@@ -104,17 +104,36 @@ impl Scopes {
             .unwrap_or_default()
     }
 
-    fn scopes_of(&self, apis: &BTreeSet<String>) -> BTreeMap<String, WatchScope> {
-        apis.iter().map(|api| (api.clone(), self.of(api))).collect()
+    /// What one binding's change can alter of `api`'s scope: whether it is cluster-wide, and
+    /// whether the binding's own `namespace` is read — two lookups, not a copy of every
+    /// namespace read (a binding changes its own namespace's place in the scope, no other's).
+    fn reach(&self, api: &str, namespace: Option<&str>) -> (bool, bool) {
+        let cluster = self.cluster.get(api).is_some_and(|b| !b.is_empty());
+        // (While it is cluster-wide, which namespaces have Bindings changes nothing.)
+        let here = !cluster
+            && namespace
+                .is_some_and(|ns| self.namespaced.get(api).is_some_and(|n| n.contains_key(ns)));
+        (cluster, here)
+    }
+
+    fn reach_of(
+        &self,
+        apis: &BTreeSet<String>,
+        namespace: Option<&str>,
+    ) -> BTreeMap<String, (bool, bool)> {
+        apis.iter()
+            .map(|api| (api.clone(), self.reach(api, namespace)))
+            .collect()
     }
 
     fn changed(
         &self,
-        before: BTreeMap<String, WatchScope>,
+        before: BTreeMap<String, (bool, bool)>,
         apis: BTreeSet<String>,
+        namespace: Option<&str>,
     ) -> BTreeSet<String> {
         apis.into_iter()
-            .filter(|api| before.get(api) != Some(&self.of(api)))
+            .filter(|api| before.get(api) != Some(&self.reach(api, namespace)))
             .collect()
     }
 

@@ -476,6 +476,17 @@ impl Labels {
         Labels(Some(text.into_boxed_str()))
     }
 
+    /// The value of the label `key`, if the object has it (read in place, no map built).
+    pub fn get(&self, key: &str) -> Option<&str> {
+        let mut parts = self.0.as_deref()?.split('\0');
+        while let (Some(k), Some(value)) = (parts.next(), parts.next()) {
+            if k == key {
+                return Some(value);
+            }
+        }
+        None
+    }
+
     /// The labels as a map (what a selector matches).
     pub fn map(&self) -> BTreeMap<String, String> {
         let Some(text) = &self.0 else {
@@ -563,7 +574,8 @@ impl Resource for Instance {
 }
 
 /// The consumer annotations a sync reads: the conflict it recorded and the deletion policy.
-const CONSUMER_ANNOTATIONS: [&str; 4] = [
+const CONSUMER_ANNOTATIONS: [&str; 5] = [
+    crate::keys::CLAIM_ANNOTATION,
     crate::keys::CONFLICT_ANNOTATION,
     crate::keys::DELETION_POLICY_ANNOTATION,
     crate::keys::PAUSED_ANNOTATION,
@@ -959,6 +971,12 @@ mod tests {
                 .collect();
             let compact = Labels::of(Some(&map));
             assert_eq!(compact.map(), map, "{labels:?}");
+            for (key, value) in labels {
+                assert_eq!(compact.get(key), Some(*value), "{labels:?}");
+            }
+            // A value is never taken for a key.
+            assert_eq!(compact.get("x=y"), None, "{labels:?}");
+            assert_eq!(compact.get("us"), None, "{labels:?}");
             assert_eq!(
                 compact == Labels::default(),
                 labels.is_empty(),

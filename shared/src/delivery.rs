@@ -21,6 +21,9 @@ pub const PENDING: &str = "Pending";
 /// The user paused the object (its `core.kbind.io/paused` annotation, or its binding's
 /// `spec.suspend`): kbind writes neither its spec nor its status (`message` says which).
 pub const PAUSED: &str = "Paused";
+/// An imported object not claimed yet (observe-first import, #54): its spec and status mirror
+/// the provider's, and kbind writes nothing to the provider for it (`message` says how to claim).
+pub const OBSERVED: &str = "Observed";
 /// Why a provider refused a write, from its API server's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -75,7 +78,7 @@ pub fn status_schema() -> Value {
         "description": "Written by kbind: which generation of this object's spec reached the provider, when, and why not if not.",
         "properties": {
             "generation": { "type": "integer", "format": "int64", "description": "The metadata.generation whose spec the provider has." },
-            "state": { "type": "string", "description": "Synced, Pending, Rejected or Forbidden: where the current generation's spec stands once kbind has tried to deliver it (generation says which generation the provider has)." },
+            "state": { "type": "string", "description": "Synced, Pending, Rejected or Forbidden: where the current generation's spec stands once kbind has tried to deliver it (generation says which generation the provider has); Paused, a routing hold, or Observed (imported from the provider, not claimed)." },
             "time": { "type": "string", "format": "date-time", "description": "When kbind last wrote the spec to the provider." },
             "message": { "type": "string", "maxLength": 400, "description": "Why the current spec did not reach the provider." },
             "since": { "type": "string", "format": "date-time", "description": "When the change that has not reached the provider was made (as the consumer's API server recorded it, to the second)." },
@@ -91,7 +94,7 @@ pub fn printer_columns() -> Vec<Value> {
     vec![
         json!({ "name": "Generation", "type": "integer", "jsonPath": ".metadata.generation", "description": "The spec's generation" }),
         json!({ "name": "Synced-Generation", "type": "integer", "jsonPath": ".status.kbindSync.generation", "description": "The generation the provider has: the current spec reached the provider only when this equals Generation" }),
-        json!({ "name": "Delivery", "type": "string", "jsonPath": ".status.kbindSync.state", "description": "Synced, or why the current spec has not reached the provider: Pending, Rejected, Forbidden" }),
+        json!({ "name": "Delivery", "type": "string", "jsonPath": ".status.kbindSync.state", "description": "Synced, or why the current spec has not reached the provider: Pending, Rejected, Forbidden, Paused, a routing hold, or Observed (imported, not claimed)" }),
         json!({ "name": "Delivered", "type": "date", "jsonPath": ".status.kbindSync.time", "description": "When kbind last wrote the spec to the provider" }),
         json!({ "name": "Route", "type": "string", "jsonPath": ".metadata.annotations.core\\.kbind\\.io/route", "description": "The route (Connection/provider cluster) the object is pinned to, when several Connections serve its API; empty: the Connection serving the CRD" }),
         json!({ "name": "Message", "type": "string", "jsonPath": ".status.kbindSync.message", "priority": 1, "description": "Why the spec did not reach the provider" }),
@@ -151,6 +154,18 @@ pub fn paused(current: Option<&Value>, message: &str) -> Value {
         "generation": keep("generation"),
         "time": keep("time"),
         "message": crate::conditions::bounded(message, MAX_MESSAGE),
+    })
+}
+
+/// The record of an imported object not claimed yet ([`OBSERVED`]): no generation reached the
+/// provider from this consumer, nothing waits.
+pub fn observed() -> Value {
+    json!({
+        "state": OBSERVED,
+        "message": format!(
+            "imported from the provider and read-only: annotate {}=true to take it over",
+            crate::keys::CLAIM_ANNOTATION
+        ),
     })
 }
 
@@ -239,6 +254,8 @@ pub enum State {
     Paused,
     /// A routing reason ([`crate::routing::Reason`]): written to no provider, and why (#36).
     Held,
+    /// [`OBSERVED`].
+    Observed,
     /// Anything else (written by someone else).
     Other,
 }
@@ -252,6 +269,7 @@ pub fn summary(status: Option<&Value>) -> Option<Summary> {
         Some(REJECTED) => State::Rejected,
         Some(FORBIDDEN) => State::Forbidden,
         Some(PAUSED) => State::Paused,
+        Some(OBSERVED) => State::Observed,
         Some(held) if crate::routing::Reason::parse(held).is_some() => State::Held,
         _ => State::Other,
     };

@@ -90,6 +90,13 @@ pub const HANDOVER_ANNOTATION: &str = "core.kbind.io/handover-to";
 /// off, an export missing past its grace, the Connection deleted): kbind kept the CRD and its
 /// objects instead of deleting them; the value says why. Removed when the API is bound again.
 pub const UNBOUND_ANNOTATION: &str = "core.kbind.io/unbound";
+/// Label on a consumer object kbind imported from the provider (observe-first import, #54): its
+/// value is the importing Connection. While it is not claimed ([`CLAIM_ANNOTATION`]) the object
+/// is a read-only mirror of the provider's: kbind writes nothing to the provider for it.
+pub const IMPORTED_LABEL: &str = "core.kbind.io/imported";
+/// Annotation a user puts on an imported consumer object ([`IMPORTED_LABEL`]) to take it over:
+/// [`TRUE`] — one provider write adds kbind's markers, and from then on it syncs as any object.
+pub const CLAIM_ANNOTATION: &str = "core.kbind.io/claim";
 /// Label on each syncer's membership Lease.
 pub const SYNCER_MEMBER_LABEL: &str = "core.kbind.io/syncer-member";
 /// Annotation on a related Secret/ConfigMap copy: the ids of the `relatedResources` entries

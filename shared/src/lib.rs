@@ -21,6 +21,7 @@ pub mod finalizers;
 mod fuzz;
 pub mod heartbeat;
 pub mod identity;
+pub mod import;
 pub mod keys;
 pub mod kubeconfig;
 pub mod leader;

@@ -83,6 +83,9 @@ pub struct Metrics {
     pub sync_latency_seconds: HistogramVec,
     /// `kbind_work_queue_depth{api}`
     pub work_queue_depth: GaugeVec,
+    /// `kbind_imported_objects{api,state}`: provider objects observe-first import mirrors
+    /// (`observed`) and leaves out past a binding's limit (`over_limit`)
+    pub imported_objects: GaugeVec,
     /// `kbind_api_requests_total{cluster,verb,code}`
     pub api_requests_total: IntCounterVec,
     /// `kbind_syncer_assigned_apis{identity}`
@@ -282,6 +285,12 @@ impl Metrics {
                 "kbind_work_queue_depth",
                 "Syncs in progress right now",
                 &["api"],
+            ),
+            imported_objects: gauge_vec(
+                &registry,
+                "kbind_imported_objects",
+                "Provider objects imported and observed, and left out past an import limit",
+                &["api", "state"],
             ),
             reconcile_errors_total: counter_vec(
                 &registry,
@@ -636,6 +645,9 @@ mod tests {
         m.work_queue_depth
             .with_label_values(&["widgets.example.org"])
             .set(0.0);
+        m.imported_objects
+            .with_label_values(&["widgets.example.org", "observed"])
+            .set(0.0);
         m.api_requests_total
             .with_label_values(&["consumer", "get", "200"])
             .inc();
@@ -654,6 +666,7 @@ mod tests {
             "kbind_provider_events_total",
             "kbind_sync_latency_seconds_bucket",
             "kbind_work_queue_depth",
+            "kbind_imported_objects",
             "kbind_api_requests_total",
             "kbind_syncer_assigned_apis",
             "kbind_bindings_past_cap",

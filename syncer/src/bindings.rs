@@ -108,6 +108,17 @@ impl Reach {
     }
 }
 
+/// A served binding's ask to import an API's provider objects (observe-first import, #54).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportRule {
+    /// The Binding's namespace; `None`: a ClusterBinding's, every namespace.
+    pub namespace: Option<String>,
+    /// The binding's name.
+    pub binding: String,
+    /// At most this many objects are imported under it.
+    pub limit: usize,
+}
+
 /// The bindings of one API that are served (not being deleted; within the cap).
 #[derive(Debug, Default)]
 struct ApiBindings {
@@ -343,6 +354,34 @@ impl Index {
                 .values()
                 .flat_map(|bindings| bindings.values().map(Arc::as_ref)),
         )
+    }
+
+    /// Where served bindings of `connection` ask to import `api`'s provider objects
+    /// (observe-first import, #54): one rule per binding, its namespace's (`None`: a
+    /// ClusterBinding, every namespace). Looked up when bindings change, never per object.
+    pub fn imports(&self, connection: &str, api: &str) -> Vec<ImportRule> {
+        let Some(of_api) = self.by_api.get(api) else {
+            return Vec::new();
+        };
+        let rule =
+            |namespace: Option<&str>, name: String, spec: &kbind_shared::api::BindingSpec| {
+                let import = spec.import.as_ref()?;
+                (spec.connection_ref.name == connection).then(|| ImportRule {
+                    namespace: namespace.map(str::to_owned),
+                    binding: name,
+                    limit: import.limit as usize,
+                })
+            };
+        let cluster = of_api
+            .cluster
+            .values()
+            .filter_map(|b| rule(None, b.name_any(), &b.spec.binding));
+        let namespaced = of_api.namespaced.iter().flat_map(|(namespace, bindings)| {
+            bindings
+                .values()
+                .filter_map(|b| rule(Some(namespace), b.name_any(), &b.spec))
+        });
+        cluster.chain(namespaced).collect()
     }
 
     /// The namespaces with Bindings past the cap, and how many each.

@@ -297,6 +297,11 @@ impl Context {
         self.index.locked().watch_scope(api)
     }
 
+    /// Where served bindings of `connection` import `api`'s provider objects (#54).
+    pub fn imports(&self, connection: &str, api: &str) -> Vec<crate::bindings::ImportRule> {
+        self.index.locked().imports(connection, api)
+    }
+
     /// Whether `api` is routed: served bindings offer a route besides `served_by` (as it stands
     /// now — a running worker reads it live, #50.3).
     pub fn routed(&self, api: &str, served_by: &str) -> bool {

@@ -289,8 +289,18 @@ pub async fn release_api<B: Scoped>(
         if object
             .namespace()
             .is_some_and(|ns| coverage.namespaces.contains(&ns))
-            || !object.finalizers().contains(&finalizer)
         {
+            continue;
+        }
+        // #54: an unclaimed mirror of an imported provider object goes with the binding that
+        // let go of its API — on the consumer only; its provider object was never written.
+        if kbind_shared::import::standing_of(&object.metadata, &held.connection, &finalizer)
+            == kbind_shared::import::Standing::Observed
+        {
+            delete_mirror(client, &resource, &object).await?;
+            continue;
+        }
+        if !object.finalizers().contains(&finalizer) {
             continue;
         }
         let orphan = object
@@ -476,6 +486,31 @@ async fn delete_provider_copy(
         }
     }
     Ok(true)
+}
+
+/// Deletes an unclaimed import mirror, if it is still the one listed (UID and resourceVersion: a
+/// mirror claimed meanwhile is kept). Gone already: nothing to do; changed since the list: an
+/// error, and the release looks again.
+async fn delete_mirror(
+    client: &Client,
+    resource: &ApiResource,
+    object: &DynamicObject,
+) -> Result<(), Error> {
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: object.uid(),
+            resource_version: object.resource_version(),
+        }),
+        ..Default::default()
+    };
+    match scoped(client, object.namespace().as_deref(), resource)
+        .delete(&object.name_any(), &params)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(Error::Consumer(e)),
+    }
 }
 
 async fn release_syncer_finalizer(

@@ -78,6 +78,43 @@ pub struct BindingSpec {
     /// first synced to (its `core.kbind.io/route` annotation) until the user changes that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_selector: Option<LabelSelector>,
+
+    /// Observe-first import: provider objects of the listed APIs in this binding's scope that
+    /// carry no consumer's markers get a consumer copy, labelled `core.kbind.io/imported`, whose
+    /// delivery state is `Observed` — spec and status mirrored from the provider, nothing written
+    /// to the provider. Annotating a copy `core.kbind.io/claim: "true"` takes it over: one
+    /// provider write adds kbind's markers, and from then on it syncs as any object. Absent: no
+    /// import.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<Import>,
+}
+
+/// Observe-first import's settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Import {
+    /// At most this many objects of each listed API are imported (the first by namespace and
+    /// name); a Warning Event on the binding says how many more there are.
+    #[serde(default = "Import::default_limit")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub limit: u32,
+}
+
+impl Import {
+    /// The limit when none is given.
+    pub const DEFAULT_LIMIT: u32 = 1000;
+
+    fn default_limit() -> u32 {
+        Self::DEFAULT_LIMIT
+    }
+}
+
+impl Default for Import {
+    fn default() -> Self {
+        Self {
+            limit: Self::DEFAULT_LIMIT,
+        }
+    }
 }
 
 /// Provider Events copied onto consumer objects: the types and reasons wanted. Each is copied
@@ -146,6 +183,7 @@ impl BindingSpec {
             suspend: false,
             provider_events: None,
             object_selector: None,
+            import: None,
         }
     }
 }

@@ -90,12 +90,12 @@ pub fn waiting(f: &Facts<'_>) -> Option<(Waiting, Option<Seconds>)> {
             State::Pending => Some((Waiting::Pending, since(r))),
             // The user holds it: not waiting on kbind.
             State::Paused => None,
-            State::Synced | State::Held | State::Other
+            State::Synced | State::Held | State::Observed | State::Other
                 if r.generation.map(std::num::NonZeroI64::get) != f.generation =>
             {
                 Some((Waiting::Pending, f.changed_at))
             }
-            State::Synced | State::Held | State::Other => None,
+            State::Synced | State::Held | State::Observed | State::Other => None,
         },
     }
 }

@@ -221,7 +221,7 @@ fn consumer_per_namespace(
 }
 
 /// What stands for an object no longer listed in its namespace (its name is all a delete needs).
-fn tombstone(namespace: &str, name: &str) -> Instance {
+pub(super) fn tombstone(namespace: &str, name: &str) -> Instance {
     let metadata = kube::api::ObjectMeta {
         namespace: Some(namespace.to_owned()),
         name: Some(name.to_owned()),

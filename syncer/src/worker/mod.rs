@@ -11,7 +11,8 @@
 //! (the backlog gauges and objects per unit), [`events`] (provider Events copied onto consumer
 //! objects, for the bindings that ask), [`overdue`] (a change still undelivered after a second
 //! says so), [`in_flight`] (the syncs in progress, each ended by a guard, and the stop that waits
-//! for them), [`scope`] (where it reads when its API is not read cluster-wide, #54).
+//! for them), [`scope`] (where it reads when its API is not read cluster-wide, #54), [`import`]
+//! (mirrors of provider objects nobody marked, for the bindings that import them, #54).
 //!
 //! The path of one consumer change: the consumer feed notes it in the object's record
 //! (`consumer_changed`) and queues the object; the controller calls [`reconcile`], which waits
@@ -44,6 +45,7 @@ mod events;
 #[cfg(test)]
 mod fake;
 mod feeds;
+mod import;
 mod in_flight;
 mod overdue;
 mod pending;
@@ -122,6 +124,8 @@ pub async fn run(ctx: Arc<Context>, spec: WorkerSpec, stop: CancellationToken) {
         _ = events::mirror(worker.clone()) => {}
         _ = overdue::run(worker.clone(), overdue_rx) => {}
         _ = scope => {}
+        // (Import ends only with the worker.)
+        _ = async { import::run(worker.clone()).await; std::future::pending::<()>().await } => {}
     }
     report::forget(&worker);
 }

@@ -117,6 +117,11 @@ pub(super) struct Worker {
     /// The consumer namespaces read, when read per namespace: only their objects' namespaces are
     /// watched on the provider (an event of a namespace just let go of starts nothing there).
     pub(super) reading: Mutex<std::collections::BTreeSet<String>>,
+    /// Wakes the importer ([`super::import`]): a mirror changed or went on the consumer, or the
+    /// provider's unmarked objects did.
+    pub(super) import_wake: tokio::sync::Notify,
+    /// The last refusal (RBAC) an import write met, for the importer to announce.
+    pub(super) import_refused: Mutex<Option<String>>,
 }
 
 /// The writers of a new worker's two caches, for its feeds.
@@ -214,6 +219,8 @@ impl Worker {
             provider_namespaces: commands,
             consumer_namespaces: consumer_commands,
             reading: Mutex::default(),
+            import_wake: tokio::sync::Notify::new(),
+            import_refused: Mutex::default(),
         });
         (worker, writers)
     }
@@ -236,6 +243,12 @@ impl Worker {
         event: &Result<watcher::Event<Instance>, watcher::Error>,
     ) {
         self.tell_provider_watch(event);
+        if let Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) = event
+            && o.labels.get(kbind_shared::keys::IMPORTED_LABEL) == Some(&self.spec.connection)
+        {
+            // A mirror edited, claimed or deleted: import looks.
+            self.import_wake.notify_one();
+        }
         let now = std::time::Instant::now();
         match event {
             // (A listed object waits only if the list shows it has work to do: see `run`.)

@@ -20,6 +20,7 @@ use super::steps::status_down::{self, Delivered, desired_status, provider_side_s
 use super::steps::{deletion, spec_up};
 use super::strangers::Known;
 use super::writes::Error;
+use kbind_shared::import::Standing;
 use kbind_shared::routing;
 
 /// One sync: gather the facts, [`decide`], execute the step (one executor each). `seen`: when the
@@ -138,6 +139,19 @@ pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gat
     ))
 }
 
+/// Where `object` stands towards observe-first import ([`super::import`]).
+pub(super) fn import_standing(worker: &Worker, object: &Instance) -> Standing {
+    kbind_shared::import::standing(
+        object.labels.get(keys::IMPORTED_LABEL),
+        object
+            .annotations()
+            .get(keys::CLAIM_ANNOTATION)
+            .map(String::as_str),
+        kbind_shared::finalizers::has(&object.metadata, &worker.spec.finalizer()),
+        &worker.spec.connection,
+    )
+}
+
 /// What the facts of one object's sync are read from besides the object and its copy.
 struct Inputs {
     /// Routing's word on it (#36; `None`: the API has one route).
@@ -161,6 +175,16 @@ fn inputs(worker: &Worker, object: &Instance) -> Inputs {
         .filter(|r| r.is_bound())
         // Another route's object is not this worker's to sync.
         .filter(|_| !matches!(gate, Some(routing::Gate::Idle | routing::Gate::Uncovered)));
+    // #54: a mirror of an imported provider object is import's alone until the user claims it;
+    // a claim adopts the provider object — the one write that marks it kbind's.
+    let resolution = match import_standing(worker, object) {
+        Standing::Observed => None,
+        Standing::Claimed => resolution.map(|r| kbind_shared::resolve::Resolution {
+            conflict_policy: kbind_shared::api::ConflictPolicy::Adopt,
+            ..r
+        }),
+        Standing::NotImported | Standing::Elsewhere => resolution,
+    };
     let pause = pause_message(object, resolution.as_ref())
         .map(|message| paused_record(worker, object, &message));
     Inputs {
@@ -246,6 +270,11 @@ async fn stranger(worker: &Worker, object: &Instance) -> Result<Option<Arc<Provi
         .known_stranger(&pending::key(object), std::time::Instant::now());
     let known = match known {
         Known::Stale => spec_up::read_stranger(worker, object).await?,
+        // A claimed import (#54): the provider object it mirrored stands there unmarked — read
+        // it rather than probe with a create (the claim then costs the provider one write).
+        Known::Nothing if import_standing(worker, object) == Standing::Claimed => {
+            spec_up::read_stranger(worker, object).await?
+        }
         known => known,
     };
     Ok(match known {
@@ -259,6 +288,8 @@ async fn stranger(worker: &Worker, object: &Instance) -> Result<Option<Arc<Provi
 /// records an ownership conflict. Its sync reads the name first ([`super::strangers`]).
 fn expects_a_copy(worker: &Worker, object: &Instance) -> bool {
     kbind_shared::finalizers::has(&object.metadata, &worker.spec.finalizer())
+        // A claimed import: the provider object it mirrored is there, unmarked until adopted.
+        || import_standing(worker, object) == Standing::Claimed
         || matches!(
             object
                 .annotations()

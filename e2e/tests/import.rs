@@ -1,0 +1,368 @@
+//! Observe-first import (#54): a Binding with `spec.import` mirrors the provider objects in its
+//! namespace that no consumer has marked — with no provider write — a claim adopts one in one
+//! provider write and from then on it syncs both ways, and unbinding removes the unclaimed
+//! mirrors on the consumer and touches nothing on the provider. Read from the API servers' own
+//! audit logs.
+
+use std::collections::BTreeMap;
+
+use kbind_e2e::cluster::{Audited, ensure_namespace};
+use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::wait_for;
+use kbind_shared::api::{Binding, Import};
+use kbind_shared::keys;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const WIDGETS: &str = "widgets.example.org";
+const IMPORTED: usize = 100;
+
+/// The writes to Widgets kbind's programs made on a cluster, as (verb, namespace/name).
+fn kbind_widget_writes(audited: Vec<Audited>) -> Vec<(String, String)> {
+    audited
+        .into_iter()
+        .filter(|a| {
+            a.resource == "widgets"
+                && a.user_agent.starts_with("kbind-")
+                && matches!(
+                    a.verb.as_str(),
+                    "create" | "update" | "patch" | "delete" | "deletecollection"
+                )
+        })
+        .map(|a| (a.verb, format!("{}/{}", a.namespace, a.name)))
+        .collect()
+}
+
+/// A Widget someone other than kbind made on the provider, with `labels` and `annotations`.
+fn provider_widget(
+    name: &str,
+    size: i64,
+    labels: serde_json::Value,
+    annotations: serde_json::Value,
+) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "example.org/v1",
+        "kind": "Widget",
+        "metadata": { "name": name, "labels": labels, "annotations": annotations },
+        "spec": { "size": size },
+    }))
+    .unwrap()
+}
+
+async fn bind_importing(consumer: &kube::Client, namespace: &str, limit: u32) -> Api<Binding> {
+    let bindings: Api<Binding> = Api::namespaced(consumer.clone(), namespace);
+    let mut spec = binding_spec("provider", &[WIDGETS]);
+    spec.import = Some(Import { limit });
+    bindings
+        .create(&PostParams::default(), &Binding::new("widgets", spec))
+        .await
+        .unwrap();
+    wait_binding(&bindings, "widgets", "Ready=True").await;
+    bindings
+}
+
+/// The consumer's Widgets of `namespace` by name.
+async fn by_name(client: &kube::Client, namespace: &str) -> BTreeMap<String, DynamicObject> {
+    widgets(client, namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|w| (w.name_any(), w))
+        .collect()
+}
+
+fn state(w: &DynamicObject) -> Option<&str> {
+    w.data["status"]["kbindSync"]["state"].as_str()
+}
+
+#[tokio::test]
+async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go_of_on_unbind() {
+    let s = SyncEnv::start("import", &[0, 1], None).await;
+    wait_connection(&s.consumer, "provider", "Ready=True").await;
+    for namespace in ["team-a", "team-b", "team-c"] {
+        ensure_namespace(&s.consumer, namespace).await.unwrap();
+        ensure_namespace(&s.provider, namespace).await.unwrap();
+    }
+    let on_provider = |ns: &str| widgets(&s.provider, ns);
+    // What the provider's admins made before any binding: 100 Widgets in team-a, one another
+    // consumer owns (its markers), 8 in team-b (whose Binding imports 5) and one in team-c (no
+    // Binding imports there).
+    for i in 0..IMPORTED {
+        on_provider("team-a")
+            .create(
+                &PostParams::default(),
+                &provider_widget(&format!("w{i:03}"), i as i64, json!({}), json!({})),
+            )
+            .await
+            .unwrap();
+    }
+    let theirs = provider_widget(
+        "theirs",
+        7,
+        json!({ keys::CONSUMER_CLUSTER_UID_LABEL: "another-cluster", keys::MANAGED_LABEL: "true" }),
+        json!({ keys::CONSUMER_CLUSTER_UID_ANNOTATION: "another-cluster", keys::CONSUMER_OBJECT_UID_ANNOTATION: "another-object" }),
+    );
+    on_provider("team-a")
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    for i in 0..8 {
+        on_provider("team-b")
+            .create(
+                &PostParams::default(),
+                &provider_widget(&format!("b{i}"), i, json!({}), json!({})),
+            )
+            .await
+            .unwrap();
+    }
+    on_provider("team-c")
+        .create(
+            &PostParams::default(),
+            &provider_widget("c0", 1, json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+
+    let bindings = bind_importing(&s.consumer, "team-a", 1000).await;
+    bind_importing(&s.consumer, "team-b", 5).await;
+    // team-c is bound too, without import.
+    bind_in(&s.consumer, "team-c", "widgets", "provider", &[WIDGETS]).await;
+
+    // 100 mirrors, Observed, with the provider's spec and status (its controller's).
+    let mirrors = wait_for("100 observed mirrors in team-a", 90, || async {
+        let all = by_name(&s.consumer, "team-a").await;
+        let observed = all
+            .values()
+            .filter(|w| state(w) == Some("Observed") && w.data["status"]["phase"] == "Ready")
+            .count();
+        Ok((observed == IMPORTED).then_some(all))
+    })
+    .await;
+    assert!(
+        !mirrors.contains_key("theirs"),
+        "another consumer's copy is never imported"
+    );
+    for (name, mirror) in &mirrors {
+        let provider = on_provider("team-a").get(name).await.unwrap();
+        assert_eq!(mirror.data["spec"], provider.data["spec"], "{name}");
+        assert_eq!(
+            mirror
+                .labels()
+                .get(keys::IMPORTED_LABEL)
+                .map(String::as_str),
+            Some("provider"),
+            "{name}"
+        );
+        assert!(mirror.finalizers().is_empty(), "{name}: nothing to release");
+    }
+    let (columns, row) = table(&s.consumer, "team-a", "w000").await;
+    let delivery = columns.iter().position(|c| c == "Delivery").unwrap();
+    assert_eq!(
+        row[delivery], "Observed",
+        "kubectl get shows it: {columns:?} {row:?}"
+    );
+    // team-b: 5 of 8 (the limit), the first by name; the Binding's Event says how many are left.
+    let team_b = wait_for("team-b's 5 mirrors", 60, || async {
+        let all = by_name(&s.consumer, "team-b").await;
+        Ok((all.len() == 5 && all.values().all(|w| state(w) == Some("Observed"))).then_some(all))
+    })
+    .await;
+    assert_eq!(
+        team_b.keys().collect::<Vec<_>>(),
+        ["b0", "b1", "b2", "b3", "b4"]
+    );
+    let events = wait_for("the limit's Event", 30, || async {
+        let events = warning_events(&s.consumer, Some("team-b"), "widgets").await;
+        Ok((!events.is_empty()).then_some(events))
+    })
+    .await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("ImportLimitReached: 3 provider objects")),
+        "{events:?}"
+    );
+    let metrics = s.syncer.metrics().await.unwrap();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "kbind_imported_objects",
+            &[("api", WIDGETS), ("state", "observed")]
+        ),
+        (IMPORTED + 5) as f64
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "kbind_imported_objects",
+            &[("api", WIDGETS), ("state", "over_limit")]
+        ),
+        3.0
+    );
+    assert!(
+        by_name(&s.consumer, "team-c").await.is_empty(),
+        "team-c does not import"
+    );
+    let provider_writes = kbind_widget_writes(s.env.cluster("provider").audited());
+    assert!(
+        provider_writes.is_empty(),
+        "importing wrote to the provider: {provider_writes:?}"
+    );
+
+    // A mirror is read-only: an edit is reverted, with a Warning Event.
+    widgets(&s.consumer, "team-a")
+        .patch(
+            "w010",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "size": 999 } })),
+        )
+        .await
+        .unwrap();
+    wait_for("w010's edit reverted", 30, || async {
+        let w = widgets(&s.consumer, "team-a").get("w010").await.unwrap();
+        Ok((w.data["spec"]["size"] == 10).then_some(()))
+    })
+    .await;
+    let events = warning_events(&s.consumer, Some("team-a"), "w010").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("ImportedObjectReverted")),
+        "{events:?}"
+    );
+    // A provider change is mirrored (spec, and the status its controller writes).
+    on_provider("team-a")
+        .patch(
+            "w020",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "size": 2020 } })),
+        )
+        .await
+        .unwrap();
+    wait_for("w020's provider change mirrored", 30, || async {
+        let w = widgets(&s.consumer, "team-a").get("w020").await.unwrap();
+        Ok(
+            (w.data["spec"]["size"] == 2020 && w.data["status"]["observedSize"] == 2020)
+                .then_some(()),
+        )
+    })
+    .await;
+    assert!(kbind_widget_writes(s.env.cluster("provider").audited()).is_empty());
+
+    // Claiming 3: one provider write each adds kbind's markers; then they sync both ways.
+    let claimed = ["w001", "w002", "w003"];
+    for name in claimed {
+        widgets(&s.consumer, "team-a")
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({ "metadata": { "annotations": { keys::CLAIM_ANNOTATION: "true" } } }),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    for name in claimed {
+        let uid = widgets(&s.consumer, "team-a")
+            .get(name)
+            .await
+            .unwrap()
+            .uid()
+            .unwrap();
+        wait_for(&format!("{name} adopted and Synced"), 30, || async {
+            let copy = on_provider("team-a").get(name).await.unwrap();
+            let consumer = widgets(&s.consumer, "team-a").get(name).await.unwrap();
+            let marked = copy.annotations().get(keys::CONSUMER_OBJECT_UID_ANNOTATION) == Some(&uid);
+            Ok((marked && state(&consumer) == Some("Synced")).then_some(()))
+        })
+        .await;
+    }
+    let writes = kbind_widget_writes(s.env.cluster("provider").audited());
+    let mut written: Vec<String> = writes.iter().map(|(_, object)| object.clone()).collect();
+    written.sort();
+    assert_eq!(
+        written,
+        ["team-a/w001", "team-a/w002", "team-a/w003"],
+        "one provider write per claim: {writes:?}"
+    );
+    resize_and_wait_upstream(
+        &widgets(&s.consumer, "team-a"),
+        &on_provider("team-a"),
+        "w002",
+        222,
+    )
+    .await;
+    wait_for("w002's status back", 30, || async {
+        let w = widgets(&s.consumer, "team-a").get("w002").await.unwrap();
+        Ok((w.data["status"]["observedSize"] == 222).then_some(()))
+    })
+    .await;
+    let metrics = s.syncer.metrics().await.unwrap();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "kbind_imported_objects",
+            &[("api", WIDGETS), ("state", "observed")]
+        ),
+        (IMPORTED - 3 + 5) as f64
+    );
+
+    // Unbinding team-a: the unclaimed mirrors go from the consumer; nothing unclaimed is touched
+    // on the provider.
+    let before: BTreeMap<String, String> = by_name(&s.provider, "team-a")
+        .await
+        .into_iter()
+        .map(|(name, w)| (name, w.resource_version().unwrap()))
+        .collect();
+    bindings
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("team-a's unclaimed mirrors gone", 60, || async {
+        let left: Vec<String> = by_name(&s.consumer, "team-a")
+            .await
+            .into_values()
+            .filter(|w| !claimed.contains(&w.name_any().as_str()))
+            .map(|w| w.name_any())
+            .collect();
+        Ok(left.is_empty().then_some(()))
+    })
+    .await;
+    wait_for("team-a's Binding gone", 60, || async {
+        Ok(bindings
+            .get_opt("widgets")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    let after = by_name(&s.provider, "team-a").await;
+    for (name, version) in &before {
+        if claimed.contains(&name.as_str()) {
+            continue;
+        }
+        assert_eq!(
+            after
+                .get(name)
+                .map(|w| w.resource_version().unwrap())
+                .as_ref(),
+            Some(version),
+            "{name} untouched on the provider"
+        );
+    }
+    let stray: Vec<(String, String)> = kbind_widget_writes(s.env.cluster("provider").audited())
+        .into_iter()
+        .filter(|(_, object)| !claimed.iter().any(|c| object == &format!("team-a/{c}")))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "kbind wrote unclaimed provider objects: {stray:?}"
+    );
+    // team-b still imports.
+    assert_eq!(by_name(&s.consumer, "team-b").await.len(), 5);
+}

@@ -1385,3 +1385,134 @@ async fn chart_namespaced_rbac_syncs_two_team_namespaces_and_reads_no_third() {
         );
     }
 }
+
+#[tokio::test]
+async fn chart_import_rights_come_with_its_value_and_without_them_the_binding_says_so() {
+    // Observe-first import (#54): the chart grants the syncer `create`/`delete` and the schema
+    // manager `delete` on the bound groups only with `observeFirstImport`. Without: an importing
+    // Binding says `ImportForbidden` and nothing is mirrored; with: the mirrors come, and go
+    // with the Binding — both programs running as the chart's ServiceAccounts.
+    let render = |import: bool| {
+        let import = format!("observeFirstImport={import}");
+        template(&[
+            "--set",
+            "boundAPIGroups={example.org}",
+            "--set",
+            "boundAPINamespaces={team-a}",
+            "--set",
+            &import,
+        ])
+    };
+    let (env, consumer, provider, _manager, _syncer, _programs) =
+        run_as_chart("helm_import", &render(false), &["team-a"], &[]).await;
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    let _provider_controller = run_provider_widget_controller(provider.clone());
+    ensure_namespace(&provider, "team-a").await.unwrap();
+    for name in ["p0", "p1", "p2"] {
+        widgets(&provider, "team-a")
+            .create(&PostParams::default(), &widget(name, 1))
+            .await
+            .unwrap();
+    }
+    let kubeconfig = env.cluster("provider").admin_kubeconfig();
+    apply_manifest(&consumer, &chart_one_file(&kubeconfig, &[0, 1]))
+        .await
+        .unwrap();
+    let bindings: Api<Binding> = Api::namespaced(consumer.clone(), "team-a");
+    let mut spec = binding_spec("provider", &["widgets.example.org"]);
+    spec.import = Some(kbind_shared::api::Import { limit: 10 });
+    bindings
+        .create(&PostParams::default(), &Binding::new("widgets", spec))
+        .await
+        .unwrap();
+    wait_binding(&bindings, "widgets", "Ready=True").await;
+    let events = eventually(
+        "the Binding says import is forbidden",
+        Duration::from_secs(45),
+        || async {
+            let events = warning_events(&consumer, Some("team-a"), "widgets").await;
+            Ok(events
+                .iter()
+                .any(|e| e.starts_with("ImportForbidden: kbind may not create"))
+                .then_some(events))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        events.iter().any(|e| e.contains("widgets")),
+        "it names what: {events:?}"
+    );
+    assert!(
+        widgets(&consumer, "team-a")
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+
+    // The value on: the mirrors come (a provider change wakes the import at once).
+    apply_manifest_with(&consumer, &render(true), false)
+        .await
+        .expect("the chart applies");
+    widgets(&provider, "team-a")
+        .patch(
+            "p0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({ "spec": { "size": 2 } })),
+        )
+        .await
+        .unwrap();
+    eventually("3 mirrors", Duration::from_secs(45), || async {
+        let mirrors = widgets(&consumer, "team-a")
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items;
+        let observed = mirrors
+            .iter()
+            .filter(|w| w.data["status"]["kbindSync"]["state"] == "Observed")
+            .count();
+        Ok((observed == 3).then_some(()))
+    })
+    .await
+    .unwrap();
+    // And go with the Binding: the schema manager's deletes.
+    bindings
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the mirrors and the Binding gone",
+        Duration::from_secs(45),
+        || async {
+            let left = widgets(&consumer, "team-a")
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            let binding = bindings
+                .get_opt("widgets")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((left == 0 && binding.is_none()).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let deletes: Vec<_> = env
+        .cluster("consumer")
+        .audited()
+        .into_iter()
+        .filter(|a| {
+            a.resource == "widgets"
+                && a.verb == "delete"
+                && a.user_agent.starts_with("kbind-schema-manager/")
+        })
+        .map(|a| (a.name, a.code))
+        .collect();
+    assert_eq!(deletes.len(), 3, "{deletes:?}");
+    assert!(deletes.iter().all(|(_, code)| *code == 200), "{deletes:?}");
+}

@@ -233,6 +233,26 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
             .any(|e| e.starts_with("ImportedObjectReverted")),
         "{events:?}"
     );
+    // A deleted mirror is made again while the Binding imports its object.
+    let old_uid = widgets(&s.consumer, "team-a")
+        .get("w030")
+        .await
+        .unwrap()
+        .uid();
+    widgets(&s.consumer, "team-a")
+        .delete("w030", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("w030 mirrored again", 30, || async {
+        let again = widgets(&s.consumer, "team-a")
+            .get_opt("w030")
+            .await
+            .unwrap();
+        Ok(again
+            .filter(|w| w.uid() != old_uid && state(w) == Some("Observed"))
+            .map(|_| ()))
+    })
+    .await;
     // A provider change is mirrored (spec, and the status its controller writes).
     on_provider("team-a")
         .patch(
@@ -363,6 +383,28 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
         stray.is_empty(),
         "kbind wrote unclaimed provider objects: {stray:?}"
     );
-    // team-b still imports.
+    // team-b still imports; turning its import off deletes its mirrors (the syncer's doing, the
+    // Binding stays).
     assert_eq!(by_name(&s.consumer, "team-b").await.len(), 5);
+    let team_b: Api<Binding> = Api::namespaced(s.consumer.clone(), "team-b");
+    team_b
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "import": null } })),
+        )
+        .await
+        .unwrap();
+    wait_for("team-b's mirrors gone with its import", 30, || async {
+        Ok(by_name(&s.consumer, "team-b")
+            .await
+            .is_empty()
+            .then_some(()))
+    })
+    .await;
+    let stray = kbind_widget_writes(s.env.cluster("provider").audited())
+        .into_iter()
+        .filter(|(_, object)| object.starts_with("team-b/"))
+        .count();
+    assert_eq!(stray, 0, "nothing of team-b was written on the provider");
 }

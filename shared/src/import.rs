@@ -17,7 +17,8 @@ pub enum Standing {
     /// Imported, then claimed by the user (its claim annotation, or kbind's finalizer once its
     /// sync began): it syncs as any object, and import leaves it alone.
     Claimed,
-    /// Imported by another Connection: that Connection's.
+    /// Imported by another Connection and not claimed: that Connection's mirror, nobody else's
+    /// to write.
     Elsewhere,
 }
 
@@ -31,8 +32,8 @@ pub fn standing(
 ) -> Standing {
     match imported_by {
         None => Standing::NotImported,
-        Some(by) if by != connection => Standing::Elsewhere,
         Some(_) if has_finalizer || claim == Some(keys::TRUE) => Standing::Claimed,
+        Some(by) if by != connection => Standing::Elsewhere,
         Some(_) => Standing::Observed,
     }
 }
@@ -71,7 +72,8 @@ mod tests {
             (Some("p"), Some("false"), false, Observed),
             (Some("p"), Some("true"), false, Claimed),
             (Some("p"), None, true, Claimed),
-            (Some("other"), Some("true"), false, Elsewhere),
+            (Some("other"), None, false, Elsewhere),
+            (Some("other"), Some("true"), false, Claimed),
         ];
         for (label, claim, finalizer, want) in cases {
             assert_eq!(

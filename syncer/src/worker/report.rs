@@ -166,8 +166,11 @@ impl Worker {
     ) -> backlog::Facts<'a> {
         // A mirror of an imported object (#54) waits on nobody: nothing of it is delivered.
         let bound = bound
-            && super::sync::import_standing(self, object)
-                != kbind_shared::import::Standing::Observed
+            && !matches!(
+                super::sync::import_standing(self, object),
+                kbind_shared::import::Standing::Observed
+                    | kbind_shared::import::Standing::Elsewhere
+            )
             && (!routed
                 // A routed API's object waits on its own route only (#36).
                 || matches!(

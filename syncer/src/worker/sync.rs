@@ -163,6 +163,17 @@ struct Inputs {
 }
 
 fn inputs(worker: &Worker, object: &Instance) -> Inputs {
+    // #54: a mirror of an imported provider object is import's alone until the user claims it —
+    // not bound, routed or paused here; a claim adopts the provider object (the one write that
+    // marks it kbind's).
+    let standing = import_standing(worker, object);
+    if matches!(standing, Standing::Observed | Standing::Elsewhere) {
+        return Inputs {
+            gate: None,
+            resolution: None,
+            pause: None,
+        };
+    }
     let gate = gate_of(worker, object);
     // SYNC-14: cluster-scoped instances sync only under a ClusterBinding (the resolver ensures it).
     let resolution = worker
@@ -175,15 +186,12 @@ fn inputs(worker: &Worker, object: &Instance) -> Inputs {
         .filter(|r| r.is_bound())
         // Another route's object is not this worker's to sync.
         .filter(|_| !matches!(gate, Some(routing::Gate::Idle | routing::Gate::Uncovered)));
-    // #54: a mirror of an imported provider object is import's alone until the user claims it;
-    // a claim adopts the provider object — the one write that marks it kbind's.
-    let resolution = match import_standing(worker, object) {
-        Standing::Observed => None,
+    let resolution = match standing {
         Standing::Claimed => resolution.map(|r| kbind_shared::resolve::Resolution {
             conflict_policy: kbind_shared::api::ConflictPolicy::Adopt,
             ..r
         }),
-        Standing::NotImported | Standing::Elsewhere => resolution,
+        _ => resolution,
     };
     let pause = pause_message(object, resolution.as_ref())
         .map(|message| paused_record(worker, object, &message));

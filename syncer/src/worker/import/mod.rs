@@ -204,6 +204,12 @@ struct Importer {
     announced: BTreeMap<(Option<String>, String), usize>,
     /// The last refusal announced (RBAC: the chart's `import` value is off).
     refused: Option<String>,
+    /// Mirrors whose creation failed (their namespace missing on the consumer, RBAC, validation),
+    /// and when: not tried again for [`RETRY_AFTER`] — a provider with many objects kbind cannot
+    /// mirror costs one attempt each per wait, not one per look.
+    failed: HashMap<Key, Instant>,
+    /// When a creation left out for one of those reasons is due: the next look then.
+    due: Option<Instant>,
 }
 
 /// Runs `worker`'s import until the worker stops.
@@ -227,6 +233,8 @@ pub(super) async fn run(worker: Arc<Worker>) {
         written: HashMap::new(),
         announced: BTreeMap::new(),
         refused: None,
+        failed: HashMap::new(),
+        due: None,
     };
     let mut bursts = std::pin::pin!(bindings.ready_chunks(1024));
     let mut last = Instant::now() - LOOK_EVERY;
@@ -238,14 +246,18 @@ pub(super) async fn run(worker: Arc<Worker>) {
             importer.look(&rules, objects).await;
             last = Instant::now();
         }
-        tokio::select! {
-            burst = bursts.next() => match burst {
-                None => return,
-                Some(burst) if !burst.iter().any(|t| t.concerns_api(&api)) => continue,
-                Some(_) => {}
-            },
-            () = worker.import_wake.notified() => {}
-            () = tokio::time::sleep(worker.ctx.resync_interval) => {}
+        // Until something that concerns this API's import happens.
+        loop {
+            tokio::select! {
+                burst = bursts.next() => match burst {
+                    None => return,
+                    Some(burst) if burst.iter().any(|t| t.concerns_api(&api)) => break,
+                    Some(_) => {}
+                },
+                () = worker.import_wake.notified() => break,
+                () = until(importer.due) => break,
+                () = tokio::time::sleep(worker.ctx.resync_interval) => break,
+            }
         }
         tokio::time::sleep(DEBOUNCE.max(LOOK_EVERY.saturating_sub(last.elapsed()))).await;
     }
@@ -324,20 +336,34 @@ impl Importer {
             &offered,
             &present,
         );
+        // A creation waits while its mirror was just made (the cache has not shown it yet) or
+        // after it failed; the next look is when the first of them is due.
         let now = Instant::now();
-        let just_created = |o: usize| {
+        let waits_until = |o: usize| {
             let key = (
                 objects[o].namespace.as_deref().map(str::to_owned),
                 objects[o].name.to_string(),
             );
-            self.written
-                .get(&key)
-                .is_some_and(|(_, at)| now.saturating_duration_since(*at) < CACHE_CATCHES_UP)
+            let created = self.written.get(&key).map(|(_, at)| *at + CACHE_CATCHES_UP);
+            let failed = self.failed.get(&key).map(|at| *at + RETRY_AFTER);
+            created
+                .into_iter()
+                .chain(failed)
+                .filter(|due| *due > now)
+                .max()
         };
-        let writes = plan
-            .writes
-            .iter()
-            .filter(|w| !matches!(w, Write::Create { offered: o } if just_created(*o)));
+        self.due = None;
+        let mut writes = Vec::new();
+        for write in &plan.writes {
+            if let Write::Create { offered: o } = write
+                && let Some(due) = waits_until(*o)
+            {
+                self.due = Some(self.due.map_or(due, |d| d.min(due)));
+                continue;
+            }
+            writes.push(write);
+        }
+        let writes = writes.into_iter();
         let writes = writes.map(|write| match *write {
             Write::Create { offered: o } => {
                 Op::Create(objects[o].clone(), statuses[o].as_ref().map(Json::value))
@@ -365,14 +391,27 @@ impl Importer {
         for (key, left) in done {
             match left {
                 Left::Spec(generation) => {
+                    self.failed.remove(&key);
                     self.written.insert(key, (generation, Instant::now()));
                 }
                 Left::Gone => {
                     self.written.remove(&key);
                 }
+                Left::Refused => {
+                    self.failed.insert(key, Instant::now());
+                }
                 Left::Same => {}
             }
         }
+        // What is known of mirrors that went some other way (a user, an unbind) is forgotten.
+        let present: std::collections::HashSet<Key> =
+            consumer.iter().map(|o| pending::key(o.as_ref())).collect();
+        let now = Instant::now();
+        self.written.retain(|key, (_, at)| {
+            present.contains(key) || now.saturating_duration_since(*at) < CACHE_CATCHES_UP
+        });
+        self.failed
+            .retain(|_, at| now.saturating_duration_since(*at) < RETRY_AFTER);
         self.report(rules, plan.imported, &plan.over_limit).await;
     }
 
@@ -449,6 +488,14 @@ impl Importer {
     }
 }
 
+/// Ready at `due`; never when none.
+async fn until(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The consumer status that mirrors provider object `copy`: its status (none when larger than
 /// `--max-status-bytes`) with the `Observed` record where the CRD has kbind's record.
 fn mirror_status(has_delivery: bool, copy: &ProviderCopy) -> Option<Json> {
@@ -469,6 +516,8 @@ enum Left {
     Spec(Option<i64>),
     /// Nothing new (a status write, a failure: the next look tries again).
     Same,
+    /// Its creation was refused: tried again after [`RETRY_AFTER`].
+    Refused,
     /// It is gone.
     Gone,
 }
@@ -476,6 +525,8 @@ enum Left {
 /// How long a mirror just created may be missing from the consumer cache before it is created
 /// again (someone deleted it).
 const CACHE_CATCHES_UP: Duration = Duration::from_secs(5);
+/// How long a mirror whose creation failed waits before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// One write of a plan, with what it needs.
 enum Op {
@@ -589,13 +640,11 @@ async fn create(
         ..Default::default()
     };
     let api = worker.consumer_api(copy.namespace.as_deref());
-    let Some(created) = counted(
-        worker,
-        "create",
-        &copy.name,
-        api.create(&params, &object).await,
-    ) else {
-        return (key, Left::Same);
+    let result = api.create(&params, &object).await;
+    // Someone made it meanwhile (this look's cache was behind): the next look sees it.
+    let exists = matches!(&result, Err(kube::Error::Api(s)) if s.reason == "AlreadyExists");
+    let Some(created) = counted(worker, "create", &copy.name, result) else {
+        return (key, if exists { Left::Same } else { Left::Refused });
     };
     let generation = created.metadata.generation;
     if spec.has_status_subresource

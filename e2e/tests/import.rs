@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use kbind_e2e::cluster::{Audited, ensure_namespace};
 use kbind_e2e::fixtures::*;
-use kbind_e2e::wait::wait_for;
+use kbind_e2e::wait::{wait_for, wait_gone};
 use kbind_shared::api::{Binding, Import};
 use kbind_shared::keys;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -72,6 +72,27 @@ async fn by_name(client: &kube::Client, namespace: &str) -> BTreeMap<String, Dyn
         .into_iter()
         .map(|w| (w.name_any(), w))
         .collect()
+}
+
+/// `kbind_imported_objects{api="widgets.example.org",state}` as the syncer serves it now.
+async fn imported(syncer: &Program, state: &str) -> f64 {
+    let metrics = syncer.metrics().await.unwrap();
+    metric_sum(
+        &metrics,
+        "kbind_imported_objects",
+        &[("api", WIDGETS), ("state", state)],
+    )
+}
+
+/// Sets `spec.size` of Widget `name` (a merge patch, as a user would).
+async fn set_size(api: &Api<DynamicObject>, name: &str, size: i64) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "size": size } })),
+    )
+    .await
+    .unwrap();
 }
 
 fn state(w: &DynamicObject) -> Option<&str> {
@@ -185,23 +206,8 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
             .any(|e| e.starts_with("ImportLimitReached: 3 provider objects")),
         "{events:?}"
     );
-    let metrics = s.syncer.metrics().await.unwrap();
-    assert_eq!(
-        metric_sum(
-            &metrics,
-            "kbind_imported_objects",
-            &[("api", WIDGETS), ("state", "observed")]
-        ),
-        (IMPORTED + 5) as f64
-    );
-    assert_eq!(
-        metric_sum(
-            &metrics,
-            "kbind_imported_objects",
-            &[("api", WIDGETS), ("state", "over_limit")]
-        ),
-        3.0
-    );
+    assert_eq!(imported(&s.syncer, "observed").await, (IMPORTED + 5) as f64);
+    assert_eq!(imported(&s.syncer, "over_limit").await, 3.0);
     assert!(
         by_name(&s.consumer, "team-c").await.is_empty(),
         "team-c does not import"
@@ -213,14 +219,7 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
     );
 
     // A mirror is read-only: an edit is reverted, with a Warning Event.
-    widgets(&s.consumer, "team-a")
-        .patch(
-            "w010",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "size": 999 } })),
-        )
-        .await
-        .unwrap();
+    set_size(&widgets(&s.consumer, "team-a"), "w010", 999).await;
     wait_for("w010's edit reverted", 30, || async {
         let w = widgets(&s.consumer, "team-a").get("w010").await.unwrap();
         Ok((w.data["spec"]["size"] == 10).then_some(()))
@@ -254,14 +253,7 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
     })
     .await;
     // A provider change is mirrored (spec, and the status its controller writes).
-    on_provider("team-a")
-        .patch(
-            "w020",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "size": 2020 } })),
-        )
-        .await
-        .unwrap();
+    set_size(&on_provider("team-a"), "w020", 2020).await;
     wait_for("w020's provider change mirrored", 30, || async {
         let w = widgets(&s.consumer, "team-a").get("w020").await.unwrap();
         Ok(
@@ -321,13 +313,8 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
         Ok((w.data["status"]["observedSize"] == 222).then_some(()))
     })
     .await;
-    let metrics = s.syncer.metrics().await.unwrap();
     assert_eq!(
-        metric_sum(
-            &metrics,
-            "kbind_imported_objects",
-            &[("api", WIDGETS), ("state", "observed")]
-        ),
+        imported(&s.syncer, "observed").await,
         (IMPORTED - 3 + 5) as f64
     );
 
@@ -352,15 +339,7 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
         Ok(left.is_empty().then_some(()))
     })
     .await;
-    wait_for("team-a's Binding gone", 60, || async {
-        Ok(bindings
-            .get_opt("widgets")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(()))
-    })
-    .await;
+    wait_gone(&bindings, "widgets", "team-a's Binding", 60).await;
     let after = by_name(&s.provider, "team-a").await;
     for (name, version) in &before {
         if claimed.contains(&name.as_str()) {

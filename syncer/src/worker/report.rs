@@ -167,7 +167,7 @@ impl Worker {
         // A mirror of an imported object (#54) waits on nobody: nothing of it is delivered.
         let bound = bound
             && !matches!(
-                super::sync::import_standing(self, object),
+                super::import::standing_of(self, object),
                 kbind_shared::import::Standing::Observed
                     | kbind_shared::import::Standing::Elsewhere
             )

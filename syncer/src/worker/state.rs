@@ -117,7 +117,7 @@ pub(super) struct Worker {
     /// The consumer namespaces read, when read per namespace: only their objects' namespaces are
     /// watched on the provider (an event of a namespace just let go of starts nothing there).
     pub(super) reading: Mutex<std::collections::BTreeSet<String>>,
-    /// Wakes the importer ([`super::import`]): a mirror changed or went on the consumer, or the
+    /// Wakes the importer (`worker/import`): a mirror changed or went on the consumer, or the
     /// provider's unmarked objects did.
     pub(super) import_wake: tokio::sync::Notify,
     /// The last refusal (RBAC) an import write met, for the importer to announce.

@@ -139,19 +139,6 @@ pub(super) fn gate_of(worker: &Worker, object: &Instance) -> Option<routing::Gat
     ))
 }
 
-/// Where `object` stands towards observe-first import ([`super::import`]).
-pub(super) fn import_standing(worker: &Worker, object: &Instance) -> Standing {
-    kbind_shared::import::standing(
-        object.labels.get(keys::IMPORTED_LABEL),
-        object
-            .annotations()
-            .get(keys::CLAIM_ANNOTATION)
-            .map(String::as_str),
-        kbind_shared::finalizers::has(&object.metadata, &worker.spec.finalizer()),
-        &worker.spec.connection,
-    )
-}
-
 /// What the facts of one object's sync are read from besides the object and its copy.
 struct Inputs {
     /// Routing's word on it (#36; `None`: the API has one route).
@@ -166,7 +153,7 @@ fn inputs(worker: &Worker, object: &Instance) -> Inputs {
     // #54: a mirror of an imported provider object is import's alone until the user claims it —
     // not bound, routed or paused here; a claim adopts the provider object (the one write that
     // marks it kbind's).
-    let standing = import_standing(worker, object);
+    let standing = super::import::standing_of(worker, object);
     if matches!(standing, Standing::Observed | Standing::Elsewhere) {
         return Inputs {
             gate: None,
@@ -280,7 +267,7 @@ async fn stranger(worker: &Worker, object: &Instance) -> Result<Option<Arc<Provi
         Known::Stale => spec_up::read_stranger(worker, object).await?,
         // A claimed import (#54): the provider object it mirrored stands there unmarked — read
         // it rather than probe with a create (the claim then costs the provider one write).
-        Known::Nothing if import_standing(worker, object) == Standing::Claimed => {
+        Known::Nothing if super::import::standing_of(worker, object) == Standing::Claimed => {
             spec_up::read_stranger(worker, object).await?
         }
         known => known,
@@ -297,7 +284,7 @@ async fn stranger(worker: &Worker, object: &Instance) -> Result<Option<Arc<Provi
 fn expects_a_copy(worker: &Worker, object: &Instance) -> bool {
     kbind_shared::finalizers::has(&object.metadata, &worker.spec.finalizer())
         // A claimed import: the provider object it mirrored is there, unmarked until adopted.
-        || import_standing(worker, object) == Standing::Claimed
+        || super::import::standing_of(worker, object) == Standing::Claimed
         || matches!(
             object
                 .annotations()

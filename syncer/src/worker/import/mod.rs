@@ -24,9 +24,11 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kbind_shared::cache::{Instance, Json, ProviderCopy};
+use kbind_shared::import::Standing;
 use kbind_shared::namespaced::{Command, Namespaced};
 use kbind_shared::sync::Locked;
 use kbind_shared::{delivery, keys};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PostParams, Preconditions, TypeMeta};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, Store};
@@ -315,7 +317,7 @@ impl Importer {
             .map(|o| Present {
                 namespace: o.metadata.namespace.as_deref(),
                 name: o.metadata.name.as_deref().unwrap_or_default(),
-                standing: super::sync::import_standing(&worker, o),
+                standing: standing_of(&worker, o),
                 deleting: o.metadata.deletion_timestamp.is_some(),
                 spec: o.spec.as_ref(),
                 status: o.status.as_ref(),
@@ -486,6 +488,19 @@ impl Importer {
             tracing::debug!(error = %e, "cannot publish Event");
         }
     }
+}
+
+/// Where `object` stands towards observe-first import .
+pub(in crate::worker) fn standing_of(worker: &Worker, object: &Instance) -> Standing {
+    kbind_shared::import::standing(
+        object.labels.get(keys::IMPORTED_LABEL),
+        object
+            .annotations()
+            .get(keys::CLAIM_ANNOTATION)
+            .map(String::as_str),
+        kbind_shared::finalizers::has(&object.metadata, &worker.spec.finalizer()),
+        &worker.spec.connection,
+    )
 }
 
 /// Ready at `due`; never when none.

@@ -218,6 +218,15 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
         "importing wrote to the provider: {provider_writes:?}"
     );
 
+    // `kubectl kbind diff` says what a mirror is, and that the provider object is unmarked.
+    let kubeconfig = s.env.cluster("consumer").admin_kubeconfig_path();
+    let run = plugin(&kubeconfig, &["diff", "widget/w005", "-n", "team-a"]).await;
+    assert!(
+        run.stdout.contains("imported:     a read-only mirror")
+            && run.stdout.contains("markers say Unmarked")
+            && run.stdout.contains("delivery:     Observed"),
+        "{run}"
+    );
     // A mirror is read-only: an edit is reverted, with a Warning Event.
     set_size(&widgets(&s.consumer, "team-a"), "w010", 999).await;
     wait_for("w010's edit reverted", 30, || async {
@@ -300,6 +309,18 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
         written,
         ["team-a/w001", "team-a/w002", "team-a/w003"],
         "one provider write per claim: {writes:?}"
+    );
+    let run = plugin(
+        &kubeconfig,
+        &["diff", "widget/w001", "-n", "team-a", "-o", "json"],
+    )
+    .await;
+    let report = run.json();
+    assert_eq!(report["consumer"]["imported"], "Claimed", "{report:#}");
+    assert_eq!(report["identical"], true, "{report:#}");
+    assert_eq!(
+        report["provider"]["copy"]["ownership"], "Ours",
+        "{report:#}"
     );
     resize_and_wait_upstream(
         &widgets(&s.consumer, "team-a"),

@@ -66,6 +66,10 @@ pub struct ConsumerSide {
     pub resource_version: String,
     /// Whether its `core.kbind.io/paused` annotation pauses it.
     pub paused: bool,
+    /// A mirror of a provider object observe-first import made (#54): `Observed` (not claimed:
+    /// kbind writes nothing to the provider for it) or `Claimed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub imported: Option<String>,
     pub owners: Vec<FieldOwner>,
 }
 
@@ -547,6 +551,7 @@ pub async fn gather(
             .map_err(|e| view::read_error(&format!("the Events about {described}"), &e))?
             .items;
 
+    let imported = imported(&object.metadata, &connection_name);
     Ok(Report {
         api,
         kind: resource.kind.clone(),
@@ -564,12 +569,23 @@ pub async fn gather(
                 .get(keys::PAUSED_ANNOTATION)
                 .map(String::as_str)
                 == Some(keys::TRUE),
+            imported,
             owners: field_owners(&object.metadata),
         },
         provider,
         last_refusal: last_refusal(record.as_ref(), &events),
         delivery: record,
     })
+}
+
+/// Where an object stands towards observe-first import, as the report says it.
+fn imported(meta: &ObjectMeta, connection: &str) -> Option<String> {
+    use kbind_shared::import::{Standing, standing_of};
+    match standing_of(meta, connection, keys::SYNCER_FINALIZER) {
+        Standing::NotImported => None,
+        Standing::Observed | Standing::Elsewhere => Some("Observed".into()),
+        Standing::Claimed => Some("Claimed".into()),
+    }
 }
 
 /// The report as text: where the object stands, the diff, then the field owners.
@@ -592,6 +608,14 @@ pub fn render(report: &Report) -> String {
         consumer.resource_version,
         if consumer.paused { ", paused" } else { "" },
     ));
+    match consumer.imported.as_deref() {
+        Some("Observed") => out.push_str(&format!(
+            "imported:     a read-only mirror of the provider's object: kbind writes nothing to the provider for it until it is claimed ({}=true); the diff is what the claim would write\n",
+            keys::CLAIM_ANNOTATION
+        )),
+        Some(_) => out.push_str("imported:     claimed: synced as any object\n"),
+        None => {}
+    }
     let provider = &report.provider;
     match (&provider.unread, &provider.copy) {
         (Some(why), _) => out.push_str(&format!("provider:     not read: {}\n", view::line(why, 300))),

@@ -136,6 +136,14 @@ const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\ncurrent-context: c\ncont
 /// A worker of Connection `c` (consumer cluster UID `consumer-uid`) for [`widgets`], on the
 /// fake `consumer` and `provider`, its fence current.
 pub async fn worker(consumer: Client, provider: Client) -> Arc<Worker> {
+    worker_and_caches(consumer, provider).await.0
+}
+
+/// [`worker`], with the writers of its caches (for a test that fills them).
+pub async fn worker_and_caches(
+    consumer: Client,
+    provider: Client,
+) -> (Arc<Worker>, super::state::Writers) {
     let membership = Arc::new(crate::membership::Membership::new(
         consumer.clone(),
         "kbind-system",
@@ -192,7 +200,36 @@ pub async fn worker(consumer: Client, provider: Client) -> Arc<Worker> {
             served_by: "c".into(),
         },
     };
-    Worker::new(Arc::new(ctx), spec, provider).0
+    Worker::new(Arc::new(ctx), spec, provider)
+}
+
+/// A fake consumer whose kbind objects are Connection `c` (access: its defaults) and these
+/// `bindings` (lists answered from them), and whose other answers come from `table`.
+pub fn consumer_with(
+    bindings: Vec<Value>,
+    table: impl Fn(&str, &str) -> Option<(u16, Value)> + Send + Sync + 'static,
+) -> (Client, Requests) {
+    let list = |items: Vec<Value>| json!({ "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": "1" }, "items": items });
+    let connection = json!({ "apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
+        "metadata": { "name": "c", "resourceVersion": "1" },
+        "spec": { "kubeconfigSecretRef": { "namespace": "kbind", "name": "s" } } });
+    server(move |method, path| match (method, path) {
+        ("GET", "/apis/core.kbind.io/v1alpha1/connections") => {
+            Some((200, list(vec![connection.clone()])))
+        }
+        ("GET", "/apis/core.kbind.io/v1alpha1/bindings") => Some((200, list(bindings.clone()))),
+        _ => table(method, path),
+    })
+}
+
+/// A Binding `widgets` in `namespace` of Connection `c`, its status saying it binds Widgets.
+pub fn binding(namespace: &str) -> Value {
+    json!({ "apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding",
+        "metadata": { "name": "widgets", "namespace": namespace, "uid": format!("b-{namespace}"),
+            "resourceVersion": "1", "creationTimestamp": "2026-01-01T00:00:00Z" },
+        "spec": { "connectionRef": { "name": "c" }, "apis": [{ "name": "widgets.example.org" }] },
+        "status": { "apis": [{ "name": "widgets.example.org", "connection": "c", "bound": true,
+            "reason": "AsExpected", "message": "" }] } })
 }
 
 /// A consumer widget `team-a/w` (UID `w-uid`, generation 2, resourceVersion 10) as the cache

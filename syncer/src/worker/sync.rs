@@ -333,3 +333,246 @@ impl Worker {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use kube::runtime::watcher;
+    use serde_json::{Value, json};
+
+    use super::super::fake;
+    use super::super::record::SyncState;
+    use super::super::state::Writers;
+    use super::*;
+    use crate::bindings::Reach;
+
+    /// A worker whose Connection `c` binds Widgets in `team-a` (a Binding there), on a fake
+    /// provider answering from `provider`.
+    async fn bound_in_team_a(
+        provider: impl Fn(&str, &str) -> Option<(u16, Value)> + Send + Sync + 'static,
+    ) -> (Arc<Worker>, Writers, fake::Requests, fake::Requests) {
+        let widget = fake::widget_path("team-a", "w", "");
+        let (consumer, on_consumer) =
+            fake::consumer_with(vec![fake::binding("team-a")], move |method, path| {
+                // Its writes answer with the object as it was.
+                (method == "PATCH" && path.starts_with(&widget)).then(|| {
+                    (
+                        200,
+                        json!({ "apiVersion": "example.org/v1", "kind": "Widget",
+                        "metadata": { "name": "w", "namespace": "team-a", "uid": "w-uid",
+                            "resourceVersion": "11", "generation": 2 } }),
+                    )
+                })
+            });
+        let (provider, on_provider) = fake::server(provider);
+        let (worker, writers) = fake::worker_and_caches(consumer, provider).await;
+        (worker, writers, on_consumer, on_provider)
+    }
+
+    fn known(worker: &Worker, object: &Instance) -> Known {
+        worker
+            .tracked
+            .locked()
+            .known_stranger(&pending::key(object), Instant::now())
+    }
+
+    #[tokio::test]
+    async fn only_a_bound_object_has_work_and_one_that_may_have_a_copy_is_looked_for_first() {
+        let (worker, ..) = bound_in_team_a(|_, _| None).await;
+        let fresh = fake::widget(json!({}), Value::Null);
+        assert!(worker.has_work(&fresh), "bound, no finalizer yet");
+        assert_eq!(
+            known(&worker, &fresh),
+            Known::Nothing,
+            "nothing to look for"
+        );
+        let unbound = fake::widget(json!({ "namespace": "team-b" }), Value::Null);
+        assert!(!worker.has_work(&unbound), "no binding in team-b");
+
+        // A copy may stand under the name, the cache not showing it: the sync reads it first.
+        let holding = fake::bound_widget();
+        worker.has_work(&holding);
+        assert_eq!(
+            known(&worker, &holding),
+            Known::Stale,
+            "it holds the finalizer"
+        );
+        let conflicting = fake::widget(
+            json!({ "name": "f", "annotations": { keys::CONFLICT_ANNOTATION: keys::CONFLICT_FOREIGN } }),
+            Value::Null,
+        );
+        worker.has_work(&conflicting);
+        assert_eq!(
+            known(&worker, &conflicting),
+            Known::Stale,
+            "a recorded foreign object"
+        );
+        let claimed = fake::widget(
+            json!({ "name": "i", "labels": { keys::IMPORTED_LABEL: "c" },
+                "annotations": { keys::CLAIM_ANNOTATION: "true" } }),
+            Value::Null,
+        );
+        worker.has_work(&claimed);
+        assert_eq!(
+            known(&worker, &claimed),
+            Known::Stale,
+            "a claimed import's object"
+        );
+        let held = fake::widget(
+            json!({ "name": "h", "annotations": { keys::CONFLICT_ANNOTATION: "NoRoute" } }),
+            Value::Null,
+        );
+        worker.has_work(&held);
+        assert_eq!(
+            known(&worker, &held),
+            Known::Nothing,
+            "a routing hold has no copy"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_mark_left_on_an_unbound_object_is_work_and_a_mirror_is_never_any() {
+        let (worker, ..) = bound_in_team_a(|_, _| None).await;
+        let record = |state: &str| json!({ "kbindSync": { "state": state } });
+        let held = fake::widget(json!({ "namespace": "team-b" }), record("NoRoute"));
+        assert!(
+            worker.has_work(&held),
+            "a routing hold's record goes once unbound"
+        );
+        let synced = fake::widget(json!({ "namespace": "team-b" }), record("Synced"));
+        assert!(!worker.has_work(&synced), "any other record stays");
+        let mirror = fake::widget(
+            json!({ "labels": { keys::IMPORTED_LABEL: "c" } }),
+            record("Observed"),
+        );
+        assert!(!worker.has_work(&mirror), "a mirror is import's alone");
+    }
+
+    #[tokio::test]
+    async fn an_object_at_rest_stands_synced_and_a_status_that_differs_is_work() {
+        let (worker, ..) = bound_in_team_a(|_, _| None).await;
+        let copy = ProviderCopy::of(
+            serde_json::from_value(json!({
+                "metadata": { "name": "w", "namespace": "team-a",
+                    "labels": { keys::MANAGED_LABEL: "true", keys::CONSUMER_CLUSTER_UID_LABEL: "consumer-uid" },
+                    "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+                        keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" } },
+                "spec": { "size": 3 },
+                "status": { "phase": "Ready" },
+            }))
+            .unwrap(),
+            "consumer-uid",
+        );
+        let holding = fake::bound_widget();
+        let desired = desired_status(
+            &worker.spec,
+            &holding,
+            Some(json!({ "phase": "Ready" })),
+            None,
+        )
+        .unwrap();
+        let at_rest = fake::widget(
+            json!({ "finalizers": [keys::SYNCER_FINALIZER] }),
+            desired.clone(),
+        );
+        assert_eq!(
+            super::at_rest(&worker, &at_rest, Some(&copy)),
+            Rest::Stands(SyncState::Synced)
+        );
+        let mut behind = desired;
+        behind["phase"] = json!("Pending");
+        let behind = fake::widget(json!({ "finalizers": [keys::SYNCER_FINALIZER] }), behind);
+        assert_eq!(super::at_rest(&worker, &behind, Some(&copy)), Rest::Work);
+    }
+
+    #[tokio::test]
+    async fn with_work_is_the_objects_within_reach_that_have_work() {
+        let (worker, mut writers, ..) = bound_in_team_a(|_, _| None).await;
+        let a = fake::widget(json!({}), Value::Null);
+        let b = fake::widget(
+            json!({ "namespace": "team-b", "name": "x", "uid": "x-uid" }),
+            Value::Null,
+        );
+        for object in [a, b] {
+            writers
+                .consumer
+                .apply_watcher_event(&watcher::Event::Apply(object));
+        }
+        let names = |reach: Reach| -> Vec<String> {
+            worker
+                .with_work(&reach)
+                .iter()
+                .map(|o| o.name_any())
+                .collect()
+        };
+        assert_eq!(names(Reach::All), ["w"]);
+        assert!(names(Reach::Nothing).is_empty());
+        assert_eq!(names(Reach::Namespaces(["team-a".into()].into())), ["w"]);
+        assert!(
+            names(Reach::Namespaces(["team-b".into()].into())).is_empty(),
+            "within reach, but nothing to do"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claim_reads_the_unmarked_provider_object_then_adopts_it_in_one_apply() {
+        let widget = fake::widget_path("team-a", "w", "");
+        let (worker, _writers, _, on_provider) = bound_in_team_a(move |method, path| {
+            let object = |annotations: Value| {
+                json!({ "apiVersion": "example.org/v1", "kind": "Widget",
+                    "metadata": { "name": "w", "namespace": "team-a", "uid": "p-uid",
+                        "resourceVersion": "5", "annotations": annotations },
+                    "spec": { "size": 3 } })
+            };
+            match (method, path) {
+                ("GET", p) if p == widget => Some((200, object(json!({})))),
+                ("PATCH", p) if p == widget => Some((
+                    200,
+                    object(
+                        json!({ keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+                        keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" }),
+                    ),
+                )),
+                ("GET", "/api/v1/namespaces/team-a") => {
+                    Some((200, json!({ "metadata": { "name": "team-a" } })))
+                }
+                _ => None,
+            }
+        })
+        .await;
+        // Claimed, its finalizer on: the next step is the spec-up.
+        let claimed = fake::widget(
+            json!({ "labels": { keys::IMPORTED_LABEL: "c" },
+                "annotations": { keys::CLAIM_ANNOTATION: "true" },
+                "finalizers": [keys::SYNCER_FINALIZER] }),
+            Value::Null,
+        );
+        super::sync(Arc::new(claimed), worker.clone(), Seen::default())
+            .await
+            .unwrap();
+        let asked: Vec<(String, String, Value)> = fake::calls(&on_provider)
+            .into_iter()
+            .filter(|c| c.path == fake::widget_path("team-a", "w", ""))
+            .map(|c| {
+                (
+                    c.method,
+                    c.query,
+                    c.body["metadata"]["resourceVersion"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(asked.len(), 2, "{asked:?}");
+        assert_eq!(
+            asked[0].0, "GET",
+            "read first, not probed with a create: {asked:?}"
+        );
+        assert_eq!(asked[1].0, "PATCH", "{asked:?}");
+        assert!(asked[1].1.contains("force=true"), "{asked:?}");
+        assert_eq!(
+            asked[1].2,
+            Value::Null,
+            "an apply over it, not a create-only: {asked:?}"
+        );
+    }
+}

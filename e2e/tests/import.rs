@@ -212,6 +212,11 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
         by_name(&s.consumer, "team-c").await.is_empty(),
         "team-c does not import"
     );
+    // At rest, import writes nothing on the consumer either.
+    let consumer_writes = || kbind_widget_writes(s.env.cluster("consumer").audited()).len();
+    let settled = consumer_writes();
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(consumer_writes(), settled, "writes at rest");
     let provider_writes = kbind_widget_writes(s.env.cluster("provider").audited());
     assert!(
         provider_writes.is_empty(),

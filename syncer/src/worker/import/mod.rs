@@ -212,6 +212,11 @@ struct Importer {
     failed: HashMap<Key, Instant>,
     /// When a creation left out for one of those reasons is due: the next look then.
     due: Option<Instant>,
+    /// What import last wrote to each mirror (a digest of the spec and status it wanted) and the
+    /// resourceVersion its write left: a mirror still showing that version was changed by nobody
+    /// since, so a difference that remains is the consumer's API server's doing (a schema that
+    /// prunes or defaults differently) — written once, not again at every look.
+    settled: HashMap<Key, (u64, String)>,
 }
 
 /// Runs `worker`'s import until the worker stops.
@@ -237,6 +242,7 @@ pub(super) async fn run(worker: Arc<Worker>) {
         refused: None,
         failed: HashMap::new(),
         due: None,
+        settled: HashMap::new(),
     };
     let mut bursts = std::pin::pin!(bindings.ready_chunks(1024));
     let mut last = Instant::now() - LOOK_EVERY;
@@ -355,21 +361,48 @@ impl Importer {
                 .max()
         };
         self.due = None;
+        let digests: Vec<u64> = objects
+            .iter()
+            .zip(&statuses)
+            .map(|(c, status)| digest(c.spec.as_ref(), status.as_ref()))
+            .collect();
+        let settled = |p: usize, o: usize| {
+            let mirror = &consumer[p];
+            self.settled
+                .get(&pending::key(mirror.as_ref()))
+                .is_some_and(|(wanted, version)| {
+                    *wanted == digests[o]
+                        && mirror.metadata.resource_version.as_deref() == Some(version.as_str())
+                })
+        };
         let mut writes = Vec::new();
         for write in &plan.writes {
-            if let Write::Create { offered: o } = write
-                && let Some(due) = waits_until(*o)
-            {
-                self.due = Some(self.due.map_or(due, |d| d.min(due)));
-                continue;
+            match *write {
+                Write::Create { offered: o } => {
+                    if let Some(due) = waits_until(o) {
+                        self.due = Some(self.due.map_or(due, |d| d.min(due)));
+                        continue;
+                    }
+                }
+                Write::Mirror {
+                    present: p,
+                    offered: o,
+                    ..
+                } if settled(p, o) => {
+                    tracing::debug!(api = %spec.api, object = %consumer[p].name_any(), "import: the consumer keeps the mirror other than written; not written again");
+                    continue;
+                }
+                _ => {}
             }
             writes.push(write);
         }
         let writes = writes.into_iter();
         let writes = writes.map(|write| match *write {
-            Write::Create { offered: o } => {
-                Op::Create(objects[o].clone(), statuses[o].as_ref().map(Json::value))
-            }
+            Write::Create { offered: o } => Op::Create(
+                objects[o].clone(),
+                statuses[o].as_ref().map(Json::value),
+                digests[o],
+            ),
             Write::Mirror {
                 present: p,
                 offered: o,
@@ -381,16 +414,20 @@ impl Importer {
                 spec: spec.then(|| objects[o].spec.as_ref().map(Json::value)),
                 status: status.then(|| statuses[o].as_ref().map(Json::value)),
                 revert,
+                digest: digests[o],
             },
             Write::Delete { present: p } => Op::Delete(consumer[p].clone()),
         });
         let writes: Vec<Op> = writes.collect();
-        let done: Vec<(Key, Left)> = futures::stream::iter(writes)
+        let done: Vec<(Key, Left, Option<(u64, String)>)> = futures::stream::iter(writes)
             .map(|op| op.run(&worker))
             .buffer_unordered(CONCURRENT_WRITES)
             .collect()
             .await;
-        for (key, left) in done {
+        for (key, left, settled) in done {
+            if let Some(settled) = settled {
+                self.settled.insert(key.clone(), settled);
+            }
             match left {
                 Left::Spec(generation) => {
                     self.failed.remove(&key);
@@ -398,6 +435,7 @@ impl Importer {
                 }
                 Left::Gone => {
                     self.written.remove(&key);
+                    self.settled.remove(&key);
                 }
                 Left::Refused => {
                     self.failed.insert(key, Instant::now());
@@ -414,6 +452,7 @@ impl Importer {
         });
         self.failed
             .retain(|_, at| now.saturating_duration_since(*at) < RETRY_AFTER);
+        self.settled.retain(|key, _| present.contains(key));
         self.report(rules, plan.imported, &plan.over_limit).await;
     }
 
@@ -511,6 +550,15 @@ async fn until(due: Option<Instant>) {
     }
 }
 
+/// A digest of what a mirror should hold: its spec and status texts.
+fn digest(spec: Option<&Json>, status: Option<&Json>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    spec.map(Json::as_str).hash(&mut hasher);
+    status.map(Json::as_str).hash(&mut hasher);
+    hasher.finish()
+}
+
 /// The consumer status that mirrors provider object `copy`: its status (none when larger than
 /// `--max-status-bytes`) with the `Observed` record where the CRD has kbind's record.
 fn mirror_status(has_delivery: bool, copy: &ProviderCopy) -> Option<Json> {
@@ -545,37 +593,46 @@ const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// One write of a plan, with what it needs.
 enum Op {
-    /// Create the mirror of a provider object, with its status.
-    Create(Arc<ProviderCopy>, Option<serde_json::Value>),
+    /// Create the mirror of a provider object, with its status (and the digest of both).
+    Create(Arc<ProviderCopy>, Option<serde_json::Value>, u64),
     /// Bring a mirror back to its provider object: the spec and the status to write, if any.
     Mirror {
         object: Arc<Instance>,
         spec: Option<Option<serde_json::Value>>,
         status: Option<Option<serde_json::Value>>,
         revert: bool,
+        digest: u64,
     },
     /// Delete a mirror, if it is still the one read (UID and resourceVersion).
     Delete(Arc<Instance>),
 }
 
 impl Op {
-    /// Makes the write; returns the object's key and what it left.
-    async fn run(self, worker: &Worker) -> (Key, Left) {
+    /// Makes the write; returns the object's key, what it left, and — when every request
+    /// succeeded — the digest it wrote with the resourceVersion that left.
+    async fn run(self, worker: &Worker) -> (Key, Left, Option<(u64, String)>) {
         match self {
-            Op::Create(copy, status) => create(worker, &copy, status).await,
+            Op::Create(copy, status, digest) => {
+                let (key, left, version) = create(worker, &copy, status).await;
+                (key, left, version.map(|v| (digest, v)))
+            }
             Op::Mirror {
                 object,
                 spec,
                 status,
                 revert,
-            } => mirror(worker, &object, spec, status, revert).await,
+                digest,
+            } => {
+                let (key, left, version) = mirror(worker, &object, spec, status, revert).await;
+                (key, left, version.map(|v| (digest, v)))
+            }
             Op::Delete(object) => {
                 let left = if delete(worker, &object).await {
                     Left::Gone
                 } else {
                     Left::Same
                 };
-                (pending::key(object.as_ref()), left)
+                (pending::key(object.as_ref()), left, None)
             }
         }
     }
@@ -609,11 +666,11 @@ fn counted<T>(
     }
 }
 
-async fn create(
-    worker: &Worker,
-    copy: &ProviderCopy,
-    status: Option<serde_json::Value>,
-) -> (Key, Left) {
+/// What a creation or a mirror's update leaves: the object's key, what is known of it, and the
+/// resourceVersion its last write left when every request succeeded.
+type Wrote = (Key, Left, Option<String>);
+
+async fn create(worker: &Worker, copy: &ProviderCopy, status: Option<serde_json::Value>) -> Wrote {
     let key = (
         copy.namespace.as_deref().map(str::to_owned),
         copy.name.to_string(),
@@ -640,7 +697,7 @@ async fn create(
         Ok(object) => object,
         Err(e) => {
             tracing::warn!(api = %spec.api, error = %e, "import: cannot build the mirror");
-            return (key, Left::Same);
+            return (key, Left::Same, None);
         }
     };
     object.types = Some(TypeMeta {
@@ -648,7 +705,7 @@ async fn create(
         kind: spec.resource.kind.clone(),
     });
     if worker.fence().is_err() {
-        return (key, Left::Same);
+        return (key, Left::Same, None);
     }
     let params = PostParams {
         field_manager: Some(keys::FIELD_MANAGER.into()),
@@ -659,22 +716,25 @@ async fn create(
     // Someone made it meanwhile (this look's cache was behind): the next look sees it.
     let exists = matches!(&result, Err(kube::Error::Api(s)) if s.reason == "AlreadyExists");
     let Some(created) = counted(worker, "create", &copy.name, result) else {
-        return (key, if exists { Left::Same } else { Left::Refused });
+        let left = if exists { Left::Same } else { Left::Refused };
+        return (key, left, None);
     };
-    let generation = created.metadata.generation;
+    let left = Left::Spec(created.metadata.generation);
+    let mut version = created.metadata.resource_version;
     if spec.has_status_subresource
         && let Some(status) = status
     {
         let patch = json!({
-            "metadata": { "resourceVersion": created.metadata.resource_version },
+            "metadata": { "resourceVersion": version },
             "status": status,
         });
         let written = api
             .patch_status(&copy.name, &consumer_patch(), &Patch::Merge(&patch))
             .await;
-        counted(worker, "status", &copy.name, written);
+        version = counted(worker, "status", &copy.name, written)
+            .and_then(|w| w.metadata.resource_version);
     }
-    (key, Left::Spec(generation))
+    (key, left, version)
 }
 
 async fn mirror(
@@ -683,26 +743,26 @@ async fn mirror(
     spec: Option<Option<serde_json::Value>>,
     status: Option<Option<serde_json::Value>>,
     revert: bool,
-) -> (Key, Left) {
+) -> Wrote {
     let key = pending::key(object);
     let name = object.metadata.name.as_deref().unwrap_or_default();
     let api = worker.consumer_api(object.metadata.namespace.as_deref());
-    let mut resource_version = object.metadata.resource_version.clone();
+    let mut version = object.metadata.resource_version.clone();
     let mut left = Left::Same;
     if let Some(desired) = spec {
         let current = object.spec.as_ref().map(Json::value).unwrap_or(json!({}));
         let diff = kbind_shared::ownership::merge_patch(&current, &desired.unwrap_or(json!({})));
-        let patch = json!({ "metadata": { "resourceVersion": resource_version }, "spec": diff });
+        let patch = json!({ "metadata": { "resourceVersion": version }, "spec": diff });
         if worker.fence().is_err() {
-            return (key, Left::Same);
+            return (key, left, None);
         }
         let written = api
             .patch(name, &consumer_patch(), &Patch::Merge(&patch))
             .await;
         let Some(written) = counted(worker, "spec", name, written) else {
-            return (key, Left::Same);
+            return (key, left, None);
         };
-        resource_version = written.metadata.resource_version;
+        version = written.metadata.resource_version;
         left = Left::Spec(written.metadata.generation);
         if revert {
             worker
@@ -724,16 +784,17 @@ async fn mirror(
         let desired = desired.unwrap_or(json!({}));
         let mut diff = kbind_shared::ownership::merge_patch(&current, &desired);
         delivery::set_record_whole(&mut diff, delivery::record_of(Some(&desired)));
-        let patch = json!({ "metadata": { "resourceVersion": resource_version }, "status": diff });
+        let patch = json!({ "metadata": { "resourceVersion": version }, "status": diff });
         if worker.fence().is_err() {
-            return (key, left);
+            return (key, left, None);
         }
         let written = api
             .patch_status(name, &consumer_patch(), &Patch::Merge(&patch))
             .await;
-        counted(worker, "status", name, written);
+        version =
+            counted(worker, "status", name, written).and_then(|w| w.metadata.resource_version);
     }
-    (key, left)
+    (key, left, version)
 }
 
 /// Whether the mirror is gone.

@@ -515,32 +515,70 @@ mod tests {
         );
     }
 
+    /// A fake provider answering for `team-a/w`: a GET with an unmarked object, an apply with
+    /// the object marked as this consumer's.
+    fn provider_of_w(method: &str, path: &str) -> Option<(u16, Value)> {
+        let widget = fake::widget_path("team-a", "w", "");
+        let object = |annotations: Value| {
+            json!({ "apiVersion": "example.org/v1", "kind": "Widget",
+                "metadata": { "name": "w", "namespace": "team-a", "uid": "p-uid",
+                    "resourceVersion": "5", "annotations": annotations },
+                "spec": { "size": 3 } })
+        };
+        match (method, path) {
+            ("GET", p) if p == widget => Some((200, object(json!({})))),
+            ("PATCH", p) if p == widget => Some((
+                200,
+                object(
+                    json!({ keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+                    keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" }),
+                ),
+            )),
+            ("GET", "/api/v1/namespaces/team-a") => {
+                Some((200, json!({ "metadata": { "name": "team-a" } })))
+            }
+            _ => None,
+        }
+    }
+
+    /// The provider requests about `team-a/w`: method, query, and the body's resourceVersion.
+    fn asked_about_w(on_provider: &fake::Requests) -> Vec<(String, String, Value)> {
+        fake::calls(on_provider)
+            .into_iter()
+            .filter(|c| c.path == fake::widget_path("team-a", "w", ""))
+            .map(|c| {
+                (
+                    c.method,
+                    c.query,
+                    c.body["metadata"]["resourceVersion"].clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_object_no_cached_copy_stands_for_is_created_only_not_read_first() {
+        let (worker, _writers, _, on_provider) = bound_in_team_a(provider_of_w).await;
+        super::sync(
+            Arc::new(fake::bound_widget()),
+            worker.clone(),
+            Seen::default(),
+        )
+        .await
+        .unwrap();
+        let asked = asked_about_w(&on_provider);
+        assert_eq!(asked.len(), 1, "{asked:?}");
+        assert_eq!(asked[0].0, "PATCH", "{asked:?}");
+        assert_eq!(
+            asked[0].2,
+            kbind_shared::apply::CREATE_ONLY_RESOURCE_VERSION,
+            "{asked:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_claim_reads_the_unmarked_provider_object_then_adopts_it_in_one_apply() {
-        let widget = fake::widget_path("team-a", "w", "");
-        let (worker, _writers, _, on_provider) = bound_in_team_a(move |method, path| {
-            let object = |annotations: Value| {
-                json!({ "apiVersion": "example.org/v1", "kind": "Widget",
-                    "metadata": { "name": "w", "namespace": "team-a", "uid": "p-uid",
-                        "resourceVersion": "5", "annotations": annotations },
-                    "spec": { "size": 3 } })
-            };
-            match (method, path) {
-                ("GET", p) if p == widget => Some((200, object(json!({})))),
-                ("PATCH", p) if p == widget => Some((
-                    200,
-                    object(
-                        json!({ keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
-                        keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" }),
-                    ),
-                )),
-                ("GET", "/api/v1/namespaces/team-a") => {
-                    Some((200, json!({ "metadata": { "name": "team-a" } })))
-                }
-                _ => None,
-            }
-        })
-        .await;
+        let (worker, _writers, _, on_provider) = bound_in_team_a(provider_of_w).await;
         // Claimed, its finalizer on: the next step is the spec-up.
         let claimed = fake::widget(
             json!({ "labels": { keys::IMPORTED_LABEL: "c" },
@@ -551,17 +589,7 @@ mod tests {
         super::sync(Arc::new(claimed), worker.clone(), Seen::default())
             .await
             .unwrap();
-        let asked: Vec<(String, String, Value)> = fake::calls(&on_provider)
-            .into_iter()
-            .filter(|c| c.path == fake::widget_path("team-a", "w", ""))
-            .map(|c| {
-                (
-                    c.method,
-                    c.query,
-                    c.body["metadata"]["resourceVersion"].clone(),
-                )
-            })
-            .collect();
+        let asked = asked_about_w(&on_provider);
         assert_eq!(asked.len(), 2, "{asked:?}");
         assert_eq!(
             asked[0].0, "GET",

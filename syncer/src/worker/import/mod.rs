@@ -207,7 +207,7 @@ struct Importer {
     /// The last refusal announced (RBAC: the chart's `import` value is off).
     refused: Option<String>,
     /// Mirrors whose creation failed (their namespace missing on the consumer, RBAC, validation),
-    /// and when: not tried again for [`RETRY_AFTER`] — a provider with many objects kbind cannot
+    /// and when: not tried again for [`plan::RETRY_AFTER`] — a provider with many objects kbind cannot
     /// mirror costs one attempt each per wait, not one per look.
     failed: HashMap<Key, Instant>,
     /// When a creation left out for one of those reasons is due: the next look then.
@@ -352,13 +352,11 @@ impl Importer {
                 objects[o].namespace.as_deref().map(str::to_owned),
                 objects[o].name.to_string(),
             );
-            let created = self.written.get(&key).map(|(_, at)| *at + CACHE_CATCHES_UP);
-            let failed = self.failed.get(&key).map(|at| *at + RETRY_AFTER);
-            created
-                .into_iter()
-                .chain(failed)
-                .filter(|due| *due > now)
-                .max()
+            plan::creation_due(
+                now,
+                self.written.get(&key).map(|(_, at)| *at),
+                self.failed.get(&key).copied(),
+            )
         };
         self.due = None;
         let digests: Vec<u64> = objects
@@ -368,12 +366,11 @@ impl Importer {
             .collect();
         let settled = |p: usize, o: usize| {
             let mirror = &consumer[p];
-            self.settled
-                .get(&pending::key(mirror.as_ref()))
-                .is_some_and(|(wanted, version)| {
-                    *wanted == digests[o]
-                        && mirror.metadata.resource_version.as_deref() == Some(version.as_str())
-                })
+            plan::written_so(
+                self.settled.get(&pending::key(mirror.as_ref())),
+                digests[o],
+                mirror.metadata.resource_version.as_deref(),
+            )
         };
         let mut writes = Vec::new();
         for write in &plan.writes {
@@ -448,10 +445,10 @@ impl Importer {
             consumer.iter().map(|o| pending::key(o.as_ref())).collect();
         let now = Instant::now();
         self.written.retain(|key, (_, at)| {
-            present.contains(key) || now.saturating_duration_since(*at) < CACHE_CATCHES_UP
+            present.contains(key) || plan::creation_due(now, Some(*at), None).is_some()
         });
         self.failed
-            .retain(|_, at| now.saturating_duration_since(*at) < RETRY_AFTER);
+            .retain(|_, at| plan::creation_due(now, None, Some(*at)).is_some());
         self.settled.retain(|key, _| present.contains(key));
         self.report(rules, plan.imported, &plan.over_limit).await;
     }
@@ -579,17 +576,11 @@ enum Left {
     Spec(Option<i64>),
     /// Nothing new (a status write, a failure: the next look tries again).
     Same,
-    /// Its creation was refused: tried again after [`RETRY_AFTER`].
+    /// Its creation was refused: tried again after [`plan::RETRY_AFTER`].
     Refused,
     /// It is gone.
     Gone,
 }
-
-/// How long a mirror just created may be missing from the consumer cache before it is created
-/// again (someone deleted it).
-const CACHE_CATCHES_UP: Duration = Duration::from_secs(5);
-/// How long a mirror whose creation failed waits before it is tried again.
-const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// One write of a plan, with what it needs.
 enum Op {

@@ -2,6 +2,8 @@
 //! objects no consumer has marked, in the scope of the bindings that import, and the consumer
 //! objects that stand under their names. Pure; table-tested.
 
+use std::time::{Duration, Instant};
+
 use kbind_shared::cache::Json;
 
 use crate::bindings::ImportRule;
@@ -181,6 +183,35 @@ pub fn plan(
     plan
 }
 
+/// How long a mirror just created may be missing from the consumer cache before it is created
+/// again (someone deleted it).
+pub const CACHE_CATCHES_UP: Duration = Duration::from_secs(5);
+/// How long a mirror whose creation failed waits before it is tried again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// When a mirror created at `created` (its cache not showing it yet), or whose creation failed at
+/// `failed`, may be created (again): `None` — now.
+pub fn creation_due(
+    now: Instant,
+    created: Option<Instant>,
+    failed: Option<Instant>,
+) -> Option<Instant> {
+    let created = created.map(|at| at + CACHE_CATCHES_UP);
+    let failed = failed.map(|at| at + RETRY_AFTER);
+    created
+        .into_iter()
+        .chain(failed)
+        .filter(|due| *due > now)
+        .max()
+}
+
+/// Whether a mirror still holds exactly what import last wrote to it: the same wanted contents
+/// (`wanted`, a digest) and the resourceVersion import's write left (`version`, the cache's) —
+/// nobody changed it since, so a difference that remains is the consumer API server's doing.
+pub fn written_so(last: Option<&(u64, String)>, wanted: u64, version: Option<&str>) -> bool {
+    last.is_some_and(|(digest, left)| *digest == wanted && version == Some(left.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +378,51 @@ mod tests {
             }]
         );
         assert_eq!(plan.imported, 2);
+    }
+
+    #[test]
+    fn a_creation_waits_for_the_cache_after_one_and_longer_after_a_failure() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(creation_due(t, None, None), None, "never tried: now");
+        assert_eq!(creation_due(t + s(1), Some(t), None), Some(t + s(5)));
+        assert_eq!(
+            creation_due(t + s(5), Some(t), None),
+            None,
+            "the wait is over"
+        );
+        assert_eq!(creation_due(t + s(6), Some(t), None), None);
+        assert_eq!(creation_due(t + s(29), None, Some(t)), Some(t + s(30)));
+        assert_eq!(creation_due(t + s(30), None, Some(t)), None);
+        assert_eq!(
+            creation_due(t + s(1), Some(t), Some(t)),
+            Some(t + s(30)),
+            "the later of both"
+        );
+        assert_eq!(
+            creation_due(t + s(10), Some(t + s(8)), Some(t)),
+            Some(t + s(30))
+        );
+        assert_eq!(
+            creation_due(t + s(31), Some(t + s(30)), Some(t)),
+            Some(t + s(35))
+        );
+    }
+
+    #[test]
+    fn a_mirror_holds_what_was_written_only_with_the_same_contents_and_version() {
+        let last = (7, "12".to_owned());
+        assert!(written_so(Some(&last), 7, Some("12")));
+        assert!(
+            !written_so(Some(&last), 8, Some("12")),
+            "the provider changed"
+        );
+        assert!(
+            !written_so(Some(&last), 7, Some("13")),
+            "someone changed the mirror"
+        );
+        assert!(!written_so(Some(&last), 7, None));
+        assert!(!written_so(None, 7, Some("12")), "never written");
     }
 
     #[test]

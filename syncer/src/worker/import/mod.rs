@@ -416,7 +416,7 @@ impl Importer {
             Write::Delete { present: p } => Op::Delete(consumer[p].clone()),
         });
         let writes: Vec<Op> = writes.collect();
-        let done: Vec<(Key, Left, Option<(u64, String)>)> = futures::stream::iter(writes)
+        let done: Vec<Done> = futures::stream::iter(writes)
             .map(|op| op.run(&worker))
             .buffer_unordered(CONCURRENT_WRITES)
             .collect()
@@ -570,6 +570,10 @@ fn mirror_status(has_delivery: bool, copy: &ProviderCopy) -> Option<Json> {
     }
 }
 
+/// A write done: the object's key, what it left, and — when every request succeeded — the digest
+/// it wrote with the resourceVersion that left.
+type Done = (Key, Left, Option<(u64, String)>);
+
 /// What a write leaves for the next look to know of the object.
 enum Left {
     /// Import wrote its spec: the generation that left.
@@ -601,7 +605,7 @@ enum Op {
 impl Op {
     /// Makes the write; returns the object's key, what it left, and — when every request
     /// succeeded — the digest it wrote with the resourceVersion that left.
-    async fn run(self, worker: &Worker) -> (Key, Left, Option<(u64, String)>) {
+    async fn run(self, worker: &Worker) -> Done {
         match self {
             Op::Create(copy, status, digest) => {
                 let (key, left, version) = create(worker, &copy, status).await;

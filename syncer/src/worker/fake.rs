@@ -144,6 +144,15 @@ pub async fn worker_and_caches(
     consumer: Client,
     provider: Client,
 ) -> (Arc<Worker>, super::state::Writers) {
+    worker_with(consumer, provider, |_| {}).await
+}
+
+/// [`worker_and_caches`] with its spec changed by `edit` (e.g. a CRD without kbind's record).
+pub async fn worker_with(
+    consumer: Client,
+    provider: Client,
+    edit: impl FnOnce(&mut WorkerSpec),
+) -> (Arc<Worker>, super::state::Writers) {
     let membership = Arc::new(crate::membership::Membership::new(
         consumer.clone(),
         "kbind-system",
@@ -200,6 +209,8 @@ pub async fn worker_and_caches(
             served_by: "c".into(),
         },
     };
+    let mut spec = spec;
+    edit(&mut spec);
     Worker::new(Arc::new(ctx), spec, provider)
 }
 

@@ -215,6 +215,39 @@ pub(in crate::worker) fn pause_message(
 
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn a_pause_or_a_refusal_is_recorded_only_where_the_crd_keeps_a_record() {
+        use serde_json::json;
+        let object = fake::widget(json!({}), json!({ "phase": "Ready" }));
+        for (delivery, subresource, kept) in [
+            (true, true, true),
+            (false, true, false),
+            (true, false, false),
+            (false, false, false),
+        ] {
+            let (consumer, on_consumer) = fake::server(|_, _| None);
+            let (provider, _) = fake::server(|_, _| None);
+            let (worker, _) = fake::worker_with(consumer, provider, |spec| {
+                spec.has_delivery = delivery;
+                spec.has_status_subresource = subresource;
+            })
+            .await;
+            let record = super::paused_record(&worker, &object, "paused by its annotation");
+            assert_eq!(
+                record.is_some(),
+                kept,
+                "{delivery} {subresource}: {record:?}"
+            );
+            // A refusal: one status write where a record is kept (the fake answers it 404).
+            let _ = super::record_refusal(&worker, &object, "Rejected", "no").await;
+            let writes = fake::calls(&on_consumer)
+                .into_iter()
+                .filter(|c| c.method == "PATCH")
+                .count();
+            assert_eq!(writes, usize::from(kept), "{delivery} {subresource}");
+        }
+    }
+
     #[test]
     fn only_routings_record_goes_with_its_mark() {
         use serde_json::json;

@@ -204,6 +204,31 @@ mod tests {
         assert_eq!(super::bounded(None, 0), Ok(None));
     }
 
+    #[tokio::test]
+    async fn without_a_status_subresource_nothing_is_written_and_one_warning_said() {
+        let (consumer, on_consumer) = fake::server(|_, _| None);
+        let (provider, _) = fake::server(|_, _| None);
+        let (worker, _) = fake::worker_with(consumer, provider, |spec| {
+            spec.has_status_subresource = false;
+        })
+        .await;
+        let object = fake::bound_widget();
+        for _ in 0..3 {
+            super::status_down(&worker, &object, json!({ "phase": "Ready" }), "status_down")
+                .await
+                .unwrap();
+            // Said at the first, and never again.
+            let calls = fake::calls(&on_consumer);
+            assert!(calls.iter().all(|c| c.method != "PATCH"), "{calls:?}");
+            let warnings: Vec<_> = calls
+                .iter()
+                .filter(|c| c.path.contains("/events"))
+                .map(|c| c.body["reason"].clone())
+                .collect();
+            assert_eq!(warnings, [json!("NoStatusSubresource")], "once: {calls:?}");
+        }
+    }
+
     use super::super::super::fake;
     use super::super::super::pending::{self, Seen};
     use super::Delivered;

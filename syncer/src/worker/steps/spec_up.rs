@@ -454,4 +454,80 @@ mod tests {
             events[0]
         );
     }
+
+    #[tokio::test]
+    async fn an_apply_answered_not_found_forgets_the_namespace_and_a_conflict_is_no_create() {
+        let widget = fake::widget_path("team-a", "w", "");
+        for (code, reason) in [(404, "NotFound"), (409, "Conflict")] {
+            let path = widget.clone();
+            let (provider, on_provider) = fake::server(move |method, p| match (method, p) {
+                ("POST", "/api/v1/namespaces") => {
+                    Some((201, json!({ "metadata": { "name": "team-a" } })))
+                }
+                ("PATCH", p) if p == path => Some(fake::status(code, reason, "no")),
+                _ => None,
+            });
+            let (consumer, _) = fake::server(|_, _| None);
+            let worker = fake::worker(consumer, provider).await;
+            let object = fake::bound_widget();
+            let result = super::push_spec(&worker, &object, SpecUp::Apply, Seen::default()).await;
+            let reads = fake::calls(&on_provider)
+                .iter()
+                .filter(|c| c.method == "GET" && c.path == widget)
+                .count();
+            assert_eq!(
+                reads, 0,
+                "{code}: an apply is no create: nothing to classify"
+            );
+            let known = worker.known_namespaces.locked().contains("team-a");
+            if code == 404 {
+                assert!(result.is_err(), "{code}");
+                assert!(
+                    !known,
+                    "the provider namespace went away: made again next time"
+                );
+            } else {
+                assert!(known, "{code}: the namespace stays known");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_copy_of_ours_the_watch_selects_is_no_stranger_and_one_it_does_not_is() {
+        let ours_labelled = {
+            let mut c = copy(ours(), "5");
+            c["metadata"]["labels"] = json!({ keys::CONSUMER_CLUSTER_UID_LABEL: "consumer-uid" });
+            c
+        };
+        let another_labelled = {
+            let mut c = copy(
+                json!({ keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+                    keys::CONSUMER_OBJECT_UID_ANNOTATION: "another-object" }),
+                "5",
+            );
+            c["metadata"]["labels"] = json!({ keys::CONSUMER_CLUSTER_UID_LABEL: "consumer-uid" });
+            c
+        };
+        for (answer, stranger) in [
+            (ours_labelled, false),
+            (copy(ours(), "5"), true),
+            (another_labelled, true),
+        ] {
+            let widget = fake::widget_path("team-a", "w", "");
+            let body = answer.clone();
+            let (provider, _) = fake::server(move |method, p| {
+                (method == "GET" && p == widget).then(|| (200, body.clone()))
+            });
+            let (consumer, _) = fake::server(|_, _| None);
+            let worker = fake::worker(consumer, provider).await;
+            let known = super::read_stranger(&worker, &fake::bound_widget())
+                .await
+                .unwrap();
+            assert_eq!(
+                matches!(known, Known::Fresh(_)),
+                stranger,
+                "{answer}: {known:?}"
+            );
+        }
+    }
 }

@@ -148,12 +148,26 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
         .unwrap();
 
     let bindings = bind_importing(&s.consumer, "team-a", 1000).await;
+    // A user's object carrying the import label — a mirror's YAML applied again by hand — that no
+    // provider object stands for: not a mirror (kbind did not set the label), so import neither
+    // writes nor deletes it. (Paused, so that its ordinary sync writes nothing to the provider.)
+    let copied: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.org/v1", "kind": "Widget",
+        "metadata": { "name": "copied", "labels": { keys::IMPORTED_LABEL: "provider" },
+            "annotations": { keys::PAUSED_ANNOTATION: "true" } },
+        "spec": { "size": 42 },
+    }))
+    .unwrap();
+    widgets(&s.consumer, "team-a")
+        .create(&PostParams::default(), &copied)
+        .await
+        .unwrap();
     bind_importing(&s.consumer, "team-b", 5).await;
     // team-c is bound too, without import.
     bind_in(&s.consumer, "team-c", "widgets", "provider", &[WIDGETS]).await;
 
     // 100 mirrors, Observed, with the provider's spec and status (its controller's).
-    let mirrors = wait_for("100 observed mirrors in team-a", 90, || async {
+    let mut mirrors = wait_for("100 observed mirrors in team-a", 90, || async {
         let all = by_name(&s.consumer, "team-a").await;
         let observed = all
             .values()
@@ -165,6 +179,14 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
     assert!(
         !mirrors.contains_key("theirs"),
         "another consumer's copy is never imported"
+    );
+    let labelled = mirrors
+        .remove("copied")
+        .expect("the user's labelled object");
+    assert_eq!(
+        state(&labelled),
+        Some("Paused"),
+        "its own sync's record, not Observed"
     );
     for (name, mirror) in &mirrors {
         let provider = on_provider("team-a").get(name).await.unwrap();
@@ -359,13 +381,18 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
         let left: Vec<String> = by_name(&s.consumer, "team-a")
             .await
             .into_values()
-            .filter(|w| !claimed.contains(&w.name_any().as_str()))
+            .filter(|w| !claimed.contains(&w.name_any().as_str()) && w.name_any() != "copied")
             .map(|w| w.name_any())
             .collect();
         Ok(left.is_empty().then_some(()))
     })
     .await;
     wait_gone(&bindings, "widgets", "team-a's Binding", 60).await;
+    let copied = widgets(&s.consumer, "team-a").get("copied").await.unwrap();
+    assert_eq!(
+        copied.data["spec"]["size"], 42,
+        "the user's labelled object is left alone"
+    );
     let after = by_name(&s.provider, "team-a").await;
     for (name, version) in &before {
         if claimed.contains(&name.as_str()) {

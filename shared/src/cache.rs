@@ -448,7 +448,8 @@ pub struct Instance {
     /// Its delivery record ([`crate::delivery::summary`]).
     pub delivery: Option<crate::delivery::Summary>,
     /// Its labels, compact: what a routed API's selectors read (#36). Kept whether the API is
-    /// routed or not, so that it becomes routed without a re-list (#50.3).
+    /// routed or not, so that it becomes routed without a re-list (#50.3). The import label only
+    /// when kbind set it ([`crate::import::evidenced_labels`]).
     pub labels: Labels,
 }
 
@@ -519,7 +520,11 @@ impl From<RawInstance> for Instance {
             changed_at: crate::delivery::changed_at(&raw.metadata)
                 .and_then(|t| crate::delivery::Seconds::of(&t)),
             delivery: crate::delivery::summary(status.as_ref()),
-            labels: Labels::of(raw.metadata.labels.as_ref()),
+            labels: Labels::of(
+                crate::import::evidenced_labels(&raw.metadata)
+                    .as_ref()
+                    .or(raw.metadata.labels.as_ref()),
+            ),
             metadata: raw.metadata,
             spec: present(raw.spec).as_ref().map(Json::new),
             status: status.as_ref().map(Json::new),
@@ -534,7 +539,11 @@ impl Instance {
             changed_at: crate::delivery::changed_at(&metadata)
                 .and_then(|t| crate::delivery::Seconds::of(&t)),
             delivery: crate::delivery::summary(status),
-            labels: Labels::of(metadata.labels.as_ref()),
+            labels: Labels::of(
+                crate::import::evidenced_labels(&metadata)
+                    .as_ref()
+                    .or(metadata.labels.as_ref()),
+            ),
             metadata,
             spec: spec.map(Json::new),
             status: status.map(Json::new),

@@ -261,6 +261,13 @@ pub fn widget(metadata: Value, status: Value) -> Instance {
     serde_json::from_value(object).unwrap()
 }
 
+/// The `managedFields` of a mirror import created: kbind's field manager owns its import label.
+pub fn imported_fields() -> Value {
+    json!([{ "manager": kbind_shared::keys::FIELD_MANAGER, "operation": "Update",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": { "f:metadata": { "f:labels": { ".": {}, "f:core.kbind.io/imported": {} } } } }])
+}
+
 /// [`widget`] holding kbind's finalizer (a copy may exist), its status empty.
 pub fn bound_widget() -> Instance {
     widget(

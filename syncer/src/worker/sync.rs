@@ -409,7 +409,7 @@ mod tests {
             "a recorded foreign object"
         );
         let claimed = fake::widget(
-            json!({ "name": "i", "labels": { keys::IMPORTED_LABEL: "c" },
+            json!({ "name": "i", "labels": { keys::IMPORTED_LABEL: "c" }, "managedFields": fake::imported_fields(),
                 "annotations": { keys::CLAIM_ANNOTATION: "true" } }),
             Value::Null,
         );
@@ -443,10 +443,17 @@ mod tests {
         let synced = fake::widget(json!({ "namespace": "team-b" }), record("Synced"));
         assert!(!worker.has_work(&synced), "any other record stays");
         let mirror = fake::widget(
-            json!({ "labels": { keys::IMPORTED_LABEL: "c" } }),
+            json!({ "labels": { keys::IMPORTED_LABEL: "c" }, "managedFields": fake::imported_fields() }),
             record("Observed"),
         );
         assert!(!worker.has_work(&mirror), "a mirror is import's alone");
+        // The label alone, set by someone else (a mirror's YAML applied again): the user's own
+        // object, synced as any.
+        let copied = fake::widget(
+            json!({ "labels": { keys::IMPORTED_LABEL: "c" } }),
+            record("Observed"),
+        );
+        assert!(worker.has_work(&copied), "not a mirror: bound, so it syncs");
     }
 
     #[tokio::test]
@@ -581,7 +588,7 @@ mod tests {
         let (worker, _writers, _, on_provider) = bound_in_team_a(provider_of_w).await;
         // Claimed, its finalizer on: the next step is the spec-up.
         let claimed = fake::widget(
-            json!({ "labels": { keys::IMPORTED_LABEL: "c" },
+            json!({ "labels": { keys::IMPORTED_LABEL: "c" }, "managedFields": fake::imported_fields(),
                 "annotations": { keys::CLAIM_ANNOTATION: "true" },
                 "finalizers": [keys::SYNCER_FINALIZER] }),
             Value::Null,

@@ -220,27 +220,90 @@ pub fn consumer_with(
     bindings: Vec<Value>,
     table: impl Fn(&str, &str) -> Option<(u16, Value)> + Send + Sync + 'static,
 ) -> (Client, Requests) {
-    let list = |items: Vec<Value>| json!({ "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": "1" }, "items": items });
     let connection = json!({ "apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
         "metadata": { "name": "c", "resourceVersion": "1" },
         "spec": { "kubeconfigSecretRef": { "namespace": "kbind", "name": "s" } } });
+    consumer_of(vec![connection], bindings, table)
+}
+
+/// A fake consumer whose kbind objects are these `connections` and `bindings`, and whose other
+/// answers come from `table`.
+pub fn consumer_of(
+    connections: Vec<Value>,
+    bindings: Vec<Value>,
+    table: impl Fn(&str, &str) -> Option<(u16, Value)> + Send + Sync + 'static,
+) -> (Client, Requests) {
+    let list = |items: Vec<Value>| json!({ "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": "1" }, "items": items });
     server(move |method, path| match (method, path) {
         ("GET", "/apis/core.kbind.io/v1alpha1/connections") => {
-            Some((200, list(vec![connection.clone()])))
+            Some((200, list(connections.clone())))
         }
         ("GET", "/apis/core.kbind.io/v1alpha1/bindings") => Some((200, list(bindings.clone()))),
         _ => table(method, path),
     })
 }
 
+/// A Connection `name` pinned to provider cluster `cluster` (access: its defaults).
+pub fn connection(name: &str, cluster: &str) -> Value {
+    json!({ "apiVersion": "core.kbind.io/v1alpha1", "kind": "Connection",
+        "metadata": { "name": name, "resourceVersion": "1" },
+        "spec": { "kubeconfigSecretRef": { "namespace": "kbind", "name": name } },
+        "status": { "remoteClusterUID": cluster } })
+}
+
+/// A fake consumer of a routed API (#36): Widgets served by Connection `c` (provider `cl-c`),
+/// which binds them in `team-a`; Connection `r` (provider `cl-r`) offers itself as their route in
+/// `team-b`. Its other answers come from `table`.
+pub fn routed_consumer(
+    table: impl Fn(&str, &str) -> Option<(u16, Value)> + Send + Sync + 'static,
+) -> (Client, Requests) {
+    consumer_of(
+        vec![connection("c", "cl-c"), connection("r", "cl-r")],
+        vec![binding("team-a"), binding_of("team-b", "r", Some("c"))],
+        table,
+    )
+}
+
+/// The worker of route `r` (provider `cl-r`) on a [`routed_consumer`]; with `serving`, the
+/// serving Connection `c`'s own worker instead.
+pub async fn route_worker(consumer: Client, provider: Client, serving: bool) -> Arc<Worker> {
+    worker_with(consumer, provider, |spec| {
+        if serving {
+            spec.route.route.cluster = "cl-c".into();
+        } else {
+            spec.connection = "r".into();
+            spec.route.route = kbind_shared::routing::Route {
+                connection: "r".into(),
+                cluster: "cl-r".into(),
+            };
+        }
+    })
+    .await
+    .0
+}
+
 /// A Binding `widgets` in `namespace` of Connection `c`, its status saying it binds Widgets.
 pub fn binding(namespace: &str) -> Value {
+    binding_of(namespace, "c", None)
+}
+
+/// A Binding in `namespace` of Connection `connection` (`widgets`, or `widgets-<connection>`
+/// for another than `c`), its status saying it binds Widgets — as a route of an API `served_by` another Connection, when that is given (#36).
+pub fn binding_of(namespace: &str, connection: &str, served_by: Option<&str>) -> Value {
+    let mut entry = json!({ "name": "widgets.example.org", "connection": connection,
+        "bound": true, "reason": "AsExpected", "message": "" });
+    if let Some(served_by) = served_by {
+        entry["route"] = json!({ "servedBy": served_by, "schemaAgrees": true });
+    }
+    let name = match connection {
+        "c" => "widgets".to_owned(),
+        other => format!("widgets-{other}"),
+    };
     json!({ "apiVersion": "core.kbind.io/v1alpha1", "kind": "Binding",
-        "metadata": { "name": "widgets", "namespace": namespace, "uid": format!("b-{namespace}"),
+        "metadata": { "name": name, "namespace": namespace, "uid": format!("b-{namespace}-{connection}"),
             "resourceVersion": "1", "creationTimestamp": "2026-01-01T00:00:00Z" },
-        "spec": { "connectionRef": { "name": "c" }, "apis": [{ "name": "widgets.example.org" }] },
-        "status": { "apis": [{ "name": "widgets.example.org", "connection": "c", "bound": true,
-            "reason": "AsExpected", "message": "" }] } })
+        "spec": { "connectionRef": { "name": connection }, "apis": [{ "name": "widgets.example.org" }] },
+        "status": { "apis": [entry] } })
 }
 
 /// A consumer widget `team-a/w` (UID `w-uid`, generation 2, resourceVersion 10) as the cache

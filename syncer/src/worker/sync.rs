@@ -563,6 +563,92 @@ mod tests {
             .collect()
     }
 
+    /// The worker of route `r` and the serving Connection `c`'s own, on a
+    /// [`fake::routed_consumer`].
+    async fn routed_workers() -> (Arc<Worker>, Arc<Worker>) {
+        let worker = |serving| async move {
+            let (consumer, _) = fake::routed_consumer(|_, _| None);
+            let (provider, _) = fake::server(|_, _| None);
+            fake::route_worker(consumer, provider, serving).await
+        };
+        (worker(false).await, worker(true).await)
+    }
+
+    fn route_r_finalizer() -> String {
+        routing::finalizer("r", "c")
+    }
+
+    #[tokio::test]
+    async fn a_bare_pin_is_completed_with_the_provider_of_the_connection_it_names() {
+        let (route_r, _) = routed_workers().await;
+        // Pinned to this worker's own Connection by name, its copy here, no binding offering
+        // route r in team-a: held, the pin read as r's provider (not as an unknown one).
+        let pinned_here = fake::widget(
+            json!({ "annotations": { keys::ROUTE_ANNOTATION: "r" },
+                "finalizers": [route_r_finalizer()] }),
+            Value::Null,
+        );
+        assert_eq!(
+            gate_of(&route_r, &pinned_here),
+            Some(routing::Gate::Hold(
+                routing::Reason::NoRoute,
+                "pinned to r/cl-r, which no binding covering it offers".into()
+            ))
+        );
+        // Pinned to the serving Connection by name, which team-a's binding offers: route r's
+        // copy is released (orphaned only under the Orphan policy).
+        let moved = |annotations: Value| {
+            fake::widget(
+                json!({ "annotations": annotations, "finalizers": [route_r_finalizer()] }),
+                Value::Null,
+            )
+        };
+        assert_eq!(
+            gate_of(&route_r, &moved(json!({ keys::ROUTE_ANNOTATION: "c" }))),
+            Some(routing::Gate::Release { orphan: false })
+        );
+        assert_eq!(
+            gate_of(
+                &route_r,
+                &moved(json!({ keys::ROUTE_ANNOTATION: "c",
+                    keys::DELETION_POLICY_ANNOTATION: keys::DELETION_POLICY_ORPHAN }))
+            ),
+            Some(routing::Gate::Release { orphan: true })
+        );
+        // A bare name no route of the API has: its provider is not known.
+        let unknown = fake::widget(
+            json!({ "annotations": { keys::ROUTE_ANNOTATION: "elsewhere" },
+                "finalizers": [route_r_finalizer()] }),
+            Value::Null,
+        );
+        assert!(
+            matches!(gate_of(&route_r, &unknown),
+                Some(routing::Gate::Hold(routing::Reason::NoRoute, m)) if m.contains("not known")),
+            "{:?}",
+            gate_of(&route_r, &unknown)
+        );
+    }
+
+    #[tokio::test]
+    async fn only_the_serving_connections_worker_speaks_for_an_object_no_binding_covers() {
+        let (route_r, serving) = routed_workers().await;
+        assert!(serving.routing().is_some(), "route r makes the API routed");
+        // In team-c no binding offers anything: routing leaves it alone on every worker.
+        let uncovered = fake::widget(json!({ "namespace": "team-c" }), Value::Null);
+        for worker in [&route_r, &serving] {
+            assert_eq!(gate_of(worker, &uncovered), Some(routing::Gate::Uncovered));
+        }
+        let speaks = |worker: &Worker| {
+            let inputs = inputs(worker, &uncovered);
+            facts(worker, &uncovered, None, &inputs).speaks_when_unbound
+        };
+        assert!(
+            speaks(&serving),
+            "the serving Connection's worker clears a mark"
+        );
+        assert!(!speaks(&route_r), "another route's worker keeps out");
+    }
+
     #[tokio::test]
     async fn an_object_no_cached_copy_stands_for_is_created_only_not_read_first() {
         let (worker, _writers, _, on_provider) = bound_in_team_a(provider_of_w).await;

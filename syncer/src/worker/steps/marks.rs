@@ -382,4 +382,84 @@ mod tests {
         assert!(fake::calls(&on_provider).is_empty());
         assert_eq!(worker.tracked.locked().counts().conflicts, 0);
     }
+
+    /// The notes of the Warning Events the consumer was sent, in order.
+    fn warnings(on_consumer: &fake::Requests) -> Vec<String> {
+        fake::calls(on_consumer)
+            .into_iter()
+            .filter(|c| c.method == "POST" && c.path.contains("/events"))
+            .map(|c| c.body["note"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_conflicts_warning_says_whether_the_provider_object_is_unmarked_or_anothers() {
+        use kbind_shared::api::ConflictPolicy;
+        use kbind_shared::ownership::Owner;
+        for (owner, said) in [
+            (Owner::Unmarked, "exists without kbind's markers"),
+            (
+                Owner::Another,
+                "is owned by another consumer object or cluster",
+            ),
+        ] {
+            let object_path = fake::widget_path("team-a", "w", "");
+            let (consumer, on_consumer) = fake::server(move |method, path| {
+                (method == "PATCH" && path == object_path).then(|| written("11"))
+            });
+            let (provider, _) = fake::server(|_, _| None);
+            let worker = fake::worker(consumer, provider).await;
+            let object = fake::widget(json!({}), Value::Null);
+            super::conflict(
+                &worker,
+                &object,
+                ConflictPolicy::Fail,
+                keys::CONFLICT_FOREIGN,
+                owner,
+                true,
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                warnings(&on_consumer),
+                [format!(
+                    "the provider object team-a/w {said}; conflictPolicy Fail leaves it alone"
+                )]
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_route_change_is_shown_with_its_warning_and_cleared_silently() {
+        let object_path = fake::widget_path("team-a", "w", "");
+        let (consumer, on_consumer) = fake::server(move |method, path| {
+            (method == "PATCH" && path == object_path).then(|| written("11"))
+        });
+        let (provider, _) = fake::server(|_, _| None);
+        let worker = fake::worker(consumer, provider).await;
+        let route_changed = super::super::super::decide::ROUTE_CHANGED;
+        let conflict_marks = || -> Vec<Value> {
+            fake::calls(&on_consumer)
+                .into_iter()
+                .filter(|c| c.method == "PATCH")
+                .map(|c| c.body["metadata"]["annotations"][keys::CONFLICT_ANNOTATION].clone())
+                .collect()
+        };
+        let plain = fake::widget(json!({}), Value::Null);
+        super::show_route_changed(&worker, &plain, Some("its labels now choose r/cl-r"))
+            .await
+            .unwrap();
+        assert_eq!(conflict_marks(), [json!(route_changed)]);
+        assert_eq!(warnings(&on_consumer), ["its labels now choose r/cl-r"]);
+        // The labels choose its route again (the step clears a shown mark): it goes, silently.
+        let shown = fake::widget(
+            json!({ "annotations": { keys::CONFLICT_ANNOTATION: route_changed } }),
+            Value::Null,
+        );
+        super::show_route_changed(&worker, &shown, None)
+            .await
+            .unwrap();
+        assert_eq!(conflict_marks(), [json!(route_changed), Value::Null]);
+        assert_eq!(warnings(&on_consumer).len(), 1);
+    }
 }

@@ -530,4 +530,92 @@ mod tests {
             );
         }
     }
+
+    #[tokio::test]
+    async fn a_routed_objects_finalizer_carries_its_pin_to_this_route_unless_it_has_one() {
+        let (consumer, on_consumer) = fake::routed_consumer(|_, _| None);
+        let (provider, _) = fake::server(|_, _| None);
+        let worker = fake::route_worker(consumer, provider, false).await;
+        let finalizer = kbind_shared::routing::finalizer("r", "c");
+        let written = |object: &kbind_shared::cache::Instance| {
+            let worker = worker.clone();
+            let object = object.clone();
+            let on_consumer = on_consumer.clone();
+            async move {
+                on_consumer.lock().unwrap().clear();
+                super::add_finalizer(&worker, &object, Seen::default())
+                    .await
+                    .unwrap();
+                let patches: Vec<Value> = fake::calls(&on_consumer)
+                    .into_iter()
+                    .filter(|c| c.method == "PATCH")
+                    .map(|c| c.body)
+                    .collect();
+                assert_eq!(patches.len(), 1, "one write: {patches:?}");
+                patches[0].clone()
+            }
+        };
+        let unpinned = fake::widget(json!({}), Value::Null);
+        let patch = written(&unpinned).await;
+        assert_eq!(patch["metadata"]["finalizers"], json!([finalizer]));
+        assert_eq!(
+            patch["metadata"]["annotations"],
+            json!({ keys::ROUTE_ANNOTATION: "r/cl-r" }),
+            "pinned to this route in the finalizer's write"
+        );
+        let pinned = fake::widget(
+            json!({ "annotations": { keys::ROUTE_ANNOTATION: "r" } }),
+            Value::Null,
+        );
+        let patch = written(&pinned).await;
+        assert_eq!(patch["metadata"]["finalizers"], json!([finalizer]));
+        assert_eq!(
+            patch["metadata"].get("annotations"),
+            None,
+            "the user's pin is left as written"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_generation_is_timed_from_its_change_and_a_repair_from_its_receipt() {
+        let (consumer, _) = fake::server(|_, _| None);
+        let (provider, _) = fake::server(|_, _| None);
+        let worker = fake::worker(consumer, provider).await;
+        // Changed (created) a minute ago, generation 2; the provider has generation 1 or 2.
+        let created = (jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60)).to_string();
+        let object = |delivered: i64| {
+            fake::widget(
+                json!({ "creationTimestamp": created }),
+                json!({ "kbindSync": { "state": "Synced", "generation": delivered } }),
+            )
+        };
+        let applied: kube::api::DynamicObject = serde_json::from_value(copy(ours(), "5")).unwrap();
+        let lag = || {
+            worker
+                .ctx
+                .metrics
+                .sync_lag_seconds
+                .with_label_values(&["c", "widgets.example.org", "spec_up"])
+                .get_sample_sum()
+        };
+        let applied_now = |object: &kbind_shared::cache::Instance| {
+            super::spec_applied(
+                &worker,
+                object,
+                &pending::key(object),
+                Seen::default(),
+                &applied,
+                Instant::now(),
+            );
+        };
+        applied_now(&object(1));
+        let new_generation = lag();
+        assert!(
+            (58.0..120.0).contains(&new_generation),
+            "timed from its change: {new_generation}"
+        );
+        applied_now(&object(2));
+        let repair = lag() - new_generation;
+        assert!(repair < 5.0, "timed from its receipt: {repair}");
+    }
 }

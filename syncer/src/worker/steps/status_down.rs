@@ -358,4 +358,66 @@ mod tests {
         assert!(fake::calls(&on_consumer).is_empty(), "nothing written yet");
         assert_eq!(worker.tracked.locked().counts().synced, 1);
     }
+
+    #[tokio::test]
+    async fn a_provider_status_change_is_timed_from_its_write_and_a_consumer_trigger_from_its_receipt()
+     {
+        let minute_ago = (jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60)).to_string();
+        // The provider's API server recorded its status write a minute ago.
+        let copy = ProviderCopy::of(
+            fake::widget(
+                json!({ "annotations": { keys::CONSUMER_CLUSTER_UID_ANNOTATION: "consumer-uid",
+                        keys::CONSUMER_OBJECT_UID_ANNOTATION: "w-uid" },
+                    "managedFields": [{ "manager": "provider", "operation": "Update",
+                        "subresource": "status", "time": minute_ago, "fieldsType": "FieldsV1",
+                        "fieldsV1": { "f:status": {} } }] }),
+                json!({ "phase": "Ready" }),
+            ),
+            "consumer-uid",
+        );
+        assert!(copy.status_at.is_some(), "the fixture's status time reads");
+        let now = Instant::now();
+        for (seen, from_the_write) in [
+            // Its watch event: the provider changed it.
+            (
+                Seen {
+                    consumer: None,
+                    provider: Some(now),
+                    provider_latest: Some(now),
+                },
+                true,
+            ),
+            // Learned of late (a restart, a resync): nothing was received.
+            (Seen::default(), true),
+            // Someone edited the consumer's status; it is restored.
+            (
+                Seen {
+                    consumer: Some(now),
+                    provider: None,
+                    provider_latest: None,
+                },
+                false,
+            ),
+        ] {
+            let (consumer, _) = status_patches();
+            let (provider, _) = fake::server(|_, _| None);
+            let worker = fake::worker(consumer, provider).await;
+            let object = fake::bound_widget();
+            let delivered = Delivered::as_cached(&object, Some(&copy));
+            super::copy_status(&worker, &object, Some(&copy), delivered, seen)
+                .await
+                .unwrap();
+            let lag = worker
+                .ctx
+                .metrics
+                .sync_lag_seconds
+                .with_label_values(&["c", "widgets.example.org", "status_down"])
+                .get_sample_sum();
+            assert_eq!(
+                (58.0..120.0).contains(&lag),
+                from_the_write,
+                "{seen:?}: {lag}"
+            );
+        }
+    }
 }

@@ -7,6 +7,12 @@
 //! checks, no delivery record, no conflicts, no deletion handling, no fencing: what is left when
 //! everything else kbind does is taken away. It runs with the same concurrency as a kbind syncer
 //! (`--workers`, 8): that many objects' writes in flight at once, both directions together.
+//!
+//! [`Shape::LikeKbind`] makes the same writes carry what kbind's carry — the ownership labels and
+//! annotations and the heartbeat record on the provider apply, a resourceVersion precondition and
+//! kbind's field manager on the finalizer patch, the delivery record in the status patch — still
+//! without any of kbind's reads, checks or state: what the API servers' share of kbind's cost is
+//! when the bodies, not the program, are the difference (#50.6).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,6 +28,18 @@ pub const FINALIZER: &str = "bench.kbind.io/minimal";
 
 /// What was last written per object name, so that an unchanged value is never written again.
 type Written = Arc<Mutex<HashMap<String, Value>>>;
+
+/// What the minimal client's writes carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Only the finalizer, the spec and the status.
+    Plain,
+    /// As kbind's writes (see the module's documentation).
+    LikeKbind,
+}
+
+/// The consumer cluster UID the kbind-shaped writes name (any text of a UID's length).
+const CONSUMER_UID: &str = "00000000-0000-4000-8000-00000000bench";
 
 /// The write one observed value needs: `Some(value)` when it differs from what was last written
 /// for `name` (and records it), `None` when it was written already or there is none.
@@ -45,7 +63,19 @@ pub fn start(
     consumer: Api<DynamicObject>,
     provider: Api<DynamicObject>,
     workers: usize,
+    shape: Shape,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    let like_kbind = shape == Shape::LikeKbind;
+    let consumer_params = move || {
+        if like_kbind {
+            PatchParams {
+                field_manager: Some(kbind_shared::keys::FIELD_MANAGER.into()),
+                ..Default::default()
+            }
+        } else {
+            PatchParams::default()
+        }
+    };
     let pushed: Written = Arc::default();
     let copied: Written = Arc::default();
     let slots = Arc::new(tokio::sync::Semaphore::new(workers));
@@ -76,9 +106,13 @@ pub fn start(
                         if !object.finalizers().iter().any(|f| f == FINALIZER) {
                             let mut finalizers = object.finalizers().to_vec();
                             finalizers.push(FINALIZER.to_owned());
-                            let patch = json!({ "metadata": { "finalizers": finalizers } });
+                            let mut patch = json!({ "metadata": { "finalizers": finalizers } });
+                            if like_kbind {
+                                patch["metadata"]["resourceVersion"] =
+                                    json!(object.resource_version());
+                            }
                             if let Err(e) = consumer
-                                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                                .patch(&name, &consumer_params(), &Patch::Merge(&patch))
                                 .await
                             {
                                 eprintln!("minimal client: finalizer {name}: {e}");
@@ -89,13 +123,31 @@ pub fn start(
                                 return;
                             }
                         }
-                        let body = json!({
-                            "apiVersion": object.types.as_ref().map(|t| t.api_version.as_str()),
-                            "kind": object.types.as_ref().map(|t| t.kind.as_str()),
-                            "metadata": { "name": name },
-                            "spec": spec,
-                        });
-                        let params = PatchParams::apply("kbind-bench-minimal").force();
+                        let body = if like_kbind {
+                            kbind_shared::ownership::spec_up_body(
+                                object.types.as_ref().map_or("", |t| t.api_version.as_str()),
+                                object.types.as_ref().map_or("", |t| t.kind.as_str()),
+                                None,
+                                &name,
+                                Some(&spec),
+                                CONSUMER_UID,
+                                object.uid().as_deref().unwrap_or_default(),
+                                &kbind_shared::heartbeat::record(None, "bench", CONSUMER_UID),
+                            )
+                        } else {
+                            json!({
+                                "apiVersion": object.types.as_ref().map(|t| t.api_version.as_str()),
+                                "kind": object.types.as_ref().map(|t| t.kind.as_str()),
+                                "metadata": { "name": name },
+                                "spec": spec,
+                            })
+                        };
+                        let manager = if like_kbind {
+                            kbind_shared::keys::FIELD_MANAGER
+                        } else {
+                            "kbind-bench-minimal"
+                        };
+                        let params = PatchParams::apply(manager).force();
                         if let Err(e) = provider.patch(&name, &params, &Patch::Apply(&body)).await {
                             eprintln!("minimal client: apply {name}: {e}");
                             pushed
@@ -127,9 +179,18 @@ pub fn start(
                     else {
                         return;
                     };
-                    let patch = json!({ "status": status });
+                    let mut patch = json!({ "status": status });
+                    if like_kbind {
+                        // The record kbind's status patch carries: the generation the provider
+                        // has, and when it took it (its copy's creation stands for that here).
+                        patch["status"][kbind_shared::delivery::FIELD] = json!({
+                            "state": kbind_shared::delivery::SYNCED,
+                            "generation": object.metadata.generation.unwrap_or(1),
+                            "time": object.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+                        });
+                    }
                     if let Err(e) = consumer
-                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .patch_status(&name, &consumer_params(), &Patch::Merge(&patch))
                         .await
                     {
                         eprintln!("minimal client: status {name}: {e}");

@@ -14,7 +14,8 @@
 //! N objects, kbind and the minimal client alternating on the same clusters (the first of each
 //! pair alternating too), so that the machine's drift between runs falls on both alike; it prints
 //! each pair's ratio, their median and spread, and where the CPU went (both control planes and
-//! kbind, per object), then stops. `--restart` restarts the syncer at the end and times it until
+//! kbind, per object), then stops; with `--minimal-like-kbind` the minimal client's writes carry
+//! what kbind's carry ([`kbind_e2e::minimal::Shape::LikeKbind`]). `--restart` restarts the syncer at the end and times it until
 //! ready and caught up, counting its writes and its peak memory. `--idle-secs` counts requests at
 //! rest; `--json` writes every figure with its goal (issue #15).
 
@@ -31,6 +32,7 @@ use kbind_e2e::kbind::counter_by;
 use kbind_e2e::measure::{
     cpu_seconds, grown, kbind_requests_by, peak_rss_mib, per_minute, rss_mib,
 };
+use kbind_e2e::minimal::Shape;
 use kbind_shared::api::ClusterBinding;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -74,6 +76,10 @@ struct Args {
     /// and the CPU per object of both control planes and of kbind.
     #[arg(long, default_value_t = 0)]
     pairs: usize,
+    /// The minimal client's writes carry what kbind's carry (ownership markers, heartbeat record,
+    /// delivery record, precondition, field manager): what the bodies cost the API servers.
+    #[arg(long)]
+    minimal_like_kbind: bool,
     /// After the other phases: restart the syncer and time it until ready and caught up.
     #[arg(long)]
     restart: bool,
@@ -216,7 +222,7 @@ async fn bulk(
 /// Phase 1 with the minimal client in kbind's place: the syncer is stopped, the minimal client
 /// syncs `n` Widgets of its own namespace, they are removed from both sides, and a new syncer
 /// process (same identity) is started and ready.
-async fn minimal_bulk(s: &mut SyncEnv, n: usize) -> Bulk {
+async fn minimal_bulk(s: &mut SyncEnv, n: usize, shape: Shape) -> Bulk {
     const NAMESPACE: &str = "bench-minimal";
     s.env.process(s.syncer.index).kill();
     ensure_namespace(&s.consumer, NAMESPACE).await.unwrap();
@@ -225,7 +231,7 @@ async fn minimal_bulk(s: &mut SyncEnv, n: usize) -> Bulk {
         widgets(&s.consumer, NAMESPACE),
         widgets(&s.provider, NAMESPACE),
     );
-    let tasks = kbind_e2e::minimal::start(consumer.clone(), provider.clone(), 8);
+    let tasks = kbind_e2e::minimal::start(consumer.clone(), provider.clone(), 8, shape);
     let figures = bulk(&consumer, &provider, "m", n, || control_planes_cpu(s)).await;
     for task in tasks {
         task.abort();
@@ -350,7 +356,13 @@ fn spread(values: &[f64]) -> (f64, f64, f64) {
 }
 
 /// `--pairs`: kbind against the minimal client, interleaved (see the module's documentation).
-async fn interleaved(s: &mut SyncEnv, n: usize, pairs: usize, json_path: Option<&std::path::Path>) {
+async fn interleaved(
+    s: &mut SyncEnv,
+    n: usize,
+    pairs: usize,
+    shape: Shape,
+    json_path: Option<&std::path::Path>,
+) {
     let rate = |b: &Bulk| n as f64 / b.all_back.as_secs_f64();
     let (mut ratios, mut rows) = (Vec::new(), Vec::new());
     let (mut kbind_planes, mut minimal_planes, mut kbind_own) =
@@ -366,11 +378,11 @@ async fn interleaved(s: &mut SyncEnv, n: usize, pairs: usize, json_path: Option<
         let prefix = format!("p{pair}-");
         let minimal_first = pair % 2 == 0;
         let (minimal, (kbind, used)) = if minimal_first {
-            let minimal = minimal_bulk(s, n).await;
+            let minimal = minimal_bulk(s, n, shape).await;
             (minimal, kbind_batch(s, n, &prefix).await)
         } else {
             let kbind = kbind_batch(s, n, &prefix).await;
-            (minimal_bulk(s, n).await, kbind)
+            (minimal_bulk(s, n, shape).await, kbind)
         };
         let ratio = rate(&kbind) / rate(&minimal);
         println!(
@@ -495,12 +507,17 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let manager_pid = s.env.process_ref(s.manager.index).pid();
     let manager_empty = rss_mib(manager_pid);
+    let shape = if args.minimal_like_kbind {
+        Shape::LikeKbind
+    } else {
+        Shape::Plain
+    };
     if args.pairs > 0 {
-        interleaved(&mut s, n, args.pairs, args.json.as_deref()).await;
+        interleaved(&mut s, n, args.pairs, shape, args.json.as_deref()).await;
         return;
     }
     let minimal = if args.minimal {
-        Some(minimal_bulk(&mut s, n).await)
+        Some(minimal_bulk(&mut s, n, shape).await)
     } else {
         None
     };

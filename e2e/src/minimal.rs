@@ -30,12 +30,28 @@ pub const FINALIZER: &str = "bench.kbind.io/minimal";
 type Written = Arc<Mutex<HashMap<String, Value>>>;
 
 /// What the minimal client's writes carry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Shape {
     /// Only the finalizer, the spec and the status.
     Plain,
-    /// As kbind's writes (see the module's documentation).
+    /// As kbind's writes, on both clusters (see the module's documentation).
     LikeKbind,
+    /// The provider apply as kbind's (ownership labels and annotations, heartbeat record, field
+    /// manager); the consumer writes plain.
+    ProviderMarkers,
+    /// The consumer writes as kbind's (precondition and field manager on the finalizer patch,
+    /// the delivery record in the status patch); the provider apply plain.
+    ConsumerRecord,
+}
+
+impl Shape {
+    fn provider_like_kbind(self) -> bool {
+        matches!(self, Shape::LikeKbind | Shape::ProviderMarkers)
+    }
+
+    fn consumer_like_kbind(self) -> bool {
+        matches!(self, Shape::LikeKbind | Shape::ConsumerRecord)
+    }
 }
 
 /// The consumer cluster UID the kbind-shaped writes name (any text of a UID's length).
@@ -65,9 +81,10 @@ pub fn start(
     workers: usize,
     shape: Shape,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let like_kbind = shape == Shape::LikeKbind;
+    let (provider_like_kbind, consumer_like_kbind) =
+        (shape.provider_like_kbind(), shape.consumer_like_kbind());
     let consumer_params = move || {
-        if like_kbind {
+        if consumer_like_kbind {
             PatchParams {
                 field_manager: Some(kbind_shared::keys::FIELD_MANAGER.into()),
                 ..Default::default()
@@ -107,7 +124,7 @@ pub fn start(
                             let mut finalizers = object.finalizers().to_vec();
                             finalizers.push(FINALIZER.to_owned());
                             let mut patch = json!({ "metadata": { "finalizers": finalizers } });
-                            if like_kbind {
+                            if consumer_like_kbind {
                                 patch["metadata"]["resourceVersion"] =
                                     json!(object.resource_version());
                             }
@@ -123,7 +140,7 @@ pub fn start(
                                 return;
                             }
                         }
-                        let body = if like_kbind {
+                        let body = if provider_like_kbind {
                             kbind_shared::ownership::spec_up_body(
                                 object.types.as_ref().map_or("", |t| t.api_version.as_str()),
                                 object.types.as_ref().map_or("", |t| t.kind.as_str()),
@@ -142,7 +159,7 @@ pub fn start(
                                 "spec": spec,
                             })
                         };
-                        let manager = if like_kbind {
+                        let manager = if provider_like_kbind {
                             kbind_shared::keys::FIELD_MANAGER
                         } else {
                             "kbind-bench-minimal"
@@ -180,7 +197,7 @@ pub fn start(
                         return;
                     };
                     let mut patch = json!({ "status": status });
-                    if like_kbind {
+                    if consumer_like_kbind {
                         // The record kbind's status patch carries: the generation the provider
                         // has, and when it took it (its copy's creation stands for that here).
                         patch["status"][kbind_shared::delivery::FIELD] = json!({
@@ -211,6 +228,22 @@ pub fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_shape_carries_kbinds_parts_on_the_clusters_it_names() {
+        for (shape, provider, consumer) in [
+            (Shape::Plain, false, false),
+            (Shape::LikeKbind, true, true),
+            (Shape::ProviderMarkers, true, false),
+            (Shape::ConsumerRecord, false, true),
+        ] {
+            assert_eq!(
+                (shape.provider_like_kbind(), shape.consumer_like_kbind()),
+                (provider, consumer),
+                "{shape:?}"
+            );
+        }
+    }
 
     #[test]
     fn only_a_new_value_is_written() {

@@ -14,8 +14,8 @@
 //! N objects, kbind and the minimal client alternating on the same clusters (the first of each
 //! pair alternating too), so that the machine's drift between runs falls on both alike; it prints
 //! each pair's ratio, their median and spread, and where the CPU went (both control planes and
-//! kbind, per object), then stops; with `--minimal-like-kbind` the minimal client's writes carry
-//! what kbind's carry ([`kbind_e2e::minimal::Shape::LikeKbind`]). `--restart` restarts the syncer at the end and times it until
+//! kbind, per object), then stops; `--minimal-shape` makes the minimal client's writes carry what
+//! kbind's carry, on either cluster or both ([`kbind_e2e::minimal::Shape`]). `--restart` restarts the syncer at the end and times it until
 //! ready and caught up, counting its writes and its peak memory. `--idle-secs` counts requests at
 //! rest; `--json` writes every figure with its goal (issue #15).
 
@@ -76,10 +76,12 @@ struct Args {
     /// and the CPU per object of both control planes and of kbind.
     #[arg(long, default_value_t = 0)]
     pairs: usize,
-    /// The minimal client's writes carry what kbind's carry (ownership markers, heartbeat record,
-    /// delivery record, precondition, field manager): what the bodies cost the API servers.
-    #[arg(long)]
-    minimal_like_kbind: bool,
+    /// What the minimal client's writes carry: only what syncing needs (`plain`), or what kbind's
+    /// carry — on both clusters (`like-kbind`: ownership markers, heartbeat record, delivery
+    /// record, precondition, field manager), on the provider only (`provider-markers`) or on the
+    /// consumer only (`consumer-record`): what the bodies cost the API servers.
+    #[arg(long, value_enum, default_value_t = Shape::Plain)]
+    minimal_shape: Shape,
     /// After the other phases: restart the syncer and time it until ready and caught up.
     #[arg(long)]
     restart: bool,
@@ -507,11 +509,7 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let manager_pid = s.env.process_ref(s.manager.index).pid();
     let manager_empty = rss_mib(manager_pid);
-    let shape = if args.minimal_like_kbind {
-        Shape::LikeKbind
-    } else {
-        Shape::Plain
-    };
+    let shape = args.minimal_shape;
     if args.pairs > 0 {
         interleaved(&mut s, n, args.pairs, shape, args.json.as_deref()).await;
         return;

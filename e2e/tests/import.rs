@@ -261,13 +261,15 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
         Ok((w.data["spec"]["size"] == 10).then_some(()))
     })
     .await;
-    let events = warning_events(&s.consumer, Some("team-a"), "w010").await;
-    assert!(
-        events
+    // The Event follows the reverting write (said only once that write succeeded).
+    wait_for("w010's ImportedObjectReverted Event", 10, || async {
+        let events = warning_events(&s.consumer, Some("team-a"), "w010").await;
+        Ok(events
             .iter()
-            .any(|e| e.starts_with("ImportedObjectReverted")),
-        "{events:?}"
-    );
+            .any(|e| e.starts_with("ImportedObjectReverted"))
+            .then_some(()))
+    })
+    .await;
     // A deleted mirror is made again while the Binding imports its object.
     let old_uid = widgets(&s.consumer, "team-a")
         .get("w030")

@@ -262,13 +262,12 @@ async fn provider_objects_are_observed_without_a_write_claimed_in_one_and_let_go
     })
     .await;
     // The Event follows the reverting write (said only once that write succeeded).
-    wait_for("w010's ImportedObjectReverted Event", 10, || async {
-        let events = warning_events(&s.consumer, Some("team-a"), "w010").await;
-        Ok(events
-            .iter()
-            .any(|e| e.starts_with("ImportedObjectReverted"))
-            .then_some(()))
-    })
+    wait_warning(
+        &s.consumer,
+        Some("team-a"),
+        "w010",
+        "ImportedObjectReverted",
+    )
     .await;
     // A deleted mirror is made again while the Binding imports its object.
     let old_uid = widgets(&s.consumer, "team-a")

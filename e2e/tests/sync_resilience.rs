@@ -298,14 +298,7 @@ async fn ownership_markers_decide_and_adopt_never_takes_an_object_owned_by_anoth
         "the orphaned copy is untouched"
     );
     // The Warning follows the conflict annotation's write: wait for it rather than race it.
-    wait_for("partial's OwnedByAnother Event", 10, || async {
-        let reasons = warning_events(&s.consumer, Some("team-a"), "partial").await;
-        Ok(reasons
-            .iter()
-            .any(|r| r.starts_with("OwnedByAnother"))
-            .then_some(()))
-    })
-    .await;
+    wait_warning(&s.consumer, Some("team-a"), "partial", "OwnedByAnother").await;
     wait_binding(&bindings, "widgets", "Conflicts=True/OwnedByAnother").await;
     let metrics = s.syncer.metrics().await.unwrap();
     assert!(

@@ -27,7 +27,6 @@
 mod consumers;
 mod diff;
 mod doctor;
-mod grant;
 mod handover;
 mod migrate;
 mod plan;
@@ -257,7 +256,7 @@ async fn run(args: &Args) -> Result<Verdict, String> {
         let config = view::config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
         let provider = kube::Client::try_from(config.clone())
             .map_err(|e| format!("cannot reach the provider cluster: {e}"))?;
-        let request = grant::Request {
+        let request = kbind_provider::bundle::Request {
             export: export.clone(),
             identity: consumer.clone(),
             cluster_name: cluster_name.clone(),
@@ -268,7 +267,10 @@ async fn run(args: &Args) -> Result<Verdict, String> {
             expiration_seconds: *expiration_seconds,
             server: server.clone(),
         };
-        let (bundle, note) = grant::run(&provider, &config, &request).await?;
+        let (bundle, note) =
+            kbind_provider::bundle::run(&provider, &config, &request, "kubectl-kbind")
+                .await
+                .map_err(|e| e.to_string())?;
         if let Some(note) = note {
             eprintln!("{note}");
         }

@@ -2,6 +2,7 @@
 //! syncs; each acts only through the provider's API server, on evidence kbind wrote there.
 #![forbid(unsafe_code)]
 
+pub mod bundle;
 pub mod catalog;
 pub mod issuer;
 pub mod reaper;

@@ -1,30 +1,43 @@
-//! `kubectl kbind grant <export> --consumer <identity>`, run **on a provider** by its admin: the
-//! Grant recorded (or found: the same consumer, cluster and Export always get the same Grant and
-//! boundary), the issuer's provisioning waited for, a credential minted for the boundary's
-//! ServiceAccount, and the one-apply bundle printed — a Secret with the kubeconfig, the
-//! Connection, and a ClusterBinding (or, with `--namespace`, a Binding) carrying the Export's
-//! defaults. Nothing is written on the consumer; the bundle is the consumer admin's to apply.
+//! A consumer's bundle, issued **on a provider** — by its admin (`kubectl kbind grant`) or by the
+//! gateway for a caller it authenticated (`kbind-gateway`): the Grant recorded (or found: the same
+//! consumer, cluster and Export always get the same Grant and boundary), the issuer's provisioning
+//! waited for, a credential minted for the boundary's ServiceAccount, and the one-apply bundle
+//! made — a Secret with the kubeconfig, the Connection, and a ClusterBinding (or, with a
+//! namespace, a Binding) carrying the Export's defaults. Nothing is written on the consumer; the
+//! bundle is the consumer admin's to apply.
 
 use std::time::Duration;
 
 use base64::Engine;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use kbind_provider::issuer::{plan, rbac};
+use crate::issuer::{plan, rbac};
 use kbind_shared::api::catalog::{Export, ExportSpec};
 use kbind_shared::api::iam::{CredentialMode, Grant};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
-/// The plugin's field manager on the provider.
-const FIELD_MANAGER: &str = "kubectl-kbind";
 /// The Secret holding a long-lived credential's token, in the boundary.
 pub const TOKEN_SECRET: &str = "kbind-consumer-token";
 /// How long the issuer may take.
 const WAIT: Duration = Duration::from_secs(30);
 
-/// What the admin asked for.
+/// Why no bundle was issued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The provider has no such Export.
+    #[error("{0}")]
+    NoExport(String),
+    /// The Export is not offered, or the issuer refused the Grant (its `Issued` condition).
+    #[error("{0}")]
+    NotIssued(String),
+    /// The provider or its issuer did not answer as it should.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// What was asked for.
 #[derive(Debug, Clone)]
 pub struct Request {
     /// The Export.
@@ -48,30 +61,46 @@ pub struct Request {
 }
 
 /// Records the Grant, waits for it to be issued, mints the credential and returns the bundle
-/// (YAML, several documents) and a note for the admin (stderr).
+/// (YAML, several documents) and a note for the admin (stderr). `manager`: the field manager the
+/// Grant is recorded with.
 pub async fn run(
     provider: &Client,
     config: &kube::Config,
     request: &Request,
-) -> Result<(String, Option<String>), String> {
+    manager: &str,
+) -> Result<(String, Option<String>), Refusal> {
+    let grant = record(provider, request, manager).await?;
+    let documents = assemble(provider, config, request, &grant).await?;
+    let note = (!request.long_lived).then(|| {
+        format!(
+            "note: the credential is a token that expires {}s after it was issued; kbind on the consumer renews it in process before then (--token-renewal-at). --long-lived issues one that lasts until the Grant is revoked",
+            request.expiration_seconds
+        )
+    });
+    Ok((yaml(&documents)?, note))
+}
+
+/// The Export `name`, if it is offered.
+async fn offered_export(provider: &Client, name: &str) -> Result<Export, Refusal> {
     let export = Api::<Export>::all(provider.clone())
-        .get_opt(&request.export)
+        .get_opt(name)
         .await
-        .map_err(|e| format!("read Export {}: {e}", request.export))?
-        .ok_or_else(|| format!("no Export {} on this provider", request.export))?;
-    // No Grant is recorded for what is not offered (the issuer would refuse it).
-    plan::offered(&request.export, Some(&export)).map_err(|(_, message)| message)?;
+        .map_err(|e| Refusal::Unavailable(format!("read Export {name}: {e}")))?
+        .ok_or_else(|| Refusal::NoExport(format!("no Export {name} on this provider")))?;
+    plan::offered(name, Some(&export)).map_err(|(_, message)| Refusal::NotIssued(message))?;
+    Ok(export)
+}
+
+/// Records the request's Grant (named after its boundary; `manager` is the field manager) and
+/// waits until the issuer has issued it. An Export that is not offered gets no Grant.
+pub async fn record(provider: &Client, request: &Request, manager: &str) -> Result<Grant, Refusal> {
+    offered_export(provider, &request.export).await?;
     let boundary = rbac::boundary(
         &request.identity,
         request.cluster_name.as_deref(),
         &request.export,
     );
     let grants = Api::<Grant>::all(provider.clone());
-    let mode = if request.long_lived {
-        CredentialMode::LongLived
-    } else {
-        CredentialMode::Bound
-    };
     let body = json!({
         "apiVersion": "iam.kbind.io/v1alpha1",
         "kind": "Grant",
@@ -79,23 +108,43 @@ pub async fn run(
         "spec": {
             "export": request.export,
             "consumer": { "identity": request.identity, "clusterName": request.cluster_name },
-            "credential": { "mode": mode, "expirationSeconds": request.expiration_seconds },
+            "credential": { "mode": mode(request), "expirationSeconds": request.expiration_seconds },
         },
     });
     grants
         .patch(
             &boundary,
-            &PatchParams::apply(FIELD_MANAGER).force(),
+            &PatchParams::apply(manager).force(),
             &Patch::Apply(&body),
         )
         .await
-        .map_err(|e| format!("record Grant {boundary}: {e}"))?;
-    let grant = issued(&grants, &boundary).await?;
-    let token = match mode {
+        .map_err(|e| Refusal::Unavailable(format!("record Grant {boundary}: {e}")))?;
+    issued(&grants, &boundary).await
+}
+
+fn mode(request: &Request) -> CredentialMode {
+    if request.long_lived {
+        CredentialMode::LongLived
+    } else {
+        CredentialMode::Bound
+    }
+}
+
+/// The bundle's documents for the request's issued `grant`: a credential minted now, the
+/// Export's defaults as they are now.
+pub async fn assemble(
+    provider: &Client,
+    config: &kube::Config,
+    request: &Request,
+    grant: &Grant,
+) -> Result<Vec<Value>, Refusal> {
+    let export = offered_export(provider, &request.export).await?;
+    let boundary = grant.name_any();
+    let token = match mode(request) {
         CredentialMode::Bound => {
             bound_token(provider, &boundary, request.expiration_seconds).await?
         }
-        CredentialMode::LongLived => long_lived_token(provider, &grant, &boundary).await?,
+        CredentialMode::LongLived => long_lived_token(provider, grant, &boundary).await?,
     };
     let server = match &request.server {
         Some(server) => server.clone(),
@@ -108,29 +157,55 @@ pub async fn run(
     let ca = config.root_cert.as_deref().map(pem).unwrap_or_default();
     let kubeconfig = kubeconfig(&server, &ca, &token, &boundary);
     let connection = request.connection.clone().unwrap_or(request.export.clone());
-    let bundle = bundle(&Bundle {
+    documents(&Bundle {
         connection: &connection,
         secret_namespace: &request.secret_namespace,
         kubeconfig: &kubeconfig,
         export: &export.spec,
         namespace: request.namespace.as_deref(),
         boundary: &boundary,
-    })?;
-    let note = (mode == CredentialMode::Bound).then(|| {
-        format!(
-            "note: the credential is a token that expires {}s after it was issued; kbind on the consumer renews it in process before then (--token-renewal-at). --long-lived issues one that lasts until the Grant is revoked",
-            request.expiration_seconds
-        )
-    });
-    Ok((bundle, note))
+    })
+    .map_err(Refusal::Unavailable)
+}
+
+/// The issued Grant `name`, if it is issued and not revoked (a pickup's second look).
+pub async fn still_issued(provider: &Client, name: &str) -> Result<Grant, Refusal> {
+    let grant = Api::<Grant>::all(provider.clone())
+        .get_opt(name)
+        .await
+        .map_err(|e| Refusal::Unavailable(format!("read Grant {name}: {e}")))?
+        .ok_or_else(|| Refusal::NotIssued(format!("Grant {name} is gone")))?;
+    if grant.spec.revoked {
+        return Err(Refusal::NotIssued(format!("Grant {name} is revoked")));
+    }
+    match said(&grant) {
+        Some((status, _, _)) if status == "True" => Ok(grant),
+        Some((_, reason, message)) => Err(Refusal::NotIssued(format!(
+            "Grant {name} is not issued ({reason}): {message}"
+        ))),
+        None => Err(Refusal::NotIssued(format!(
+            "Grant {name} is not issued yet"
+        ))),
+    }
+}
+
+/// The Grant's `Issued` condition (status, reason, message), if its status describes its
+/// generation.
+fn said(grant: &Grant) -> Option<(String, String, String)> {
+    let status = grant.status.as_ref();
+    let current = status.and_then(|s| s.observed_generation) == grant.metadata.generation;
+    status
+        .and_then(|s| kbind_shared::conditions::find(&s.conditions, plan::types::ISSUED))
+        .filter(|_| current)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 /// Calls `look` every 200 ms until it answers, for at most [`WAIT`]; `waiting_for` says what
 /// did not come.
-async fn poll<T, F, Fut>(waiting_for: &str, mut look: F) -> Result<T, String>
+async fn poll<T, F, Fut>(waiting_for: &str, mut look: F) -> Result<T, Refusal>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>, String>>,
+    Fut: std::future::Future<Output = Result<Option<T>, Refusal>>,
 {
     let started = std::time::Instant::now();
     loop {
@@ -138,39 +213,37 @@ where
             return Ok(found);
         }
         if started.elapsed() > WAIT {
-            return Err(format!("{waiting_for} within {}s", WAIT.as_secs()));
+            return Err(Refusal::Unavailable(format!(
+                "{waiting_for} within {}s",
+                WAIT.as_secs()
+            )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 /// Waits until the Grant's status describes its generation; its `Issued` condition then decides.
-async fn issued(grants: &Api<Grant>, name: &str) -> Result<Grant, String> {
+async fn issued(grants: &Api<Grant>, name: &str) -> Result<Grant, Refusal> {
     let waiting_for =
         format!("Grant {name} was not looked at: is kbind-issuer running on this provider?");
-    let grant = poll(&waiting_for, || async {
+    let (grant, (status, reason, message)) = poll(&waiting_for, || async {
         let grant = grants
             .get(name)
             .await
-            .map_err(|e| format!("read Grant {name}: {e}"))?;
-        let status = grant.status.as_ref();
-        let current = status.and_then(|s| s.observed_generation) == grant.metadata.generation;
-        let said = status
-            .and_then(|s| kbind_shared::conditions::find(&s.conditions, plan::types::ISSUED))
-            .filter(|_| current)
-            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
-        Ok(said.map(|said| (grant, said)))
+            .map_err(|e| Refusal::Unavailable(format!("read Grant {name}: {e}")))?;
+        Ok(said(&grant).map(|said| (grant, said)))
     })
     .await?;
-    match grant {
-        (grant, (status, _, _)) if status == "True" => Ok(grant),
-        (_, (_, reason, message)) => {
-            Err(format!("Grant {name} is not issued ({reason}): {message}"))
-        }
+    if status == "True" {
+        Ok(grant)
+    } else {
+        Err(Refusal::NotIssued(format!(
+            "Grant {name} is not issued ({reason}): {message}"
+        )))
     }
 }
 
-async fn bound_token(provider: &Client, boundary: &str, seconds: i64) -> Result<String, String> {
+async fn bound_token(provider: &Client, boundary: &str, seconds: i64) -> Result<String, Refusal> {
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
             expiration_seconds: Some(seconds),
@@ -181,11 +254,16 @@ async fn bound_token(provider: &Client, boundary: &str, seconds: i64) -> Result<
     Api::<ServiceAccount>::namespaced(provider.clone(), boundary)
         .create_token_request(rbac::SERVICE_ACCOUNT, &PostParams::default(), &request)
         .await
-        .map_err(|e| format!("token for {boundary}/{}: {e}", rbac::SERVICE_ACCOUNT))?
+        .map_err(|e| {
+            Refusal::Unavailable(format!(
+                "token for {boundary}/{}: {e}",
+                rbac::SERVICE_ACCOUNT
+            ))
+        })?
         .status
         .and_then(|s| s.token)
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| "the TokenRequest returned no token".to_owned())
+        .ok_or_else(|| Refusal::Unavailable("the TokenRequest returned no token".to_owned()))
 }
 
 /// The token of the boundary's long-lived token Secret, created (owned by the Grant, so revoking
@@ -194,7 +272,8 @@ async fn long_lived_token(
     provider: &Client,
     grant: &Grant,
     boundary: &str,
-) -> Result<String, String> {
+) -> Result<String, Refusal> {
+    let unavailable = Refusal::Unavailable;
     let secrets = Api::<Secret>::namespaced(provider.clone(), boundary);
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {
@@ -210,11 +289,15 @@ async fn long_lived_token(
         },
         "type": "kubernetes.io/service-account-token",
     }))
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| unavailable(e.to_string()))?;
     match secrets.create(&PostParams::default(), &secret).await {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(format!("create {boundary}/{TOKEN_SECRET}: {e}")),
+        Err(e) => {
+            return Err(unavailable(format!(
+                "create {boundary}/{TOKEN_SECRET}: {e}"
+            )));
+        }
     }
     let waiting_for = format!(
         "{boundary}/{TOKEN_SECRET} got no token: is the provider's token controller running?"
@@ -223,12 +306,12 @@ async fn long_lived_token(
         let secret = secrets
             .get(TOKEN_SECRET)
             .await
-            .map_err(|e| format!("read {boundary}/{TOKEN_SECRET}: {e}"))?;
+            .map_err(|e| unavailable(format!("read {boundary}/{TOKEN_SECRET}: {e}")))?;
         secret
             .data
             .as_ref()
             .and_then(|d| d.get("token"))
-            .map(|t| String::from_utf8(t.0.clone()).map_err(|e| e.to_string()))
+            .map(|t| String::from_utf8(t.0.clone()).map_err(|e| unavailable(e.to_string())))
             .transpose()
     })
     .await
@@ -286,6 +369,28 @@ pub struct Bundle<'a> {
 
 /// The bundle as YAML documents: Secret, Connection, binding.
 pub fn bundle(b: &Bundle<'_>) -> Result<String, String> {
+    yaml(&documents(b)?).map_err(|e| e.to_string())
+}
+
+/// Documents as one YAML stream (`kubectl apply -f` takes it as it is).
+pub fn yaml(documents: &[Value]) -> Result<String, Refusal> {
+    let mut out = String::new();
+    for document in documents {
+        out.push_str("---\n");
+        out.push_str(
+            &serde_yaml::to_string(document).map_err(|e| Refusal::Unavailable(e.to_string()))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Documents as one JSON `List` (`kubectl apply -f` takes it as it is).
+pub fn json_list(documents: &[Value]) -> String {
+    json!({ "apiVersion": "v1", "kind": "List", "items": documents }).to_string()
+}
+
+/// The bundle's documents: Secret, Connection, binding.
+pub fn documents(b: &Bundle<'_>) -> Result<Vec<Value>, String> {
     let secret_name = format!("{}-kubeconfig", b.connection);
     let secret = json!({
         "apiVersion": "v1",
@@ -330,18 +435,12 @@ pub fn bundle(b: &Bundle<'_>) -> Result<String, String> {
             "spec": spec,
         }),
     };
-    let mut out = String::new();
-    for document in [secret, connection, binding] {
-        out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&document).map_err(|e| e.to_string())?);
-    }
-    Ok(out)
+    Ok(vec![secret, connection, binding])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
 
     /// The documents of a bundle, parsed.
     fn documents(bundle: &str) -> Vec<Value> {

@@ -8,10 +8,10 @@
 
 use std::time::Duration;
 
+use crate::issuer::{plan, rbac};
 use base64::Engine;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use crate::issuer::{plan, rbac};
 use kbind_shared::api::catalog::{Export, ExportSpec};
 use kbind_shared::api::iam::{CredentialMode, Grant};
 use kube::api::{Patch, PatchParams, PostParams};

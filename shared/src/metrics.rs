@@ -129,6 +129,11 @@ pub struct Metrics {
     /// `kbind_reaper_last_sweep_timestamp_seconds{policy}` (kbind-reaper): the provider API
     /// server's time of the last complete sweep
     pub reaper_last_sweep_timestamp_seconds: GaugeVec,
+    /// `kbind_gateway_requests_total{endpoint,code}` (kbind-gateway, on a provider): answers by
+    /// endpoint (`provider`, `catalog`, `bind`, `pickup`) and HTTP status code
+    pub gateway_requests_total: IntCounterVec,
+    /// `kbind_gateway_request_seconds{endpoint}` (kbind-gateway): how long each answer took
+    pub gateway_request_seconds: HistogramVec,
     heartbeats:
         std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
 }
@@ -211,6 +216,18 @@ impl Metrics {
         )
         .expect("valid metric");
         let assignment_unassigned_units = registry.add(assignment_unassigned_units, "gauge");
+        let gateway_request_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "kbind_gateway_request_seconds",
+                "How long the gateway took to answer, by endpoint (a bind includes the issuer issuing its Grant)",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+            &["endpoint"],
+        )
+        .expect("valid metric");
+        let gateway_request_seconds = registry.add(gateway_request_seconds, "histogram");
         let leader = Gauge::new(
             "kbind_leader",
             "1 while this schema manager holds the leader Lease",
@@ -358,6 +375,13 @@ impl Metrics {
                 "The provider API server's time of the reaper's last complete sweep",
                 &["policy"],
             ),
+            gateway_requests_total: counter_vec(
+                &registry,
+                "kbind_gateway_requests_total",
+                "The gateway's answers by endpoint and HTTP status code",
+                &["endpoint", "code"],
+            ),
+            gateway_request_seconds,
             heartbeats: Default::default(),
             sync_lag_seconds,
             leader,

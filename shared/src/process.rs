@@ -99,11 +99,18 @@ where
 /// A client for the consumer cluster: `--kubeconfig`/`--context` if given, else in-cluster, else
 /// `$KUBECONFIG`, else `~/.kube/config`.
 pub async fn consumer_client(args: &CommonArgs, metrics: &Metrics) -> Result<Client, String> {
+    let config = config(args).await?;
+    crate::client::build(config, "consumer", Some(&metrics.api_requests_total))
+        .map_err(|e| format!("cannot build a client for the consumer cluster: {e}"))
+}
+
+/// The configuration [`consumer_client`] connects with (the cluster the process runs against).
+pub async fn config(args: &CommonArgs) -> Result<Config, String> {
     let options = KubeConfigOptions {
         context: args.context.clone(),
         ..Default::default()
     };
-    let config = match &args.kubeconfig {
+    Ok(match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| format!("cannot read kubeconfig {}: {e}", path.display()))?;
@@ -117,9 +124,7 @@ pub async fn consumer_client(args: &CommonArgs, metrics: &Metrics) -> Result<Cli
         None => Config::infer()
             .await
             .map_err(|e| format!("cannot find a consumer cluster configuration: {e}"))?,
-    };
-    crate::client::build(config, "consumer", Some(&metrics.api_requests_total))
-        .map_err(|e| format!("cannot build a client for the consumer cluster: {e}"))
+    })
 }
 
 /// Waits until the API server answers, for at most `limit`.

@@ -9,11 +9,12 @@ use kbind_e2e::images::{self, Container};
 use kbind_e2e::wait::wait_for;
 use serde_json::json;
 
-const PROGRAMS: [&str; 4] = [
+const PROGRAMS: [&str; 5] = [
     "kbind-schema-manager",
     "kbind-syncer",
     "kbind-reaper",
     "kbind-issuer",
+    "kbind-gateway",
 ];
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MAX_IMAGE_BYTES: u64 = 40 * 1024 * 1024;

@@ -53,6 +53,8 @@ pub struct Settings {
     pub expiration_seconds: i64,
     /// Binds per caller per minute (per replica).
     pub binds_per_minute: u32,
+    /// How long a pickup lasts.
+    pub pickup_ttl: Duration,
 }
 
 /// The gateway's state: shared by every request, holding nothing a request left.
@@ -84,7 +86,7 @@ impl Gateway {
         Self {
             auth: Authenticator::new(provider.clone()),
             rate: Rate::new(settings.binds_per_minute),
-            pickups: pickup::Store::new(provider.clone(), namespace),
+            pickups: pickup::Store::new(provider.clone(), namespace, settings.pickup_ttl),
             provider,
             config,
             settings,
@@ -318,6 +320,15 @@ async fn bind_inner(
             .unwrap_or_else(|| DEFAULT_SECRET_NAMESPACE.to_owned()),
     );
     let grant = bundle::record(&gateway.provider, &bundle_request, FIELD_MANAGER).await?;
+    if grant.spec.revoked {
+        return Err(Answer(
+            StatusCode::CONFLICT,
+            format!(
+                "Grant {} is revoked: ask the provider's admins",
+                grant.name_any()
+            ),
+        ));
+    }
     let record = Record {
         identity: caller.username.clone(),
         export: asked.export.clone(),

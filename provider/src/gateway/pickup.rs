@@ -1,5 +1,6 @@
-//! One-time pickups: a bind's answer is a URL that yields the bundle once, within
-//! [`TTL`], and never again. The bundle itself is never stored: a pickup records only what was
+//! One-time pickups: a bind's answer is a URL that yields the bundle once, within its lifetime
+//! ([`TTL`] unless the gateway is told otherwise; the record carries it, so every replica judges
+//! it alike), and never again. The bundle itself is never stored: a pickup records only what was
 //! asked for and by whom, and the credential is minted when the pickup is taken.
 //!
 //! The record is a Secret in the gateway's namespace — the store every replica shares, so any
@@ -7,9 +8,9 @@
 //! CRD: nothing to install or upgrade, the API server's own expiry-free storage is enough for
 //! minutes-long records the gateway collects itself, and Secrets are kept from the many roles
 //! that may read ConfigMaps. Its name is a digest of the token, so neither a list of the
-//! records nor the API server's audit log holds a token, and taking a pickup is one delete: the
-//! API server lets exactly one caller delete an object, so a pickup raced from two replicas is
-//! taken once.
+//! records nor the API server's audit log holds a token, and taking a pickup ends with a delete
+//! preconditioned on the record's UID: the API server lets exactly one caller delete an object,
+//! so a pickup raced from two replicas is taken once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,8 +26,12 @@ use sha2::Digest;
 
 use super::request::TOKEN_BYTES;
 
-/// How long a pickup may be taken.
+/// How long a pickup may be taken, by default.
 pub const TTL: Duration = Duration::from_secs(300);
+/// The longest lifetime a record may carry.
+pub const MAX_TTL: Duration = Duration::from_secs(3600);
+/// The annotation carrying a record's lifetime in seconds.
+pub const TTL_ANNOTATION: &str = "gateway.kbind.io/ttl-seconds";
 /// Pickups a caller may hold at once: a caller's binds cost the provider's store a bounded
 /// number of records.
 pub const PER_CALLER: usize = 5;
@@ -81,8 +86,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The Secret recording `record` under `token`.
-pub fn secret(token: &str, record: &Record) -> Result<Secret, String> {
+/// The Secret recording `record` under `token`, to be taken within `ttl`.
+pub fn secret(token: &str, record: &Record, ttl: Duration) -> Result<Secret, String> {
     let json = serde_json::to_string(record).map_err(|e| e.to_string())?;
     Ok(Secret {
         metadata: ObjectMeta {
@@ -95,6 +100,10 @@ pub fn secret(token: &str, record: &Record) -> Result<Secret, String> {
                     "kbind-gateway".to_owned(),
                 ),
             ])),
+            annotations: Some(BTreeMap::from([(
+                TTL_ANNOTATION.to_owned(),
+                ttl.as_secs().to_string(),
+            )])),
             ..Default::default()
         },
         type_: Some(SECRET_TYPE.to_owned()),
@@ -103,10 +112,23 @@ pub fn secret(token: &str, record: &Record) -> Result<Secret, String> {
     })
 }
 
-/// When a record stops being a pickup: its creation as the API server stamped it, plus [`TTL`].
+/// When a record stops being a pickup: its creation as the API server stamped it, plus the
+/// lifetime it carries (at most [`MAX_TTL`]; [`TTL`] if it carries none).
 pub fn expires(secret: &Secret) -> Option<Timestamp> {
-    let created = secret.metadata.creation_timestamp.as_ref()?.0;
-    created.checked_add(TTL).ok()
+    expires_at(&secret.metadata)
+}
+
+/// [`expires`] of a record's metadata.
+fn expires_at(meta: &ObjectMeta) -> Option<Timestamp> {
+    let created = meta.creation_timestamp.as_ref()?.0;
+    let ttl = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TTL_ANNOTATION))
+        .and_then(|t| t.parse::<u64>().ok())
+        .map_or(TTL, Duration::from_secs)
+        .min(MAX_TTL);
+    created.checked_add(ttl).ok()
 }
 
 /// What a taken record yields at `now`.
@@ -143,7 +165,7 @@ pub fn judge(secret: &Secret, now: Timestamp) -> Taken {
 }
 
 /// Whether the record is past its expiry at `now` by a grace (a collector never races a taker
-/// that is just inside [`TTL`]).
+/// that is just inside the lifetime).
 pub fn collectable(secret: &Secret, now: Timestamp) -> bool {
     expires(secret).is_some_and(|at| now > at + Duration::from_secs(60))
 }
@@ -152,21 +174,20 @@ pub fn collectable(secret: &Secret, now: Timestamp) -> bool {
 #[derive(Clone)]
 pub struct Store {
     secrets: Api<Secret>,
+    ttl: Duration,
 }
 
 /// Why a pickup could not be made or taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Failure {
     /// The caller holds [`PER_CALLER`] pickups already (429).
-    #[error(
-        "you hold {PER_CALLER} pickups not yet taken; take one or wait until they expire (5 minutes)"
-    )]
+    #[error("you hold {PER_CALLER} pickups not yet taken; take one or wait until they expire")]
     Full,
     /// No such pickup: taken already, or never made (404).
     #[error("no such pickup: it was taken already, or never existed")]
     Unknown,
     /// Taken too late (410).
-    #[error("this pickup expired (pickups last 5 minutes); bind again")]
+    #[error("this pickup expired; bind again")]
     Expired,
     /// The API server did not answer (503).
     #[error("{0}")]
@@ -174,10 +195,11 @@ pub enum Failure {
 }
 
 impl Store {
-    /// The records in `namespace` of the provider `client` reaches.
-    pub fn new(client: Client, namespace: &str) -> Self {
+    /// The records in `namespace` of the provider `client` reaches; new ones last `ttl`.
+    pub fn new(client: Client, namespace: &str, ttl: Duration) -> Self {
         Self {
             secrets: Api::namespaced(client, namespace),
+            ttl: ttl.min(MAX_TTL),
         }
     }
 
@@ -193,12 +215,7 @@ impl Store {
         let live = held
             .items
             .iter()
-            .filter(|m| {
-                m.metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .is_none_or(|t| t.0 + TTL > now)
-            })
+            .filter(|m| expires_at(&m.metadata).is_none_or(|at| at > now))
             .count();
         if live >= PER_CALLER {
             return Err(Failure::Full);
@@ -208,33 +225,47 @@ impl Store {
             .secrets
             .create(
                 &PostParams::default(),
-                &secret(&token, record).map_err(Failure::Unavailable)?,
+                &secret(&token, record, self.ttl).map_err(Failure::Unavailable)?,
             )
             .await
             .map_err(|e| Failure::Unavailable(format!("record the pickup: {}", kind(&e))))?;
-        let at = expires(&made).unwrap_or(now + TTL);
+        let at = expires(&made).unwrap_or(now + self.ttl);
         Ok((token, at))
     }
 
-    /// Takes the pickup of `token`: deletes its record (once: a second taker finds none) and
-    /// returns what it recorded.
+    /// Takes the pickup of `token`: reads its record, then deletes it with its UID as the
+    /// precondition — the API server lets one caller delete an object, so of two takers racing
+    /// (on two replicas) one gets the record and the other finds none.
     pub async fn take(&self, token: &str) -> Result<Record, Failure> {
         let name = record_name(token);
-        let deleted = match self.secrets.delete(&name, &DeleteParams::default()).await {
-            Ok(either) => either,
-            Err(kube::Error::Api(e)) if e.code == 404 => return Err(Failure::Unknown),
-            Err(e) => {
-                return Err(Failure::Unavailable(format!(
-                    "take the pickup: {}",
-                    kind(&e)
-                )));
-            }
-        };
-        let Some(secret) = deleted.left() else {
-            // The API server answered with a Status, not the object: nothing to judge.
+        let unavailable =
+            |e: kube::Error| Failure::Unavailable(format!("take the pickup: {}", kind(&e)));
+        let secret = self
+            .secrets
+            .get_opt(&name)
+            .await
+            .map_err(unavailable)?
+            .ok_or(Failure::Unknown)?;
+        let taken = judge(&secret, Timestamp::now());
+        if taken == Taken::Foreign {
+            // Someone else's Secret of that name: neither read nor deleted.
             return Err(Failure::Unknown);
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: secret.uid(),
+                resource_version: None,
+            }),
+            ..Default::default()
         };
-        match judge(&secret, Timestamp::now()) {
+        match self.secrets.delete(&name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                return Err(Failure::Unknown);
+            }
+            Err(e) => return Err(unavailable(e)),
+        }
+        match taken {
             Taken::Fresh(record) => Ok(record),
             Taken::Expired => Err(Failure::Expired),
             Taken::Foreign => Err(Failure::Unknown),
@@ -303,7 +334,7 @@ mod tests {
 
     /// The Secret as the API server stores it: `stringData` turned into `data`, a creation time.
     fn stored(token: &str, created: Timestamp) -> Secret {
-        let mut s = secret(token, &record()).unwrap();
+        let mut s = secret(token, &record(), TTL).unwrap();
         let data = s.string_data.take().unwrap();
         s.data = Some(
             data.into_iter()
@@ -320,7 +351,7 @@ mod tests {
         let b = new_token().unwrap();
         assert_ne!(a, b);
         assert!(super::super::request::is_pickup_token(&a), "{a}");
-        let s = secret(&a, &record()).unwrap();
+        let s = secret(&a, &record(), TTL).unwrap();
         let text = serde_json::to_string(&s).unwrap();
         assert!(!text.contains(&a), "{text}");
         assert_eq!(s.name_any(), record_name(&a));
@@ -349,6 +380,34 @@ mod tests {
         assert!(!collectable(&s, created + Duration::from_secs(300)));
         assert!(!collectable(&s, created + Duration::from_secs(360)));
         assert!(collectable(&s, created + Duration::from_secs(361)));
+    }
+
+    #[test]
+    fn a_record_carries_its_lifetime_bounded_by_an_hour() {
+        let created: Timestamp = "2026-12-07T12:00:00Z".parse().unwrap();
+        let at = |ttl: Option<&str>| {
+            let mut s = stored("t", created);
+            match ttl {
+                Some(ttl) => {
+                    s.metadata
+                        .annotations
+                        .as_mut()
+                        .unwrap()
+                        .insert(TTL_ANNOTATION.into(), ttl.into());
+                }
+                None => s.metadata.annotations = None,
+            }
+            expires(&s).unwrap().duration_since(created).as_secs()
+        };
+        for (ttl, seconds) in [
+            (Some("2"), 2),
+            (Some("300"), 300),
+            (Some("999999"), 3600),
+            (Some("x"), 300),
+            (None, 300),
+        ] {
+            assert_eq!(at(ttl), seconds, "{ttl:?}");
+        }
     }
 
     #[test]

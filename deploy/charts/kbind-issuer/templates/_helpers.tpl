@@ -28,3 +28,9 @@ app.kubernetes.io/component: issuer
 {{- end -}}
 {{- end -}}
 
+
+{{- define "kbind-issuer.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end -}}

@@ -79,6 +79,10 @@ struct Args {
     /// Binds each caller may make per minute, per replica.
     #[arg(long, env = "KBIND_BINDS_PER_MINUTE", default_value_t = 10)]
     binds_per_minute: u32,
+
+    /// How long a bind's pickup URL may be used (once), at most 3600.
+    #[arg(long, env = "KBIND_PICKUP_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pickup_seconds: u64,
 }
 
 #[tokio::main]
@@ -124,6 +128,7 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
         server: args.provider_server.clone(),
         expiration_seconds: args.credential_seconds,
         binds_per_minute: args.binds_per_minute,
+        pickup_ttl: std::time::Duration::from_secs(args.pickup_seconds),
     };
     let gateway = Arc::new(Gateway::new(
         client,

@@ -1,0 +1,529 @@
+//! The provider's front door, part 2 (#52): consumers bind from the catalog through
+//! `kbind-gateway` — two real replicas serving TLS on a real provider with kbind-issuer, each with
+//! the chart's ServiceAccount, RBAC and admission fence; callers are real ServiceAccounts and a
+//! user token the provider's API server authenticates; the bundle is applied to a real consumer
+//! running kbind, whose Connection becomes Ready and syncs.
+
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use kbind_e2e::TestEnv;
+use kbind_e2e::cluster::{User, client_for, ensure_namespace};
+use kbind_e2e::fixtures::*;
+use kbind_e2e::wait::wait_for;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+/// The right to bind the Export `export`: the verb `bind` on it, by name.
+fn may_bind(export: &str) -> Vec<PolicyRule> {
+    vec![PolicyRule {
+        api_groups: Some(vec!["catalog.kbind.io".into()]),
+        resources: Some(vec!["exports".into()]),
+        verbs: vec!["bind".into()],
+        resource_names: Some(vec![export.into()]),
+        ..Default::default()
+    }]
+}
+
+/// A provider with kbind-issuer and the gateway's RBAC, Widgets exported (the Export `widgets`,
+/// offered) and the Export `gadgets` naming an API the provider does not serve (not offered);
+/// the gateway's account.
+async fn provider_with_gateway(env: &mut TestEnv) -> (Client, User) {
+    let provider = env.cluster("provider").admin_client().await.unwrap();
+    install_issuer_chart(&provider).await;
+    install_gateway_rbac(&provider).await;
+    install_crd(&provider, &widget_crd()).await.unwrap();
+    start_issuer(env).await;
+    apply_export(&provider, "widgets", &["widgets.example.org"], false).await;
+    apply_export(&provider, "gadgets", &["gadgets.example.org"], false).await;
+    let exports = Api::<kbind_shared::api::catalog::Export>::all(provider.clone());
+    wait_for("Export widgets offered", 30, || async {
+        let e = exports.get("widgets").await.map_err(|e| e.to_string())?;
+        let offered = kbind_provider::issuer::plan::offered("widgets", Some(&e)).is_ok();
+        Ok(offered.then_some(()))
+    })
+    .await;
+    let account = env
+        .cluster("provider")
+        .mint_service_account_user(ISSUER_NAMESPACE, GATEWAY_SERVICE_ACCOUNT)
+        .await
+        .unwrap();
+    (provider, account)
+}
+
+/// `POST /api/bind` of `body` as `token` (none: anonymous).
+async fn bind(gateway: &Gateway, ca: &str, token: Option<&str>, body: &str) -> Answer {
+    let authorization = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(a) = &authorization {
+        headers.push(("Authorization", a.as_str()));
+    }
+    https(
+        &gateway.address,
+        ca,
+        "POST",
+        "/api/bind",
+        &headers,
+        body.as_bytes(),
+    )
+    .await
+    .unwrap()
+}
+
+/// `GET <path>` with `accept`.
+async fn get(gateway: &Gateway, ca: &str, path: &str, accept: Option<&str>) -> Answer {
+    let headers: Vec<(&str, &str)> = accept.map(|a| ("Accept", a)).into_iter().collect();
+    https(&gateway.address, ca, "GET", path, &headers, b"")
+        .await
+        .unwrap()
+}
+
+/// The secrets no log of the run may hold: every `*.log` kbind's processes wrote (the API
+/// servers' audit logs aside, which record what the API servers were sent).
+fn assert_no_log_holds(env: &TestEnv, secrets: &[(&str, &str)]) {
+    let mut logs = Vec::new();
+    for entry in std::fs::read_dir(env.dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            logs.push(path);
+        }
+    }
+    assert!(
+        logs.iter().any(|l| l.to_string_lossy().contains("gateway")),
+        "the gateways' logs are among {logs:?}"
+    );
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        for (what, secret) in secrets {
+            assert!(!secret.is_empty());
+            assert!(!text.contains(secret), "{} holds {what}", log.display());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_binds_from_the_catalog_and_any_replica_hands_its_bundle_over_once() {
+    let mut env = TestEnv::start("gateway-bind", &["provider", "consumer"])
+        .await
+        .unwrap();
+    let (provider, account) = provider_with_gateway(&mut env).await;
+    let controller = run_provider_widget_controller(provider.clone());
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE, "team-a"] {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+    }
+    let manager = Component::SchemaManager
+        .start(
+            &mut env,
+            "consumer",
+            "schema-manager",
+            &["--leader-elect=false"],
+        )
+        .await
+        .unwrap();
+    let syncer = Component::Syncer
+        .start(&mut env, "consumer", "syncer", &[])
+        .await
+        .unwrap();
+    let (cert, key, ca) = gateway_certificate(&env);
+    let a = start_gateway(&mut env, "gateway-a", &account, (&cert, &key), &[]).await;
+    let b = start_gateway(&mut env, "gateway-b", &account, (&cert, &key), &[]).await;
+    manager.wait_ready("the schema manager", 60).await;
+    syncer.wait_ready("the syncer", 60).await;
+
+    // Who the provider is, and what it offers: the offered Export with its APIs; not the one
+    // naming an API nobody serves.
+    let about = get(&a, &ca, "/api/provider", None).await;
+    assert_eq!(about.code, 200, "{about:?}");
+    assert_eq!(about.json()["name"], "e2e-provider");
+    let catalog = get(&b, &ca, "/api/catalog", None).await;
+    assert_eq!(catalog.code, 200, "{catalog:?}");
+    let catalog = catalog.json();
+    let names: Vec<&str> = catalog["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["widgets"], "{catalog:#}");
+    assert_eq!(
+        catalog["exports"][0]["apis"][0],
+        json!({ "name": "widgets.example.org", "scope": "Namespaced" })
+    );
+
+    // A team's ServiceAccount allowed to bind Widgets binds on replica A…
+    let alice = env.cluster("provider").mint_user("alice").await.unwrap();
+    env.cluster("provider")
+        .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
+        .await
+        .unwrap();
+    let bound = bind(&a, &ca, Some(&alice.token), r#"{"export":"widgets"}"#).await;
+    assert_eq!(bound.code, 201, "{bound:?}");
+    assert_eq!(bound.header("cache-control"), Some("no-store"));
+    let pickup = bound.json()["pickup"].as_str().unwrap().to_owned();
+    let token = pickup.trim_start_matches("/api/pickup/").to_owned();
+    let boundary = kbind_provider::issuer::rbac::boundary(&alice.username, None, "widgets");
+    assert_eq!(bound.json()["boundary"], boundary.as_str());
+    // …the Grant is the caller's, as the API server named it.
+    let grant = Api::<kbind_shared::api::iam::Grant>::all(provider.clone())
+        .get(&boundary)
+        .await
+        .unwrap();
+    assert_eq!(grant.spec.consumer.identity, alice.username);
+
+    // Replica A goes away; B hands the bundle over, once.
+    env.process(a.index).kill();
+    let taken = get(&b, &ca, &pickup, Some("application/json")).await;
+    assert_eq!(taken.code, 200, "{taken:?}");
+    assert_eq!(taken.header("content-type"), Some("application/json"));
+    assert_eq!(taken.header("cache-control"), Some("no-store"));
+    let list = taken.json();
+    assert_eq!(list["kind"], "List");
+    let kinds: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["Secret", "Connection", "ClusterBinding"]);
+    assert_eq!(list["items"][1]["spec"]["boundary"], boundary.as_str());
+    let again = get(&b, &ca, &pickup, None).await;
+    assert_eq!(again.code, 404, "{again:?}");
+    assert_eq!(again.body.lines().count(), 1, "{again:?}");
+    // Nothing of the pickup is left in the provider's store.
+    let records = Api::<Secret>::namespaced(provider.clone(), ISSUER_NAMESPACE)
+        .list(&kube::api::ListParams::default().labels("gateway.kbind.io/pickup=true"))
+        .await
+        .unwrap();
+    assert!(records.items.is_empty(), "{:?}", records.items);
+
+    // The consumer applies the bundle as it came: its Connection becomes Ready, its binding
+    // serves Widgets, and a Widget syncs into the boundary with its status back.
+    let yaml: String = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap()))
+        .collect();
+    let credential = list["items"][0]["stringData"]["kubeconfig"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let credential_token = serde_yaml::from_str::<Value>(&credential).unwrap()["users"][0]["user"]
+        ["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    apply_manifest(&consumer, &yaml).await.unwrap();
+    wait_cluster_binding_ready(&consumer, "widgets").await;
+    widgets(&consumer, "team-a")
+        .create(&PostParams::default(), &widget("w", 3))
+        .await
+        .unwrap();
+    let copies = widgets(&provider, &format!("{boundary}-team-a"));
+    wait_for("the Widget's copy in the boundary", 30, || async {
+        Ok((size_of(&copies, "w").await == Some(3)).then_some(()))
+    })
+    .await;
+    let mine = widgets(&consumer, "team-a");
+    wait_for("the Widget's status back", 30, || async {
+        let w = mine.get("w").await.map_err(|e| e.to_string())?;
+        Ok((w.data["status"]["observedSize"] == 3).then_some(()))
+    })
+    .await;
+
+    // The metrics say what B answered: one bundle handed over, one reuse refused.
+    let metrics = kbind_e2e::kbind::http_get(&b.metrics, "/metrics")
+        .await
+        .unwrap()
+        .1;
+    for (endpoint, code, count) in [
+        ("pickup", "200", 1.0),
+        ("pickup", "404", 1.0),
+        ("catalog", "200", 1.0),
+    ] {
+        assert_eq!(
+            metric_sum(
+                &metrics,
+                "kbind_gateway_requests_total",
+                &[("endpoint", endpoint), ("code", code)]
+            ),
+            count,
+            "{endpoint} {code}: {metrics}"
+        );
+    }
+    // No token, pickup or credential in any log of the run.
+    assert_no_log_holds(
+        &env,
+        &[
+            ("alice's token", &alice.token),
+            ("the pickup token", &token),
+            ("the bundle's credential", &credential_token),
+        ],
+    );
+    controller.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_and_bad_requests_get_one_line_and_no_bundle() {
+    let mut env = TestEnv::start("gateway-hostile", &["provider"])
+        .await
+        .unwrap();
+    let (provider, account) = provider_with_gateway(&mut env).await;
+    let (cert, key, ca) = gateway_certificate(&env);
+    let short = start_gateway(
+        &mut env,
+        "gateway-short",
+        &account,
+        (&cert, &key),
+        &["--pickup-seconds=2"],
+    )
+    .await;
+    let strict = start_gateway(
+        &mut env,
+        "gateway-strict",
+        &account,
+        (&cert, &key),
+        &["--binds-per-minute=7"],
+    )
+    .await;
+    let cluster = env.cluster("provider");
+    let alice = cluster.mint_user("alice").await.unwrap();
+    cluster
+        .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
+        .await
+        .unwrap();
+    let bob = cluster.mint_user("bob").await.unwrap();
+    let admin_token = cluster.admin_token().to_owned();
+    let widgets = r#"{"export":"widgets"}"#;
+
+    // Who may not: nobody, a made-up token, a token in a cookie (a browser's ambient
+    // credential is not one), an identity without the right, one with the right to another Export.
+    let refusals: Vec<(&str, Answer, u16, &str)> = vec![
+        (
+            "anonymous",
+            bind(&short, &ca, None, widgets).await,
+            401,
+            "bearer token is required",
+        ),
+        (
+            "a made-up token",
+            bind(&short, &ca, Some("not-a-token"), widgets).await,
+            401,
+            "not valid",
+        ),
+        (
+            "a cookie",
+            https(
+                &short.address,
+                &ca,
+                "POST",
+                "/api/bind",
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Cookie", &format!("token={}", alice.token)),
+                ],
+                widgets.as_bytes(),
+            )
+            .await
+            .unwrap(),
+            401,
+            "bearer token is required",
+        ),
+        (
+            "bob",
+            bind(&short, &ca, Some(&bob.token), widgets).await,
+            403,
+            "may not bind Export widgets",
+        ),
+        (
+            "alice, gadgets",
+            bind(&short, &ca, Some(&alice.token), r#"{"export":"gadgets"}"#).await,
+            403,
+            "may not bind Export gadgets",
+        ),
+        // A cross-site form can send only form or text bodies: never acted on.
+        (
+            "a form post",
+            https(
+                &short.address,
+                &ca,
+                "POST",
+                "/api/bind",
+                &[
+                    ("Content-Type", "application/x-www-form-urlencoded"),
+                    ("Authorization", &format!("Bearer {}", alice.token)),
+                ],
+                b"export=widgets",
+            )
+            .await
+            .unwrap(),
+            415,
+            "application/json",
+        ),
+        (
+            "an oversized body",
+            bind(
+                &short,
+                &ca,
+                Some(&alice.token),
+                &format!(
+                    r#"{{"export":"widgets","connection":"{}"}}"#,
+                    "a".repeat(10_000)
+                ),
+            )
+            .await,
+            413,
+            "",
+        ),
+        (
+            "a malformed body",
+            bind(&short, &ca, Some(&alice.token), r#"{"export":"Widgets!"}"#).await,
+            400,
+            "is not an Export's name",
+        ),
+        // The provider's admin (a user token, not a ServiceAccount) may bind anything: what is
+        // not there or not offered gets no Grant.
+        (
+            "no such Export",
+            bind(&short, &ca, Some(&admin_token), r#"{"export":"nope"}"#).await,
+            404,
+            "no Export nope",
+        ),
+        (
+            "not offered",
+            bind(&short, &ca, Some(&admin_token), r#"{"export":"gadgets"}"#).await,
+            409,
+            "gadgets.example.org",
+        ),
+    ];
+    for (what, answer, code, says) in &refusals {
+        assert_eq!(answer.code, *code, "{what}: {answer:?}");
+        assert!(answer.body.contains(says), "{what}: {answer:?}");
+        assert!(
+            answer.body.trim_end().lines().count() <= 1,
+            "{what}: one line: {answer:?}"
+        );
+        assert!(
+            !answer.body.contains("apiVersion"),
+            "{what}: no bundle: {answer:?}"
+        );
+    }
+    let grants = Api::<kbind_shared::api::iam::Grant>::all(provider.clone())
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert!(
+        grants.items.is_empty(),
+        "no refused call recorded a Grant: {:?}",
+        grants.items
+    );
+
+    // Pickups: a guessed token, a path that is no token, an expired one.
+    for path in [
+        format!("/api/pickup/{}", "A".repeat(43)),
+        "/api/pickup/..%2F..%2Fsecrets".to_owned(),
+        "/api/pickup/".to_owned(),
+    ] {
+        let answer = get(&short, &ca, &path, None).await;
+        assert_eq!(answer.code, 404, "{path}: {answer:?}");
+    }
+    let bound = bind(&short, &ca, Some(&alice.token), widgets).await;
+    assert_eq!(bound.code, 201, "{bound:?}");
+    let pickup = bound.json()["pickup"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Taken on the other replica: the record carries its own lifetime.
+    let late = get(&strict, &ca, &pickup, None).await;
+    assert_eq!(late.code, 410, "{late:?}");
+    assert!(late.body.contains("expired"), "{late:?}");
+    assert_eq!(get(&strict, &ca, &pickup, None).await.code, 404);
+
+    // Bounded per caller: 5 pickups held at once, 7 binds a minute on this replica; bob's
+    // calls are not slowed by alice's.
+    let mut pickups = Vec::new();
+    for i in 0..5 {
+        let bound = bind(&strict, &ca, Some(&alice.token), widgets).await;
+        assert_eq!(bound.code, 201, "bind {i}: {bound:?}");
+        pickups.push(bound.json()["pickup"].as_str().unwrap().to_owned());
+    }
+    for _ in 0..2 {
+        let held = bind(&strict, &ca, Some(&alice.token), widgets).await;
+        assert_eq!(held.code, 429, "{held:?}");
+        assert!(held.body.contains("you hold 5 pickups"), "{held:?}");
+    }
+    let taken = get(&strict, &ca, &pickups[0], None).await;
+    assert_eq!(taken.code, 200, "{taken:?}");
+    assert_eq!(taken.header("content-type"), Some("application/yaml"));
+    assert_eq!(yaml_documents(&taken.body).unwrap().len(), 3);
+    let throttled = bind(&strict, &ca, Some(&alice.token), widgets).await;
+    assert_eq!(throttled.code, 429, "{throttled:?}");
+    assert!(
+        throttled.body.contains("binds this minute"),
+        "{throttled:?}"
+    );
+    let bob_refused = bind(&strict, &ca, Some(&bob.token), widgets).await;
+    assert_eq!(
+        bob_refused.code, 403,
+        "bob is judged, not throttled: {bob_refused:?}"
+    );
+    // An Accept the gateway cannot serve: no bundle, and the pickup stays.
+    let html = get(&strict, &ca, &pickups[1], Some("text/html")).await;
+    assert_eq!(html.code, 406, "{html:?}");
+    assert_eq!(get(&strict, &ca, &pickups[1], None).await.code, 200);
+
+    // The fence: the gateway's own account may mint tokens only for a boundary's consumer
+    // account, write no Secret but a pickup, and record no Grant with a lasting credential.
+    let gateway = client_for(&account.kubeconfig).await.unwrap();
+    let refused = Api::<ServiceAccount>::namespaced(gateway.clone(), ISSUER_NAMESPACE)
+        .create_token_request(
+            ISSUER_SERVICE_ACCOUNT,
+            &PostParams::default(),
+            &TokenRequest::default(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("mints tokens only for a boundary"),
+        "{refused}"
+    );
+    let refused = Api::<Secret>::namespaced(gateway.clone(), ISSUER_NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "other" }, "type": "Opaque" }))
+                .unwrap(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("writes only its pickups"), "{refused}");
+    let refused = Api::<kbind_shared::api::iam::Grant>::all(gateway.clone())
+        .patch(
+            "lasting",
+            &PatchParams::apply("kbind-gateway"),
+            &Patch::Apply(json!({
+                "apiVersion": "iam.kbind.io/v1alpha1",
+                "kind": "Grant",
+                "metadata": { "name": "lasting" },
+                "spec": { "export": "widgets", "consumer": { "identity": "x" }, "credential": { "mode": "LongLived" } },
+            })),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("expiring credential"), "{refused}");
+
+    assert_no_log_holds(
+        &env,
+        &[
+            ("alice's token", &alice.token),
+            ("bob's token", &bob.token),
+            ("the admin's token", &admin_token),
+        ],
+    );
+    let _ = provider;
+}

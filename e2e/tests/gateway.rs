@@ -527,3 +527,152 @@ async fn hostile_and_bad_requests_get_one_line_and_no_bundle() {
     );
     let _ = provider;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_kbind_bind_applies_the_bundle_and_waits_until_the_apis_are_served() {
+    let mut env = TestEnv::start("gateway-plugin", &["provider", "consumer"])
+        .await
+        .unwrap();
+    let (provider, account) = provider_with_gateway(&mut env).await;
+    let controller = run_provider_widget_controller(provider.clone());
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE, "team-a"] {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+    }
+    let manager = Component::SchemaManager
+        .start(
+            &mut env,
+            "consumer",
+            "schema-manager",
+            &["--leader-elect=false"],
+        )
+        .await
+        .unwrap();
+    let syncer = Component::Syncer
+        .start(&mut env, "consumer", "syncer", &[])
+        .await
+        .unwrap();
+    let (cert, key, ca) = gateway_certificate(&env);
+    let gateway = start_gateway(&mut env, "gateway", &account, (&cert, &key), &[]).await;
+    manager.wait_ready("the schema manager", 60).await;
+    syncer.wait_ready("the syncer", 60).await;
+    let alice = env.cluster("provider").mint_user("alice").await.unwrap();
+    env.cluster("provider")
+        .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
+        .await
+        .unwrap();
+    let ca_file = env.dir().join("gateway-ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let token_file = env.dir().join("alice.token");
+    std::fs::write(&token_file, &alice.token).unwrap();
+    let url = format!("https://{}", gateway.address);
+    let (ca_file, token_file) = (
+        ca_file.display().to_string(),
+        token_file.display().to_string(),
+    );
+    let consumer_kubeconfig = env.cluster("consumer").admin_kubeconfig_path();
+    let gateway_args = ["--gateway", &url, "--gateway-ca-file", &ca_file];
+
+    // The catalog, as a table and as JSON.
+    let mut args = vec!["catalog"];
+    args.extend_from_slice(&gateway_args);
+    let run = plugin(&consumer_kubeconfig, &args).await;
+    assert_eq!(run.code, 0, "{run}");
+    assert!(run.stdout.contains("widgets.example.org"), "{run}");
+    assert!(!run.stdout.contains("gadgets"), "not offered: {run}");
+    args.extend_from_slice(&["-o", "json"]);
+    let run = plugin(&consumer_kubeconfig, &args).await;
+    assert_eq!(run.json()["exports"][0]["name"], "widgets", "{run}");
+
+    // No token: refused before anything is asked.
+    let mut args = vec!["bind", "widgets"];
+    args.extend_from_slice(&gateway_args);
+    let run = plugin(&consumer_kubeconfig, &args).await;
+    assert_eq!(run.code, 2, "{run}");
+    assert!(run.stderr.contains("a token is required"), "{run}");
+    // A gateway not trusted: refused by TLS.
+    let run = plugin(&consumer_kubeconfig, &["catalog", "--gateway", &url]).await;
+    assert_eq!(run.code, 2, "{run}");
+
+    // `-o yaml`: the bundle printed, nothing written on the consumer.
+    args.extend_from_slice(&["--token-file", &token_file]);
+    let mut yaml_args = args.clone();
+    yaml_args.extend_from_slice(&["-o", "yaml"]);
+    let run = plugin(&consumer_kubeconfig, &yaml_args).await;
+    assert_eq!(run.code, 0, "{run}");
+    let documents = yaml_documents(&run.stdout).unwrap();
+    assert_eq!(documents[1]["kind"], "Connection", "{run}");
+    assert!(
+        Api::<kbind_shared::api::Connection>::all(consumer.clone())
+            .get_opt("widgets")
+            .await
+            .unwrap()
+            .is_none(),
+        "-o yaml writes nothing"
+    );
+
+    // The one command: bound, applied, Ready, served — and it said so step by step.
+    let run = plugin(&consumer_kubeconfig, &args).await;
+    assert_eq!(run.code, 0, "{run}");
+    for step in [
+        "applied Secret kbind/widgets-kubeconfig",
+        "applied Connection widgets",
+        "applied ClusterBinding widgets",
+        "Connection widgets is Ready",
+        "ClusterBinding widgets is Ready",
+        "API widgets.example.org is Ready",
+    ] {
+        assert!(run.stderr.contains(step), "{step}: {run}");
+    }
+    assert!(
+        run.stdout
+            .contains("bound widgets: Connection widgets Ready, serving widgets.example.org"),
+        "{run}"
+    );
+    // What it said is what the consumer's API server holds: the binding Ready, the API served,
+    // and a Widget syncs into the caller's boundary.
+    wait_cluster_binding_ready(&consumer, "widgets").await;
+    widgets(&consumer, "team-a")
+        .create(&PostParams::default(), &widget("w", 2))
+        .await
+        .unwrap();
+    let boundary = kbind_provider::issuer::rbac::boundary(&alice.username, None, "widgets");
+    let copies = widgets(&provider, &format!("{boundary}-team-a"));
+    wait_for("the Widget's copy in the boundary", 30, || async {
+        Ok((size_of(&copies, "w").await == Some(2)).then_some(()))
+    })
+    .await;
+
+    // Binding again is the same Grant and boundary, its Secret updated in place.
+    let run = plugin(&consumer_kubeconfig, &args).await;
+    assert_eq!(run.code, 0, "{run}");
+    // A Connection of that name someone else wrote is not taken over.
+    Api::<Secret>::namespaced(consumer.clone(), SECRET_NAMESPACE)
+        .patch(
+            "taken-kubeconfig",
+            &PatchParams::apply("someone-else"),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": { "name": "taken-kubeconfig", "namespace": SECRET_NAMESPACE },
+                "stringData": { "kubeconfig": "theirs" },
+            })),
+        )
+        .await
+        .unwrap();
+    let mut taken = args.clone();
+    taken.extend_from_slice(&["--connection", "taken"]);
+    let run = plugin(&consumer_kubeconfig, &taken).await;
+    assert_eq!(run.code, 2, "{run}");
+    assert!(run.stderr.contains("someone else wrote it"), "{run}");
+    let theirs = Api::<Secret>::namespaced(consumer.clone(), SECRET_NAMESPACE)
+        .get("taken-kubeconfig")
+        .await
+        .unwrap();
+    assert_eq!(
+        theirs.data.unwrap()["kubeconfig"].0,
+        b"theirs".to_vec(),
+        "kept byte for byte"
+    );
+    controller.abort();
+}

@@ -12,6 +12,11 @@
 //!   fields kbind syncs, who owns which field on each side, delivery, the last refusal;
 //! - `grant <export> --consumer <identity>` (run against a **provider**): records a Grant, waits for
 //!   kbind-issuer to provision it, and prints the one-apply bundle (Secret, Connection, binding);
+//! - `catalog --gateway <url>`: what a provider's gateway offers (Exports, their APIs and docs;
+//!   Collections);
+//! - `bind <export> --gateway <url>`: binds the Export through the provider's gateway and applies
+//!   the bundle to this consumer, waiting until its Connection and binding are Ready and its APIs
+//!   served (`-o yaml`: prints the bundle, writes nothing);
 //! - `consumers --provider-kubeconfig <file>`: on a provider, its consumers as `kbind-reaper`
 //!   sees them and every heartbeat Lease with its server-recorded renewal;
 //! - `rehome plan|apply --connection <c> --from <uid>`: after a restore, claiming the provider
@@ -24,9 +29,11 @@
 //! through [`view::cell`] (control characters removed, length bounded).
 #![forbid(unsafe_code)]
 
+mod bind;
 mod consumers;
 mod diff;
 mod doctor;
+mod gateway;
 mod handover;
 mod migrate;
 mod plan;
@@ -68,6 +75,8 @@ enum Output {
     Text,
     /// One JSON document.
     Json,
+    /// YAML (`bind`: the bundle, applied nowhere).
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]
@@ -159,6 +168,35 @@ enum Command {
         #[arg(long)]
         server: Option<String>,
     },
+    /// What a provider's gateway offers: its Exports (their APIs and docs) and Collections.
+    Catalog {
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+    /// Binds an Export of a provider through its gateway and applies the bundle to this consumer
+    /// (the kubeconfig's cluster): waits until the Connection and the binding are Ready and the
+    /// APIs served. `-o yaml` prints the bundle instead and writes nothing.
+    Bind {
+        /// The Export (see `kubectl kbind catalog`).
+        export: String,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+        /// Which of your clusters this is, when you bind from several (each gets its own Grant).
+        #[arg(long)]
+        cluster_name: Option<String>,
+        /// A Binding in this namespace instead of a ClusterBinding.
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// The Connection's name (default: the Export's).
+        #[arg(long)]
+        connection: Option<String>,
+        /// Where the kubeconfig Secret goes (default: kbind).
+        #[arg(long)]
+        secret_namespace: Option<String>,
+        /// How long to wait for Ready.
+        #[arg(long, default_value = "3m", value_parser = kbind_shared::cli::parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// On a provider: its consumers as kbind-reaper last saw them (state, last renewal by the
     /// provider's clock, objects per API), and every heartbeat Lease. Changes nothing.
     Consumers {
@@ -166,6 +204,35 @@ enum Command {
         #[arg(long)]
         provider_kubeconfig: PathBuf,
     },
+}
+
+/// Where the gateway is and who calls it.
+#[derive(Debug, clap::Args)]
+struct GatewayArgs {
+    /// The provider's gateway (`https://…`).
+    #[arg(long, env = "KBIND_GATEWAY")]
+    gateway: String,
+    /// A CA certificate (PEM) to trust for the gateway besides the system's.
+    #[arg(long)]
+    gateway_ca_file: Option<PathBuf>,
+    /// A file holding your token for the provider (its first line); default: the environment's
+    /// `KBIND_GATEWAY_TOKEN`. Never given on the command line, where other users' `ps` sees it.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+impl GatewayArgs {
+    fn client(&self, with_token: bool) -> Result<gateway::Gateway, String> {
+        let token = if with_token {
+            Some(
+                gateway::token(self.token_file.as_deref())?
+                    .ok_or("a token is required: --token-file <file> or KBIND_GATEWAY_TOKEN")?,
+            )
+        } else {
+            None
+        };
+        gateway::Gateway::new(&self.gateway, self.gateway_ca_file.as_deref(), token)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -240,6 +307,89 @@ async fn run(args: &Args) -> Result<Verdict, String> {
         let report = consumers::gather(&provider).await?;
         view::print(json, &report, consumers::render)?;
         return Ok(Verdict::Fine);
+    }
+    if let Command::Catalog { gateway } = &args.command {
+        let answer = gateway
+            .client(false)?
+            .call("GET", "/api/catalog", "application/json", None)
+            .await?;
+        if answer.code != 200 {
+            return Err(gateway::refused(&answer));
+        }
+        let catalog: serde_json::Value = serde_json::from_str(&answer.body)
+            .map_err(|e| format!("the gateway's catalog is not JSON: {e}"))?;
+        match args.output {
+            Output::Json => println!("{catalog:#}"),
+            Output::Yaml => print!(
+                "{}",
+                serde_yaml::to_string(&catalog).map_err(|e| e.to_string())?
+            ),
+            Output::Text => print!("{}", gateway::render_catalog(&catalog)),
+        }
+        return Ok(Verdict::Fine);
+    }
+    if let Command::Bind {
+        export,
+        gateway,
+        cluster_name,
+        namespace,
+        connection,
+        secret_namespace,
+        timeout,
+    } = &args.command
+    {
+        let ask = bind::Ask {
+            export: export.clone(),
+            cluster_name: cluster_name.clone(),
+            namespace: namespace.clone(),
+            connection: connection.clone(),
+            secret_namespace: secret_namespace.clone(),
+        };
+        if args.output == Output::Json {
+            return Err("bind prints its bundle as YAML (-o yaml) or applies it".into());
+        }
+        // Reach the consumer before anything is bound: a bundle fetched for nothing is a pickup
+        // spent.
+        let consumer = if args.output == Output::Yaml {
+            None
+        } else {
+            Some(
+                view::consumer_client(args.kubeconfig.as_deref(), args.context.as_deref())
+                    .await
+                    .map_err(|e| format!("cannot reach the consumer cluster: {e}"))?,
+            )
+        };
+        let client = gateway.client(true)?;
+        let bundle = bind::fetch(&client, &ask).await?;
+        let documents = bind::documents(&bundle)?;
+        let Some(consumer) = consumer else {
+            print!("{bundle}");
+            return Ok(Verdict::Fine);
+        };
+        eprintln!("bound {export}: applying its bundle to this cluster");
+        let (connection, binding_namespace, binding) = bind::apply(&consumer, &documents).await?;
+        let apis: Vec<String> = documents[2]["spec"]["apis"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["name"].as_str().map(str::to_owned))
+            .collect();
+        bind::wait(
+            &consumer,
+            &connection,
+            (binding_namespace.as_deref(), &binding),
+            &apis,
+            *timeout,
+        )
+        .await?;
+        println!(
+            "bound {export}: Connection {connection} Ready, serving {}",
+            apis.join(", ")
+        );
+        return Ok(Verdict::Fine);
+    }
+    if args.output == Output::Yaml {
+        return Err("-o yaml is for catalog and bind; this command prints text or JSON".into());
     }
     if let Command::Grant {
         export,
@@ -388,6 +538,9 @@ async fn run(args: &Args) -> Result<Verdict, String> {
                 Verdict::Fine
             })
         }
-        Command::Consumers { .. } | Command::Grant { .. } => Ok(Verdict::Fine),
+        Command::Consumers { .. }
+        | Command::Grant { .. }
+        | Command::Catalog { .. }
+        | Command::Bind { .. } => Ok(Verdict::Fine),
     }
 }

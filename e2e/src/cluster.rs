@@ -632,6 +632,51 @@ impl Cluster {
         Ok(())
     }
 
+    /// Grants the user named `username` (any authenticator's, e.g. an OIDC user) the given
+    /// cluster-wide rules (a ClusterRole and ClusterRoleBinding named `binding`).
+    pub async fn grant_user(
+        &self,
+        username: &str,
+        binding: &str,
+        rules: Vec<PolicyRule>,
+    ) -> Result<(), String> {
+        let client = self.admin_client().await?;
+        let meta = ObjectMeta {
+            name: Some(binding.to_owned()),
+            ..Default::default()
+        };
+        Api::<ClusterRole>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &ClusterRole {
+                    metadata: meta.clone(),
+                    rules: Some(rules),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| format!("create ClusterRole {binding}: {e}"))?;
+        let role_binding = ClusterRoleBinding {
+            metadata: meta,
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: binding.into(),
+            },
+            subjects: Some(vec![Subject {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "User".into(),
+                name: username.into(),
+                ..Default::default()
+            }]),
+        };
+        Api::<ClusterRoleBinding>::all(client)
+            .create(&PostParams::default(), &role_binding)
+            .await
+            .map_err(|e| format!("create ClusterRoleBinding {binding}: {e}"))?;
+        Ok(())
+    }
+
     /// Grants `user` the `rules` in `namespace` only: a Role and a RoleBinding named `binding`
     /// there.
     pub async fn grant_in(

@@ -1,5 +1,5 @@
-//! Tools the tests build once and cache: Helm (from its official sources) and kbind's previous
-//! version (for the version-skew tests).
+//! Tools the tests build once and cache: Helm (from its official sources), kbind's previous
+//! version (for the version-skew tests) and an OpenID Connect provider (the gateway's login).
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -36,6 +36,13 @@ pub fn run_build_script(script: &std::path::Path) -> Result<String, String> {
 pub fn helm() -> Result<PathBuf, String> {
     static HELM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     HELM.get_or_init(|| cached_build("build-helm.sh")).clone()
+}
+
+/// The OpenID Connect provider (zitadel/oidc's example server), built by
+/// `e2e/tools/build-oidc.sh` the first time.
+pub fn oidc_provider() -> Result<PathBuf, String> {
+    static OIDC: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    OIDC.get_or_init(|| cached_build("build-oidc.sh")).clone()
 }
 
 /// The directory holding `kbind-schema-manager` and `kbind-syncer` of the previous version

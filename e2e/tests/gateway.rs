@@ -82,12 +82,15 @@ async fn get(gateway: &Gateway, ca: &str, path: &str, accept: Option<&str>) -> A
 }
 
 /// The secrets no log of the run may hold: every `*.log` kbind's processes wrote (the API
-/// servers' audit logs aside, which record what the API servers were sent).
+/// servers' audit logs aside, which record what the API servers were sent, and the test's
+/// OpenID provider's).
 fn assert_no_log_holds(env: &TestEnv, secrets: &[(&str, &str)]) {
     let mut logs = Vec::new();
     for entry in std::fs::read_dir(env.dir()).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "log") {
+        if path.extension().is_some_and(|e| e == "log")
+            && path.file_name().is_some_and(|n| n != "oidc.log")
+        {
             logs.push(path);
         }
     }
@@ -196,7 +199,7 @@ async fn a_consumer_binds_from_the_catalog_and_any_replica_hands_its_bundle_over
     assert_eq!(again.body.lines().count(), 1, "{again:?}");
     // Nothing of the pickup is left in the provider's store.
     let records = Api::<Secret>::namespaced(provider.clone(), ISSUER_NAMESPACE)
-        .list(&kube::api::ListParams::default().labels("gateway.kbind.io/pickup=true"))
+        .list(&kube::api::ListParams::default().labels("gateway.kbind.io/record=pickup"))
         .await
         .unwrap();
     assert!(records.items.is_empty(), "{:?}", records.items);
@@ -423,6 +426,25 @@ async fn hostile_and_bad_requests_get_one_line_and_no_bundle() {
         grants.items
     );
 
+    // No login where none is configured; no session without a login.
+    let login = get(&short, &ca, "/login", None).await;
+    assert_eq!(login.code, 404, "{login:?}");
+    assert!(login.body.contains("not configured"), "{login:?}");
+    let no_session = https(
+        &short.address,
+        &ca,
+        "GET",
+        "/api/session",
+        &[(
+            "Cookie",
+            &format!("__Host-kbind-session={}", "A".repeat(43)),
+        )],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(no_session.code, 401, "{no_session:?}");
+
     // Pickups: a guessed token, a path that is no token, an expired one.
     for path in [
         format!("/api/pickup/{}", "A".repeat(43)),
@@ -500,7 +522,7 @@ async fn hostile_and_bad_requests_get_one_line_and_no_bundle() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(refused.contains("writes only its pickups"), "{refused}");
+    assert!(refused.contains("writes only its records"), "{refused}");
     let refused = Api::<kbind_shared::api::iam::Grant>::all(gateway.clone())
         .patch(
             "lasting",
@@ -675,4 +697,327 @@ async fn kubectl_kbind_bind_applies_the_bundle_and_waits_until_the_apis_are_serv
         "kept byte for byte"
     );
     controller.abort();
+}
+
+/// A browser's cookie jar (what the tests' requests carry as a browser would).
+#[derive(Default, Clone)]
+struct Jar(std::collections::BTreeMap<String, String>);
+
+impl Jar {
+    /// Keeps the cookies an answer sets (an empty value or `Max-Age=0` removes one).
+    fn absorb(&mut self, answer: &Answer) {
+        for (name, value) in &answer.headers {
+            if name != "set-cookie" {
+                continue;
+            }
+            let Some((pair, attributes)) = value.split_once(';').or(Some((value.as_str(), "")))
+            else {
+                continue;
+            };
+            let Some((key, value)) = pair.split_once('=') else {
+                continue;
+            };
+            if value.is_empty() || attributes.contains("Max-Age=0") {
+                self.0.remove(key.trim());
+            } else {
+                self.0
+                    .insert(key.trim().to_owned(), value.trim().to_owned());
+            }
+        }
+    }
+
+    fn header(&self) -> String {
+        self.0
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// The path and query of `url` (`http://host:port/p?q` → `/p?q`; a path stays as it is).
+fn path_of(url: &str) -> String {
+    match url.split_once("://") {
+        Some((_, rest)) => rest
+            .find('/')
+            .map_or("/".to_owned(), |i| rest[i..].to_owned()),
+        None => url.to_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_logs_in_through_a_real_oidc_provider_and_binds_while_the_replica_it_started_on_dies()
+ {
+    let mut env = TestEnv::start("gateway-login", &["provider"])
+        .await
+        .unwrap();
+    let (provider, account) = provider_with_gateway(&mut env).await;
+    let (cert, key, ca) = gateway_certificate(&env);
+    // One address in front of both replicas, as a Service is: the identity provider returns
+    // browsers there.
+    let front = kbind_e2e::forward::Forward::start(1).await.unwrap();
+    let front_address = format!("127.0.0.1:{}", front.port());
+    let external = format!("https://{front_address}");
+    let idp = start_oidc_provider(
+        &mut env,
+        &[("alice", "alice@example.org", "wonderland")],
+        &format!("{external}/callback"),
+    )
+    .await;
+    let oidc = [
+        format!("--oidc-issuer={}", idp.issuer),
+        "--oidc-client-id=web".to_owned(),
+        format!("--oidc-client-secret-file={}", idp.secret_file),
+        format!("--external-url={external}"),
+    ];
+    let oidc: Vec<&str> = oidc.iter().map(String::as_str).collect();
+    let a = start_gateway(&mut env, "gateway-a", &account, (&cert, &key), &oidc).await;
+    let b = start_gateway(&mut env, "gateway-b", &account, (&cert, &key), &oidc).await;
+    let port = |g: &Gateway| {
+        g.address
+            .rsplit_once(':')
+            .unwrap()
+            .1
+            .parse::<u16>()
+            .unwrap()
+    };
+    front.switch(port(&a));
+    env.cluster("provider")
+        .grant_user(
+            "oidc:alice@example.org",
+            "alice-binds-widgets",
+            may_bind("widgets"),
+        )
+        .await
+        .unwrap();
+    let via_front = Gateway {
+        address: front_address.clone(),
+        metrics: String::new(),
+        probes: String::new(),
+        index: usize::MAX,
+    };
+    let advertised = get(&via_front, &ca, "/api/provider", None).await.json();
+    assert_eq!(
+        advertised["authentication"][1]["type"], "oidc",
+        "{advertised}"
+    );
+
+    // The browser starts its login on replica A: sent to the identity provider with a challenge,
+    // holding a cookie that binds the login to it.
+    let mut browser = Jar::default();
+    let started = https(&front_address, &ca, "GET", "/login?then=/", &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(started.code, 302, "{started:?}");
+    browser.absorb(&started);
+    assert!(browser.0.contains_key("__Host-kbind-login"), "{started:?}");
+    let authorize = started.header("location").unwrap().to_owned();
+    assert!(authorize.starts_with(&idp.issuer), "{authorize}");
+    assert!(
+        authorize.contains("code_challenge_method=S256"),
+        "{authorize}"
+    );
+    let set_cookie = started.header("set-cookie").unwrap();
+    for attribute in ["Secure", "HttpOnly", "SameSite=Lax", "Path=/"] {
+        assert!(set_cookie.contains(attribute), "{set_cookie}");
+    }
+
+    // Replica A dies; the front now reaches B.
+    env.process(a.index).kill();
+    front.switch(port(&b));
+
+    // The user logs in at the identity provider (its own form), which sends the browser back.
+    let at_idp = http(&idp.address, "GET", &path_of(&authorize), &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(at_idp.code, 302, "{at_idp:?}");
+    let form = at_idp.header("location").unwrap().to_owned();
+    let request_id = form.split("authRequestID=").nth(1).unwrap().to_owned();
+    let page = http(&idp.address, "GET", &path_of(&form), &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(page.code, 200, "{page:?}");
+    let wrong = http(
+        &idp.address,
+        "POST",
+        "/login/username",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        format!("id={request_id}&username=alice&password=guessed").as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        wrong.code, 200,
+        "a wrong password stays on the form: {wrong:?}"
+    );
+    let posted = http(
+        &idp.address,
+        "POST",
+        "/login/username",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        format!("id={request_id}&username=alice&password=wonderland").as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(posted.code, 302, "{posted:?}");
+    let back = http(
+        &idp.address,
+        "GET",
+        &path_of(posted.header("location").unwrap()),
+        &[],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(back.code, 302, "{back:?}");
+    let callback = back.header("location").unwrap().to_owned();
+    assert!(
+        callback.starts_with(&format!("{external}/callback?")),
+        "{callback}"
+    );
+    let callback = path_of(&callback);
+
+    // Another browser holding the callback URL cannot finish this login, nor one without the
+    // cookie; the login stays for its own browser.
+    let other = https(
+        &front_address,
+        &ca,
+        "GET",
+        &callback,
+        &[("Cookie", "__Host-kbind-login=someone-elses")],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(other.code, 403, "{other:?}");
+    assert!(other.body.contains("another browser"), "{other:?}");
+    let cookieless = https(&front_address, &ca, "GET", &callback, &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(cookieless.code, 403, "{cookieless:?}");
+
+    // Its own browser finishes on replica B: logged in, sent back where it asked.
+    let jar = browser.header();
+    let finished = https(
+        &front_address,
+        &ca,
+        "GET",
+        &callback,
+        &[("Cookie", &jar)],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(finished.code, 302, "{finished:?}");
+    assert_eq!(finished.header("location"), Some("/"));
+    browser.absorb(&finished);
+    assert!(
+        !browser.0.contains_key("__Host-kbind-login"),
+        "the login cookie is cleared"
+    );
+    let session_token = browser.0.get("__Host-kbind-session").cloned().unwrap();
+    // The same callback again: the login was taken.
+    let replay = https(
+        &front_address,
+        &ca,
+        "GET",
+        &callback,
+        &[("Cookie", &jar)],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(replay.code, 404, "{replay:?}");
+
+    let jar = browser.header();
+    let session = https(
+        &front_address,
+        &ca,
+        "GET",
+        "/api/session",
+        &[("Cookie", &jar)],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(session.code, 200, "{session:?}");
+    let session = session.json();
+    assert_eq!(session["username"], "oidc:alice@example.org");
+    let csrf = session["csrfToken"].as_str().unwrap().to_owned();
+
+    // A bind riding on the cookie alone (what a cross-site page could make the browser send)
+    // is refused; with the session's CSRF token it binds.
+    let widgets = br#"{"export":"widgets"}"#;
+    let forged = https(
+        &front_address,
+        &ca,
+        "POST",
+        "/api/bind",
+        &[("Content-Type", "application/json"), ("Cookie", &jar)],
+        widgets,
+    )
+    .await
+    .unwrap();
+    assert_eq!(forged.code, 403, "{forged:?}");
+    assert!(forged.body.contains("CSRF"), "{forged:?}");
+    let bound = https(
+        &front_address,
+        &ca,
+        "POST",
+        "/api/bind",
+        &[
+            ("Content-Type", "application/json"),
+            ("Cookie", &jar),
+            ("X-CSRF-Token", &csrf),
+        ],
+        widgets,
+    )
+    .await
+    .unwrap();
+    assert_eq!(bound.code, 201, "{bound:?}");
+    let pickup = bound.json()["pickup"].as_str().unwrap().to_owned();
+    let taken = https(&front_address, &ca, "GET", &pickup, &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(taken.code, 200, "{taken:?}");
+    let boundary =
+        kbind_provider::issuer::rbac::boundary("oidc:alice@example.org", None, "widgets");
+    let grant = Api::<kbind_shared::api::iam::Grant>::all(provider.clone())
+        .get(&boundary)
+        .await
+        .unwrap();
+    assert_eq!(grant.spec.consumer.identity, "oidc:alice@example.org");
+
+    // Logging out ends the session everywhere.
+    let out = https(
+        &front_address,
+        &ca,
+        "DELETE",
+        "/api/session",
+        &[("Cookie", &jar), ("X-CSRF-Token", &csrf)],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.code, 204, "{out:?}");
+    let gone = https(
+        &front_address,
+        &ca,
+        "GET",
+        "/api/session",
+        &[("Cookie", &jar)],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(gone.code, 401, "{gone:?}");
+
+    assert_no_log_holds(
+        &env,
+        &[
+            ("the session token", &session_token),
+            ("the CSRF token", &csrf),
+            ("the pickup", pickup.trim_start_matches("/api/pickup/")),
+        ],
+    );
 }

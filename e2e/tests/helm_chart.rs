@@ -1516,3 +1516,199 @@ async fn chart_import_rights_come_with_its_value_and_without_them_the_binding_sa
     assert_eq!(deletes.len(), 3, "{deletes:?}");
     assert!(deletes.iter().all(|(_, code)| *code == 200), "{deletes:?}");
 }
+
+/// #52: the issuer chart's gateway (`gateway.enabled`) — two replicas of the built image serving
+/// TLS from the named Secret, a PodDisruptionBudget, a Service; its rights exactly what a bind
+/// needs, behind its admission fence; refused without the values it cannot guess.
+#[test]
+fn the_gateway_renders_two_tls_replicas_with_only_the_rights_a_bind_needs() {
+    let chart = chart_dir()
+        .with_file_name("kbind-issuer")
+        .display()
+        .to_string();
+    let base = [
+        "template",
+        "i",
+        chart.as_str(),
+        "--kube-version",
+        KUBE_VERSION,
+        "-n",
+        "kbind-issuer",
+        "--set",
+        "gateway.enabled=true",
+    ];
+    fn join<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        args
+    }
+    let with = |extra: &[&'static str]| join(&base, extra);
+    for (missing, says) in [
+        (
+            with(&["--set", "gateway.tlsSecretName=gateway-tls"]),
+            "gateway.providerServer is required",
+        ),
+        (
+            with(&["--set", "gateway.providerServer=https://p:6443"]),
+            "gateway.tlsSecretName is required",
+        ),
+    ] {
+        let err = helm_err(&missing);
+        assert!(err.contains(says), "{err}");
+    }
+    let values = [
+        "--set",
+        "gateway.providerServer=https://provider.example:6443",
+        "--set",
+        "gateway.tlsSecretName=gateway-tls",
+    ];
+    assert!(
+        helm_ok(
+            &[
+                &[
+                    "lint",
+                    "--strict",
+                    chart.as_str(),
+                    "--kube-version",
+                    KUBE_VERSION,
+                    "--set",
+                    "gateway.enabled=true"
+                ][..],
+                &values[..],
+            ]
+            .concat()
+        )
+        .contains("0 chart(s) failed")
+    );
+    let rendered = helm_ok(&with(&values));
+    let docs = yaml_documents(&rendered).unwrap();
+    let gateway: Vec<&serde_json::Value> = docs
+        .iter()
+        .filter(|d| {
+            d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("i-kbind-issuer-gateway"))
+        })
+        .collect();
+    let deployment = gateway.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    assert_runs_a_built_image(&[(*deployment).clone()]);
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["volumes"][0]["secret"]["secretName"], "gateway-tls");
+    let args: Vec<&str> = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for arg in [
+        "--tls-cert-file=/etc/kbind-gateway/tls/tls.crt",
+        "--provider-server=https://provider.example:6443",
+    ] {
+        assert!(args.contains(&arg), "{args:?}");
+    }
+    assert!(!args.iter().any(|a| a.contains("plain-http")), "{args:?}");
+    assert_eq!(
+        pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"],
+        true
+    );
+    for kind in ["Service", "PodDisruptionBudget", "ServiceAccount"] {
+        assert!(
+            gateway.iter().any(|d| d["kind"] == kind),
+            "{kind}: {rendered}"
+        );
+    }
+    // Its rights, exactly: reviews, the catalog read, Grants recorded, tokens minted (fenced),
+    // its pickups in its namespace; no wildcard.
+    let mut rights = std::collections::BTreeSet::new();
+    for role in gateway
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+    {
+        for rule in role["rules"].as_array().unwrap() {
+            for resource in rule["resources"].as_array().unwrap() {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    rights.insert(format!(
+                        "{} {} {}",
+                        role["kind"].as_str().unwrap(),
+                        resource.as_str().unwrap(),
+                        verb.as_str().unwrap()
+                    ));
+                }
+            }
+        }
+    }
+    let expected: std::collections::BTreeSet<String> = [
+        "ClusterRole tokenreviews create",
+        "ClusterRole subjectaccessreviews create",
+        "ClusterRole exports get",
+        "ClusterRole exports list",
+        "ClusterRole exports watch",
+        "ClusterRole collections get",
+        "ClusterRole collections list",
+        "ClusterRole collections watch",
+        "ClusterRole grants get",
+        "ClusterRole grants create",
+        "ClusterRole grants patch",
+        "ClusterRole serviceaccounts/token create",
+        "Role secrets get",
+        "Role secrets create",
+        "Role secrets list",
+        "Role secrets delete",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    assert_eq!(rights, expected);
+    let fence = gateway
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .unwrap();
+    assert!(
+        fence["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains("system:serviceaccount:kbind-issuer:i-kbind-issuer-gateway"),
+        "{fence:#}"
+    );
+    let mut unfenced = with(&values);
+    unfenced.extend_from_slice(&["--set", "admissionFence=false"]);
+    assert!(!helm_ok(&unfenced).contains("gateway-kbind-issuer-fence"));
+    // Browser login: the issuer, the client secret from its Secret, the URL browsers return to —
+    // all three or none.
+    let err = helm_err(
+        &[
+            &with(&values)[..],
+            &["--set", "gateway.oidc.issuer=https://id.example"],
+        ]
+        .concat(),
+    );
+    assert!(err.contains("needs gateway.oidc.clientSecretName"), "{err}");
+    let with_login = helm_ok(
+        &[
+            &with(&values)[..],
+            &[
+                "--set",
+                "gateway.oidc.issuer=https://id.example",
+                "--set",
+                "gateway.oidc.clientSecretName=gateway-oidc",
+                "--set",
+                "gateway.oidc.externalURL=https://kbind.example",
+                "--show-only",
+                "templates/gateway.yaml",
+            ],
+        ]
+        .concat(),
+    );
+    for expected in [
+        "--oidc-issuer=https://id.example",
+        "--oidc-client-secret-file=/etc/kbind-gateway/oidc/client-secret",
+        "--external-url=https://kbind.example",
+        "secretName: gateway-oidc",
+    ] {
+        assert!(with_login.contains(expected), "{expected}: {with_login}");
+    }
+    assert!(!rendered.contains("--oidc-issuer"), "no login unless asked");
+    // Off by default: the issuer chart alone renders no gateway.
+    assert!(!helm_ok(&base[..base.len() - 2]).contains("gateway"));
+}

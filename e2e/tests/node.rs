@@ -750,7 +750,8 @@ async fn install_provider_chart(setup: &NodeSetup, program: &str, values: &[&str
 }
 
 /// The provider side's charts on one node: the reaper's pod sweeps and the issuer's keeps the
-/// catalog true, each with its chart's RBAC and in-cluster config. The node's cluster plays a
+/// catalog true, each with its chart's RBAC and in-cluster config; the gateway's two pods start
+/// with their TLS Secret and become ready. The node's cluster plays a
 /// provider here (they only need Leases, CRDs and their own kinds).
 #[tokio::test]
 async fn the_provider_side_charts_run_on_a_node_the_reaper_sweeps_and_the_issuer_keeps_the_catalog()
@@ -806,8 +807,41 @@ async fn the_provider_side_charts_run_on_a_node_the_reaper_sweeps_and_the_issuer
     assert_eq!(restarts(&pods), 0, "the reaper pod never restarted");
 
     // The issuer: an Export of the exported Widgets is judged Offered by its pod.
+    // With its gateway (#52): two replicas of the built image serving TLS from a Secret, ready
+    // once their ServiceAccount has read the catalog.
     use kbind_shared::api::catalog::{Export, OFFERED};
-    let pods = install_provider_chart(&setup, "kbind-issuer", &[]).await;
+    let certified = rcgen::generate_simple_self_signed(vec![format!(
+        "kbind-issuer-gateway.{KBIND_NAMESPACE}.svc"
+    )])
+    .unwrap();
+    kbind_e2e::cluster::ensure_namespace(client, KBIND_NAMESPACE)
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), KBIND_NAMESPACE)
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "gateway-tls" },
+                "type": "kubernetes.io/tls",
+                "stringData": { "tls.crt": certified.cert.pem(), "tls.key": certified.signing_key.serialize_pem() },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let gateway_image = kbind_e2e::images::reference("kbind-gateway").unwrap();
+    let (gateway_repository, gateway_tag) = gateway_image.rsplit_once(':').unwrap();
+    let gateway_values = [
+        "gateway.enabled=true".to_owned(),
+        "gateway.providerServer=https://provider.example:6443".to_owned(),
+        "gateway.tlsSecretName=gateway-tls".to_owned(),
+        format!("gateway.image.repository={gateway_repository}"),
+        format!("gateway.image.tag={gateway_tag}"),
+    ];
+    let gateway_values: Vec<&str> = gateway_values.iter().map(String::as_str).collect();
+    let pods = install_provider_chart(&setup, "kbind-issuer", &gateway_values).await;
+    let gateways = wait_available(&setup.consumer, "kbind-issuer-gateway", 180).await;
+    assert_eq!(gateways.len(), 2, "the gateway's two replicas");
     let exports: Api<Export> = Api::all(client.clone());
     exports
         .patch(
@@ -831,4 +865,5 @@ async fn the_provider_side_charts_run_on_a_node_the_reaper_sweeps_and_the_issuer
     })
     .await;
     assert_eq!(restarts(&pods), 0, "the issuer pod never restarted");
+    assert_eq!(restarts(&gateways), 0, "the gateway pods never restarted");
 }

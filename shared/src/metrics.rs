@@ -130,7 +130,8 @@ pub struct Metrics {
     /// server's time of the last complete sweep
     pub reaper_last_sweep_timestamp_seconds: GaugeVec,
     /// `kbind_gateway_requests_total{endpoint,code}` (kbind-gateway, on a provider): answers by
-    /// endpoint (`provider`, `catalog`, `bind`, `pickup`) and HTTP status code
+    /// endpoint (`provider`, `catalog`, `bind`, `pickup`, `login`, `callback`, `session`) and
+    /// HTTP status code
     pub gateway_requests_total: IntCounterVec,
     /// `kbind_gateway_request_seconds{endpoint}` (kbind-gateway): how long each answer took
     pub gateway_request_seconds: HistogramVec,

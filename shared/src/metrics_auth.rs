@@ -36,19 +36,35 @@ pub enum Verdict {
 /// How many token reviews (a TokenReview and a SubjectAccessReview each) may start per second:
 /// remembered verdicts cost none, so a scraper never meets it, and a flood of made-up tokens
 /// costs the API server at most this much.
-#[derive(Default)]
-pub struct ReviewBudget(Mutex<Option<(Instant, u32)>>);
+pub struct ReviewBudget {
+    per_second: u32,
+    window: Mutex<Option<(Instant, u32)>>,
+}
+
+impl Default for ReviewBudget {
+    fn default() -> Self {
+        Self::per_second(Self::PER_SECOND)
+    }
+}
 
 impl ReviewBudget {
-    /// Reviews per second.
+    /// Reviews per second of `/metrics` scrapes.
     pub const PER_SECOND: u32 = 10;
+
+    /// A budget of `per_second` reviews.
+    pub fn per_second(per_second: u32) -> Self {
+        Self {
+            per_second,
+            window: Mutex::new(None),
+        }
+    }
 
     /// Whether a review may start at `now`.
     pub fn take(&self, now: Instant) -> bool {
-        let mut window = self.0.locked();
+        let mut window = self.window.locked();
         match &mut *window {
             Some((start, used)) if now.duration_since(*start) < Duration::from_secs(1) => {
-                if *used >= Self::PER_SECOND {
+                if *used >= self.per_second {
                     return false;
                 }
                 *used += 1;
@@ -285,6 +301,8 @@ mod tests {
         assert_eq!(granted, ReviewBudget::PER_SECOND as usize);
         assert!(!budget.take(start + Duration::from_millis(999)));
         assert!(budget.take(start + Duration::from_secs(1)));
+        let wide = ReviewBudget::per_second(100);
+        assert_eq!((0..150).filter(|_| wide.take(start)).count(), 100);
     }
 
     #[test]

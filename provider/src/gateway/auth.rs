@@ -58,11 +58,11 @@ pub struct Authenticator {
 
 impl Authenticator {
     /// Reviews with `client` (the gateway's own: `create` on `tokenreviews` and
-    /// `subjectaccessreviews`).
-    pub fn new(client: Client) -> Self {
+    /// `subjectaccessreviews`), at most `per_second` token reviews a second.
+    pub fn new(client: Client, per_second: u32) -> Self {
         Self {
             client,
-            budget: ReviewBudget::default(),
+            budget: ReviewBudget::per_second(per_second),
         }
     }
 

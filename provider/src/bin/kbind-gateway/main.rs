@@ -80,6 +80,46 @@ struct Args {
     #[arg(long, env = "KBIND_BINDS_PER_MINUTE", default_value_t = 10)]
     binds_per_minute: u32,
 
+    /// Logins (token reviews) per second, all callers together, per replica: a flood of made-up
+    /// tokens costs the provider's API server at most this much.
+    #[arg(long, env = "KBIND_TOKEN_REVIEWS_PER_SECOND", default_value_t = 100)]
+    token_reviews_per_second: u32,
+
+    /// Log browsers in with this OpenID Connect issuer (authorization code with PKCE); without
+    /// it, callers authenticate with bearer tokens only.
+    #[arg(long, env = "KBIND_OIDC_ISSUER", requires_all = ["oidc_client_secret_file", "external_url"])]
+    oidc_issuer: Option<String>,
+
+    /// The gateway's client ID at the issuer.
+    #[arg(long, env = "KBIND_OIDC_CLIENT_ID", default_value = "kbind-gateway")]
+    oidc_client_id: String,
+
+    /// A file holding its client secret (a Secret's mount).
+    #[arg(long, env = "KBIND_OIDC_CLIENT_SECRET_FILE")]
+    oidc_client_secret_file: Option<PathBuf>,
+
+    /// The claim naming the user.
+    #[arg(long, env = "KBIND_OIDC_USERNAME_CLAIM", default_value = "email")]
+    oidc_username_claim: String,
+
+    /// Put before the claim's value: the username your RBAC rules name.
+    #[arg(long, env = "KBIND_OIDC_USERNAME_PREFIX", default_value = "oidc:")]
+    oidc_username_prefix: String,
+
+    /// The gateway's URL as browsers reach it (the identity provider returns them to
+    /// `<url>/callback`).
+    #[arg(long, env = "KBIND_EXTERNAL_URL")]
+    external_url: Option<String>,
+
+    /// How long a login session lasts.
+    #[arg(long, env = "KBIND_SESSION_SECONDS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(60..=3600))]
+    session_seconds: u64,
+
+    /// Logins started per second, all browsers together, per replica (each costs a record in the
+    /// provider's API server until it finishes or expires).
+    #[arg(long, env = "KBIND_LOGINS_PER_SECOND", default_value_t = 5)]
+    logins_per_second: u32,
+
     /// How long a bind's pickup URL may be used (once), at most 3600.
     #[arg(long, env = "KBIND_PICKUP_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pickup_seconds: u64,
@@ -129,6 +169,38 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
         expiration_seconds: args.credential_seconds,
         binds_per_minute: args.binds_per_minute,
         pickup_ttl: std::time::Duration::from_secs(args.pickup_seconds),
+        reviews_per_second: args.token_reviews_per_second,
+        session_ttl: std::time::Duration::from_secs(args.session_seconds),
+        logins_per_second: args.logins_per_second,
+    };
+    let oidc = match &args.oidc_issuer {
+        Some(issuer) => {
+            let secret_file = args
+                .oidc_client_secret_file
+                .as_ref()
+                .ok_or("--oidc-client-secret-file is required with --oidc-issuer")?;
+            let secret = std::fs::read_to_string(secret_file)
+                .map_err(|e| format!("cannot read {}: {e}", secret_file.display()))?
+                .trim()
+                .to_owned();
+            let external = args
+                .external_url
+                .as_deref()
+                .ok_or("--external-url is required with --oidc-issuer")?
+                .trim_end_matches('/');
+            let oidc = gateway::oidc::Oidc::discover(gateway::oidc::Settings {
+                issuer: issuer.clone(),
+                client_id: args.oidc_client_id.clone(),
+                client_secret: secret,
+                redirect_uri: format!("{external}/callback"),
+                username_claim: args.oidc_username_claim.clone(),
+                username_prefix: args.oidc_username_prefix.clone(),
+            })
+            .await?;
+            tracing::info!(%issuer, "logging browsers in with OpenID Connect");
+            Some(oidc)
+        }
+        None => None,
     };
     let gateway = Arc::new(Gateway::new(
         client,
@@ -138,9 +210,10 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
         exports.clone(),
         collections.clone(),
         metrics,
+        oidc,
     ));
     tokio::spawn(gateway::collect(
-        gateway.pickups().clone(),
+        gateway.records().clone(),
         shutdown.clone(),
     ));
     let router = gateway::router(gateway);

@@ -745,6 +745,56 @@ fn path_of(url: &str) -> String {
     }
 }
 
+/// The user at the identity provider: from the authorization URL the gateway sent the browser
+/// to, through the provider's own login form (a wrong password first), to the callback URL the
+/// provider sends the browser back to.
+async fn log_in_at_the_provider(idp: &OidcProvider, authorize: &str) -> String {
+    let at_idp = http(&idp.address, "GET", &path_of(authorize), &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(at_idp.code, 302, "{at_idp:?}");
+    let form = at_idp.header("location").unwrap().to_owned();
+    let request_id = form.split("authRequestID=").nth(1).unwrap().to_owned();
+    let page = http(&idp.address, "GET", &path_of(&form), &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(page.code, 200, "{page:?}");
+    let wrong = http(
+        &idp.address,
+        "POST",
+        "/login/username",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        format!("id={request_id}&username=alice&password=guessed").as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        wrong.code, 200,
+        "a wrong password stays on the form: {wrong:?}"
+    );
+    let posted = http(
+        &idp.address,
+        "POST",
+        "/login/username",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        format!("id={request_id}&username=alice&password=wonderland").as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(posted.code, 302, "{posted:?}");
+    let back = http(
+        &idp.address,
+        "GET",
+        &path_of(posted.header("location").unwrap()),
+        &[],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(back.code, 302, "{back:?}");
+    back.header("location").unwrap().to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_logs_in_through_a_real_oidc_provider_and_binds_while_the_replica_it_started_on_dies()
  {
@@ -827,50 +877,8 @@ async fn a_browser_logs_in_through_a_real_oidc_provider_and_binds_while_the_repl
     front.switch(port(&b));
 
     // The user logs in at the identity provider (its own form), which sends the browser back.
-    let at_idp = http(&idp.address, "GET", &path_of(&authorize), &[], b"")
-        .await
-        .unwrap();
-    assert_eq!(at_idp.code, 302, "{at_idp:?}");
-    let form = at_idp.header("location").unwrap().to_owned();
-    let request_id = form.split("authRequestID=").nth(1).unwrap().to_owned();
-    let page = http(&idp.address, "GET", &path_of(&form), &[], b"")
-        .await
-        .unwrap();
-    assert_eq!(page.code, 200, "{page:?}");
-    let wrong = http(
-        &idp.address,
-        "POST",
-        "/login/username",
-        &[("Content-Type", "application/x-www-form-urlencoded")],
-        format!("id={request_id}&username=alice&password=guessed").as_bytes(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        wrong.code, 200,
-        "a wrong password stays on the form: {wrong:?}"
-    );
-    let posted = http(
-        &idp.address,
-        "POST",
-        "/login/username",
-        &[("Content-Type", "application/x-www-form-urlencoded")],
-        format!("id={request_id}&username=alice&password=wonderland").as_bytes(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(posted.code, 302, "{posted:?}");
-    let back = http(
-        &idp.address,
-        "GET",
-        &path_of(posted.header("location").unwrap()),
-        &[],
-        b"",
-    )
-    .await
-    .unwrap();
-    assert_eq!(back.code, 302, "{back:?}");
-    let callback = back.header("location").unwrap().to_owned();
+    let callback = log_in_at_the_provider(&idp, &authorize).await;
+
     assert!(
         callback.starts_with(&format!("{external}/callback?")),
         "{callback}"
@@ -1019,5 +1027,258 @@ async fn a_browser_logs_in_through_a_real_oidc_provider_and_binds_while_the_repl
             ("the CSRF token", &csrf),
             ("the pickup", pickup.trim_start_matches("/api/pickup/")),
         ],
+    );
+}
+
+/// A running `kubectl kbind login`, its stderr read line by line.
+struct LoginRun {
+    child: tokio::process::Child,
+    stderr: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+}
+
+impl LoginRun {
+    fn start(args: &[&str], config_dir: &std::path::Path) -> Self {
+        let mut child = tokio::process::Command::new(
+            kbind_e2e::controlplane::kbind_bin("kubectl-kbind").unwrap(),
+        )
+        .arg("login")
+        .args(args)
+        .env("KBIND_CONFIG_DIR", config_dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+        let stderr = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+            child.stderr.take().unwrap(),
+        ));
+        Self { child, stderr }
+    }
+
+    /// The URL it asks the user to open.
+    async fn url(&mut self) -> String {
+        let read = async {
+            while let Some(line) = self.stderr.next_line().await.unwrap() {
+                if let Some(at) = line.find("https://") {
+                    return line[at..].trim().to_owned();
+                }
+            }
+            panic!("kubectl kbind login printed no URL");
+        };
+        tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until it ends: its exit code and standard output.
+    async fn finish(self) -> (i32, String) {
+        let output = tokio::time::timeout(Duration::from_secs(30), self.child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_kbind_login_is_handed_its_session_through_the_browser_or_a_pasted_code() {
+    let mut env = TestEnv::start("gateway-cli-login", &["provider"])
+        .await
+        .unwrap();
+    let (provider, account) = provider_with_gateway(&mut env).await;
+    let (cert, key, ca) = gateway_certificate(&env);
+    let front = kbind_e2e::forward::Forward::start(1).await.unwrap();
+    let front_address = format!("127.0.0.1:{}", front.port());
+    let external = format!("https://{front_address}");
+    let idp = start_oidc_provider(
+        &mut env,
+        &[("alice", "alice@example.org", "wonderland")],
+        &format!("{external}/callback"),
+    )
+    .await;
+    let oidc = [
+        format!("--oidc-issuer={}", idp.issuer),
+        "--oidc-client-id=web".to_owned(),
+        format!("--oidc-client-secret-file={}", idp.secret_file),
+        format!("--external-url={external}"),
+    ];
+    let oidc: Vec<&str> = oidc.iter().map(String::as_str).collect();
+    let gateway = start_gateway(&mut env, "gateway", &account, (&cert, &key), &oidc).await;
+    front.switch(gateway.address.rsplit_once(':').unwrap().1.parse().unwrap());
+    env.cluster("provider")
+        .grant_user(
+            "oidc:alice@example.org",
+            "alice-binds-widgets",
+            may_bind("widgets"),
+        )
+        .await
+        .unwrap();
+    let config_dir = env.dir().join("kbind-config");
+    let ca_file = env.dir().join("gateway-ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let ca_file = ca_file.display().to_string();
+    let cli_args = [
+        "--gateway",
+        external.as_str(),
+        "--gateway-ca-file",
+        ca_file.as_str(),
+    ];
+
+    // The browser flow: the command listens on loopback, the browser logs in and is sent there.
+    let mut args = cli_args.to_vec();
+    args.push("--no-open");
+    let mut run = LoginRun::start(&args, &config_dir);
+    let url = run.url().await;
+    assert!(url.starts_with(&format!("{external}/login?cli=")), "{url}");
+    let mut browser = Jar::default();
+    let started = https(&front_address, &ca, "GET", &path_of(&url), &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(started.code, 302, "{started:?}");
+    browser.absorb(&started);
+    let callback = log_in_at_the_provider(&idp, started.header("location").unwrap()).await;
+    let jar = browser.header();
+    let handed = https(
+        &front_address,
+        &ca,
+        "GET",
+        &path_of(&callback),
+        &[("Cookie", &jar)],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(handed.code, 302, "{handed:?}");
+    browser.absorb(&handed);
+    assert!(
+        !browser.0.contains_key("__Host-kbind-session"),
+        "the session goes to the command, not the browser: {handed:?}"
+    );
+    let loopback = handed.header("location").unwrap().to_owned();
+    assert!(loopback.starts_with("http://127.0.0.1:"), "{loopback}");
+    let listener = loopback
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = http(&listener, "GET", &path_of(&loopback), &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(page.code, 200, "{page:?}");
+    let (code, stdout) = run.finish().await;
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("as oidc:alice@example.org"), "{stdout}");
+    let kept = config_dir.join("sessions.json");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the kept session is its owner's only"
+    );
+
+    // The kept session binds: no token given.
+    let provider_kubeconfig = env.cluster("provider").admin_kubeconfig_path();
+    let config_env = config_dir.display().to_string();
+    let mut bind_args = vec!["bind", "widgets"];
+    bind_args.extend_from_slice(&cli_args);
+    bind_args.extend_from_slice(&["-o", "yaml"]);
+    let bound = plugin_with(
+        &provider_kubeconfig,
+        &bind_args,
+        &[("KBIND_CONFIG_DIR", &config_env)],
+    )
+    .await;
+    assert_eq!(bound.code, 0, "{bound}");
+    assert_eq!(yaml_documents(&bound.stdout).unwrap().len(), 3, "{bound}");
+    let boundary =
+        kbind_provider::issuer::rbac::boundary("oidc:alice@example.org", None, "widgets");
+    let grant = Api::<kbind_shared::api::iam::Grant>::all(provider.clone())
+        .get(&boundary)
+        .await
+        .unwrap();
+    assert_eq!(grant.spec.consumer.identity, "oidc:alice@example.org");
+
+    // The paste flow: the page shows a code; without the command's verifier it is worth nothing.
+    let mut args = cli_args.to_vec();
+    args.push("--paste");
+    let mut run = LoginRun::start(&args, &config_dir);
+    let url = run.url().await;
+    assert!(url.contains("cli=paste"), "{url}");
+    let mut browser = Jar::default();
+    let started = https(&front_address, &ca, "GET", &path_of(&url), &[], b"")
+        .await
+        .unwrap();
+    browser.absorb(&started);
+    let callback = log_in_at_the_provider(&idp, started.header("location").unwrap()).await;
+    let jar = browser.header();
+    let shown = https(
+        &front_address,
+        &ca,
+        "GET",
+        &path_of(&callback),
+        &[("Cookie", &jar)],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(shown.code, 200, "{shown:?}");
+    let code = shown
+        .body
+        .split("<output id=\"code\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</output>").next())
+        .unwrap()
+        .to_owned();
+    let stolen = https(
+        &front_address,
+        &ca,
+        "POST",
+        "/api/session/handoff",
+        &[("Content-Type", "application/json")],
+        json!({ "code": code, "verifier": "a-guess" })
+            .to_string()
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stolen.code, 403, "{stolen:?}");
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = run.child.stdin.take().unwrap();
+        stdin
+            .write_all(format!("{code}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    let (exit, stdout) = run.finish().await;
+    assert_eq!(exit, 0, "{stdout}");
+    assert!(stdout.contains("as oidc:alice@example.org"), "{stdout}");
+    // Redeemed once: the same code again is nothing.
+    let again = https(
+        &front_address,
+        &ca,
+        "POST",
+        "/api/session/handoff",
+        &[("Content-Type", "application/json")],
+        json!({ "code": code, "verifier": "a-guess" })
+            .to_string()
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.code, 404, "{again:?}");
+    let kept_text = std::fs::read_to_string(&kept).unwrap();
+    let session = serde_json::from_str::<Value>(&kept_text).unwrap()[&external]["session"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_no_log_holds(
+        &env,
+        &[("the session", &session), ("the pasted code", &code)],
     );
 }

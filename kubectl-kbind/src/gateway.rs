@@ -19,10 +19,19 @@ const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
 /// How long one request may take (a bind waits for the issuer: up to 30 s).
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How the caller proves who it is.
+#[derive(Debug, Clone)]
+pub enum Credential {
+    /// A token the provider's API server knows.
+    Bearer(String),
+    /// A login session (`kubectl kbind login`) and its CSRF token.
+    Session { session: String, csrf: String },
+}
+
 /// A gateway's address and the caller's credential.
 pub struct Gateway {
     base: String,
-    token: Option<String>,
+    credential: Option<Credential>,
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -34,8 +43,12 @@ pub struct Answer {
 
 impl Gateway {
     /// A client of the gateway at `url` (`https://…`), trusting the system's roots and the PEM
-    /// certificates in `ca_file`, calling with `token`.
-    pub fn new(url: &str, ca_file: Option<&Path>, token: Option<String>) -> Result<Self, String> {
+    /// certificates in `ca_file`, calling with `credential`.
+    pub fn new(
+        url: &str,
+        ca_file: Option<&Path>,
+        credential: Option<Credential>,
+    ) -> Result<Self, String> {
         let base = url.trim_end_matches('/').to_owned();
         if !base.starts_with("https://") {
             return Err(format!(
@@ -71,7 +84,7 @@ impl Gateway {
             .build();
         Ok(Self {
             base,
-            token,
+            credential,
             client: Client::builder(TokioExecutor::new()).build(connector),
         })
     }
@@ -88,8 +101,16 @@ impl Gateway {
             .method(method)
             .uri(format!("{}{path}", self.base))
             .header("Accept", accept);
-        if let Some(token) = &self.token {
-            request = request.header("Authorization", format!("Bearer {token}"));
+        match &self.credential {
+            Some(Credential::Bearer(token)) => {
+                request = request.header("Authorization", format!("Bearer {token}"));
+            }
+            Some(Credential::Session { session, csrf }) => {
+                request = request
+                    .header("Cookie", format!("__Host-kbind-session={session}"))
+                    .header("X-CSRF-Token", csrf.as_str());
+            }
+            None => {}
         }
         let body = match body {
             Some(body) => {
@@ -120,6 +141,13 @@ impl Gateway {
         tokio::time::timeout(TIMEOUT, exchange)
             .await
             .map_err(|_| format!("{what}: no answer within {}s", TIMEOUT.as_secs()))?
+    }
+}
+
+impl Gateway {
+    /// Its URL, as given (without a trailing slash).
+    pub fn url(&self) -> &str {
+        &self.base
     }
 }
 

@@ -14,6 +14,8 @@
 //!   kbind-issuer to provision it, and prints the one-apply bundle (Secret, Connection, binding);
 //! - `catalog --gateway <url>`: what a provider's gateway offers (Exports, their APIs and docs;
 //!   Collections);
+//! - `login --gateway <url>`: logs the command line in through the gateway's OpenID Connect
+//!   login (the browser, or a code to paste);
 //! - `bind <export> --gateway <url>`: binds the Export through the provider's gateway and applies
 //!   the bundle to this consumer, waiting until its Connection and binding are Ready and its APIs
 //!   served (`-o yaml`: prints the bundle, writes nothing);
@@ -35,6 +37,7 @@ mod diff;
 mod doctor;
 mod gateway;
 mod handover;
+mod login;
 mod migrate;
 mod plan;
 mod rehome;
@@ -168,6 +171,18 @@ enum Command {
         #[arg(long)]
         server: Option<String>,
     },
+    /// Logs in to a provider's gateway with its OpenID Connect login: your browser logs in, and
+    /// the session is handed to this command (kept for `catalog` and `bind`).
+    Login {
+        #[command(flatten)]
+        gateway: GatewayArgs,
+        /// No browser beside this command: print the URL, and read the code the page shows.
+        #[arg(long)]
+        paste: bool,
+        /// Do not try to open the browser (print the URL only).
+        #[arg(long)]
+        no_open: bool,
+    },
     /// What a provider's gateway offers: its Exports (their APIs and docs) and Collections.
     Catalog {
         #[command(flatten)]
@@ -216,22 +231,32 @@ struct GatewayArgs {
     #[arg(long)]
     gateway_ca_file: Option<PathBuf>,
     /// A file holding your token for the provider (its first line); default: the environment's
-    /// `KBIND_GATEWAY_TOKEN`. Never given on the command line, where other users' `ps` sees it.
+    /// `KBIND_GATEWAY_TOKEN`, else the session `kubectl kbind login` kept. Never given on the
+    /// command line, where other users' `ps` sees it.
     #[arg(long)]
     token_file: Option<PathBuf>,
 }
 
 impl GatewayArgs {
-    fn client(&self, with_token: bool) -> Result<gateway::Gateway, String> {
-        let token = if with_token {
-            Some(
-                gateway::token(self.token_file.as_deref())?
-                    .ok_or("a token is required: --token-file <file> or KBIND_GATEWAY_TOKEN")?,
-            )
+    fn client(&self, with_credential: bool) -> Result<gateway::Gateway, String> {
+        let credential = if with_credential {
+            let credential = match gateway::token(self.token_file.as_deref())? {
+                Some(token) => gateway::Credential::Bearer(token),
+                None => {
+                    let kept = login::session_for(&self.gateway).ok_or(
+                        "a token is required: --token-file <file>, KBIND_GATEWAY_TOKEN, or kubectl kbind login --gateway <url> first",
+                    )?;
+                    gateway::Credential::Session {
+                        session: kept.session,
+                        csrf: kept.csrf_token,
+                    }
+                }
+            };
+            Some(credential)
         } else {
             None
         };
-        gateway::Gateway::new(&self.gateway, self.gateway_ca_file.as_deref(), token)
+        gateway::Gateway::new(&self.gateway, self.gateway_ca_file.as_deref(), credential)
     }
 }
 
@@ -306,6 +331,21 @@ async fn run(args: &Args) -> Result<Verdict, String> {
             .map_err(|e| format!("cannot reach the provider cluster: {e}"))?;
         let report = consumers::gather(&provider).await?;
         view::print(json, &report, consumers::render)?;
+        return Ok(Verdict::Fine);
+    }
+    if let Command::Login {
+        gateway,
+        paste,
+        no_open,
+    } = &args.command
+    {
+        let client = gateway.client(false)?;
+        let (username, kept) = login::login(&client, *paste, !no_open).await?;
+        println!(
+            "logged in to {} as {username} (session kept in {})",
+            client.url(),
+            kept.display()
+        );
         return Ok(Verdict::Fine);
     }
     if let Command::Catalog { gateway } = &args.command {
@@ -541,6 +581,7 @@ async fn run(args: &Args) -> Result<Verdict, String> {
         Command::Consumers { .. }
         | Command::Grant { .. }
         | Command::Catalog { .. }
+        | Command::Login { .. }
         | Command::Bind { .. } => Ok(Verdict::Fine),
     }
 }

@@ -47,6 +47,8 @@ pub enum Kind {
     Login,
     /// A logged-in browser.
     Session,
+    /// A command line's login, handed over once for its verifier.
+    Handoff,
 }
 
 impl Kind {
@@ -56,6 +58,7 @@ impl Kind {
             Self::Pickup => "pickup",
             Self::Login => "login",
             Self::Session => "session",
+            Self::Handoff => "handoff",
         }
     }
 
@@ -72,6 +75,9 @@ impl Kind {
                 "no such login in progress: it was finished already, or expired; log in again"
             }
             Self::Session => "not logged in, or the session ended; log in again",
+            Self::Handoff => {
+                "no such login code: it was used already, or never existed; log in again"
+            }
         }
     }
 
@@ -81,6 +87,7 @@ impl Kind {
             Self::Pickup => "this pickup expired; bind again",
             Self::Login => "this login took too long; log in again",
             Self::Session => "the session ended; log in again",
+            Self::Handoff => "this login code expired; log in again",
         }
     }
 }

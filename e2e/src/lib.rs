@@ -14,6 +14,7 @@
 //! logs of a failed test are kept and their directory printed.
 #![forbid(unsafe_code)]
 
+pub mod browser;
 pub mod chaos;
 pub mod chart;
 pub mod cluster;

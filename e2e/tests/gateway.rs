@@ -1282,3 +1282,198 @@ async fn kubectl_kbind_login_is_handed_its_session_through_the_browser_or_a_past
         &[("the session", &session), ("the pasted code", &code)],
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_real_browser_a_team_logs_in_binds_from_the_page_and_its_bundle_makes_a_connection_ready()
+ {
+    use fantoccini::Locator;
+    let mut env = TestEnv::start("gateway-browser", &["provider", "consumer"])
+        .await
+        .unwrap();
+    let (provider, account) = provider_with_gateway(&mut env).await;
+    let controller = run_provider_widget_controller(provider.clone());
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE] {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+    }
+    let manager = Component::SchemaManager
+        .start(
+            &mut env,
+            "consumer",
+            "schema-manager",
+            &["--leader-elect=false"],
+        )
+        .await
+        .unwrap();
+    let syncer = Component::Syncer
+        .start(&mut env, "consumer", "syncer", &[])
+        .await
+        .unwrap();
+    let (cert, key, _ca) = gateway_certificate(&env);
+    let front = kbind_e2e::forward::Forward::start(1).await.unwrap();
+    let external = format!("https://127.0.0.1:{}", front.port());
+    let idp = start_oidc_provider(
+        &mut env,
+        &[("alice", "alice@example.org", "wonderland")],
+        &format!("{external}/callback"),
+    )
+    .await;
+    let oidc = [
+        format!("--oidc-issuer={}", idp.issuer),
+        "--oidc-client-id=web".to_owned(),
+        format!("--oidc-client-secret-file={}", idp.secret_file),
+        format!("--external-url={external}"),
+    ];
+    let oidc: Vec<&str> = oidc.iter().map(String::as_str).collect();
+    let gateway = start_gateway(&mut env, "gateway", &account, (&cert, &key), &oidc).await;
+    front.switch(gateway.address.rsplit_once(':').unwrap().1.parse().unwrap());
+    env.cluster("provider")
+        .grant_user(
+            "oidc:alice@example.org",
+            "alice-binds-widgets",
+            may_bind("widgets"),
+        )
+        .await
+        .unwrap();
+    manager.wait_ready("the schema manager", 60).await;
+    syncer.wait_ready("the syncer", 60).await;
+    let browser = kbind_e2e::browser::start_browser(&mut env).await.unwrap();
+    let page = &browser.client;
+
+    // The catalog, before logging in: the offered Export, not the other; a way to log in.
+    page.goto(&format!("{external}/")).await.unwrap();
+    let card = page
+        .wait()
+        .for_element(Locator::Id("export-widgets"))
+        .await
+        .unwrap();
+    assert!(card.text().await.unwrap().contains("widgets.example.org"));
+    let offerings = page
+        .find(Locator::Id("exports"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!offerings.contains("gadgets"), "{offerings}");
+    let login = page.wait().for_element(Locator::Id("login")).await.unwrap();
+    assert!(login.is_displayed().await.unwrap());
+
+    // Log in through the identity provider's own form.
+    login.click().await.unwrap();
+    page.wait()
+        .for_element(Locator::Css("input[name=username]"))
+        .await
+        .unwrap()
+        .send_keys("alice")
+        .await
+        .unwrap();
+    page.find(Locator::Css("input[name=password]"))
+        .await
+        .unwrap()
+        .send_keys("wonderland")
+        .await
+        .unwrap();
+    page.find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for("the page to say who is logged in", 30, || async {
+        let who = page
+            .find(Locator::Id("who"))
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(who
+            .contains("Logged in as oidc:alice@example.org")
+            .then_some(()))
+    })
+    .await;
+    assert!(
+        page.current_url()
+            .await
+            .unwrap()
+            .as_str()
+            .starts_with(&external)
+    );
+
+    // Bind from the page; the bundle's pickup is offered as a download and a command.
+    page.find(Locator::Css("#export-widgets form.bind button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let result = page
+        .wait()
+        .for_element(Locator::Id("result"))
+        .await
+        .unwrap();
+    wait_for("the bundle's pickup on the page", 30, || async {
+        Ok(result.is_displayed().await.unwrap_or(false).then_some(()))
+    })
+    .await;
+    let download = page
+        .find(Locator::Id("download"))
+        .await
+        .unwrap()
+        .attr("href")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        download.starts_with(&format!("{external}/api/pickup/")),
+        "{download}"
+    );
+    let command = page
+        .find(Locator::Id("one-liner"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(command, format!("kubectl apply -f {download}"));
+    if let Ok(path) = std::env::var("KBIND_GATEWAY_SCREENSHOT") {
+        std::fs::write(&path, page.screenshot().await.unwrap()).unwrap();
+    }
+    std::fs::write(
+        env.dir().join("gateway-page.png"),
+        page.screenshot().await.unwrap(),
+    )
+    .unwrap();
+
+    // The browser downloads it (once); nothing is left in its storage, and its cookies are
+    // beyond the page's script.
+    let fetch = "const done = arguments[arguments.length - 1]; fetch(arguments[0]).then(r => r.text().then(t => done([r.status, t])));";
+    let downloaded = page
+        .execute_async(fetch, vec![json!(download)])
+        .await
+        .unwrap();
+    assert_eq!(downloaded[0], 200, "{downloaded}");
+    let bundle = downloaded[1].as_str().unwrap().to_owned();
+    let again = page
+        .execute_async(fetch, vec![json!(download)])
+        .await
+        .unwrap();
+    assert_eq!(again[0], 404, "{again}");
+    let storage = page
+        .execute(
+            "return [localStorage.length, sessionStorage.length, document.cookie];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(storage, json!([0, 0, ""]));
+
+    // The downloaded bundle, applied: the Connection becomes Ready and the binding serves.
+    apply_manifest(&consumer, &bundle).await.unwrap();
+    wait_cluster_binding_ready(&consumer, "widgets").await;
+    wait_connection(&consumer, "widgets", "Ready=True").await;
+    browser.client.close().await.unwrap();
+    controller.abort();
+}

@@ -22,6 +22,7 @@ mod api;
 pub mod auth;
 pub mod login;
 pub mod oidc;
+mod page;
 pub mod pickup;
 pub mod records;
 pub mod request;
@@ -47,6 +48,9 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/api/pickup/{token}", get(api::take))
         .route("/api/session", get(login::session).delete(login::logout))
         .route("/api/session/handoff", post(login::redeem))
+        .route("/", get(page::index))
+        .route("/assets/page.js", get(page::script))
+        .route("/assets/page.css", get(page::style))
         .route("/login", get(login::login))
         .route("/callback", get(login::callback))
         .layer(DefaultBodyLimit::max(request::MAX_BODY_BYTES))

@@ -593,4 +593,40 @@ mod tests {
             assert_eq!(safe_return(then), ok, "{then:?}");
         }
     }
+
+    proptest::proptest! {
+        /// Whatever a browser sends as cookies, the parser answers, and a found value is a
+        /// non-empty, trimmed part of what was sent.
+        #[test]
+        fn any_cookie_header_is_answered(raw in "\\PC{0,300}") {
+            let mut headers = HeaderMap::new();
+            if let Ok(value) = HeaderValue::from_str(&raw) {
+                headers.insert(header::COOKIE, value);
+            }
+            if let Some(found) = cookie(&headers, SESSION_COOKIE) {
+                proptest::prop_assert!(!found.is_empty() && raw.contains(found));
+            }
+        }
+
+        /// Whatever `then` a login is given, it returns to a path of the gateway or to `/`.
+        #[test]
+        fn a_login_never_returns_to_another_site(then in "\\PC{0,100}") {
+            if safe_return(&then) {
+                proptest::prop_assert!(then.starts_with('/') && !then.starts_with("//"));
+                proptest::prop_assert!(!then.contains("://") || then.find("://") > then.find('/'));
+            }
+        }
+
+        /// Whatever a command line's login carries, it is a port ≥ 1024 or paste, with a
+        /// challenge of the token's shape — or refused.
+        #[test]
+        fn any_handoff_query_is_answered(cli in "\\PC{0,12}", challenge in "[A-Za-z0-9_-]{0,50}") {
+            let query: std::collections::HashMap<String, String> =
+                [("cli".to_owned(), cli), ("challenge".to_owned(), challenge)].into_iter().collect();
+            if let Ok(Some(handoff)) = handoff(&query) {
+                proptest::prop_assert!(handoff.port.is_none_or(|p| p >= 1024));
+                proptest::prop_assert_eq!(handoff.challenge.len(), 43);
+            }
+        }
+    }
 }

@@ -602,6 +602,32 @@ impl Cluster {
         binding: &str,
         rules: Vec<PolicyRule>,
     ) -> Result<(), String> {
+        self.grant_subject(user.subject(), binding, rules).await
+    }
+
+    /// Grants the user named `username` (any authenticator's, e.g. an OIDC user) the given
+    /// cluster-wide rules (a ClusterRole and ClusterRoleBinding named `binding`).
+    pub async fn grant_user(
+        &self,
+        username: &str,
+        binding: &str,
+        rules: Vec<PolicyRule>,
+    ) -> Result<(), String> {
+        let subject = Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: username.into(),
+            ..Default::default()
+        };
+        self.grant_subject(subject, binding, rules).await
+    }
+
+    async fn grant_subject(
+        &self,
+        subject: Subject,
+        binding: &str,
+        rules: Vec<PolicyRule>,
+    ) -> Result<(), String> {
         let client = self.admin_client().await?;
         let meta = ObjectMeta {
             name: Some(binding.to_owned()),
@@ -623,52 +649,7 @@ impl Cluster {
                 kind: "ClusterRole".into(),
                 name: binding.into(),
             },
-            subjects: Some(vec![user.subject()]),
-        };
-        Api::<ClusterRoleBinding>::all(client)
-            .create(&PostParams::default(), &role_binding)
-            .await
-            .map_err(|e| format!("create ClusterRoleBinding {binding}: {e}"))?;
-        Ok(())
-    }
-
-    /// Grants the user named `username` (any authenticator's, e.g. an OIDC user) the given
-    /// cluster-wide rules (a ClusterRole and ClusterRoleBinding named `binding`).
-    pub async fn grant_user(
-        &self,
-        username: &str,
-        binding: &str,
-        rules: Vec<PolicyRule>,
-    ) -> Result<(), String> {
-        let client = self.admin_client().await?;
-        let meta = ObjectMeta {
-            name: Some(binding.to_owned()),
-            ..Default::default()
-        };
-        Api::<ClusterRole>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &ClusterRole {
-                    metadata: meta.clone(),
-                    rules: Some(rules),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| format!("create ClusterRole {binding}: {e}"))?;
-        let role_binding = ClusterRoleBinding {
-            metadata: meta,
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "ClusterRole".into(),
-                name: binding.into(),
-            },
-            subjects: Some(vec![Subject {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "User".into(),
-                name: username.into(),
-                ..Default::default()
-            }]),
+            subjects: Some(vec![subject]),
         };
         Api::<ClusterRoleBinding>::all(client)
             .create(&PostParams::default(), &role_binding)

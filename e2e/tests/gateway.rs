@@ -54,6 +54,82 @@ async fn provider_with_gateway(env: &mut TestEnv) -> (Client, User) {
     (provider, account)
 }
 
+/// The consumer cluster with kbind's CRDs, its namespaces (and `namespaces`) and kbind running:
+/// its schema manager and syncer, both ready.
+async fn consumer_running_kbind(env: &mut TestEnv, namespaces: &[&str]) -> Client {
+    let consumer = env.cluster("consumer").admin_client().await.unwrap();
+    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
+    for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE].iter().chain(namespaces) {
+        ensure_namespace(&consumer, namespace).await.unwrap();
+    }
+    let manager = Component::SchemaManager
+        .start(env, "consumer", "schema-manager", &["--leader-elect=false"])
+        .await
+        .unwrap();
+    let syncer = Component::Syncer
+        .start(env, "consumer", "syncer", &[])
+        .await
+        .unwrap();
+    manager.wait_ready("the schema manager", 60).await;
+    syncer.wait_ready("the syncer", 60).await;
+    consumer
+}
+
+/// One address in front of the gateway's replicas, as a Service is, where a real OpenID
+/// provider returns browsers: its user alice (password wonderland), whom RBAC lets bind Widgets.
+struct Front {
+    forward: kbind_e2e::forward::Forward,
+    /// `127.0.0.1:<port>`.
+    address: String,
+    /// `https://<address>`: the gateway's external URL.
+    external: String,
+    idp: OidcProvider,
+}
+
+impl Front {
+    async fn with_login(env: &mut TestEnv) -> Self {
+        let forward = kbind_e2e::forward::Forward::start(1).await.unwrap();
+        let address = format!("127.0.0.1:{}", forward.port());
+        let external = format!("https://{address}");
+        let idp = start_oidc_provider(
+            env,
+            &[("alice", "alice@example.org", "wonderland")],
+            &format!("{external}/callback"),
+        )
+        .await;
+        env.cluster("provider")
+            .grant_user(
+                "oidc:alice@example.org",
+                "alice-binds-widgets",
+                may_bind("widgets"),
+            )
+            .await
+            .unwrap();
+        Self {
+            forward,
+            address,
+            external,
+            idp,
+        }
+    }
+
+    /// The flags a replica logs browsers in with.
+    fn flags(&self) -> Vec<String> {
+        vec![
+            format!("--oidc-issuer={}", self.idp.issuer),
+            "--oidc-client-id=web".to_owned(),
+            format!("--oidc-client-secret-file={}", self.idp.secret_file),
+            format!("--external-url={}", self.external),
+        ]
+    }
+
+    /// Sends what reaches the front to `gateway`.
+    fn route_to(&self, gateway: &Gateway) {
+        self.forward
+            .switch(gateway.address.rsplit_once(':').unwrap().1.parse().unwrap());
+    }
+}
+
 /// `POST /api/bind` of `body` as `token` (none: anonymous).
 async fn bind(gateway: &Gateway, ca: &str, token: Option<&str>, body: &str) -> Answer {
     let authorization = token.map(|t| format!("Bearer {t}"));
@@ -114,29 +190,10 @@ async fn a_consumer_binds_from_the_catalog_and_any_replica_hands_its_bundle_over
         .unwrap();
     let (provider, account) = provider_with_gateway(&mut env).await;
     let controller = run_provider_widget_controller(provider.clone());
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
-    for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE, "team-a"] {
-        ensure_namespace(&consumer, namespace).await.unwrap();
-    }
-    let manager = Component::SchemaManager
-        .start(
-            &mut env,
-            "consumer",
-            "schema-manager",
-            &["--leader-elect=false"],
-        )
-        .await
-        .unwrap();
-    let syncer = Component::Syncer
-        .start(&mut env, "consumer", "syncer", &[])
-        .await
-        .unwrap();
+    let consumer = consumer_running_kbind(&mut env, &["team-a"]).await;
     let (cert, key, ca) = gateway_certificate(&env);
     let a = start_gateway(&mut env, "gateway-a", &account, (&cert, &key), &[]).await;
     let b = start_gateway(&mut env, "gateway-b", &account, (&cert, &key), &[]).await;
-    manager.wait_ready("the schema manager", 60).await;
-    syncer.wait_ready("the syncer", 60).await;
 
     // Who the provider is, and what it offers: the offered Export with its APIs; not the one
     // naming an API nobody serves.
@@ -557,28 +614,9 @@ async fn kubectl_kbind_bind_applies_the_bundle_and_waits_until_the_apis_are_serv
         .unwrap();
     let (provider, account) = provider_with_gateway(&mut env).await;
     let controller = run_provider_widget_controller(provider.clone());
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
-    for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE, "team-a"] {
-        ensure_namespace(&consumer, namespace).await.unwrap();
-    }
-    let manager = Component::SchemaManager
-        .start(
-            &mut env,
-            "consumer",
-            "schema-manager",
-            &["--leader-elect=false"],
-        )
-        .await
-        .unwrap();
-    let syncer = Component::Syncer
-        .start(&mut env, "consumer", "syncer", &[])
-        .await
-        .unwrap();
+    let consumer = consumer_running_kbind(&mut env, &["team-a"]).await;
     let (cert, key, ca) = gateway_certificate(&env);
     let gateway = start_gateway(&mut env, "gateway", &account, (&cert, &key), &[]).await;
-    manager.wait_ready("the schema manager", 60).await;
-    syncer.wait_ready("the syncer", 60).await;
     let alice = env.cluster("provider").mint_user("alice").await.unwrap();
     env.cluster("provider")
         .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
@@ -805,41 +843,14 @@ async fn a_browser_logs_in_through_a_real_oidc_provider_and_binds_while_the_repl
     let (cert, key, ca) = gateway_certificate(&env);
     // One address in front of both replicas, as a Service is: the identity provider returns
     // browsers there.
-    let front = kbind_e2e::forward::Forward::start(1).await.unwrap();
-    let front_address = format!("127.0.0.1:{}", front.port());
-    let external = format!("https://{front_address}");
-    let idp = start_oidc_provider(
-        &mut env,
-        &[("alice", "alice@example.org", "wonderland")],
-        &format!("{external}/callback"),
-    )
-    .await;
-    let oidc = [
-        format!("--oidc-issuer={}", idp.issuer),
-        "--oidc-client-id=web".to_owned(),
-        format!("--oidc-client-secret-file={}", idp.secret_file),
-        format!("--external-url={external}"),
-    ];
+    let front = Front::with_login(&mut env).await;
+    let (front_address, external, idp) =
+        (front.address.clone(), front.external.clone(), &front.idp);
+    let oidc = front.flags();
     let oidc: Vec<&str> = oidc.iter().map(String::as_str).collect();
     let a = start_gateway(&mut env, "gateway-a", &account, (&cert, &key), &oidc).await;
     let b = start_gateway(&mut env, "gateway-b", &account, (&cert, &key), &oidc).await;
-    let port = |g: &Gateway| {
-        g.address
-            .rsplit_once(':')
-            .unwrap()
-            .1
-            .parse::<u16>()
-            .unwrap()
-    };
-    front.switch(port(&a));
-    env.cluster("provider")
-        .grant_user(
-            "oidc:alice@example.org",
-            "alice-binds-widgets",
-            may_bind("widgets"),
-        )
-        .await
-        .unwrap();
+    front.route_to(&a);
     let via_front = Gateway {
         address: front_address.clone(),
         metrics: String::new(),
@@ -874,7 +885,7 @@ async fn a_browser_logs_in_through_a_real_oidc_provider_and_binds_while_the_repl
 
     // Replica A dies; the front now reaches B.
     env.process(a.index).kill();
-    front.switch(port(&b));
+    front.route_to(&b);
 
     // The user logs in at the identity provider (its own form), which sends the browser back.
     let callback = log_in_at_the_provider(&idp, &authorize).await;
@@ -1091,32 +1102,13 @@ async fn kubectl_kbind_login_is_handed_its_session_through_the_browser_or_a_past
         .unwrap();
     let (provider, account) = provider_with_gateway(&mut env).await;
     let (cert, key, ca) = gateway_certificate(&env);
-    let front = kbind_e2e::forward::Forward::start(1).await.unwrap();
-    let front_address = format!("127.0.0.1:{}", front.port());
-    let external = format!("https://{front_address}");
-    let idp = start_oidc_provider(
-        &mut env,
-        &[("alice", "alice@example.org", "wonderland")],
-        &format!("{external}/callback"),
-    )
-    .await;
-    let oidc = [
-        format!("--oidc-issuer={}", idp.issuer),
-        "--oidc-client-id=web".to_owned(),
-        format!("--oidc-client-secret-file={}", idp.secret_file),
-        format!("--external-url={external}"),
-    ];
+    let front = Front::with_login(&mut env).await;
+    let (front_address, external, idp) =
+        (front.address.clone(), front.external.clone(), &front.idp);
+    let oidc = front.flags();
     let oidc: Vec<&str> = oidc.iter().map(String::as_str).collect();
     let gateway = start_gateway(&mut env, "gateway", &account, (&cert, &key), &oidc).await;
-    front.switch(gateway.address.rsplit_once(':').unwrap().1.parse().unwrap());
-    env.cluster("provider")
-        .grant_user(
-            "oidc:alice@example.org",
-            "alice-binds-widgets",
-            may_bind("widgets"),
-        )
-        .await
-        .unwrap();
+    front.route_to(&gateway);
     let config_dir = env.dir().join("kbind-config");
     let ca_file = env.dir().join("gateway-ca.pem");
     std::fs::write(&ca_file, &ca).unwrap();
@@ -1292,52 +1284,14 @@ async fn in_a_real_browser_a_team_logs_in_binds_from_the_page_and_its_bundle_mak
         .unwrap();
     let (provider, account) = provider_with_gateway(&mut env).await;
     let controller = run_provider_widget_controller(provider.clone());
-    let consumer = env.cluster("consumer").admin_client().await.unwrap();
-    kbind_e2e::kbind::install_crds(&consumer).await.unwrap();
-    for namespace in [KBIND_NAMESPACE, SECRET_NAMESPACE] {
-        ensure_namespace(&consumer, namespace).await.unwrap();
-    }
-    let manager = Component::SchemaManager
-        .start(
-            &mut env,
-            "consumer",
-            "schema-manager",
-            &["--leader-elect=false"],
-        )
-        .await
-        .unwrap();
-    let syncer = Component::Syncer
-        .start(&mut env, "consumer", "syncer", &[])
-        .await
-        .unwrap();
+    let consumer = consumer_running_kbind(&mut env, &[]).await;
     let (cert, key, _ca) = gateway_certificate(&env);
-    let front = kbind_e2e::forward::Forward::start(1).await.unwrap();
-    let external = format!("https://127.0.0.1:{}", front.port());
-    let idp = start_oidc_provider(
-        &mut env,
-        &[("alice", "alice@example.org", "wonderland")],
-        &format!("{external}/callback"),
-    )
-    .await;
-    let oidc = [
-        format!("--oidc-issuer={}", idp.issuer),
-        "--oidc-client-id=web".to_owned(),
-        format!("--oidc-client-secret-file={}", idp.secret_file),
-        format!("--external-url={external}"),
-    ];
+    let front = Front::with_login(&mut env).await;
+    let external = front.external.clone();
+    let oidc = front.flags();
     let oidc: Vec<&str> = oidc.iter().map(String::as_str).collect();
     let gateway = start_gateway(&mut env, "gateway", &account, (&cert, &key), &oidc).await;
-    front.switch(gateway.address.rsplit_once(':').unwrap().1.parse().unwrap());
-    env.cluster("provider")
-        .grant_user(
-            "oidc:alice@example.org",
-            "alice-binds-widgets",
-            may_bind("widgets"),
-        )
-        .await
-        .unwrap();
-    manager.wait_ready("the schema manager", 60).await;
-    syncer.wait_ready("the syncer", 60).await;
+    front.route_to(&gateway);
     let browser = kbind_e2e::browser::start_browser(&mut env).await.unwrap();
     let page = &browser.client;
 

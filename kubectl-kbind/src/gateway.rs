@@ -6,11 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use kbind_shared::https;
 use serde_json::Value;
 
 /// The largest answer read from a gateway (a bundle is a few KiB; a catalog of thousands of
@@ -32,7 +30,7 @@ pub enum Credential {
 pub struct Gateway {
     base: String,
     credential: Option<Credential>,
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: https::Client,
 }
 
 /// An answer: status code and body.
@@ -55,37 +53,11 @@ impl Gateway {
                 "the gateway's URL must be https:// (tokens and credentials cross it): {base}"
             ));
         }
-        let mut roots = rustls::RootCertStore::empty();
-        let native = rustls_native_certs::load_native_certs();
-        for cert in native.certs {
-            let _ = roots.add(cert);
-        }
-        if let Some(path) = ca_file {
-            use rustls::pki_types::pem::PemObject;
-            let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("read {}: {e}", path.display()))?;
-            for cert in certs {
-                roots
-                    .add(cert.map_err(|e| format!("read {}: {e}", path.display()))?)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-            }
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only()
-            .enable_http1()
-            .build();
+        let client = https::client(ca_file, false)?;
         Ok(Self {
             base,
             credential,
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client,
         })
     }
 
@@ -121,26 +93,12 @@ impl Gateway {
         };
         let request = request.body(body).map_err(|e| e.to_string())?;
         let what = format!("{method} {}{}", self.base, redacted(path));
-        let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| format!("{what}: {}", describe(&e)))?;
-            let code = response.status().as_u16();
-            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-                .collect()
-                .await
-                .map_err(|e| format!("{what}: the answer is larger than {MAX_ANSWER_BYTES} bytes or broke off: {e}"))?
-                .to_bytes();
-            Ok::<_, String>(Answer {
-                code,
-                body: String::from_utf8_lossy(&body).into_owned(),
-            })
-        };
-        tokio::time::timeout(TIMEOUT, exchange)
-            .await
-            .map_err(|_| format!("{what}: no answer within {}s", TIMEOUT.as_secs()))?
+        let (code, body) =
+            https::send(&self.client, request, &what, MAX_ANSWER_BYTES, TIMEOUT).await?;
+        Ok(Answer {
+            code,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
     }
 }
 
@@ -157,17 +115,6 @@ fn redacted(path: &str) -> String {
         Some(_) => "/api/pickup/…".to_owned(),
         None => path.to_owned(),
     }
-}
-
-/// A client error's root cause (DNS, refused, TLS), not its outermost "client error".
-fn describe(error: &hyper_util::client::legacy::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text = cause.to_string();
-        source = cause.source();
-    }
-    text
 }
 
 /// The caller's token: the file's first line, else `KBIND_GATEWAY_TOKEN`.

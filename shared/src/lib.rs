@@ -20,6 +20,7 @@ pub mod finalizers;
 #[cfg(test)]
 mod fuzz;
 pub mod heartbeat;
+pub mod https;
 pub mod identity;
 pub mod import;
 pub mod keys;

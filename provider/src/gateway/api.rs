@@ -13,9 +13,9 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use super::auth;
-use super::login::{CSRF_HEADER, SESSION_COOKIE, cookie, read_session};
+use super::login::{CSRF_HEADER, SESSION_COOKIE, carries_csrf, cookie, read_session};
 use super::pickup::{self, Record};
-use super::records::{self, Failure, Kind};
+use super::records::{Failure, Kind};
 use super::request::{self, DEFAULT_SECRET_NAMESPACE, Format};
 use super::state::{Answer, FIELD_MANAGER, Gateway, json_response, observed, server};
 use crate::bundle;
@@ -202,8 +202,7 @@ async fn caller(gateway: &Gateway, headers: &HeaderMap) -> Result<auth::Caller, 
         return Ok(gateway.auth.authenticate(None).await?);
     };
     let session = read_session(gateway, token).await?;
-    let csrf = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
-    if csrf.is_none_or(|c| records::digest(c) != records::digest(&session.csrf)) {
+    if !carries_csrf(headers, &session) {
         return Err(Answer(
             StatusCode::FORBIDDEN,
             format!(

@@ -52,6 +52,34 @@ pub struct Handoff {
     pub challenge: String,
 }
 
+/// Whether a call carries `session`'s CSRF token in [`CSRF_HEADER`] (compared as digests).
+pub fn carries_csrf(headers: &HeaderMap, session: &Session) -> bool {
+    headers
+        .get(CSRF_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| records::digest(c) == records::digest(&session.csrf))
+}
+
+/// Takes the `kind` record of `token` if `matches` says it is this caller's; otherwise `403`
+/// with `refusal`, and the record stays for its own.
+async fn take_if<T: serde::de::DeserializeOwned>(
+    gateway: &Gateway,
+    kind: Kind,
+    token: &str,
+    matches: impl FnOnce(&T) -> bool,
+    refusal: &str,
+) -> Result<T, Answer> {
+    gateway
+        .records
+        .take(
+            kind,
+            token,
+            |content: &T| if matches(content) { Ok(()) } else { Err(()) },
+        )
+        .await?
+        .map_err(|()| Answer(StatusCode::FORBIDDEN, refusal.to_owned()))
+}
+
 /// A handed-over session, as recorded until the command line redeems it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Handed {
@@ -189,8 +217,7 @@ pub(super) async fn logout(State(gateway): State<Arc<Gateway>>, headers: HeaderM
 async fn logout_inner(gateway: &Gateway, headers: &HeaderMap) -> Result<Response, Answer> {
     let token = cookie(headers, SESSION_COOKIE).ok_or(Failure::Unknown(Kind::Session))?;
     let session = read_session(gateway, token).await?;
-    let csrf = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
-    if csrf.is_none_or(|c| records::digest(c) != records::digest(&session.csrf)) {
+    if !carries_csrf(headers, &session) {
         return Err(Answer(
             StatusCode::FORBIDDEN,
             format!("logging out needs the session's CSRF token in {CSRF_HEADER}"),
@@ -321,22 +348,14 @@ async fn callback_inner(
         ));
     };
     let browser = records::digest(binding);
-    let login: LoginState = gateway
-        .records
-        .take(Kind::Login, state, |l: &LoginState| {
-            if l.browser == browser {
-                Ok(())
-            } else {
-                Err(())
-            }
-        })
-        .await?
-        .map_err(|()| {
-            Answer(
-                StatusCode::FORBIDDEN,
-                "this login was started in another browser".into(),
-            )
-        })?;
+    let login: LoginState = take_if(
+        gateway,
+        Kind::Login,
+        state,
+        |l: &LoginState| l.browser == browser,
+        "this login was started in another browser",
+    )
+    .await?;
     let username = oidc
         .finish(code, &login.verifier, &login.nonce)
         .await
@@ -484,22 +503,14 @@ async fn redeem_inner(gateway: &Gateway, body: &[u8]) -> Result<Response, Answer
         return Err(Failure::Unknown(Kind::Handoff).into());
     }
     let challenge = super::oidc::challenge(&asked.verifier);
-    let handed: Handed = gateway
-        .records
-        .take(Kind::Handoff, &asked.code, |h: &Handed| {
-            if records::digest(&h.challenge) == records::digest(&challenge) {
-                Ok(())
-            } else {
-                Err(())
-            }
-        })
-        .await?
-        .map_err(|()| {
-            Answer(
-                StatusCode::FORBIDDEN,
-                "this code belongs to another login (its verifier does not match)".into(),
-            )
-        })?;
+    let handed: Handed = take_if(
+        gateway,
+        Kind::Handoff,
+        &asked.code,
+        |h: &Handed| records::digest(&h.challenge) == records::digest(&challenge),
+        "this code belongs to another login (its verifier does not match)",
+    )
+    .await?;
     let mut response = json_response(
         StatusCode::OK,
         &json!({

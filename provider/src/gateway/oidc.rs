@@ -9,11 +9,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use kbind_shared::https::{self, Client};
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::Digest;
@@ -73,7 +71,7 @@ pub struct Jwk {
 pub struct Oidc {
     settings: Settings,
     endpoints: Endpoints,
-    http: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: Client,
     keys: Mutex<Option<(Instant, Vec<Jwk>)>>,
 }
 
@@ -248,7 +246,8 @@ impl Oidc {
                 settings.issuer
             ));
         }
-        let http = client()?;
+        // Plain http only to loopback: every URL is checked with `allowed_url` first.
+        let http = https::client(None, true)?;
         let url = format!(
             "{}/.well-known/openid-configuration",
             settings.issuer.trim_end_matches('/')
@@ -405,30 +404,7 @@ impl Oidc {
     }
 }
 
-fn client() -> Result<Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(Client::builder(TokioExecutor::new()).build(connector))
-}
-
-async fn get_json(
-    http: &Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
-    url: &str,
-) -> Result<Value, String> {
+async fn get_json(http: &Client, url: &str) -> Result<Value, String> {
     let request = hyper::Request::get(url)
         .header("Accept", "application/json")
         .body(Full::new(Bytes::new()))
@@ -441,27 +417,9 @@ async fn get_json(
 }
 
 /// One bounded exchange.
-async fn send(
-    http: &Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
-    request: hyper::Request<Full<Bytes>>,
-) -> Result<(u16, Bytes), String> {
+async fn send(http: &Client, request: hyper::Request<Full<Bytes>>) -> Result<(u16, Bytes), String> {
     let what = format!("{} {}", request.method(), request.uri().path());
-    let exchange = async {
-        let response = http
-            .request(request)
-            .await
-            .map_err(|e| format!("{what}: {e}"))?;
-        let code = response.status().as_u16();
-        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await
-            .map_err(|e| format!("{what}: the answer is too large or broke off: {e}"))?
-            .to_bytes();
-        Ok::<_, String>((code, body))
-    };
-    tokio::time::timeout(TIMEOUT, exchange)
-        .await
-        .map_err(|_| format!("{what}: no answer within {}s", TIMEOUT.as_secs()))?
+    https::send(http, request, &what, MAX_ANSWER_BYTES, TIMEOUT).await
 }
 
 #[cfg(test)]

@@ -888,7 +888,7 @@ async fn a_browser_logs_in_through_a_real_oidc_provider_and_binds_while_the_repl
     front.route_to(&b);
 
     // The user logs in at the identity provider (its own form), which sends the browser back.
-    let callback = log_in_at_the_provider(&idp, &authorize).await;
+    let callback = log_in_at_the_provider(idp, &authorize).await;
 
     assert!(
         callback.starts_with(&format!("{external}/callback?")),
@@ -1132,7 +1132,7 @@ async fn kubectl_kbind_login_is_handed_its_session_through_the_browser_or_a_past
         .unwrap();
     assert_eq!(started.code, 302, "{started:?}");
     browser.absorb(&started);
-    let callback = log_in_at_the_provider(&idp, started.header("location").unwrap()).await;
+    let callback = log_in_at_the_provider(idp, started.header("location").unwrap()).await;
     let jar = browser.header();
     let handed = https(
         &front_address,
@@ -1206,7 +1206,7 @@ async fn kubectl_kbind_login_is_handed_its_session_through_the_browser_or_a_past
         .await
         .unwrap();
     browser.absorb(&started);
-    let callback = log_in_at_the_provider(&idp, started.header("location").unwrap()).await;
+    let callback = log_in_at_the_provider(idp, started.header("location").unwrap()).await;
     let jar = browser.header();
     let shown = https(
         &front_address,

@@ -39,13 +39,7 @@ async fn provider_with_gateway(env: &mut TestEnv) -> (Client, User) {
     start_issuer(env).await;
     apply_export(&provider, "widgets", &["widgets.example.org"], false).await;
     apply_export(&provider, "gadgets", &["gadgets.example.org"], false).await;
-    let exports = Api::<kbind_shared::api::catalog::Export>::all(provider.clone());
-    wait_for("Export widgets offered", 30, || async {
-        let e = exports.get("widgets").await.map_err(|e| e.to_string())?;
-        let offered = kbind_provider::issuer::plan::offered("widgets", Some(&e)).is_ok();
-        Ok(offered.then_some(()))
-    })
-    .await;
+    wait_export_offered(&provider, "widgets").await;
     let account = env
         .cluster("provider")
         .mint_service_account_user(ISSUER_NAMESPACE, GATEWAY_SERVICE_ACCOUNT)
@@ -121,6 +115,31 @@ impl Front {
             format!("--oidc-client-secret-file={}", self.idp.secret_file),
             format!("--external-url={}", self.external),
         ]
+    }
+
+    /// A browser opening `url` (a login's start, on the front) and logging in at the provider:
+    /// its cookies, and the gateway's answer to the provider's callback.
+    async fn browser_login(&self, ca: &str, url: &str) -> (Jar, Answer) {
+        let mut browser = Jar::default();
+        let started = https(&self.address, ca, "GET", &path_of(url), &[], b"")
+            .await
+            .unwrap();
+        assert_eq!(started.code, 302, "{started:?}");
+        browser.absorb(&started);
+        let callback = log_in_at_the_provider(&self.idp, started.header("location").unwrap()).await;
+        let jar = browser.header();
+        let answer = https(
+            &self.address,
+            ca,
+            "GET",
+            &path_of(&callback),
+            &[("Cookie", &jar)],
+            b"",
+        )
+        .await
+        .unwrap();
+        browser.absorb(&answer);
+        (browser, answer)
     }
 
     /// Sends what reaches the front to `gateway`.
@@ -1103,8 +1122,7 @@ async fn kubectl_kbind_login_is_handed_its_session_through_the_browser_or_a_past
     let (provider, account) = provider_with_gateway(&mut env).await;
     let (cert, key, ca) = gateway_certificate(&env);
     let front = Front::with_login(&mut env).await;
-    let (front_address, external, idp) =
-        (front.address.clone(), front.external.clone(), &front.idp);
+    let (front_address, external) = (front.address.clone(), front.external.clone());
     let oidc = front.flags();
     let oidc: Vec<&str> = oidc.iter().map(String::as_str).collect();
     let gateway = start_gateway(&mut env, "gateway", &account, (&cert, &key), &oidc).await;
@@ -1126,26 +1144,8 @@ async fn kubectl_kbind_login_is_handed_its_session_through_the_browser_or_a_past
     let mut run = LoginRun::start(&args, &config_dir);
     let url = run.url().await;
     assert!(url.starts_with(&format!("{external}/login?cli=")), "{url}");
-    let mut browser = Jar::default();
-    let started = https(&front_address, &ca, "GET", &path_of(&url), &[], b"")
-        .await
-        .unwrap();
-    assert_eq!(started.code, 302, "{started:?}");
-    browser.absorb(&started);
-    let callback = log_in_at_the_provider(idp, started.header("location").unwrap()).await;
-    let jar = browser.header();
-    let handed = https(
-        &front_address,
-        &ca,
-        "GET",
-        &path_of(&callback),
-        &[("Cookie", &jar)],
-        b"",
-    )
-    .await
-    .unwrap();
+    let (browser, handed) = front.browser_login(&ca, &url).await;
     assert_eq!(handed.code, 302, "{handed:?}");
-    browser.absorb(&handed);
     assert!(
         !browser.0.contains_key("__Host-kbind-session"),
         "the session goes to the command, not the browser: {handed:?}"
@@ -1201,23 +1201,7 @@ async fn kubectl_kbind_login_is_handed_its_session_through_the_browser_or_a_past
     let mut run = LoginRun::start(&args, &config_dir);
     let url = run.url().await;
     assert!(url.contains("cli=paste"), "{url}");
-    let mut browser = Jar::default();
-    let started = https(&front_address, &ca, "GET", &path_of(&url), &[], b"")
-        .await
-        .unwrap();
-    browser.absorb(&started);
-    let callback = log_in_at_the_provider(idp, started.header("location").unwrap()).await;
-    let jar = browser.header();
-    let shown = https(
-        &front_address,
-        &ca,
-        "GET",
-        &path_of(&callback),
-        &[("Cookie", &jar)],
-        b"",
-    )
-    .await
-    .unwrap();
+    let (_, shown) = front.browser_login(&ca, &url).await;
     assert_eq!(shown.code, 200, "{shown:?}");
     let code = shown
         .body

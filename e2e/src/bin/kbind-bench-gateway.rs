@@ -119,16 +119,7 @@ async fn main() {
     install_crd(&provider, &widget_crd()).await.unwrap();
     start_issuer(&mut env).await;
     apply_export(&provider, "widgets", &["widgets.example.org"], false).await;
-    kbind_e2e::wait::wait_for("Export widgets offered", 30, || async {
-        let e = Api::<kbind_shared::api::catalog::Export>::all(provider.clone())
-            .get("widgets")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(kbind_provider::issuer::plan::offered("widgets", Some(&e))
-            .is_ok()
-            .then_some(()))
-    })
-    .await;
+    wait_export_offered(&provider, "widgets").await;
     // Every ServiceAccount of the users' namespace may bind Widgets.
     let rule = PolicyRule {
         api_groups: Some(vec!["catalog.kbind.io".into()]),

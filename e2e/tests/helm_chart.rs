@@ -246,10 +246,15 @@ fn chart_renders_two_deployments_with_hardened_pods_and_kept_crds() {
         .unwrap();
     assert!(built.status.success(), "scripts/images --refs: {built:?}");
     let built = String::from_utf8(built.stdout).unwrap();
-    // The consumer's two; the others are the provider side's (reaper, issuer), their own charts'.
+    // The consumer's two; the others are the provider side's (reaper, issuer, gateway), their
+    // own charts'.
     let consumer_images: Vec<&str> = built
         .lines()
-        .filter(|r| !r.contains("/kbind-reaper:") && !r.contains("/kbind-issuer:"))
+        .filter(|r| {
+            !["/kbind-reaper:", "/kbind-issuer:", "/kbind-gateway:"]
+                .iter()
+                .any(|p| r.contains(p))
+        })
         .collect();
     assert_eq!(images, consumer_images);
     let chart: serde_json::Value =

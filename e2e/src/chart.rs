@@ -96,6 +96,17 @@ pub async fn wait_available(
     deployment: &str,
     limit: Duration,
 ) -> Result<Vec<Pod>, String> {
+    wait_available_pods(client, deployment, component(deployment), limit).await
+}
+
+/// [`wait_available`] for a Deployment whose pods' `app.kubernetes.io/component` is `component`
+/// (the issuer chart's gateway: Deployment `kbind-issuer-gateway`, component `gateway`).
+pub async fn wait_available_pods(
+    client: &Client,
+    deployment: &str,
+    component: &str,
+    limit: Duration,
+) -> Result<Vec<Pod>, String> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), KBIND_NAMESPACE);
     eventually(
         &format!("Deployment {deployment} Available"),
@@ -123,7 +134,7 @@ pub async fn wait_available(
             {
                 return Err(format!("{deployment}: {status:?}", status = d.status));
             }
-            let running: Vec<Pod> = component_pods(client, component(deployment))
+            let running: Vec<Pod> = component_pods(client, component)
                 .await?
                 .into_iter()
                 .filter(|p| p.metadata.deletion_timestamp.is_none())

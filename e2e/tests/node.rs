@@ -840,7 +840,14 @@ async fn the_provider_side_charts_run_on_a_node_the_reaper_sweeps_and_the_issuer
     ];
     let gateway_values: Vec<&str> = gateway_values.iter().map(String::as_str).collect();
     let pods = install_provider_chart(&setup, "kbind-issuer", &gateway_values).await;
-    let gateways = wait_available(&setup.consumer, "kbind-issuer-gateway", 180).await;
+    let gateways = chart::wait_available_pods(
+        &setup.consumer,
+        "kbind-issuer-gateway",
+        "gateway",
+        Duration::from_secs(180),
+    )
+    .await
+    .unwrap();
     assert_eq!(gateways.len(), 2, "the gateway's two replicas");
     let exports: Api<Export> = Api::all(client.clone());
     exports

@@ -153,7 +153,7 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
         Api::<Export>::all(client.clone()),
         watcher::Config::default(),
         shutdown.clone(),
-        |_| {},
+        watch_errors("Exports"),
     );
     let (collections, writer) = reflector::store();
     kbind_shared::cache::observe(
@@ -161,7 +161,7 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
         Api::<Collection>::all(client.clone()),
         watcher::Config::default(),
         shutdown.clone(),
-        |_| {},
+        watch_errors("Collections"),
     );
     let settings = Settings {
         provider_name: args.provider_name.clone(),
@@ -248,6 +248,18 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
     served.map_err(|e| format!("the gateway's server failed: {e}"))?;
     tracing::info!("kbind-gateway stopped");
     Ok(())
+}
+
+/// A cache observer logging its watch's errors (the catalog stays unready, or stale, until the
+/// watch works: the operator reads why here).
+fn watch_errors<K>(
+    what: &'static str,
+) -> impl Fn(Result<&watcher::Event<K>, &watcher::Error>) + Send + 'static {
+    move |event| {
+        if let Err(error) = event {
+            tracing::warn!(%error, "cannot watch the catalog's {what}; retrying");
+        }
+    }
 }
 
 /// Ready once the catalog is known.

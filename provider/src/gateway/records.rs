@@ -174,11 +174,19 @@ pub enum Read<T> {
     Foreign,
 }
 
+/// The kind of record `secret` is: its label names a kind and its type is that kind's. Anything
+/// else — a Secret someone else made or labelled — is not the gateway's to read or delete.
+pub fn kind_of(secret: &Secret) -> Option<Kind> {
+    let label = secret.labels().get(LABEL)?;
+    [Kind::Pickup, Kind::Login, Kind::Session, Kind::Handoff]
+        .into_iter()
+        .find(|k| k.as_str() == label)
+        .filter(|k| secret.type_.as_deref() == Some(k.secret_type().as_str()))
+}
+
 /// Decides what a `kind` record yields at `now`.
 pub fn judge<T: DeserializeOwned>(kind: Kind, secret: &Secret, now: Timestamp) -> Read<T> {
-    let ours = secret.type_.as_deref() == Some(kind.secret_type().as_str())
-        && secret.labels().get(LABEL).map(String::as_str) == Some(kind.as_str());
-    if !ours {
+    if kind_of(secret) != Some(kind) {
         return Read::Foreign;
     }
     match expires(&secret.metadata, MAX_TTL) {
@@ -196,10 +204,11 @@ pub fn judge<T: DeserializeOwned>(kind: Kind, secret: &Secret, now: Timestamp) -
     }
 }
 
-/// Whether a record is past its expiry at `now` by a grace (a collector never races a taker
-/// that is just inside the lifetime).
-pub fn collectable(meta: &ObjectMeta, now: Timestamp) -> bool {
-    expires(meta, MAX_TTL).is_some_and(|at| now > at + Duration::from_secs(60))
+/// Whether `secret` is a record past its expiry at `now` by a grace (a collector never races a
+/// taker that is just inside the lifetime). Only the gateway's records are ever collectable.
+pub fn collectable(secret: &Secret, now: Timestamp) -> bool {
+    kind_of(secret).is_some()
+        && expires(&secret.metadata, MAX_TTL).is_some_and(|at| now > at + Duration::from_secs(60))
 }
 
 /// Why a record could not be made or used.
@@ -335,6 +344,8 @@ impl Store {
     /// Ends the `kind` record of `token`, if there is one.
     pub async fn end(&self, kind: Kind, token: &str) -> Result<(), Failure> {
         match self.get(kind, token).await {
+            // Someone else's Secret of that name: not ours to delete.
+            Ok(secret) if kind_of(&secret) != Some(kind) => Ok(()),
             Ok(secret) => self.delete(&secret).await.or_else(|e| match e {
                 None => Ok(()),
                 Some(e) => Err(Failure::Unavailable(describe(&e))),
@@ -360,21 +371,18 @@ impl Store {
         }
     }
 
-    /// Deletes the records past their expiry; returns how many went.
+    /// Deletes the records past their expiry (read whole: a record is known by its type as well
+    /// as its label); returns how many went.
     pub async fn collect(&self) -> Result<usize, Failure> {
         let list = self
             .secrets
-            .list_metadata(&ListParams::default().labels(LABEL))
+            .list(&ListParams::default().labels(LABEL))
             .await
             .map_err(|e| Failure::Unavailable(format!("list records: {}", describe(&e))))?;
         let now = Timestamp::now();
         let mut gone = 0;
-        for meta in list.items.iter().filter(|m| collectable(&m.metadata, now)) {
-            let secret = Secret {
-                metadata: meta.metadata.clone(),
-                ..Default::default()
-            };
-            match self.delete(&secret).await {
+        for secret in list.items.iter().filter(|s| collectable(s, now)) {
+            match self.delete(secret).await {
                 Ok(()) => gone += 1,
                 Err(None) => {}
                 Err(Some(e)) => {
@@ -473,12 +481,21 @@ mod tests {
             let now = created + Duration::from_secs(after);
             assert_eq!(judge(Kind::Pickup, &s, now), expected, "{after}s");
         }
-        // Collected only a minute after it expired.
-        assert!(!collectable(
-            &s.metadata,
-            created + Duration::from_secs(360)
-        ));
-        assert!(collectable(&s.metadata, created + Duration::from_secs(361)));
+        // Collected only a minute after it expired, and only when it is the gateway's record: a
+        // Secret someone else labelled (another type, an unknown kind) is never collected.
+        assert!(!collectable(&s, created + Duration::from_secs(360)));
+        assert!(collectable(&s, created + Duration::from_secs(361)));
+        let mut labelled = s.clone();
+        labelled.type_ = Some("Opaque".into());
+        assert!(!collectable(&labelled, created + Duration::from_secs(3600)));
+        let mut unknown = s.clone();
+        unknown
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(LABEL.into(), "other".into());
+        assert!(!collectable(&unknown, created + Duration::from_secs(3600)));
     }
 
     #[test]

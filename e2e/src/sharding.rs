@@ -23,14 +23,20 @@ pub fn object(kind: &str, name: &str, value: i64) -> DynamicObject {
 }
 
 /// Units each live syncer reports running, from the membership Leases.
+///
+/// A Lease counts as live when it is still current once the list has arrived: the list shows
+/// the Leases as they were at some instant before that, so a Lease live then was live when it
+/// was served. (Judged by a clock read before the request, a Lease that expired while the list
+/// was on its way would count as live beside the units its successor took over since.)
 pub async fn running(consumer: &Client) -> BTreeMap<String, BTreeSet<String>> {
     let leases: Api<Lease> = Api::namespaced(consumer.clone(), KBIND_NAMESPACE);
-    let now = jiff::Timestamp::now();
-    leases
+    let listed = leases
         .list(&ListParams::default().labels("core.kbind.io/syncer-member=true"))
         .await
         .map(|l| l.items)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let now = jiff::Timestamp::now();
+    listed
         .into_iter()
         .filter(|l| {
             let spec = l.spec.clone().unwrap_or_default();

@@ -347,6 +347,57 @@ async fn a_consumer_binds_from_the_catalog_and_any_replica_hands_its_bundle_over
     controller.abort();
 }
 
+/// Two replicas whose hosts' clocks are six hours apart, each the other way from the API
+/// server's: a pickup lasts its lifetime by the API server's clock on either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_its_clock_off_judges_a_pickups_lifetime_by_the_api_servers_clock() {
+    let mut env = TestEnv::start("gateway-clock", &["provider"])
+        .await
+        .unwrap();
+    let (_provider, account) = provider_with_gateway(&mut env).await;
+    let (cert, key, ca) = gateway_certificate(&env);
+    let mut replicas = Vec::new();
+    for (name, offset) in [("gateway-ahead", "+6h"), ("gateway-behind", "-6h")] {
+        let clock = format!("--host-clock-offset={offset}");
+        let args = ["--pickup-seconds=4", clock.as_str()];
+        replicas.push(start_gateway(&mut env, name, &account, (&cert, &key), &args).await);
+    }
+    let (ahead, behind) = (&replicas[0], &replicas[1]);
+    let cluster = env.cluster("provider");
+    let alice = cluster.mint_user("alice").await.unwrap();
+    cluster
+        .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
+        .await
+        .unwrap();
+    let widgets = r#"{"export":"widgets"}"#;
+
+    // Made on the replica behind, taken at once on the one ahead (by its own clock the pickup
+    // ended six hours ago): handed over.
+    let bound = bind(behind, &ca, Some(&alice.token), widgets).await;
+    assert_eq!(bound.code, 201, "{bound:?}");
+    // The answer's expiry is the API server's (this machine's) time plus the lifetime.
+    let expires: jiff::Timestamp = bound.json()["expiresAt"].as_str().unwrap().parse().unwrap();
+    let expected = jiff::Timestamp::now() + Duration::from_secs(4);
+    let off = expires.duration_since(expected).abs();
+    assert!(
+        off < jiff::SignedDuration::from_secs(3),
+        "{expires} vs {expected}"
+    );
+    let pickup = bound.json()["pickup"].as_str().unwrap().to_owned();
+    let taken = get(ahead, &ca, &pickup, None).await;
+    assert_eq!(taken.code, 200, "{taken:?}");
+
+    // Made on the replica ahead, taken on the one behind after its lifetime (by its own clock
+    // the pickup has six hours to go): expired.
+    let bound = bind(ahead, &ca, Some(&alice.token), widgets).await;
+    assert_eq!(bound.code, 201, "{bound:?}");
+    let pickup = bound.json()["pickup"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let late = get(behind, &ca, &pickup, None).await;
+    assert_eq!(late.code, 410, "{late:?}");
+    assert!(late.body.contains("expired"), "{late:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_and_bad_requests_get_one_line_and_no_bundle() {
     let mut env = TestEnv::start("gateway-hostile", &["provider"])

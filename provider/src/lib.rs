@@ -4,6 +4,7 @@
 
 pub mod bundle;
 pub mod catalog;
+pub mod clock;
 pub mod gateway;
 pub mod issuer;
 pub mod reaper;

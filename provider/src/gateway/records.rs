@@ -10,14 +10,21 @@
 //! with a delete preconditioned on its UID — the API server lets exactly one caller delete an
 //! object, so a record raced from two replicas is taken once. Every replica collects expired
 //! records.
+//!
+//! "Now" is the API server's time too, not the replica's: each replica measures the offset of
+//! its clock from a time the API server stamps (a dry-run create at its first need and each
+//! minute, and every record it makes), so a replica whose clock is off neither cuts nor stretches
+//! a lifetime.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kbind_shared::sync::Locked;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
@@ -232,14 +239,65 @@ pub enum Failure {
 #[derive(Clone)]
 pub struct Store {
     secrets: Api<Secret>,
+    /// A test's offset for the host's clock (zero otherwise).
+    host_offset: SignedDuration,
+    /// How far the API server's clock is ahead of the host's, as last measured.
+    server_offset: Arc<Mutex<Option<SignedDuration>>>,
 }
 
 impl Store {
-    /// The records in `namespace` of the provider `client` reaches.
-    pub fn new(client: Client, namespace: &str) -> Self {
+    /// The records in `namespace` of the provider `client` reaches; `host_offset` moves the
+    /// host's clock (tests only: no verdict may change by it).
+    pub fn new(client: Client, namespace: &str, host_offset: SignedDuration) -> Self {
         Self {
             secrets: Api::namespaced(client, namespace),
+            host_offset,
+            server_offset: Arc::default(),
         }
+    }
+
+    /// The API server's time now, by the offset last measured (measured first if never).
+    pub async fn now(&self) -> Result<Timestamp, Failure> {
+        let known = *self.server_offset.locked();
+        let offset = match known {
+            Some(offset) => offset,
+            None => self.measure().await?,
+        };
+        let host = crate::clock::host_now(self.host_offset);
+        Ok(host.checked_add(offset).unwrap_or(host))
+    }
+
+    /// Measures the API server's clock: a dry-run create of a record (nothing is stored, nothing
+    /// watched sees it) comes back with the time the server stamped on it.
+    pub async fn measure(&self) -> Result<SignedDuration, Failure> {
+        let token = new_token().map_err(Failure::Unavailable)?;
+        let probe = secret(Kind::Pickup, &token, &(), Duration::from_secs(1), None)
+            .map_err(Failure::Unavailable)?;
+        let asked = crate::clock::host_now(self.host_offset);
+        let made = self
+            .secrets
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &probe,
+            )
+            .await
+            .map_err(|e| {
+                Failure::Unavailable(format!("read the API server's clock: {}", describe(&e)))
+            })?;
+        self.learn(&made.metadata, asked).ok_or_else(|| {
+            Failure::Unavailable("the API server stamped no creation time on a dry run".into())
+        })
+    }
+
+    /// Learns the server's offset from `meta`, created on a request sent at `asked`.
+    fn learn(&self, meta: &ObjectMeta, asked: Timestamp) -> Option<SignedDuration> {
+        let stamped = meta.creation_timestamp.as_ref()?.0;
+        let offset = crate::clock::server_offset(stamped, asked);
+        *self.server_offset.locked() = Some(offset);
+        Some(offset)
     }
 
     /// Records `content` of `kind` for `ttl`; with `cap`, refused when `caller` holds that many
@@ -252,7 +310,7 @@ impl Store {
         caller: Option<&str>,
         cap: Option<usize>,
     ) -> Result<(String, Timestamp), Failure> {
-        let now = Timestamp::now();
+        let now = self.now().await?;
         if let (Some(caller), Some(cap)) = (caller, cap) {
             let selector = format!(
                 "{LABEL}={},{CALLER_LABEL}={}",
@@ -274,6 +332,7 @@ impl Store {
             }
         }
         let token = new_token().map_err(Failure::Unavailable)?;
+        let asked = crate::clock::host_now(self.host_offset);
         let made = self
             .secrets
             .create(
@@ -284,6 +343,7 @@ impl Store {
             .map_err(|e| {
                 Failure::Unavailable(format!("record the {}: {}", kind.as_str(), describe(&e)))
             })?;
+        self.learn(&made.metadata, asked);
         let at = expires(&made.metadata, ttl).unwrap_or(now + ttl.min(MAX_TTL));
         Ok((token, at))
     }
@@ -291,7 +351,7 @@ impl Store {
     /// The `kind` record of `token`, left in place (a session is read on every call).
     pub async fn read<T: DeserializeOwned>(&self, kind: Kind, token: &str) -> Result<T, Failure> {
         let secret = self.get(kind, token).await?;
-        match judge(kind, &secret, Timestamp::now()) {
+        match judge(kind, &secret, self.now().await?) {
             Read::Fresh(content) => Ok(content),
             Read::Expired => Err(Failure::Expired(kind)),
             Read::Foreign => Err(Failure::Unknown(kind)),
@@ -318,7 +378,7 @@ impl Store {
         accept: impl FnOnce(&T) -> Result<(), E>,
     ) -> Result<Result<T, E>, Failure> {
         let secret = self.get(kind, token).await?;
-        let read = judge::<T>(kind, &secret, Timestamp::now());
+        let read = judge::<T>(kind, &secret, self.now().await?);
         if matches!(read, Read::Foreign) {
             // Someone else's Secret of that name: neither read nor deleted.
             return Err(Failure::Unknown(kind));
@@ -372,14 +432,15 @@ impl Store {
     }
 
     /// Deletes the records past their expiry (read whole: a record is known by its type as well
-    /// as its label); returns how many went.
+    /// as its label) by the API server's clock, measured again first; returns how many went.
     pub async fn collect(&self) -> Result<usize, Failure> {
+        self.measure().await?;
         let list = self
             .secrets
             .list(&ListParams::default().labels(LABEL))
             .await
             .map_err(|e| Failure::Unavailable(format!("list records: {}", describe(&e))))?;
-        let now = Timestamp::now();
+        let now = self.now().await?;
         let mut gone = 0;
         for secret in list.items.iter().filter(|s| collectable(s, now)) {
             match self.delete(secret).await {

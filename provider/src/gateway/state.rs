@@ -39,6 +39,9 @@ pub struct Settings {
     pub session_ttl: Duration,
     /// Logins started per second, all browsers together (per replica): each costs a record.
     pub logins_per_second: u32,
+    /// A test's offset for the host's clock (zero otherwise): records are judged by the API
+    /// server's clock, so nothing may change by it.
+    pub host_clock_offset: jiff::SignedDuration,
 }
 
 /// The gateway's state: shared by every request, holding nothing a request left.
@@ -77,7 +80,7 @@ impl Gateway {
             ),
             auth: Authenticator::new(provider.clone(), settings.reviews_per_second),
             rate: Rate::new(settings.binds_per_minute),
-            records: records::Store::new(provider.clone(), namespace),
+            records: records::Store::new(provider.clone(), namespace, settings.host_clock_offset),
             provider,
             config,
             settings,

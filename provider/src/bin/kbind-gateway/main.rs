@@ -123,6 +123,11 @@ struct Args {
     /// How long a bind's pickup URL may be used (once), at most 3600.
     #[arg(long, env = "KBIND_PICKUP_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pickup_seconds: u64,
+
+    /// Testing only: pretend the host's clock is off by this much (e.g. `+6h`, `-6h`). Records
+    /// are judged by the API server's clock, so no verdict on one changes.
+    #[arg(long, env = "KBIND_HOST_CLOCK_OFFSET", hide = true, value_parser = kbind_provider::clock::parse_offset, default_value = "0s")]
+    host_clock_offset: jiff::SignedDuration,
 }
 
 #[tokio::main]
@@ -172,6 +177,7 @@ async fn run(args: Args, started: process::Started) -> Result<(), String> {
         reviews_per_second: args.token_reviews_per_second,
         session_ttl: std::time::Duration::from_secs(args.session_seconds),
         logins_per_second: args.logins_per_second,
+        host_clock_offset: args.host_clock_offset,
     };
     let oidc = match &args.oidc_issuer {
         Some(issuer) => {

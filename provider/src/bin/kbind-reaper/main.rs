@@ -49,20 +49,8 @@ struct Args {
 
     /// Testing only: pretend the host's clock is off by this much (e.g. `+6h`, `-6h`). No verdict
     /// uses the host's clock, so none changes.
-    #[arg(long, env = "KBIND_HOST_CLOCK_OFFSET", hide = true, value_parser = parse_offset, default_value = "0s")]
+    #[arg(long, env = "KBIND_HOST_CLOCK_OFFSET", hide = true, value_parser = kbind_provider::clock::parse_offset, default_value = "0s")]
     host_clock_offset: jiff::SignedDuration,
-}
-
-fn parse_offset(text: &str) -> Result<jiff::SignedDuration, String> {
-    let (negative, rest) = match text.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, text.strip_prefix('+').unwrap_or(text)),
-    };
-    let unsigned = humantime::parse_duration(rest)
-        .map_err(|e| format!("{text:?} is not an offset like +6h or -90m: {e}"))?;
-    let magnitude =
-        jiff::SignedDuration::try_from(unsigned).map_err(|e| format!("{text:?}: {e}"))?;
-    Ok(if negative { -magnitude } else { magnitude })
 }
 
 #[tokio::main]
@@ -140,17 +128,6 @@ async fn sweep_until(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_clock_offset_is_signed() {
-        assert_eq!(parse_offset("+6h"), Ok(jiff::SignedDuration::from_hours(6)));
-        assert_eq!(
-            parse_offset("-90m"),
-            Ok(jiff::SignedDuration::from_mins(-90))
-        );
-        assert_eq!(parse_offset("0s"), Ok(jiff::SignedDuration::ZERO));
-        assert!(parse_offset("soon").is_err());
-    }
 
     #[test]
     fn help_speaks_of_the_provider_and_lists_no_consumer_side_flag() {

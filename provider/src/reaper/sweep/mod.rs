@@ -128,9 +128,7 @@ impl Reaper {
     /// Renews the reaper's own Lease and returns the time the API server recorded for it (its
     /// `managedFields` entry), in seconds: every time compared is the server's.
     pub async fn server_now(&self) -> Result<i64, String> {
-        let host_now = jiff::Timestamp::now()
-            .checked_add(self.host_clock_offset)
-            .map_err(|e| format!("host clock: {e}"))?;
+        let host_now = crate::clock::host_now(self.host_clock_offset);
         let body = json!({
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",

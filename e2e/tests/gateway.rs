@@ -149,6 +149,17 @@ impl Front {
     }
 }
 
+/// User `alice` on the provider, allowed to bind the Export `widgets`.
+async fn alice_may_bind_widgets(env: &TestEnv) -> User {
+    let cluster = env.cluster("provider");
+    let alice = cluster.mint_user("alice").await.unwrap();
+    cluster
+        .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
+        .await
+        .unwrap();
+    alice
+}
+
 /// `POST /api/bind` of `body` as `token` (none: anonymous).
 async fn bind(gateway: &Gateway, ca: &str, token: Option<&str>, body: &str) -> Answer {
     let authorization = token.map(|t| format!("Bearer {t}"));
@@ -235,11 +246,7 @@ async fn a_consumer_binds_from_the_catalog_and_any_replica_hands_its_bundle_over
     );
 
     // A team's ServiceAccount allowed to bind Widgets binds on replica A…
-    let alice = env.cluster("provider").mint_user("alice").await.unwrap();
-    env.cluster("provider")
-        .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
-        .await
-        .unwrap();
+    let alice = alice_may_bind_widgets(&env).await;
     let bound = bind(&a, &ca, Some(&alice.token), r#"{"export":"widgets"}"#).await;
     assert_eq!(bound.code, 201, "{bound:?}");
     assert_eq!(bound.header("cache-control"), Some("no-store"));
@@ -363,12 +370,7 @@ async fn a_replica_with_its_clock_off_judges_a_pickups_lifetime_by_the_api_serve
         replicas.push(start_gateway(&mut env, name, &account, (&cert, &key), &args).await);
     }
     let (ahead, behind) = (&replicas[0], &replicas[1]);
-    let cluster = env.cluster("provider");
-    let alice = cluster.mint_user("alice").await.unwrap();
-    cluster
-        .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
-        .await
-        .unwrap();
+    let alice = alice_may_bind_widgets(&env).await;
     let widgets = r#"{"export":"widgets"}"#;
 
     // Made on the replica behind, taken at once on the one ahead (by its own clock the pickup
@@ -422,11 +424,7 @@ async fn hostile_and_bad_requests_get_one_line_and_no_bundle() {
     )
     .await;
     let cluster = env.cluster("provider");
-    let alice = cluster.mint_user("alice").await.unwrap();
-    cluster
-        .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
-        .await
-        .unwrap();
+    let alice = alice_may_bind_widgets(&env).await;
     let bob = cluster.mint_user("bob").await.unwrap();
     let admin_token = cluster.admin_token().to_owned();
     let widgets = r#"{"export":"widgets"}"#;
@@ -687,11 +685,7 @@ async fn kubectl_kbind_bind_applies_the_bundle_and_waits_until_the_apis_are_serv
     let consumer = consumer_running_kbind(&mut env, &["team-a"]).await;
     let (cert, key, ca) = gateway_certificate(&env);
     let gateway = start_gateway(&mut env, "gateway", &account, (&cert, &key), &[]).await;
-    let alice = env.cluster("provider").mint_user("alice").await.unwrap();
-    env.cluster("provider")
-        .grant(&alice, "alice-binds-widgets", may_bind("widgets"))
-        .await
-        .unwrap();
+    let alice = alice_may_bind_widgets(&env).await;
     let ca_file = env.dir().join("gateway-ca.pem");
     std::fs::write(&ca_file, &ca).unwrap();
     let token_file = env.dir().join("alice.token");

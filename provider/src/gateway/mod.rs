@@ -57,9 +57,12 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-/// Collects expired records every minute until `stop` (every replica does; a record two collect
-/// is deleted once).
+/// Reads the API server's clock at once, then collects expired records every minute until
+/// `stop` (every replica does; a record two collect is deleted once).
 pub async fn collect(store: records::Store, stop: tokio_util::sync::CancellationToken) {
+    if let Err(error) = store.now().await {
+        tracing::warn!(%error, "cannot read the API server's clock yet");
+    }
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(60)) => {}

@@ -243,6 +243,8 @@ pub struct Store {
     host_offset: SignedDuration,
     /// How far the API server's clock is ahead of the host's, as last measured.
     server_offset: Arc<Mutex<Option<SignedDuration>>>,
+    /// Held while the first measurement is made: requests arriving together make one.
+    first_measure: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Store {
@@ -253,6 +255,7 @@ impl Store {
             secrets: Api::namespaced(client, namespace),
             host_offset,
             server_offset: Arc::default(),
+            first_measure: Arc::default(),
         }
     }
 
@@ -261,7 +264,14 @@ impl Store {
         let known = *self.server_offset.locked();
         let offset = match known {
             Some(offset) => offset,
-            None => self.measure().await?,
+            None => {
+                let _first = self.first_measure.lock().await;
+                let measured = *self.server_offset.locked();
+                match measured {
+                    Some(offset) => offset,
+                    None => self.measure().await?,
+                }
+            }
         };
         let host = crate::clock::host_now(self.host_offset);
         Ok(host.checked_add(offset).unwrap_or(host))
